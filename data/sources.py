@@ -1,0 +1,147 @@
+"""Named text sources, read as records with a "text" field (a `datasets.Dataset`).
+
+  stdlib               the offline default: this machine's Python standard library (.py sources without test
+                       folders, plus the pydoc_data topics). Needs nothing outside the machine.
+  PATH                 a local .txt / .jsonl / .json / .parquet file, or a folder of them, read with `datasets`.
+                       A .txt file is one document, split further on lines holding only <|endoftext|>.
+                       .jsonl/.json/.parquet records need a "text" field (MiniMind's pretrain format).
+  tinystories, minimind  Hugging Face hub datasets, for online users.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import datasets
+
+DOCUMENT_SEPARATOR = "<|endoftext|>"
+LOCAL_EXTENSIONS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+STDLIB_SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+
+
+class SourceError(ValueError):
+    """A source name or path that cannot be read; the message says what to do."""
+
+
+@dataclass
+class TextSource:
+    dataset: datasets.Dataset  # one row per document, column "text"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def stdlib_files(root: str | Path | None = None) -> list[Path]:
+    """The standard library's .py files, sorted, skipping test folders and site-packages."""
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    files = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = sorted(name for name in subfolders if name not in STDLIB_SKIP_DIRS)
+        files.extend(Path(folder) / name for name in sorted(names) if name.endswith(".py"))
+    return files
+
+
+def load_stdlib() -> TextSource:
+    import pydoc_data.topics
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = stdlib_files(root)
+    texts = [path.read_bytes().decode("utf-8", errors="replace") for path in files]
+    names = [str(path.relative_to(root)) for path in files]
+    topics = pydoc_data.topics.topics
+    for topic in sorted(topics):
+        texts.append(topics[topic])
+        names.append(f"pydoc_data/topics/{topic}")
+    dataset = datasets.Dataset.from_dict({"text": texts, "name": names})
+    meta = {
+        "python_version": sys.version.split()[0],
+        "stdlib_path": str(root),
+        "file_count": len(files),
+        "pydoc_topics": len(topics),
+    }
+    return TextSource(dataset, meta)
+
+
+def _split_on_separator(batch: dict[str, list]) -> dict[str, list]:
+    pieces = [piece.strip() for text in batch["text"] for piece in text.split(DOCUMENT_SEPARATOR)]
+    return {"text": [piece for piece in pieces if piece]}
+
+
+def load_local(path: str | Path) -> TextSource:
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in LOCAL_EXTENSIONS)
+        if not files:
+            raise SourceError(f"{path}: folder holds no {'/'.join(LOCAL_EXTENSIONS)} files")
+    elif path.is_file():
+        if path.suffix not in LOCAL_EXTENSIONS:
+            raise SourceError(f"{path}: unsupported file type {path.suffix!r}; use one of {sorted(LOCAL_EXTENSIONS)}")
+        files = [path]
+    else:
+        raise SourceError(f"{path}: no such file or folder")
+    parts = []
+    for builder in sorted(set(LOCAL_EXTENSIONS[p.suffix] for p in files)):
+        group = [str(p) for p in files if LOCAL_EXTENSIONS[p.suffix] == builder]
+        if builder == "text":
+            dataset = datasets.load_dataset("text", data_files=group, sample_by="document", split="train")
+            dataset = dataset.map(_split_on_separator, batched=True, remove_columns=dataset.column_names)
+        else:
+            dataset = datasets.load_dataset(builder, data_files=group, split="train")
+            if "text" not in dataset.column_names:
+                raise SourceError(
+                    f"{', '.join(group)}: records have no 'text' field (found {dataset.column_names}); "
+                    "pretraining data needs one string field 'text' per record"
+                )
+            dataset = dataset.select_columns(["text"])
+        parts.append(dataset)
+    dataset = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
+    return TextSource(dataset, {"files": len(files)})
+
+
+def _hub_is_reachable(timeout: float = 3.0) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false") or os.environ.get("HF_DATASETS_OFFLINE") == "1":
+        return False
+    try:
+        with socket.create_connection(("huggingface.co", 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def hub_loader(repo: str, **kwargs: Any) -> Callable[[], TextSource]:
+    def load() -> TextSource:
+        if not _hub_is_reachable():
+            raise SourceError(
+                f"source {repo!r} is on the Hugging Face hub, which cannot be reached (offline). "
+                "Offline alternatives: --source stdlib (the default), or a local .txt/.jsonl/.parquet file or folder"
+            )
+        dataset = datasets.load_dataset(repo, split="train", **kwargs).select_columns(["text"])
+        return TextSource(dataset, {"hub_repo": repo})
+
+    return load
+
+
+SOURCES: dict[str, Callable[[], TextSource]] = {
+    "stdlib": load_stdlib,
+    "tinystories": hub_loader("roneneldan/TinyStories"),
+    "minimind": hub_loader("jingyaogong/minimind_dataset", data_files="pretrain_hq.jsonl"),
+}
+
+
+def load_source(name_or_path: str) -> TextSource:
+    """Records for a named source or a local path. Raises SourceError with what to do instead."""
+    if name_or_path in SOURCES:
+        source = SOURCES[name_or_path]()
+    elif Path(name_or_path).exists():
+        source = load_local(name_or_path)
+    else:
+        raise SourceError(
+            f"unknown source {name_or_path!r}: not a named source ({', '.join(SOURCES)}) nor an existing path"
+        )
+    source.meta = {"source": name_or_path, **source.meta}
+    if len(source.dataset) == 0:
+        raise SourceError(f"source {name_or_path!r} holds no text")
+    return source

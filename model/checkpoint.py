@@ -1,0 +1,148 @@
+"""Checkpoint folders: model.safetensors + config.json + tokenizer files + trainer_state.json (+ training_state.pt).
+
+Saving is atomic as a whole: files are written to OUT/.staging, the folder is renamed to OUT/.ready (the
+commit point), then each file is moved into OUT and .ready is removed. A crash before the commit leaves the
+previous checkpoint untouched; a crash after it is rolled forward by the next save or load.
+Loading never unpickles code: weights come from safetensors, state from JSON or torch.load(weights_only=True).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from model.config import ModelConfig
+from model.transformer import Transformer
+
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+TRAINER_STATE = "trainer_state.json"
+TRAINING_STATE = "training_state.pt"  # optimizer state and RNG states
+STAGING = ".staging"
+READY = ".ready"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that is missing, incomplete, corrupted or does not match its config."""
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def _roll_forward(folder: Path) -> None:
+    """Finish a save that reached its commit point; drop one that did not."""
+    ready = folder / READY
+    if ready.is_dir():
+        for path in sorted(ready.iterdir()):
+            try:
+                os.replace(path, folder / path.name)
+            except FileNotFoundError:  # another process finished the move
+                pass
+        shutil.rmtree(ready, ignore_errors=True)
+    shutil.rmtree(folder / STAGING, ignore_errors=True)
+
+
+def write_atomically(folder: str | Path, writers: dict[str, Callable[[Path], None]]) -> None:
+    """Write a set of files into `folder` so that readers see either all old or all new files.
+
+    writers: file name -> function that writes that file at the given path ("" writes a whole set of files
+    into the given folder, e.g. a tokenizer's save_pretrained).
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    _roll_forward(folder)
+    staging = folder / STAGING
+    staging.mkdir()
+    for name, write in writers.items():
+        write(staging / name if name else staging)
+    for path in staging.iterdir():
+        _fsync_file(path)
+    os.replace(staging, folder / READY)
+    _roll_forward(folder)
+
+
+def model_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
+    """The model's tensors to save: the unwrapped names, the tied LM head stored once (as the embedding)."""
+    state = {name: tensor.detach().contiguous() for name, tensor in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight")
+    return state
+
+
+def save_checkpoint(
+    folder: str | Path,
+    model: Transformer,
+    tokenizer: Any = None,
+    trainer_state: dict | None = None,
+    training_state: dict | None = None,
+) -> None:
+    writers: dict[str, Callable[[Path], None]] = {
+        WEIGHTS: lambda path: save_file(model_state_dict(model), str(path), metadata={"format": "pt"}),
+        CONFIG: lambda path: model.config.save(path),
+    }
+    if trainer_state is not None:
+        writers[TRAINER_STATE] = lambda path: path.write_text(json.dumps(trainer_state, indent=2) + "\n")
+    if training_state is not None:
+        writers[TRAINING_STATE] = lambda path: torch.save(training_state, path)
+    if tokenizer is not None:
+        writers[""] = lambda path: tokenizer.save_pretrained(str(path))
+    write_atomically(folder, writers)
+
+
+def has_checkpoint(folder: str | Path) -> bool:
+    folder = Path(folder)
+    return (folder / WEIGHTS).exists() or (folder / READY).is_dir()
+
+
+def load_model(folder: str | Path, device: str | torch.device = "cpu") -> Transformer:
+    """Build the model from config.json and load model.safetensors, checking that the two agree."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: no such checkpoint folder")
+    _roll_forward(folder)
+    for name in (CONFIG, WEIGHTS):
+        if not (folder / name).exists():
+            raise CheckpointError(f"{folder}: missing {name}; this is not a complete checkpoint folder")
+    config = ModelConfig.load(folder / CONFIG)
+    try:
+        state = load_file(str(folder / WEIGHTS))
+    except (SafetensorError, OSError) as error:
+        raise CheckpointError(f"{folder / WEIGHTS}: unreadable or truncated safetensors file ({error})") from error
+    model = Transformer(config)
+    expected = model_state_dict(model)
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{folder}: weights do not match config.json (missing {missing[:5]}, unexpected {unexpected[:5]})"
+        )
+    for name, tensor in state.items():
+        if tensor.shape != expected[name].shape:
+            raise CheckpointError(
+                f"{folder}: {name} has shape {tuple(tensor.shape)} in {WEIGHTS} but config.json implies "
+                f"{tuple(expected[name].shape)}"
+            )
+    model.load_state_dict(state, strict=not config.tie_word_embeddings)
+    return model.to(device)
+
+
+def load_trainer_state(folder: str | Path) -> dict:
+    path = Path(folder) / TRAINER_STATE
+    if not path.exists():
+        raise CheckpointError(f"{path} not found: this checkpoint holds no training state to resume from")
+    return json.loads(path.read_text())
+
+
+def load_training_state(folder: str | Path) -> dict:
+    path = Path(folder) / TRAINING_STATE
+    if not path.exists():
+        raise CheckpointError(f"{path} not found: this checkpoint holds no optimizer state to resume from")
+    return torch.load(path, map_location="cpu", weights_only=True)

@@ -1,0 +1,98 @@
+"""The decoder: token embedding, pre-norm blocks (RMSNorm, GQA attention, SwiGLU), final norm, tied LM head."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.attention import Attention
+from model.config import ModelConfig
+from model.kv_cache import KVCache
+from model.layers import RMSNorm, SwiGLU
+from model.position import PositionEncoding, build_position_encoding
+
+IGNORE_INDEX = -100
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(config.dim, config.norm_eps)
+        self.attention = Attention(config, layer_index)
+        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
+        self.ffn = SwiGLU(config.dim, config.ffn_dim)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(
+        self, x: torch.Tensor, position: PositionEncoding, position_state: Any, kv_cache: KVCache | None
+    ) -> torch.Tensor:
+        x = x + self.dropout(self.attention(self.attention_norm(x), position, position_state, kv_cache))
+        return x + self.dropout(self.ffn(self.ffn_norm(x)))
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
+        self.position = build_position_encoding(config)
+        self.layers = nn.ModuleList(Block(config, index) for index in range(config.n_layers))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.tok_embeddings.weight
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Normal(0, init_std) for matrices; residual output projections scaled by 1/sqrt(2 * n_layers)."""
+        std = self.config.init_std
+        residual_std = std / math.sqrt(2 * self.config.n_layers)
+        for name, parameter in self.named_parameters():
+            if parameter.dim() < 2:
+                continue
+            is_residual = name.endswith("o_proj.weight") or name.endswith("down_proj.weight")
+            nn.init.normal_(parameter, mean=0.0, std=residual_std if is_residual else std)
+
+    def num_parameters(self) -> int:
+        return sum(parameter.numel() for parameter in self.parameters())
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        loss_reduction: str = "mean",
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx: (batch, time) token ids. Returns (logits (batch, time, vocab), loss or None).
+
+        positions: (batch or 1, time) integer positions; default continues after what kv_cache holds.
+        targets: (batch, time) ids, IGNORE_INDEX (-100) where no loss is wanted.
+        loss_reduction: "mean" over scored tokens, "sum", or "none" for per-token loss (batch, time).
+        """
+        batch, time = idx.shape
+        if positions is None:
+            start = kv_cache.length if kv_cache is not None else 0
+            positions = torch.arange(start, start + time, device=idx.device)[None, :]
+        x = self.tok_embeddings(idx)
+        x = self.position.embed(x, positions)
+        position_state = self.position.prepare(positions)
+        for layer in self.layers:
+            x = layer(x, self.position, position_state, kv_cache)
+        if kv_cache is not None:
+            kv_cache.advance(time)
+        logits = self.lm_head(self.norm(x))
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(
+            logits.float().view(batch * time, -1),
+            targets.reshape(batch * time),
+            ignore_index=IGNORE_INDEX,
+            reduction=loss_reduction,
+        )
+        if loss_reduction == "none":
+            loss = loss.view(batch, time)
+        return logits, loss

@@ -1,0 +1,145 @@
+"""Generate text from a checkpoint, streaming tokens as they are sampled (KV-cached decoding).
+
+    python -m scripts.generate --checkpoint runs/demo --prompt "def " --max-new-tokens 200
+    python -m scripts.generate --checkpoint runs/demo --prompt "import os" --temperature 0   # greedy
+    python -m scripts.generate --checkpoint runs/demo --prompt "class " --top-p 0.9 --seed 1
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Iterator, TextIO
+
+import torch
+
+from data.tokenizer import ENDOFTEXT, load_tokenizer
+from model.checkpoint import CheckpointError, load_model
+from model.kv_cache import KVCache
+from model.runtime import autocast, autocast_dtype, resolve_device
+from model.transformer import Transformer
+
+
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Next token ids (batch,) from last-position logits (batch, vocab). temperature 0 is greedy (argmax)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k > 0:
+        kth_largest = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        sorted_probs = sorted_logits.softmax(dim=-1)
+        # Drop a token when the tokens ranked above it already hold top_p of the mass (the first always stays).
+        drop_sorted = sorted_probs.cumsum(dim=-1) - sorted_probs > top_p
+        logits = logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+@torch.inference_mode()
+def generate_tokens(
+    model: Transformer,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    stop_ids: tuple[int, ...] = (),
+    amp: torch.dtype | None = None,
+) -> Iterator[int]:
+    """Yield sampled token ids one by one: one forward over the prompt, then one cached step per token."""
+    if not prompt_ids:
+        raise ValueError("the prompt is empty: give at least one token")
+    model.eval()
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device)
+    if seed is not None:
+        generator.manual_seed(seed)
+    cache = KVCache.for_model(model.config, batch_size=1, max_len=len(prompt_ids) + max_new_tokens)
+    tokens = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+    for _ in range(max_new_tokens):
+        with autocast(device, amp):
+            logits, _ = model(tokens, kv_cache=cache)
+        next_token = sample_next(logits[:, -1], temperature, top_k, top_p, generator)
+        token_id = int(next_token)
+        yield token_id
+        if token_id in stop_ids:
+            return
+        tokens = next_token.view(1, 1)
+
+
+class StreamPrinter:
+    """Prints decoded text as tokens arrive, holding back bytes that do not yet form whole UTF-8 characters."""
+
+    def __init__(self, tokenizer, stream: TextIO = sys.stdout) -> None:
+        self.tokenizer = tokenizer
+        self.stream = stream
+        self.ids: list[int] = []
+        self.printed = 0
+
+    def add(self, token_id: int) -> None:
+        self.ids.append(token_id)
+        text = self.tokenizer.decode(self.ids)
+        if not text.endswith("\ufffd"):
+            self.stream.write(text[self.printed :])
+            self.stream.flush()
+            self.printed = len(text)
+
+    def text(self) -> str:
+        return self.tokenizer.decode(self.ids)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", required=True, help="checkpoint folder (written by train.pretrain)")
+    parser.add_argument("--prompt", required=True, help="text to continue")
+    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy decoding")
+    parser.add_argument("--top-k", type=int, default=0, help="keep only the k most likely tokens (0 = off)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    parser.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | mps")
+    parser.add_argument("--dtype", default="float32", help="float32 (default) | bfloat16 | auto")
+    args = parser.parse_args(argv)
+    if args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0 or args.max_new_tokens <= 0:
+        parser.error("need --temperature >= 0, 0 < --top-p <= 1, --top-k >= 0 and --max-new-tokens > 0")
+    try:
+        device = resolve_device(args.device)
+        model = load_model(args.checkpoint, device)
+        tokenizer = load_tokenizer(args.checkpoint)
+    except (CheckpointError, FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    prompt_ids = tokenizer.encode(args.prompt, add_special_tokens=False)
+    printer = StreamPrinter(tokenizer)
+    sys.stdout.write(args.prompt)
+    eos = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
+    tokens = generate_tokens(
+        model,
+        prompt_ids,
+        args.max_new_tokens,
+        args.temperature,
+        args.top_k,
+        args.top_p,
+        args.seed,
+        stop_ids=(eos,),
+        amp=autocast_dtype(device, args.dtype),
+    )
+    for token_id in tokens:
+        if token_id == eos:
+            break
+        printer.add(token_id)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

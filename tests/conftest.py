@@ -1,0 +1,48 @@
+"""Shared fixtures: tiny configs, and a small prepared corpus built offline from a few stdlib files."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from data.sources import stdlib_files
+from model.config import ModelConfig
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def micro_config(**overrides) -> ModelConfig:
+    """A model small enough for exact fp32 checks in milliseconds."""
+    values = dict(vocab_size=97, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=32)
+    values.update(overrides)
+    return ModelConfig(**values)
+
+
+@pytest.fixture(autouse=True)
+def _deterministic() -> None:
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def small_text_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """About 200 KB of Python source from this machine's stdlib, documents separated by <|endoftext|>."""
+    files = [p for p in stdlib_files() if p.name in {"textwrap.py", "string.py", "shlex.py", "fnmatch.py",
+                                                        "glob.py", "bisect.py", "heapq.py", "colorsys.py",
+                                                        "keyword.py", "queue.py", "sched.py", "calendar.py"}]
+    assert len(files) >= 8, "expected common stdlib modules on this machine"
+    path = tmp_path_factory.mktemp("corpus") / "code.txt"
+    path.write_text("\n<|endoftext|>\n".join(p.read_text() for p in files))
+    return path
+
+
+@pytest.fixture(scope="session")
+def prepared_data(small_text_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from data.prepare import prepare
+
+    out = tmp_path_factory.mktemp("prepared") / "code"
+    prepare(str(small_text_file), out, vocab_size=512, val_fraction=0.2, num_proc=2)
+    return out

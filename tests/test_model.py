@@ -1,0 +1,115 @@
+"""The decoder: shapes, causality, initial loss, KV-cache decoding, batching."""
+import math
+
+import pytest
+import torch
+
+from model import IGNORE_INDEX, KVCache, ModelConfig, Transformer
+from model.config import ConfigError
+from tests.conftest import micro_config
+
+
+def test_shapes_and_parameter_count():
+    config = micro_config()
+    model = Transformer(config)
+    idx = torch.randint(0, config.vocab_size, (3, 10))
+    logits, loss = model(idx)
+    assert logits.shape == (3, 10, config.vocab_size)
+    assert loss is None
+    # Tied head: the embedding is counted once.
+    assert model.lm_head.weight.data_ptr() == model.tok_embeddings.weight.data_ptr()
+    d, f, kv = config.dim, config.ffn_dim, config.n_kv_heads * config.head_dim
+    per_layer = d * d * 2 + d * kv * 2 + 3 * d * f + 2 * d
+    assert model.num_parameters() == config.vocab_size * d + config.n_layers * per_layer + d
+
+
+def test_default_ffn_dim_follows_llama_rule():
+    assert ModelConfig(dim=256).ffn_dim == 704
+    assert ModelConfig(dim=512).ffn_dim == 1408
+
+
+@pytest.mark.parametrize("position", ["rope", "none"])
+def test_causality(position):
+    """Changing token t+1 must not change the logits at positions <= t."""
+    config = micro_config(position=position)
+    model = Transformer(config).eval()
+    idx = torch.randint(0, config.vocab_size, (2, 16))
+    changed = idx.clone()
+    changed[:, 9] = (changed[:, 9] + 1) % config.vocab_size
+    logits, _ = model(idx)
+    logits_changed, _ = model(changed)
+    assert torch.equal(logits[:, :9], logits_changed[:, :9])
+    assert not torch.allclose(logits[:, 9:], logits_changed[:, 9:])
+
+
+def test_initial_loss_is_ln_vocab():
+    config = ModelConfig(vocab_size=4096, dim=128, n_layers=2, n_heads=4, n_kv_heads=2)
+    model = Transformer(config)
+    idx = torch.randint(0, config.vocab_size, (4, 64))
+    targets = torch.randint(0, config.vocab_size, (4, 64))
+    _, loss = model(idx, targets)
+    assert abs(loss.item() - math.log(4096)) < 0.15
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
+def test_kv_cache_decoding_equals_full_forward(layout, n_kv_heads):
+    config = micro_config(rope_layout=layout, n_kv_heads=n_kv_heads)
+    model = Transformer(config).eval()
+    idx = torch.randint(0, config.vocab_size, (2, 20))
+    with torch.no_grad():
+        full, _ = model(idx)
+        cache = KVCache.for_model(config, batch_size=2, max_len=20)
+        pieces = [model(idx[:, :7], kv_cache=cache)[0], model(idx[:, 7:12], kv_cache=cache)[0]]
+        pieces += [model(idx[:, t : t + 1], kv_cache=cache)[0] for t in range(12, 20)]
+    assert cache.length == 20
+    assert (torch.cat(pieces, dim=1) - full).abs().max() < 1e-4
+
+
+def test_kv_cache_overflow_is_a_clear_error():
+    config = micro_config()
+    model = Transformer(config).eval()
+    cache = KVCache.for_model(config, batch_size=1, max_len=4)
+    with pytest.raises(ValueError, match="KV cache holds 4 positions"):
+        model(torch.zeros(1, 5, dtype=torch.long), kv_cache=cache)
+
+
+def test_batch_rows_equal_rows_alone():
+    config = micro_config()
+    model = Transformer(config).eval()
+    idx = torch.randint(0, config.vocab_size, (3, 12))
+    with torch.no_grad():
+        batched, _ = model(idx)
+        alone = torch.cat([model(idx[i : i + 1])[0] for i in range(3)])
+    assert (batched - alone).abs().max() < 1e-5
+
+
+def test_loss_reductions_and_ignore_index():
+    config = micro_config()
+    model = Transformer(config)
+    idx = torch.randint(0, config.vocab_size, (2, 8))
+    targets = torch.randint(0, config.vocab_size, (2, 8))
+    targets[0, :3] = IGNORE_INDEX
+    _, per_token = model(idx, targets, loss_reduction="none")
+    _, total = model(idx, targets, loss_reduction="sum")
+    _, mean = model(idx, targets)
+    assert per_token.shape == (2, 8)
+    assert torch.all(per_token[0, :3] == 0)
+    assert torch.allclose(per_token.sum(), total)
+    assert torch.allclose(total / 13, mean)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(dim=65), "divisible by model.n_heads"),
+        (dict(n_heads=4, n_kv_heads=3), "multiple of model.n_kv_heads"),
+        (dict(position="sinusoidall"), "valid names are"),
+        (dict(rope_layout="diagonal"), "rope_layout"),
+        (dict(dim=36, n_heads=4), "even head_dim"),
+        (dict(vocab_size="4096"), "model.vocab_size: expected int"),
+    ],
+)
+def test_model_config_errors_name_the_field(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        micro_config(**overrides)

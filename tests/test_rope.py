@@ -1,0 +1,130 @@
+"""RoPE: layouts, relative-position property, and parity with transformers' Llama."""
+import pytest
+import torch
+
+from model import Transformer
+from model.rope import apply_rope, default_inv_freq, rope_cos_sin
+from tests.conftest import micro_config
+
+
+def rotated_scores(q, k, positions, layout, head_dim=None):
+    inv_freq = default_inv_freq(q.shape[-1], 10000.0)
+    cos, sin = rope_cos_sin(inv_freq, positions, layout)
+    return apply_rope(q, cos, sin, layout) @ apply_rope(k, cos, sin, layout).transpose(-1, -2)
+
+
+def test_half_and_interleaved_layouts_agree_after_permutation():
+    """Pairs (2i, 2i+1) in the interleaved layout are pairs (i, i + d/2) in the half layout."""
+    head_dim, time = 32, 24
+    q = torch.randn(1, 2, time, head_dim, dtype=torch.float64)
+    k = torch.randn(1, 2, time, head_dim, dtype=torch.float64)
+    positions = torch.arange(time)[None]
+    permutation = torch.cat((torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)))
+    interleaved = rotated_scores(q, k, positions, "interleaved")
+    half = rotated_scores(q[..., permutation], k[..., permutation], positions, "half")
+    assert (interleaved - half).abs().max() < 1e-9
+    # Without the permutation the layouts differ: the test can tell them apart.
+    assert (interleaved - rotated_scores(q, k, positions, "half")).abs().max() > 1e-3
+
+
+def test_model_layouts_agree_after_permuting_qk_weights():
+    config_i = micro_config(rope_layout="interleaved")
+    config_h = micro_config(rope_layout="half")
+    model_i = Transformer(config_i).eval()
+    model_h = Transformer(config_h).eval()
+    model_h.load_state_dict(model_i.state_dict())
+    head_dim = config_i.head_dim
+    permutation = torch.cat((torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)))
+    with torch.no_grad():
+        for layer in model_h.layers:
+            for proj in (layer.attention.q_proj, layer.attention.k_proj):
+                weight = proj.weight.view(-1, head_dim, config_h.dim)
+                proj.weight.copy_(weight[:, permutation].reshape(-1, config_h.dim))
+    idx = torch.randint(0, config_i.vocab_size, (2, 16))
+    assert (model_i(idx)[0] - model_h(idx)[0]).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_scores_depend_only_on_position_offset(layout):
+    """q_m . k_n after rotation equals q_{m+s} . k_{n+s} for the same vectors, for any shift s.
+
+    The phases are float32 by design, so the tolerance is float32 rounding on scores of size ~|q||k|."""
+    head_dim = 64
+    q = torch.randn(1, 1, 1, head_dim, dtype=torch.float64).expand(1, 1, 50, head_dim)
+    k = torch.randn(1, 1, 1, head_dim, dtype=torch.float64).expand(1, 1, 50, head_dim)
+    scores = rotated_scores(q, k, torch.arange(50)[None], layout)[0, 0]
+    for offset in range(-10, 11):
+        diagonal = torch.diagonal(scores, offset=offset)
+        assert (diagonal - diagonal[0]).abs().max() < 2e-5
+    shifted = rotated_scores(q, k, torch.arange(1000, 1050)[None], layout)[0, 0]
+    assert (shifted - scores).abs().max() < 1e-3
+    assert scores.std() > 0.1  # and the scores do change with the offset
+
+
+def test_cos_sin_are_float32_under_bf16_autocast():
+    inv_freq = default_inv_freq(64, 10000.0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cos, sin = rope_cos_sin(inv_freq, torch.tensor([[0, 100_000, 100_001]]), "half")
+    assert cos.dtype == torch.float32
+    assert not torch.equal(cos[0, 1], cos[0, 2])
+
+
+def llama_from(model: Transformer):
+    """transformers' LlamaForCausalLM with our weights (names map one to one)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = model.config
+    hf_config = LlamaConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.dim,
+        intermediate_size=config.ffn_dim,
+        num_hidden_layers=config.n_layers,
+        num_attention_heads=config.n_heads,
+        num_key_value_heads=config.n_kv_heads,
+        max_position_embeddings=config.max_seq_len,
+        rms_norm_eps=config.norm_eps,
+        rope_theta=config.rope_theta,
+        tie_word_embeddings=True,
+        attention_bias=False,
+        mlp_bias=False,
+    )
+    hf_model = LlamaForCausalLM(hf_config).eval()
+    renames = {
+        "tok_embeddings": "model.embed_tokens",
+        "attention_norm": "input_layernorm",
+        "ffn_norm": "post_attention_layernorm",
+        "attention.": "self_attn.",
+        "ffn.": "mlp.",
+        "norm.weight": "norm.weight",
+    }
+    state = {}
+    for name, tensor in model.state_dict().items():
+        hf_name = name
+        for ours, theirs in renames.items():
+            hf_name = hf_name.replace(ours, theirs)
+        if hf_name.startswith("layers.") or hf_name == "norm.weight":
+            hf_name = "model." + hf_name
+        state[hf_name] = tensor
+    missing, unexpected = hf_model.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    return hf_model
+
+
+def test_logits_match_transformers_llama():
+    config = micro_config(rope_theta=500.0)
+    model = Transformer(config).eval()
+    hf_model = llama_from(model)
+    idx = torch.randint(0, config.vocab_size, (2, 24))
+    with torch.no_grad():
+        ours = model(idx)[0]
+        theirs = hf_model(idx).logits
+        # Explicit, spread-out positions beyond the training length go through the same formula.
+        positions = (100 + 3 * torch.arange(24))[None].expand(2, -1)
+        ours_far = model(idx, positions=positions)[0]
+        theirs_far = hf_model(idx, position_ids=positions).logits
+        shifted = model(idx, positions=torch.arange(500, 524)[None])[0]
+    assert (ours - theirs).abs().max() < 1e-4
+    assert (ours_far - theirs_far).abs().max() < 1e-4
+    assert (ours - ours_far).abs().max() > 1e-3
+    # A uniform shift of all positions changes nothing: RoPE is relative.
+    assert (ours - shifted).abs().max() < 1e-4

@@ -1,0 +1,157 @@
+"""Run configuration: dataclass defaults -> TOML file -> `--section.key=value` overrides, strictly typed.
+
+Sections: [model] (ModelConfig), [data], [train], [out]. Unknown sections or keys and wrong types are errors
+that name the key; the resolved config is printed and saved with the run as run_config.toml.
+"""
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from model.config import ConfigError, ModelConfig, build_dataclass, check_field_types
+
+
+@dataclass
+class DataConfig:
+    dir: str = "runs/data/stdlib"  # a folder written by `python -m data.prepare`
+
+    def __post_init__(self) -> None:
+        check_field_types(self, "data")
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 1337
+    batch_size: int = 16  # sequences per micro-batch
+    grad_accum: int = 1  # micro-batches per optimizer step
+    max_steps: int = 1000
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1  # cosine decay ends at lr * min_lr_ratio
+    warmup_steps: int = 50
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # 0 disables clipping
+    dtype: str = "auto"  # auto (bf16 autocast where the hardware supports it) | bfloat16 | float32
+    compile: bool = False  # torch.compile the model
+    device: str = "auto"  # auto | cpu | cuda | mps
+    log_interval: int = 10
+    eval_interval: int = 100  # also evaluated at step 0 and at the end
+    eval_batches: int = 8
+    save_interval: int = 0  # 0: save at each evaluation and at the end
+
+    def __post_init__(self) -> None:
+        check_field_types(self, "train")
+        positive = ("batch_size", "grad_accum", "max_steps", "log_interval", "eval_interval", "eval_batches")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"train.{name} must be positive, got {getattr(self, name)}")
+        if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError("train.lr must be positive and train.min_lr_ratio in [0, 1]")
+        if self.warmup_steps < 0 or self.save_interval < 0 or self.grad_clip < 0:
+            raise ConfigError("train.warmup_steps, train.save_interval and train.grad_clip must be >= 0")
+        if self.dtype not in ("auto", "bfloat16", "float32"):
+            raise ConfigError(f"train.dtype must be auto, bfloat16 or float32, got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda", "mps"):
+            raise ConfigError(f"train.device must be auto, cpu, cuda or mps, got {self.device!r}")
+
+
+@dataclass
+class OutConfig:
+    dir: str = "runs/tiny"
+    overwrite: bool = False  # replace a different run already in dir
+
+    def __post_init__(self) -> None:
+        check_field_types(self, "out")
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    out: OutConfig = field(default_factory=OutConfig)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.train.batch_size * self.train.grad_accum * self.model.max_seq_len
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+
+SECTIONS = {field.name: field.type for field in dataclasses.fields(RunConfig)}
+SECTION_CLASSES = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "out": OutConfig}
+
+
+def parse_override_value(text: str) -> Any:
+    """A CLI value as TOML (so 3e-4, true, 12 and [1, 2] have their types); anything else is a string."""
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(values: dict[str, dict[str, Any]], overrides: list[str]) -> None:
+    for override in overrides:
+        if not override.startswith("--") or "=" not in override or "." not in override.split("=", 1)[0]:
+            raise ConfigError(f"override {override!r} must look like --section.key=value (e.g. --train.lr=1e-3)")
+        key, text = override[2:].split("=", 1)
+        section, name = key.split(".", 1)
+        if section not in SECTION_CLASSES:
+            raise ConfigError(f"override {override!r}: unknown section {section!r}; valid: {list(SECTION_CLASSES)}")
+        values.setdefault(section, {})[name] = parse_override_value(text)
+
+
+def build_run_config(values: dict[str, Any], where: str = "config") -> RunConfig:
+    unknown = sorted(set(values) - set(SECTION_CLASSES))
+    if unknown:
+        raise ConfigError(f"{where}: unknown section(s) {unknown}; valid sections are {list(SECTION_CLASSES)}")
+    sections = {}
+    for name, cls in SECTION_CLASSES.items():
+        section = values.get(name, {})
+        if not isinstance(section, dict):
+            raise ConfigError(f"{where}: [{name}] must be a table of keys")
+        sections[name] = build_dataclass(cls, section, name)
+    return RunConfig(**sections)
+
+
+def load_run_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
+    values: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise ConfigError(f"config file {path} not found (see configs/ for examples)")
+        try:
+            values = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"{path}: invalid TOML ({error})") from error
+    apply_overrides(values, list(overrides))
+    return build_run_config(values, str(path or "config"))
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{key} = {_toml_value(item)}" for key, item in value.items()) + " }"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def to_toml(config: RunConfig) -> str:
+    """The resolved config as TOML that load_run_config reads back to an equal RunConfig (None keys omitted)."""
+    lines = []
+    for section, values in config.to_dict().items():
+        lines.append(f"[{section}]")
+        lines.extend(f"{key} = {_toml_value(value)}" for key, value in values.items() if value is not None)
+        lines.append("")
+    return "\n".join(lines)

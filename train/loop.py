@@ -1,0 +1,281 @@
+"""The one training loop, shared by pretraining, SFT and context extension.
+
+An entry point gives a model factory and a batch source to `run_training`. The loop owns everything else:
+device and precision, AdamW with warmup + cosine decay, gradient accumulation and clipping, periodic
+validation, one log line per interval (also appended to metrics.jsonl), atomic checkpoints and --resume.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol
+
+import torch
+
+from model.checkpoint import (
+    CONFIG,
+    TRAINER_STATE,
+    TRAINING_STATE,
+    WEIGHTS,
+    has_checkpoint,
+    load_model,
+    load_trainer_state,
+    load_training_state,
+    save_checkpoint,
+)
+from model.config import ConfigError
+from model.runtime import autocast, autocast_dtype, resolve_device
+from model.transformer import Transformer
+from train.config import RunConfig, to_toml
+
+METRICS = "metrics.jsonl"
+RUN_CONFIG = "run_config.toml"
+
+
+class TrainingInterrupted(Exception):
+    """Raised after Ctrl-C: a checkpoint of the last completed step was saved and --resume continues it."""
+
+
+class BatchSource(Protocol):
+    def train_batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def val_batches_iter(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    initial_val_loss: float
+    final_val_loss: float
+    tokens_seen: int
+    elapsed_s: float
+
+
+def learning_rate(step: int, config: RunConfig) -> float:
+    """Linear warmup to train.lr, then cosine decay to train.lr * min_lr_ratio at max_steps."""
+    train = config.train
+    if step < train.warmup_steps:
+        return train.lr * (step + 1) / train.warmup_steps
+    progress = (step - train.warmup_steps) / max(1, train.max_steps - train.warmup_steps)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return train.lr * (train.min_lr_ratio + (1.0 - train.min_lr_ratio) * cosine)
+
+
+def build_optimizer(model: Transformer, config: RunConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only; the fused kernel where this torch build has one."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": config.train.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    options: dict[str, Any] = {"lr": config.train.lr, "betas": (config.train.beta1, config.train.beta2)}
+    try:
+        return torch.optim.AdamW(groups, fused=device.type in ("cuda", "cpu", "mps"), **options)
+    except (RuntimeError, TypeError):
+        return torch.optim.AdamW(groups, **options)
+
+
+@torch.inference_mode()
+def evaluate_loss(model: torch.nn.Module, batches: BatchSource, device: torch.device, amp: torch.dtype | None) -> float:
+    """Mean next-token loss over the batch source's validation windows."""
+    was_training = model.training
+    model.eval()
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    count = 0
+    for inputs, targets in batches.val_batches_iter():
+        inputs, targets = inputs.to(device), targets.to(device)
+        with autocast(device, amp):
+            _, loss = model(inputs, targets, loss_reduction="sum")
+        total += loss.double()
+        count += int((targets != -100).sum())
+    model.train(was_training)
+    return float(total) / max(count, 1)
+
+
+def check_out_dir(config: RunConfig, resume: bool) -> Path:
+    """Refuse to write over a different run unless asked; on resume, require a compatible one."""
+    out = Path(config.out.dir)
+    if resume:
+        if not has_checkpoint(out):
+            raise ConfigError(f"--resume: {out} holds no checkpoint to resume from")
+        saved = load_trainer_state(out).get("run_config", {}).get("model")
+        if saved is not None and saved != config.model.to_dict():
+            changed = sorted(key for key in saved if saved.get(key) != config.model.to_dict().get(key))
+            raise ConfigError(
+                f"--resume: the model config differs from the run in {out} (keys {changed}); "
+                "resume with the same [model] settings, or start a new run in another out.dir"
+            )
+        return out
+    if has_checkpoint(out) or (out / METRICS).exists():
+        if not config.out.overwrite:
+            raise ConfigError(
+                f"out.dir {out} already holds a run; pass --resume to continue it, "
+                "--out.overwrite=true to replace it, or choose another --out.dir"
+            )
+        for name in (WEIGHTS, CONFIG, TRAINER_STATE, TRAINING_STATE, METRICS, RUN_CONFIG):
+            (out / name).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+class MetricsLog:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+
+class Trainer:
+    """Holds the model, optimizer and counters of one run; `run()` trains to train.max_steps."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        build_model: Callable[[], Transformer],
+        batches: BatchSource,
+        tokenizer: Any,
+        resume: bool = False,
+        task: str = "pretrain",
+        extra_state: dict[str, Any] | None = None,
+    ) -> None:
+        self.config = config
+        self.batches = batches
+        self.tokenizer = tokenizer
+        self.task = task
+        self.extra_state = extra_state or {}
+        self.out = check_out_dir(config, resume)
+        print(f"# resolved config ({task})\n{to_toml(config)}")
+        (self.out / RUN_CONFIG).write_text(to_toml(config))
+        train = config.train
+        torch.manual_seed(train.seed)
+        self.device = resolve_device(train.device)
+        self.amp = autocast_dtype(self.device, train.dtype)
+        self.start_step = 0
+        self.state: dict[str, Any] = {"initial_val_loss": None, "val_loss": None, "tokens_seen": 0, "elapsed_s": 0.0}
+        if resume:
+            self.model = load_model(self.out)
+            self.state = load_trainer_state(self.out)
+            self.start_step = int(self.state["step"])
+        else:
+            self.model = build_model()  # after seeding, so the initial weights are a function of train.seed
+        self.model.to(self.device)
+        self.model.train()
+        self.optimizer = build_optimizer(self.model, config, self.device)
+        if resume:
+            training_state = load_training_state(self.out)
+            self.optimizer.load_state_dict(training_state["optimizer"])
+            torch.set_rng_state(training_state["torch_rng"])
+        self.forward = torch.compile(self.model) if train.compile else self.model
+        self.log = MetricsLog(self.out / METRICS)
+        self.loss_sum = torch.zeros((), device=self.device)
+        self.steps_since_log = 0
+        print(
+            f"model: {self.model.num_parameters():,} parameters, position={config.model.position}, "
+            f"device={self.device.type}, autocast={self.amp or 'off (float32)'}, compile={train.compile}"
+        )
+
+    def evaluate(self, step: int) -> float:
+        val_loss = evaluate_loss(self.forward, self.batches, self.device, self.amp)
+        if self.state["initial_val_loss"] is None:
+            self.state["initial_val_loss"] = val_loss
+        self.state["val_loss"] = val_loss
+        print(f"step {step:5d} | val_loss {val_loss:.4f}")
+        self.log.write({"step": step, "val_loss": val_loss})
+        return val_loss
+
+    def save(self, step: int, rng_state: torch.Tensor | None = None) -> None:
+        """Checkpoint the state at the start of `step` (i.e. after `step` optimizer steps)."""
+        trainer_state = {
+            **self.state,
+            "step": step,
+            "task": self.task,
+            "trained_seq_len": self.config.model.max_seq_len,
+            "run_config": self.config.to_dict(),
+            **self.extra_state,
+        }
+        rng = rng_state if rng_state is not None else torch.get_rng_state()
+        training_state = {"optimizer": self.optimizer.state_dict(), "torch_rng": rng}
+        save_checkpoint(self.out, self.model, self.tokenizer, trainer_state, training_state)
+
+    def train_step(self, step: int) -> None:
+        """One optimizer step over grad_accum micro-batches; logs every log_interval steps."""
+        train = self.config.train
+        lr = learning_rate(step, self.config)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        for micro_step in range(train.grad_accum):
+            inputs, targets = self.batches.train_batch(step, micro_step)
+            inputs = inputs.to(self.device, non_blocking=True)
+            targets = targets.to(self.device, non_blocking=True)
+            with autocast(self.device, self.amp):
+                _, loss = self.forward(inputs, targets)
+            (loss / train.grad_accum).backward()
+            self.loss_sum += loss.detach()
+        if train.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), train.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.state["tokens_seen"] += self.config.tokens_per_step
+        self.steps_since_log += 1
+        if (step + 1) % train.log_interval == 0 or step + 1 == train.max_steps:
+            self.log_interval(step + 1, lr)
+
+    def log_interval(self, step: int, lr: float) -> None:
+        mean_loss = float(self.loss_sum) / (self.steps_since_log * self.config.train.grad_accum)  # one sync
+        if not math.isfinite(mean_loss):
+            raise FloatingPointError(f"non-finite training loss {mean_loss} at step {step}; lower train.lr")
+        now = time.perf_counter()
+        dt = (now - self.last_log) / self.steps_since_log
+        tokens_per_s = self.config.tokens_per_step / dt
+        print(f"step {step:5d} | loss {mean_loss:.4f} | lr {lr:.2e} | dt {dt * 1000:.0f}ms | tok/s {tokens_per_s:,.0f}")
+        self.log.write({"step": step, "loss": mean_loss, "lr": lr, "dt": dt, "tok_per_s": tokens_per_s})
+        self.last_log = now
+        self.loss_sum.zero_()
+        self.steps_since_log = 0
+
+    def run(self) -> TrainResult:
+        train = self.config.train
+        started = time.perf_counter() - float(self.state["elapsed_s"])
+        self.last_log = time.perf_counter()
+        for step in range(self.start_step, train.max_steps + 1):
+            step_rng = torch.get_rng_state()
+            try:
+                if step % train.eval_interval == 0 or step == train.max_steps:
+                    self.evaluate(step)
+                if step == train.max_steps:
+                    break
+                if step > self.start_step and step % (train.save_interval or train.eval_interval) == 0:
+                    self.save(step)
+                self.train_step(step)
+            except KeyboardInterrupt:
+                self.optimizer.zero_grad(set_to_none=True)
+                self.state["elapsed_s"] = time.perf_counter() - started
+                self.save(step, step_rng)
+                raise TrainingInterrupted(f"interrupted at step {step}; saved {self.out}; continue with --resume") from None
+        self.state["elapsed_s"] = time.perf_counter() - started
+        self.save(train.max_steps)
+        initial, final = float(self.state["initial_val_loss"]), float(self.state["val_loss"])
+        print(
+            f"final val_loss {final:.4f} (step 0: {initial:.4f}, ln(vocab) = {math.log(self.config.model.vocab_size):.4f}); "
+            f"{self.state['tokens_seen']:,} tokens in {self.state['elapsed_s']:.0f}s; checkpoint: {self.out}"
+        )
+        return TrainResult(train.max_steps, initial, final, int(self.state["tokens_seen"]), float(self.state["elapsed_s"]))
+
+
+def run_training(
+    config: RunConfig,
+    build_model: Callable[[], Transformer],
+    batches: BatchSource,
+    tokenizer: Any,
+    resume: bool = False,
+    task: str = "pretrain",
+    extra_state: dict[str, Any] | None = None,
+) -> TrainResult:
+    """Train `build_model()` (or the checkpoint in out.dir when resuming) to train.max_steps."""
+    return Trainer(config, build_model, batches, tokenizer, resume, task, extra_state).run()
