@@ -1,0 +1,88 @@
+"""data.prepare and the text sources."""
+import json
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from data.prepare import main as prepare_main
+from data.prepare import prepare
+from data.sources import SourceError, load_source
+from data.tokenizer import load_tokenizer
+
+
+def test_prepare_small_local_file(prepared_data, small_text_file):
+    meta = json.loads((prepared_data / "meta.json").read_text())
+    assert meta["dtype"] == "uint16" and meta["vocab_size"] == 512
+    documents = small_text_file.read_text().count("<|endoftext|>") + 1
+    assert meta["train_documents"] + meta["val_documents"] == documents
+    assert meta["val_documents"] >= 1 and meta["train_documents"] >= 1
+    tokenizer = load_tokenizer(prepared_data)
+    for split in ("train", "val"):
+        tokens = np.fromfile(prepared_data / f"{split}.bin", dtype=np.uint16)
+        assert len(tokens) == meta[f"{split}_tokens"]
+        # Every document ends with <|endoftext|>.
+        assert tokens[-1] == meta["eos_id"] == 0
+        assert int((tokens == 0).sum()) == meta[f"{split}_documents"]
+        assert tokens.max() < 512
+    # The text decodes back to the source documents.
+    train_text = tokenizer.decode(np.fromfile(prepared_data / "train.bin", dtype=np.uint16).tolist())
+    assert "def " in train_text and train_text.count("<|endoftext|>") == meta["train_documents"]
+
+
+def test_split_is_deterministic_and_reuses_tokenizer(prepared_data, small_text_file, tmp_path):
+    out = tmp_path / "again"
+    meta = prepare(str(small_text_file), out, tokenizer_path=str(prepared_data), val_fraction=0.2, num_proc=1)
+    assert meta["tokenizer"] == str(prepared_data)
+    for split in ("train", "val"):
+        assert (out / f"{split}.bin").read_bytes() == (prepared_data / f"{split}.bin").read_bytes()
+
+
+def test_jsonl_and_parquet_sources(tmp_path):
+    rows = [{"text": f"document number {i}", "other": i} for i in range(5)]
+    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps(row) for row in rows))
+    source = load_source(str(tmp_path / "a.jsonl"))
+    assert source.dataset["text"] == [row["text"] for row in rows]
+    source.dataset.to_parquet(str(tmp_path / "b.parquet"))
+    assert load_source(str(tmp_path / "b.parquet")).dataset["text"] == source.dataset["text"]
+    folder = load_source(str(tmp_path))  # a folder mixes file types
+    assert len(folder.dataset) == 10
+
+
+def test_jsonl_without_text_field_is_a_clear_error(tmp_path):
+    (tmp_path / "c.jsonl").write_text(json.dumps({"content": "x"}) + "\n")
+    with pytest.raises(SourceError, match="no 'text' field"):
+        load_source(str(tmp_path / "c.jsonl"))
+
+
+def test_single_document_is_split_by_lines(tmp_path):
+    path = tmp_path / "one.txt"
+    path.write_text("".join(f"line {i}\n" for i in range(1000)))
+    out = tmp_path / "prepared"
+    meta = prepare(str(path), out, vocab_size=300, val_fraction=0.1, num_proc=1)
+    assert meta["train_documents"] == meta["val_documents"] == 1
+    assert 0.05 < meta["val_bytes"] / (meta["train_bytes"] + meta["val_bytes"]) < 0.15
+
+
+def test_stdlib_source_records_python_version_and_file_count():
+    source = load_source("stdlib")
+    assert source.meta["python_version"] == sys.version.split()[0]
+    assert source.meta["file_count"] > 300
+    names = source.dataset["name"]
+    assert not any("/test/" in name or name.startswith("test/") for name in names)
+    assert any(name.startswith("pydoc_data/topics/") for name in names)
+
+
+def test_hub_source_offline_fails_fast_with_alternatives(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    started = time.perf_counter()
+    with pytest.raises(SourceError, match="Offline alternatives: --source stdlib"):
+        load_source("tinystories")
+    assert time.perf_counter() - started < 5
+
+
+def test_unknown_source_cli_error(tmp_path, capsys):
+    assert prepare_main(["--source", "no_such_source", "--out", str(tmp_path / "x")]) == 2
+    assert "unknown source 'no_such_source'" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

@@ -1,0 +1,112 @@
+"""The training loop: loss goes down, resume continues the same curve, out-dir protection."""
+import json
+
+import pytest
+import torch
+
+from data.batches import PretrainBatches
+from data.tokenizer import load_tokenizer
+from model import Transformer
+from model.checkpoint import load_model, load_trainer_state
+from model.config import ConfigError
+from train.config import load_run_config
+from train.loop import TrainingInterrupted, learning_rate, run_training
+
+
+def make_config(prepared_data, out, *extra):
+    return load_run_config(
+        None,
+        [
+            f"--data.dir={prepared_data}",
+            f"--out.dir={out}",
+            "--model.vocab_size=512",
+            "--model.dim=64",
+            "--model.n_layers=2",
+            "--model.n_heads=4",
+            "--model.n_kv_heads=2",
+            "--model.max_seq_len=64",
+            "--train.batch_size=4",
+            "--train.max_steps=12",
+            "--train.warmup_steps=2",
+            "--train.log_interval=1",
+            "--train.eval_interval=4",
+            "--train.eval_batches=2",
+            "--train.dtype=float32",
+            *extra,
+        ],
+    )
+
+
+def train(config, prepared_data, resume=False, batches=None):
+    batches = batches or PretrainBatches(prepared_data, 64, 4, config.train.seed, 2)
+    return run_training(config, lambda: Transformer(config.model), batches, load_tokenizer(prepared_data), resume=resume)
+
+
+def losses(out):
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {row["step"]: row["loss"] for row in rows if "loss" in row}
+
+
+class InterruptAt:
+    """Batches that raise KeyboardInterrupt (like Ctrl-C) when a given step asks for data."""
+
+    def __init__(self, batches, step):
+        self.batches, self.step = batches, step
+
+    def train_batch(self, step, micro_step=0):
+        if step == self.step:
+            raise KeyboardInterrupt
+        return self.batches.train_batch(step, micro_step)
+
+    def val_batches_iter(self):
+        return self.batches.val_batches_iter()
+
+
+def test_resume_continues_the_same_loss_curve(prepared_data, tmp_path):
+    straight = make_config(prepared_data, tmp_path / "straight")
+    train(straight, prepared_data)
+
+    interrupted = make_config(prepared_data, tmp_path / "resumed")
+    batches = PretrainBatches(prepared_data, 64, 4, interrupted.train.seed, 2)
+    with pytest.raises(TrainingInterrupted):
+        train(interrupted, prepared_data, batches=InterruptAt(batches, 7))
+    assert load_trainer_state(tmp_path / "resumed")["step"] == 7
+    train(interrupted, prepared_data, resume=True)
+
+    expected, got = losses(tmp_path / "straight"), losses(tmp_path / "resumed")
+    assert sorted(expected) == sorted(got) == list(range(1, 13))
+    assert [got[s] for s in range(1, 13)] == [expected[s] for s in range(1, 13)]  # bit-exact in fp32
+    a, b = load_model(tmp_path / "straight"), load_model(tmp_path / "resumed")
+    for name, tensor in a.state_dict().items():
+        assert torch.equal(tensor, b.state_dict()[name]), name
+
+
+def test_training_reduces_loss_and_records_state(prepared_data, tmp_path):
+    config = make_config(prepared_data, tmp_path / "run", "--train.max_steps=200", "--train.lr=1e-2", "--train.eval_interval=50")
+    result = train(config, prepared_data)
+    assert result.final_val_loss < result.initial_val_loss - 1.0
+    state = load_trainer_state(tmp_path / "run")
+    assert state["step"] == 200 and state["trained_seq_len"] == 64
+    assert state["tokens_seen"] == 200 * 4 * 64
+    assert (tmp_path / "run" / "run_config.toml").exists()
+
+
+def test_existing_run_is_not_overwritten_without_permission(prepared_data, tmp_path):
+    config = make_config(prepared_data, tmp_path / "run", "--train.max_steps=2")
+    train(config, prepared_data)
+    before = (tmp_path / "run" / "model.safetensors").read_bytes()
+    with pytest.raises(ConfigError, match="already holds a run"):
+        train(config, prepared_data)
+    assert (tmp_path / "run" / "model.safetensors").read_bytes() == before
+    bigger = make_config(prepared_data, tmp_path / "run", "--train.max_steps=4", "--model.dim=128")
+    with pytest.raises(ConfigError, match=r"model config differs .* \['dim', 'ffn_dim'\]"):
+        train(bigger, prepared_data, resume=True)
+
+
+def test_learning_rate_schedule():
+    config = load_run_config(None, ["--train.lr=1.0", "--train.warmup_steps=10", "--train.max_steps=110",
+                                    "--train.min_lr_ratio=0.1"])
+    assert learning_rate(0, config) == pytest.approx(0.1)
+    assert learning_rate(9, config) == pytest.approx(1.0)
+    assert learning_rate(60, config) == pytest.approx(0.55)
+    assert learning_rate(110, config) == pytest.approx(0.1)
