@@ -1,6 +1,12 @@
-"""Grouped-query causal self-attention through F.scaled_dot_product_attention."""
+"""Grouped-query causal self-attention through F.scaled_dot_product_attention.
+
+Encodings without a score bias take the fused SDPA path with no (time x time) mask. Encodings with a bias
+(ALiBi, T5, Shaw) are computed in chunks of query rows, so the (heads x rows x keys) bias stays bounded
+at long lengths; an encoding with a value term (Shaw) needs the attention probabilities explicitly.
+"""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -11,12 +17,15 @@ from model.config import ModelConfig
 from model.kv_cache import KVCache
 from model.position import PositionEncoding
 
+# Bias-path chunks hold at most this many (batch x heads x rows x keys) elements (2^24 floats = 64 MiB).
+BIAS_CHUNK_ELEMENTS = 2**24
 
-def causal_mask(q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
-    """Boolean (q_len, k_len) mask for queries that are the last q_len of k_len positions (True = attend)."""
-    query_index = torch.arange(k_len - q_len, k_len, device=device)[:, None]
-    key_index = torch.arange(k_len, device=device)[None, :]
-    return key_index <= query_index
+
+def causal_mask(q_len: int, k_len: int, device: torch.device, rows: slice | None = None) -> torch.Tensor:
+    """Boolean (rows, k_len) mask for queries that are the last q_len of k_len positions (True = attend)."""
+    query_index = torch.arange(k_len - q_len, k_len, device=device)[rows if rows is not None else slice(None)]
+    key_index = torch.arange(k_len, device=device)
+    return key_index[None, :] <= query_index[:, None]
 
 
 class Attention(nn.Module):
@@ -38,31 +47,79 @@ class Attention(nn.Module):
         position: PositionEncoding,
         position_state: Any,
         kv_cache: KVCache | None,
+        causal: bool = True,
     ) -> torch.Tensor:
         batch, time, _ = x.shape
         # (batch, time, heads * head_dim) -> (batch, heads, time, head_dim)
         q = self.q_proj(x).view(batch, time, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, time, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, time, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = position.rotate(q, k, position_state)
+        q = position.rotate_queries(q, position_state)
+        if position.caches_rotated_keys:
+            k = position.rotate_keys(k, position_state)
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer_index, k, v)
-        key_len = k.shape[2]
+        if not position.caches_rotated_keys:
+            k = position.rotate_keys(k, position_state)
+        if position.has_score_bias or position.has_value_term:
+            y = self.biased_attention(q, k, v, position, position_state, causal)
+        else:
+            y = self.fused_attention(q, k, v, causal)
+        # (batch, heads, time, head_dim) -> (batch, time, heads * head_dim)
+        y = y.transpose(1, 2).reshape(batch, time, self.n_heads * self.head_dim)
+        return self.o_proj(y)
+
+    def fused_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+        q_len, k_len = q.shape[2], k.shape[2]
         mask = None
-        is_causal = False
-        if time > 1 and key_len == time:
-            is_causal = True
-        elif time > 1:
-            mask = causal_mask(time, key_len, x.device)
-        y = F.scaled_dot_product_attention(
+        if causal and q_len > 1 and k_len != q_len:
+            mask = causal_mask(q_len, k_len, q.device)
+        return F.scaled_dot_product_attention(
             q,
             k,
             v,
             attn_mask=mask,
-            is_causal=is_causal,
+            is_causal=causal and q_len > 1 and k_len == q_len,
             dropout_p=self.dropout if self.training else 0.0,
             enable_gqa=self.n_kv_heads != self.n_heads,
         )
-        # (batch, heads, time, head_dim) -> (batch, time, heads * head_dim)
-        y = y.transpose(1, 2).reshape(batch, time, self.n_heads * self.head_dim)
-        return self.o_proj(y)
+
+    def biased_attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        position: PositionEncoding,
+        state: Any,
+        causal: bool,
+    ) -> torch.Tensor:
+        batch, heads, q_len, _ = q.shape
+        k_len = k.shape[2]
+        rows_per_chunk = max(1, BIAS_CHUNK_ELEMENTS // (batch * heads * k_len))
+        if position.has_value_term and self.n_kv_heads != self.n_heads:
+            k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+            v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+        outputs = []
+        for start in range(0, q_len, rows_per_chunk):
+            rows = slice(start, min(q_len, start + rows_per_chunk))
+            q_rows = q[:, :, rows]
+            bias = position.score_bias(q_rows, state, self.layer_index, rows)  # (batch|1, heads, rows, keys)
+            if causal:
+                bias = bias.masked_fill(~causal_mask(q_len, k_len, q.device, rows), float("-inf"))
+            if not position.has_value_term:
+                outputs.append(
+                    F.scaled_dot_product_attention(
+                        q_rows,
+                        k,
+                        v,
+                        attn_mask=bias.to(q.dtype),
+                        dropout_p=self.dropout if self.training else 0.0,
+                        enable_gqa=self.n_kv_heads != self.n_heads,
+                    )
+                )
+                continue
+            scores = (q_rows @ k.transpose(-1, -2)) / math.sqrt(self.head_dim) + bias
+            probs = F.dropout(torch.softmax(scores.float(), dim=-1), self.dropout, self.training)
+            output = probs.to(v.dtype) @ v + position.value_term(probs.to(v.dtype), state, self.layer_index, rows)
+            outputs.append(output)
+        return torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]

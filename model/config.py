@@ -82,6 +82,17 @@ class ModelConfig:
     rope_theta: float = 10000.0
     # "half": rotate_half pairs (i, i + d/2) as in transformers; "interleaved": pairs (2i, 2i+1) as in Meta's code.
     rope_layout: str = "half"
+    # RoPE scaling with transformers' rope_parameters keys, e.g. {rope_type = "yarn", factor = 4.0}; see model/rope.py.
+    # original_max_position_embeddings defaults to max_seq_len, the context the model is trained at.
+    rope_scaling: dict | None = None
+    # t5: log-spaced relative-distance buckets, shared across layers.
+    t5_num_buckets: int = 32
+    t5_max_distance: int = 128
+    # shaw: relative distances are clipped to [-k, k].
+    shaw_max_distance: int = 16
+    # learned: table size (0 = max_seq_len); positions past it are an error unless learned_clamp reuses the last row.
+    learned_max_positions: int = 0
+    learned_clamp: bool = False
 
     def __post_init__(self) -> None:
         check_field_types(self, "model")
@@ -106,6 +117,17 @@ class ModelConfig:
         if self.rope_layout not in ("half", "interleaved"):
             raise ConfigError(f"model.rope_layout must be 'half' or 'interleaved', got {self.rope_layout!r}")
         from model.position import POSITION_ENCODINGS
+        from model.rope import normalize_rope_scaling
+
+        if self.rope_scaling is not None:
+            if self.position != "rope":
+                raise ConfigError(f"model.rope_scaling applies to position = 'rope', not {self.position!r}")
+            try:
+                self.rope_scaling = normalize_rope_scaling(self.rope_scaling, self.max_seq_len)
+            except ValueError as error:
+                raise ConfigError(f"model.rope_scaling: {error}") from error
+        if self.learned_max_positions < 0:
+            raise ConfigError(f"model.learned_max_positions must be >= 0 (0 = max_seq_len), got {self.learned_max_positions}")
 
         if self.position not in POSITION_ENCODINGS:
             raise ConfigError(

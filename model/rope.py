@@ -5,6 +5,7 @@ signature of transformers' ROPE_INIT_FUNCTIONS, so a config means the same thing
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -16,14 +17,164 @@ def default_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
     return 1.0 / (theta**exponents)
 
 
-def default_rope(head_dim: int, theta: float, scaling: dict | None = None) -> tuple[torch.Tensor, float]:
+SCALING_KEYS = {
+    "default": set(),
+    "linear": {"factor"},
+    "ntk": {"factor"},
+    "dynamic": {"factor", "original_max_position_embeddings"},
+    "yarn": {
+        "factor",
+        "original_max_position_embeddings",
+        "attention_factor",
+        "beta_fast",
+        "beta_slow",
+        "mscale",
+        "mscale_all_dim",
+        "truncate",
+    },
+    "llama3": {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"},
+}
+# Every scaling with an `original_max_position_embeddings` key gets the trained context length when it is absent.
+NEEDS_ORIGINAL_LENGTH = {name for name, keys in SCALING_KEYS.items() if "original_max_position_embeddings" in keys}
+
+
+def default_rope(head_dim: int, theta: float, params: dict, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
     return default_inv_freq(head_dim, theta), 1.0
 
 
-# name -> function(head_dim, theta, scaling_params) -> (inv_freq, attention_factor)
+def linear_rope(head_dim: int, theta: float, params: dict, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """Position interpolation (Chen et al. 2023): positions divided by the factor, i.e. inv_freq / s."""
+    return default_inv_freq(head_dim, theta) / params["factor"], 1.0
+
+
+def ntk_rope(head_dim: int, theta: float, params: dict, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """Static NTK-aware scaling: the base grows to theta * s^(d / (d - 2))."""
+    factor = params["factor"]
+    return default_inv_freq(head_dim, theta * factor ** (head_dim / (head_dim - 2))), 1.0
+
+
+def dynamic_rope(head_dim: int, theta: float, params: dict, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """Dynamic NTK: the NTK base is recomputed from the current length; unchanged up to the trained length L.
+
+    base' = base * ((s * n / L) - (s - 1))^(d / (d - 2)) with n = max(seq_len, L), as in transformers.
+    """
+    factor = params["factor"]
+    original = params["original_max_position_embeddings"]
+    length = max(seq_len or original, original)
+    base = theta * ((factor * length / original) - (factor - 1)) ** (head_dim / (head_dim - 2))
+    return default_inv_freq(head_dim, base), 1.0
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def yarn_attention_factor(params: dict) -> float:
+    """Explicit attention_factor, else mscale/mscale_all_dim when both are set, else 0.1 ln(s) + 1."""
+    if params.get("attention_factor") is not None:
+        return float(params["attention_factor"])
+    factor = params["factor"]
+    if params.get("mscale") and params.get("mscale_all_dim"):
+        return yarn_mscale(factor, params["mscale"]) / yarn_mscale(factor, params["mscale_all_dim"])
+    return yarn_mscale(factor)
+
+
+def yarn_correction_range(head_dim: int, theta: float, params: dict) -> tuple[float, float]:
+    """The (low, high) pair indices between which YaRN blends interpolation and extrapolation.
+
+    A pair whose wavelength fits more than beta_fast times in the original length keeps its frequency;
+    one that fits fewer than beta_slow times is interpolated (divided by the factor).
+    """
+    original = params["original_max_position_embeddings"]
+
+    def correction_dim(rotations: float) -> float:
+        return head_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = correction_dim(params.get("beta_fast") or 32)
+    high = correction_dim(params.get("beta_slow") or 1)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    return max(low, 0), min(high, head_dim - 1)
+
+
+def yarn_ramp(head_dim: int, theta: float, params: dict) -> torch.Tensor:
+    """0 for pairs that keep their frequency, 1 for pairs that are fully interpolated, linear in between."""
+    low, high = yarn_correction_range(head_dim, theta, params)
+    if low == high:
+        high += 0.001
+    return ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+
+
+def yarn_rope(head_dim: int, theta: float, params: dict, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """YaRN (Peng et al. 2023): NTK-by-parts interpolation plus the attention temperature."""
+    factor = params["factor"]
+    wavelengths = theta ** (torch.arange(0, head_dim, 2).to(torch.float32) / head_dim)
+    extrapolation = 1.0 / wavelengths
+    interpolation = 1.0 / (factor * wavelengths)
+    interpolated = yarn_ramp(head_dim, theta, params)
+    inv_freq = interpolation * interpolated + extrapolation * (1 - interpolated)
+    return inv_freq, yarn_attention_factor(params)
+
+
+def llama3_rope(head_dim: int, theta: float, params: dict, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """Llama 3.1: long wavelengths divided by the factor, short ones kept, a smooth blend in between."""
+    factor = params["factor"]
+    low_freq_factor = params.get("low_freq_factor", 1.0)
+    high_freq_factor = params.get("high_freq_factor", 4.0)
+    original = params["original_max_position_embeddings"]
+    inv_freq = default_inv_freq(head_dim, theta)
+    wavelength = 2 * math.pi / inv_freq
+    low_freq_wavelength = original / low_freq_factor
+    high_freq_wavelength = original / high_freq_factor
+    scaled = torch.where(wavelength > low_freq_wavelength, inv_freq / factor, inv_freq)
+    smooth = (original / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelength < high_freq_wavelength) * ~(wavelength > low_freq_wavelength)
+    return torch.where(is_medium, smoothed, scaled), 1.0
+
+
+# name -> function(head_dim, theta, params, seq_len) -> (inv_freq, attention_factor).
+# Only "dynamic" depends on seq_len (the current length: the largest key position + 1).
 ROPE_SCALINGS: dict[str, Callable[..., tuple[torch.Tensor, float]]] = {
     "default": default_rope,
+    "linear": linear_rope,
+    "ntk": ntk_rope,
+    "dynamic": dynamic_rope,
+    "yarn": yarn_rope,
+    "llama3": llama3_rope,
 }
+LENGTH_DEPENDENT_SCALINGS = {"dynamic"}
+
+
+def normalize_rope_scaling(scaling: dict | None, trained_length: int) -> dict | None:
+    """Check a rope_scaling dict (transformers' rope_parameters keys) and fill in its defaults.
+
+    Accepts the legacy "type" key. `original_max_position_embeddings` defaults to `trained_length`, the context
+    the checkpoint was trained at. Raises ValueError naming the key and the valid choices.
+    """
+    if scaling is None:
+        return None
+    params = dict(scaling)
+    if "type" in params:
+        params.setdefault("rope_type", params.pop("type"))
+    params.pop("rope_theta", None)  # lives in ModelConfig.rope_theta
+    name = params.get("rope_type", "default")
+    if name not in ROPE_SCALINGS:
+        raise ValueError(f"unknown rope scaling {name!r}; valid names are {sorted(ROPE_SCALINGS)}")
+    params["rope_type"] = name
+    unknown = sorted(set(params) - SCALING_KEYS[name] - {"rope_type"})
+    if unknown:
+        raise ValueError(f"rope scaling {name!r}: unknown key(s) {unknown}; valid keys are {sorted(SCALING_KEYS[name])}")
+    if name != "default":
+        factor = params.get("factor")
+        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor < 1:
+            raise ValueError(f"rope scaling {name!r} needs a numeric factor >= 1, got {factor!r}")
+        params["factor"] = float(factor)
+    if name in NEEDS_ORIGINAL_LENGTH:
+        params.setdefault("original_max_position_embeddings", trained_length)
+        if params["original_max_position_embeddings"] <= 0:
+            raise ValueError("rope scaling: original_max_position_embeddings must be positive")
+    return params
 
 
 def rope_cos_sin(

@@ -56,6 +56,20 @@ class Transformer(nn.Module):
             is_residual = name.endswith("o_proj.weight") or name.endswith("down_proj.weight")
             nn.init.normal_(parameter, mean=0.0, std=residual_std if is_residual else std)
 
+    def set_rope_scaling(self, scaling: dict | None) -> None:
+        """Switch this RoPE model to another inference-time scaling (no retraining; None = plain RoPE).
+
+        `original_max_position_embeddings` defaults to the context the model was trained at (max_seq_len).
+        """
+        if self.config.position != "rope":
+            raise ValueError(
+                f"rope scaling applies to RoPE checkpoints; this one uses position = {self.config.position!r}"
+            )
+        config = ModelConfig.from_dict({**self.config.to_dict(), "rope_scaling": scaling})
+        device = self.tok_embeddings.weight.device
+        self.config = config
+        self.position = build_position_encoding(config).to(device)
+
     def num_parameters(self) -> int:
         return sum(parameter.numel() for parameter in self.parameters())
 
@@ -77,9 +91,10 @@ class Transformer(nn.Module):
         if positions is None:
             start = kv_cache.length if kv_cache is not None else 0
             positions = torch.arange(start, start + time, device=idx.device)[None, :]
+        key_positions = kv_cache.add_positions(positions) if kv_cache is not None else positions
         x = self.tok_embeddings(idx)
         x = self.position.embed(x, positions)
-        position_state = self.position.prepare(positions)
+        position_state = self.position.prepare(positions, key_positions)
         for layer in self.layers:
             x = layer(x, self.position, position_state, kv_cache)
         if kv_cache is not None:

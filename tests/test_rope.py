@@ -5,6 +5,7 @@ import torch
 from model import Transformer
 from model.rope import apply_rope, default_inv_freq, rope_cos_sin
 from tests.conftest import micro_config
+from tests.hf_reference import llama_from
 
 
 def rotated_scores(q, k, positions, layout, head_dim=None):
@@ -67,47 +68,6 @@ def test_cos_sin_are_float32_under_bf16_autocast():
         cos, sin = rope_cos_sin(inv_freq, torch.tensor([[0, 100_000, 100_001]]), "half")
     assert cos.dtype == torch.float32
     assert not torch.equal(cos[0, 1], cos[0, 2])
-
-
-def llama_from(model: Transformer):
-    """transformers' LlamaForCausalLM with our weights (names map one to one)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = model.config
-    hf_config = LlamaConfig(
-        vocab_size=config.vocab_size,
-        hidden_size=config.dim,
-        intermediate_size=config.ffn_dim,
-        num_hidden_layers=config.n_layers,
-        num_attention_heads=config.n_heads,
-        num_key_value_heads=config.n_kv_heads,
-        max_position_embeddings=config.max_seq_len,
-        rms_norm_eps=config.norm_eps,
-        rope_theta=config.rope_theta,
-        tie_word_embeddings=True,
-        attention_bias=False,
-        mlp_bias=False,
-    )
-    hf_model = LlamaForCausalLM(hf_config).eval()
-    renames = {
-        "tok_embeddings": "model.embed_tokens",
-        "attention_norm": "input_layernorm",
-        "ffn_norm": "post_attention_layernorm",
-        "attention.": "self_attn.",
-        "ffn.": "mlp.",
-        "norm.weight": "norm.weight",
-    }
-    state = {}
-    for name, tensor in model.state_dict().items():
-        hf_name = name
-        for ours, theirs in renames.items():
-            hf_name = hf_name.replace(ours, theirs)
-        if hf_name.startswith("layers.") or hf_name == "norm.weight":
-            hf_name = "model." + hf_name
-        state[hf_name] = tensor
-    missing, unexpected = hf_model.load_state_dict(state, strict=False)
-    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
-    return hf_model
 
 
 def test_logits_match_transformers_llama():
