@@ -3,6 +3,8 @@
     python -m scripts.generate --checkpoint runs/demo --prompt "def " --max-new-tokens 200
     python -m scripts.generate --checkpoint runs/demo --prompt "import os" --temperature 0   # greedy
     python -m scripts.generate --checkpoint runs/demo --prompt "class " --top-p 0.9 --seed 1
+    python -m scripts.generate --checkpoint runs/demo --prompt "def " --max-new-tokens 900 \
+        --rope-scaling yarn --rope-factor 4                  # generate past the trained context
 """
 from __future__ import annotations
 
@@ -14,9 +16,11 @@ import torch
 
 from data.tokenizer import ENDOFTEXT, load_tokenizer
 from model.checkpoint import CheckpointError, load_model
+from model.config import ConfigError
 from model.kv_cache import KVCache
 from model.runtime import autocast, autocast_dtype, resolve_device
 from model.transformer import Transformer
+from scripts.rope_args import add_rope_scaling_args, apply_rope_scaling_args
 
 
 def sample_next(
@@ -93,6 +97,14 @@ class StreamPrinter:
             self.stream.flush()
             self.printed = len(text)
 
+    def finish(self) -> str:
+        """Write whatever is still held back (an incomplete character shows as U+FFFD); return the full text."""
+        text = self.tokenizer.decode(self.ids)
+        self.stream.write(text[self.printed :])
+        self.stream.flush()
+        self.printed = len(text)
+        return text
+
     def text(self) -> str:
         return self.tokenizer.decode(self.ids)
 
@@ -108,14 +120,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | mps")
     parser.add_argument("--dtype", default="float32", help="float32 (default) | bfloat16 | auto")
+    add_rope_scaling_args(parser)
     args = parser.parse_args(argv)
     if args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0 or args.max_new_tokens <= 0:
         parser.error("need --temperature >= 0, 0 < --top-p <= 1, --top-k >= 0 and --max-new-tokens > 0")
     try:
         device = resolve_device(args.device)
         model = load_model(args.checkpoint, device)
+        apply_rope_scaling_args(model, args)
         tokenizer = load_tokenizer(args.checkpoint)
-    except (CheckpointError, FileNotFoundError, ValueError) as error:
+    except (CheckpointError, ConfigError, FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     prompt_ids = tokenizer.encode(args.prompt, add_special_tokens=False)
@@ -137,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         if token_id == eos:
             break
         printer.add(token_id)
+    printer.finish()
     sys.stdout.write("\n")
     return 0
 

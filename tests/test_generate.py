@@ -90,3 +90,22 @@ def test_pretrain_then_generate_end_to_end(prepared_data, tmp_path):
     assert again.returncode == 2 and "already holds a run" in again.stderr
     missing = run("scripts.generate", "--checkpoint", str(tmp_path / "nope"), "--prompt", "x")
     assert missing.returncode == 2 and "no such checkpoint folder" in missing.stderr
+
+
+def test_generate_cli_rope_scaling_flags(prepared_data, tmp_path):
+    out = tmp_path / "run"
+    result = run(
+        "train.pretrain", f"--data.dir={prepared_data}", f"--out.dir={out}", "--model.vocab_size=512",
+        "--model.dim=64", "--model.n_layers=1", "--model.max_seq_len=16", "--train.max_steps=2",
+        "--train.batch_size=2", "--train.eval_batches=1",
+    )
+    assert result.returncode == 0, result.stderr
+    common = ("scripts.generate", "--checkpoint", str(out), "--prompt", "def ", "--max-new-tokens", "40",
+              "--temperature", "0")
+    plain, scaled = run(*common), run(*common, "--rope-scaling", "yarn", "--rope-factor", "4",
+                                      "--rope-param", "beta_fast=16")
+    assert plain.returncode == scaled.returncode == 0, scaled.stderr
+    bad = run(*common, "--rope-scaling", "yarn", "--rope-factor", "0.5")
+    assert bad.returncode == 2 and "factor >= 1" in bad.stderr
+    orphan = run(*common, "--rope-factor", "2")
+    assert orphan.returncode == 2 and "need --rope-scaling" in orphan.stderr
