@@ -66,18 +66,23 @@ def _encode_batch(batch: dict[str, list], tokenizer: Any, eos_id: int) -> dict[s
     }
 
 
-def write_tokens(dataset: Any, tokenizer: Any, eos_id: int, path: Path, dtype: np.dtype, num_proc: int) -> dict:
-    """Tokenize with datasets.map (several processes) and append the ids to `path`. Returns counts."""
+def encode_documents(dataset: Any, tokenizer: Any, eos_id: int, num_proc: int, desc: str) -> Any:
+    """A dataset with columns "ids" (each document's ids followed by eos) and "bytes", via datasets.map."""
     num_proc = max(1, min(num_proc, len(dataset)))
-    encoded = dataset.map(
+    return dataset.map(
         _encode_batch,
         batched=True,
         batch_size=16,
         num_proc=num_proc if num_proc > 1 else None,
         fn_kwargs={"tokenizer": tokenizer, "eos_id": eos_id},
         remove_columns=dataset.column_names,
-        desc=f"tokenizing {path.name}",
+        desc=desc,
     )
+
+
+def write_tokens(dataset: Any, tokenizer: Any, eos_id: int, path: Path, dtype: np.dtype, num_proc: int) -> dict:
+    """Tokenize with datasets.map (several processes) and append the ids to `path`. Returns counts."""
+    encoded = encode_documents(dataset, tokenizer, eos_id, num_proc, f"tokenizing {path.name}")
     tokens = 0
     with open(path, "wb") as handle:
         for rows in tqdm(encoded.iter(batch_size=256), total=(len(encoded) + 255) // 256, desc=f"writing {path.name}"):

@@ -65,6 +65,19 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
     return wrap_tokenizer(Tokenizer.from_file(str(file)))
 
 
+def token_byte_lengths(tokenizer: PreTrainedTokenizerFast) -> "np.ndarray":
+    """UTF-8 bytes of text that each token id stands for (0 for special tokens), for bits-per-byte.
+
+    In a byte-level BPE every character of a token's string stands for exactly one byte."""
+    import numpy as np
+
+    lengths = np.zeros(len(tokenizer), dtype=np.int64)
+    special = set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)
+    for token, token_id in tokenizer.get_vocab().items():
+        lengths[token_id] = 0 if token_id in special else len(token)
+    return lengths
+
+
 def batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
     batch: list[str] = []
     for item in items:

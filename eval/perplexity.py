@@ -1,0 +1,179 @@
+"""Perplexity and bits-per-byte of a checkpoint on a text, in nonoverlapping or sliding windows.
+
+    python -m eval.perplexity --checkpoint runs/tiny --data runs/data/stdlib --seq-len 256
+    python -m eval.perplexity --checkpoint runs/tiny --data ../shared/data/tinyshakespeare/input.txt \\
+        --seq-len 1024 --stride 256 --rope-scaling yarn --rope-factor 4 --json ppl.json
+
+--data is a prepared data folder (its val.bin is read), a named source (stdlib) or a local file/folder,
+tokenized with the checkpoint's tokenizer. Nonoverlapping mode scores every token of each window; with
+--stride S each window advances by S tokens and scores only its last S tokens (the first window scores all),
+so every token is scored exactly once, with at least seq_len - S tokens of context after the first window.
+Bits-per-byte = total NLL / ln 2 / UTF-8 bytes of the scored tokens: comparable across tokenizers.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from data.batches import TokenFile, read_meta
+from data.prepare import encode_documents
+from data.sources import SourceError, load_source
+from data.tokenizer import ENDOFTEXT, load_tokenizer, token_byte_lengths
+from model.checkpoint import CheckpointError, load_model
+from model.config import ConfigError
+from model.position import PositionRangeError
+from model.runtime import autocast, autocast_dtype, resolve_device
+from model.transformer import Transformer
+from scripts.rope_args import add_rope_scaling_args, apply_rope_scaling_args
+
+# Windows per forward are chosen so that a batch holds about this many tokens.
+TOKENS_PER_BATCH = 8192
+
+
+@dataclass
+class PerplexityResult:
+    nll: float  # mean negative log-likelihood per scored token, in nats
+    ppl: float
+    bpb: float  # bits per UTF-8 byte of the scored tokens
+    tokens: int  # scored tokens
+    bytes: int
+    seq_len: int
+    stride: int | None
+    position_loss: list[float] = field(default_factory=list)  # mean loss at each window position (nan = unscored)
+
+
+def window_plan(n_tokens: int, seq_len: int, stride: int | None) -> list[tuple[int, int]]:
+    """(start, first scored offset) for each window over a stream of n_tokens ids.
+
+    A window starting at s reads inputs ids[s : s + seq_len] and predicts ids[s + 1 : s + seq_len + 1].
+    """
+    if seq_len < 1 or n_tokens < seq_len + 1:
+        raise ValueError(f"need more than seq_len = {seq_len} tokens to evaluate, got {n_tokens}")
+    if stride is None:
+        return [(start, 0) for start in range(0, n_tokens - seq_len, seq_len)]
+    if not 1 <= stride <= seq_len:
+        raise ValueError(f"--stride must be between 1 and --seq-len ({seq_len}), got {stride}")
+    plan = [(0, 0)]
+    start = stride
+    while start + seq_len < n_tokens:
+        plan.append((start, seq_len - stride))
+        start += stride
+    return plan
+
+
+@torch.inference_mode()
+def evaluate_stream(
+    model: Transformer,
+    ids: np.ndarray,
+    byte_lengths: np.ndarray,
+    seq_len: int,
+    stride: int | None = None,
+    amp: torch.dtype | None = None,
+    progress: bool = True,
+) -> PerplexityResult:
+    """Score a token stream with `model` in windows of seq_len (see window_plan)."""
+    model.eval()
+    device = next(model.parameters()).device
+    plan = window_plan(len(ids), seq_len, stride)
+    batch_size = max(1, TOKENS_PER_BATCH // seq_len)
+    nll_total = 0.0
+    byte_total = 0
+    token_total = 0
+    position_sum = torch.zeros(seq_len, dtype=torch.float64)
+    position_count = torch.zeros(seq_len, dtype=torch.float64)
+    offsets = torch.arange(seq_len)
+    for first in tqdm(range(0, len(plan), batch_size), desc=f"ppl @ {seq_len}", disable=not progress, leave=False):
+        windows = plan[first : first + batch_size]
+        rows = np.stack([np.asarray(ids[start : start + seq_len + 1], dtype=np.int64) for start, _ in windows])
+        rows = torch.from_numpy(rows)
+        inputs, targets = rows[:, :-1].to(device), rows[:, 1:]
+        with autocast(device, amp):
+            _, losses = model(inputs, targets.to(device), loss_reduction="none")
+        losses = losses.double().cpu()  # (windows, seq_len)
+        scored = offsets[None, :] >= torch.tensor([skip for _, skip in windows])[:, None]
+        nll_total += float(losses[scored].sum())
+        token_total += int(scored.sum())
+        byte_total += int(torch.from_numpy(byte_lengths)[targets][scored].sum())
+        position_sum += (losses * scored).sum(0)
+        position_count += scored.sum(0)
+    nll = nll_total / token_total
+    curve = (position_sum / position_count.clamp(min=1)).masked_fill(position_count == 0, float("nan"))
+    return PerplexityResult(
+        nll=nll,
+        ppl=math.exp(nll),
+        bpb=nll_total / math.log(2) / max(byte_total, 1),
+        tokens=token_total,
+        bytes=byte_total,
+        seq_len=seq_len,
+        stride=stride,
+        position_loss=[round(float(value), 5) for value in curve],
+    )
+
+
+def load_eval_tokens(data: str, tokenizer, max_tokens: int | None = None) -> np.ndarray:
+    """Token ids to evaluate on: a prepared folder's val.bin, or a source tokenized with `tokenizer`."""
+    path = Path(data)
+    if path.is_dir() and (path / "meta.json").exists() and (path / "val.bin").exists():
+        meta = read_meta(path)
+        if int(meta["vocab_size"]) != len(tokenizer):
+            raise ValueError(
+                f"{path} was tokenized with a {meta['vocab_size']}-token vocabulary but the checkpoint's tokenizer "
+                f"has {len(tokenizer)}; pass the raw text instead so it is tokenized with the checkpoint's tokenizer"
+            )
+        ids = np.asarray(TokenFile(path / "val.bin", meta["dtype"]).tokens)
+    else:
+        source = load_source(data)
+        eos_id = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
+        encoded = encode_documents(source.dataset, tokenizer.backend_tokenizer, eos_id, os.cpu_count() or 1,
+                                   "tokenizing eval text")
+        ids = np.fromiter((i for row in encoded["ids"] for i in row), dtype=np.int64)
+    return ids[: max_tokens + 1] if max_tokens else ids
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", required=True, help="checkpoint folder")
+    parser.add_argument("--data", required=True, help="prepared data folder (val.bin), source name, or text path")
+    parser.add_argument("--seq-len", type=int, required=True, help="window length in tokens")
+    parser.add_argument("--stride", type=int, default=None, help="sliding-window stride (default: nonoverlapping)")
+    parser.add_argument("--max-tokens", type=int, default=None, help="evaluate only the first N tokens")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="float32", help="float32 (default) | bfloat16 | auto")
+    parser.add_argument("--json", type=Path, help="also write the result, with the per-position loss curve, here")
+    add_rope_scaling_args(parser)
+    args = parser.parse_args(argv)
+    try:
+        device = resolve_device(args.device)
+        model = load_model(args.checkpoint, device)
+        apply_rope_scaling_args(model, args)
+        tokenizer = load_tokenizer(args.checkpoint)
+        ids = load_eval_tokens(args.data, tokenizer, args.max_tokens)
+        result = evaluate_stream(model, ids, token_byte_lengths(tokenizer), args.seq_len, args.stride,
+                                 autocast_dtype(device, args.dtype))
+    except (CheckpointError, ConfigError, SourceError, PositionRangeError, FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    mode = f"sliding, stride {args.stride}" if args.stride else "nonoverlapping"
+    print(
+        f"{args.checkpoint} @ {args.seq_len} ({mode}): nll {result.nll:.4f} | ppl {result.ppl:.3f} | "
+        f"bpb {result.bpb:.4f} | {result.tokens:,} tokens, {result.bytes:,} bytes"
+    )
+    if args.json:
+        record = {"checkpoint": str(args.checkpoint), "data": args.data, "rope_scaling": model.config.rope_scaling,
+                  **asdict(result)}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(record, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
