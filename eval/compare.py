@@ -151,6 +151,8 @@ def ratio(rows: list[dict], label: str, multiple: float) -> float | None:
 
 def findings(rows: list[dict]) -> list[str]:
     """Plain statements computed from the numbers, including checks against the ALiBi paper's orderings."""
+    if not rows:
+        return ["No variant could be evaluated; see the status column above."]
     labels = list(dict.fromkeys(row["label"] for row in rows))
     multiples = sorted({row["multiple"] for row in rows})
     longest = max(multiples)

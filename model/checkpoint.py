@@ -102,36 +102,50 @@ def has_checkpoint(folder: str | Path) -> bool:
     return (folder / WEIGHTS).exists() or (folder / READY).is_dir()
 
 
-def load_model(folder: str | Path, device: str | torch.device = "cpu") -> Transformer:
-    """Build the model from config.json and load model.safetensors, checking that the two agree."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise CheckpointError(f"{folder}: no such checkpoint folder")
-    _roll_forward(folder)
-    for name in (CONFIG, WEIGHTS):
-        if not (folder / name).exists():
-            raise CheckpointError(f"{folder}: missing {name}; this is not a complete checkpoint folder")
-    config = ModelConfig.load(folder / CONFIG)
+def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    if not (folder / WEIGHTS).exists():
+        raise CheckpointError(f"{folder}: missing {WEIGHTS}; this is not a complete checkpoint folder")
     try:
-        state = load_file(str(folder / WEIGHTS))
+        return load_file(str(folder / WEIGHTS))
     except (SafetensorError, OSError) as error:
         raise CheckpointError(f"{folder / WEIGHTS}: unreadable or truncated safetensors file ({error})") from error
-    model = Transformer(config)
+
+
+def load_weights_into(model: Transformer, folder: str | Path, config_source: str = "the model config") -> Transformer:
+    """Load folder/model.safetensors into `model`, checking every name and shape against its config."""
+    folder = Path(folder)
+    state = _read_weights(folder)
     expected = model_state_dict(model)
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
         raise CheckpointError(
-            f"{folder}: weights do not match config.json (missing {missing[:5]}, unexpected {unexpected[:5]})"
+            f"{folder}: weights do not match {config_source} (missing {missing[:5]}, unexpected {unexpected[:5]})"
         )
     for name, tensor in state.items():
         if tensor.shape != expected[name].shape:
             raise CheckpointError(
-                f"{folder}: {name} has shape {tuple(tensor.shape)} in {WEIGHTS} but config.json implies "
+                f"{folder}: {name} has shape {tuple(tensor.shape)} in {WEIGHTS} but {config_source} implies "
                 f"{tuple(expected[name].shape)}"
             )
-    model.load_state_dict(state, strict=not config.tie_word_embeddings)
-    return model.to(device)
+    model.load_state_dict(state, strict=not model.config.tie_word_embeddings)
+    return model
+
+
+def load_config(folder: str | Path) -> ModelConfig:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: no such checkpoint folder")
+    _roll_forward(folder)
+    if not (folder / CONFIG).exists():
+        raise CheckpointError(f"{folder}: missing {CONFIG}; this is not a complete checkpoint folder")
+    return ModelConfig.load(folder / CONFIG)
+
+
+def load_model(folder: str | Path, device: str | torch.device = "cpu") -> Transformer:
+    """Build the model from config.json and load model.safetensors, checking that the two agree."""
+    config = load_config(folder)
+    return load_weights_into(Transformer(config), folder, CONFIG).to(device)
 
 
 def load_trainer_state(folder: str | Path) -> dict:

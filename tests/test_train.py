@@ -110,3 +110,23 @@ def test_learning_rate_schedule():
     assert learning_rate(9, config) == pytest.approx(1.0)
     assert learning_rate(60, config) == pytest.approx(0.55)
     assert learning_rate(110, config) == pytest.approx(0.1)
+
+
+def test_init_starts_from_the_checkpoint_weights(prepared_data, tmp_path):
+    from train.pretrain import main
+
+    base = ["--model.vocab_size=512", "--model.dim=64", "--model.n_layers=2", "--model.n_heads=4",
+            "--model.n_kv_heads=2", "--model.max_seq_len=64", "--train.batch_size=4", "--train.warmup_steps=2",
+            "--train.eval_interval=5", "--train.eval_batches=2", "--train.dtype=float32", f"--data.dir={prepared_data}"]
+    assert main([*base, "--train.max_steps=20", f"--out.dir={tmp_path / 'base'}"]) == 0
+    finished = load_trainer_state(tmp_path / "base")
+    # The fine-tune gives no [model] keys: shape comes from the checkpoint, and step 0 is its final state.
+    assert main(["--init", str(tmp_path / "base"), "--train.max_steps=2", "--train.eval_batches=2",
+                 "--train.batch_size=4", "--train.dtype=float32", f"--data.dir={prepared_data}",
+                 f"--out.dir={tmp_path / 'tuned'}"]) == 0
+    tuned = load_trainer_state(tmp_path / "tuned")
+    assert tuned["initial_val_loss"] == pytest.approx(finished["val_loss"], abs=1e-9)
+    assert tuned["init"] == str(tmp_path / "base")
+    assert tuned["run_config"]["model"]["dim"] == 64
+    assert main(["--init", str(tmp_path / "base"), "--model.dim=128", f"--data.dir={prepared_data}",
+                 f"--out.dir={tmp_path / 'wrong'}"]) == 2

@@ -119,7 +119,10 @@ def build_run_config(values: dict[str, Any], where: str = "config") -> RunConfig
     return RunConfig(**sections)
 
 
-def load_run_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
+def load_run_config(
+    path: str | Path | None, overrides: list[str] = (), model_base: dict[str, Any] | None = None
+) -> RunConfig:
+    """Defaults -> `model_base` (an initial checkpoint's model config) -> TOML file -> overrides."""
     values: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -130,6 +133,8 @@ def load_run_config(path: str | Path | None, overrides: list[str] = ()) -> RunCo
         except tomllib.TOMLDecodeError as error:
             raise ConfigError(f"{path}: invalid TOML ({error})") from error
     apply_overrides(values, list(overrides))
+    if model_base is not None:
+        values["model"] = {**model_base, **values.get("model", {})}
     return build_run_config(values, str(path or "config"))
 
 

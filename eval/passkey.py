@@ -1,0 +1,183 @@
+"""Passkey retrieval: can the model find a number hidden at some depth of a long filler text?
+
+    python -m eval.passkey --checkpoint runs/passkey_ft --lengths 1x,2x,4x --depths 0,0.5,1 --trials 5 \\
+        --out runs/passkey
+    python -m eval.passkey --make-data runs/passkey_data/train.jsonl --tokenizer runs/tiny --lengths 64,128,256 \\
+        --samples 4000          # training documents for the passkey fine-tune recipe (see README)
+
+The prompt is the landmark-attention / YaRN template, lines joined by newlines: the task description,
+filler ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+repeated), "The pass key is K. Remember it. K is the pass key.", more filler, and
+"What is the pass key? The pass key is". The filler is sized so the prompt has at most LENGTH tokens,
+with the key line after DEPTH of it (0 = start, 1 = end). A trial scores 1 when the first integer in the
+greedy continuation (10 tokens) equals K. Writes OUT/results.json and the heatmap OUT/passkey.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from data.tokenizer import load_tokenizer
+from eval.extrapolation import parse_lengths, resolve_length, trained_length
+from model.checkpoint import CheckpointError, load_model
+from model.config import ConfigError
+from model.position import PositionRangeError
+from model.runtime import resolve_device
+from scripts.generate import generate_tokens
+from scripts.rope_args import add_rope_scaling_args, apply_rope_scaling_args
+
+INTRO = (
+    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
+    "I will quiz you about the important information there."
+)
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+KEY_LINE = "The pass key is {key}. Remember it. {key} is the pass key."
+QUESTION = "What is the pass key? The pass key is"
+ANSWER_TOKENS = 10
+
+
+def build_prompt(key: int, filler_count: int, depth: float) -> str:
+    """The five-line prompt with `filler_count` filler sentences, round(depth * count) of them before the key."""
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"depth must be in [0, 1], got {depth}")
+    before = round(depth * filler_count)
+    prefix = " ".join([FILLER] * before)
+    suffix = " ".join([FILLER] * (filler_count - before))
+    return "\n".join([INTRO, prefix, KEY_LINE.format(key=key), suffix, QUESTION])
+
+
+def fit_prompt(key: int, length: int, depth: float, count_tokens: Callable[[str], int]) -> tuple[str, int]:
+    """The prompt with the most filler that stays within `length` tokens, and its token count."""
+    low, high = 0, 1
+    while count_tokens(build_prompt(key, high, depth)) <= length:
+        low, high = high, high * 2
+    while high - low > 1:  # invariant: `low` fits, `high` does not
+        middle = (low + high) // 2
+        if count_tokens(build_prompt(key, middle, depth)) <= length:
+            low = middle
+        else:
+            high = middle
+    prompt = build_prompt(key, low, depth)
+    tokens = count_tokens(prompt)
+    if tokens > length:
+        raise ValueError(f"length {length} is too short for the passkey template ({tokens} tokens without filler)")
+    return prompt, tokens
+
+
+def parse_answer(text: str) -> int | None:
+    """The first integer in the continuation, or None."""
+    match = re.search(r"\d+", text)
+    return int(match.group()) if match else None
+
+
+def evaluate_passkey(model, tokenizer, lengths: list[int], depths: list[float], trials: int, seed: int) -> list[dict]:
+    count = lambda text: len(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
+    rng = random.Random(seed)
+    rows = []
+    for length in lengths:
+        for depth in depths:
+            correct, prompt_tokens, answers = 0, 0, []
+            for _ in range(trials):
+                key = rng.randint(1, 50000)
+                prompt, prompt_tokens = fit_prompt(key, length, depth, count)
+                ids = tokenizer.encode(prompt, add_special_tokens=False)
+                generated = list(generate_tokens(model, ids, ANSWER_TOKENS, temperature=0))
+                answer = parse_answer(tokenizer.decode(generated))
+                correct += int(answer == key)
+                answers.append({"key": key, "answer": answer})
+            rows.append({"length": length, "prompt_tokens": prompt_tokens, "depth": depth,
+                         "accuracy": correct / trials, "trials": trials, "answers": answers})
+            print(f"length {length:6d} depth {depth:4.2f}: {correct}/{trials}")
+    return rows
+
+
+def plot_heatmap(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = sorted({row["length"] for row in rows})
+    depths = sorted({row["depth"] for row in rows})
+    grid = [[next(r["accuracy"] for r in rows if r["length"] == n and r["depth"] == d) for n in lengths] for d in depths]
+    figure, axis = plt.subplots(figsize=(1.2 * len(lengths) + 2, 0.6 * len(depths) + 2))
+    image = axis.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+    axis.set_xticks(range(len(lengths)), [str(n) for n in lengths])
+    axis.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
+    for i, row in enumerate(grid):
+        for j, value in enumerate(row):
+            axis.text(j, i, f"{value:.0%}", ha="center", va="center", fontsize=8)
+    axis.set_xlabel("prompt length (tokens)")
+    axis.set_ylabel("key depth")
+    axis.set_title(title)
+    figure.colorbar(image, ax=axis, label="accuracy")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def make_training_data(path: Path, tokenizer, lengths: list[int], samples: int, seed: int) -> None:
+    """Passkey documents (prompt + answer) at random lengths and depths, as a {"text": ...} jsonl."""
+    count = lambda text: len(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
+    rng = random.Random(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        for _ in range(samples):
+            key = rng.randint(1, 50000)
+            length = rng.choice(lengths) - 8  # room for the answer and <|endoftext|>
+            prompt, _ = fit_prompt(key, length, rng.random(), count)
+            handle.write(json.dumps({"text": f"{prompt} {key}."}) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", help="checkpoint folder to evaluate")
+    parser.add_argument("--lengths", default="1x,2x,4x", help="multiples of the trained length (2x) or token counts")
+    parser.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="key positions as fractions of the filler")
+    parser.add_argument("--trials", type=int, default=5, help="random keys per (length, depth)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--out", type=Path, help="output folder for results.json and passkey.png")
+    parser.add_argument("--make-data", type=Path, help="write passkey training documents (jsonl) here instead")
+    parser.add_argument("--tokenizer", help="with --make-data: tokenizer folder used to size the prompts")
+    parser.add_argument("--samples", type=int, default=4000, help="with --make-data: number of documents")
+    add_rope_scaling_args(parser)
+    args = parser.parse_args(argv)
+    try:
+        length_items = parse_lengths(args.lengths)
+        depths = [float(item) for item in args.depths.split(",")]
+        if args.make_data:
+            if not args.tokenizer or any(item.endswith("x") for item in length_items):
+                parser.error("--make-data needs --tokenizer and absolute --lengths (token counts)")
+            make_training_data(args.make_data, load_tokenizer(args.tokenizer), [int(i) for i in length_items],
+                               args.samples, args.seed)
+            print(f"wrote {args.samples} passkey documents to {args.make_data}")
+            return 0
+        if not args.checkpoint or not args.out:
+            parser.error("evaluation needs --checkpoint and --out")
+        device = resolve_device(args.device)
+        model = load_model(args.checkpoint, device)
+        apply_rope_scaling_args(model, args)
+        tokenizer = load_tokenizer(args.checkpoint)
+        trained = trained_length(args.checkpoint, model.config.max_seq_len)
+        lengths = [resolve_length(item, trained) for item in length_items]
+        rows = evaluate_passkey(model, tokenizer, lengths, depths, args.trials, args.seed)
+    except (CheckpointError, ConfigError, PositionRangeError, FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {"checkpoint": args.checkpoint, "trained_length": trained,
+                               "rope_scaling": model.config.rope_scaling, "rows": rows}
+    (args.out / "results.json").write_text(json.dumps(summary, indent=1) + "\n")
+    plot_heatmap(rows, args.out / "passkey.png", f"Passkey accuracy: {Path(args.checkpoint).name} (trained {trained})")
+    print(f"wrote {args.out / 'results.json'} and {args.out / 'passkey.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
