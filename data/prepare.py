@@ -46,7 +46,8 @@ def split_documents(source: TextSource, val_fraction: float) -> tuple[Any, Any]:
         text = dataset[0]["text"]
         cut = text.rfind("\n", 0, int(len(text) * (1 - val_fraction)))
         cut = cut if cut > 0 else int(len(text) * (1 - val_fraction))
-        whole = dataset.from_dict({"text": [text[:cut], text[cut:]]})
+        name = dataset[0]["name"] if "name" in dataset.column_names else "document"
+        whole = dataset.from_dict({"text": [text[:cut], text[cut:]], "name": [f"{name} (head)", f"{name} (tail)"]})
         return whole.select([0]), whole.select([1])
     flags = [is_validation(text, val_fraction) for text in dataset["text"]]
     val_rows = [index for index, flag in enumerate(flags) if flag]
@@ -125,8 +126,10 @@ def prepare(
         splits = {}
         for name, docs in (("train", train_docs), ("val", val_docs)):
             splits[name] = write_tokens(docs, tokenizer.backend_tokenizer, eos_id, staging / f"{name}.bin", dtype, num_proc)
+        names = val_docs["name"] if "name" in val_docs.column_names else []
         meta = {
             **source.meta,
+            "val_names": names[:50],
             "vocab_size": vocab,
             "dtype": dtype.name,
             "eos_id": eos_id,

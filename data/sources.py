@@ -66,8 +66,13 @@ def load_stdlib() -> TextSource:
 
 
 def _split_on_separator(batch: dict[str, list]) -> dict[str, list]:
-    pieces = [piece.strip() for text in batch["text"] for piece in text.split(DOCUMENT_SEPARATOR)]
-    return {"text": [piece for piece in pieces if piece]}
+    texts, names = [], []
+    for text, name in zip(batch["text"], batch["name"]):
+        pieces = [piece.strip() for piece in text.split(DOCUMENT_SEPARATOR)]
+        pieces = [piece for piece in pieces if piece]
+        texts.extend(pieces)
+        names.extend(name if len(pieces) == 1 else f"{name}#{index}" for index in range(len(pieces)))
+    return {"text": texts, "name": names}
 
 
 def load_local(path: str | Path) -> TextSource:
@@ -87,6 +92,10 @@ def load_local(path: str | Path) -> TextSource:
         group = [str(p) for p in files if LOCAL_EXTENSIONS[p.suffix] == builder]
         if builder == "text":
             dataset = datasets.load_dataset("text", data_files=group, sample_by="document", split="train")
+            if len(dataset) == len(group):  # one row per file, in order: keep the file names
+                dataset = dataset.add_column("name", [Path(name).name for name in group])
+            else:
+                dataset = dataset.add_column("name", [f"{Path(group[0]).parent.name}[{i}]" for i in range(len(dataset))])
             dataset = dataset.map(_split_on_separator, batched=True, remove_columns=dataset.column_names)
         else:
             dataset = datasets.load_dataset(builder, data_files=group, split="train")
@@ -96,6 +105,7 @@ def load_local(path: str | Path) -> TextSource:
                     "pretraining data needs one string field 'text' per record"
                 )
             dataset = dataset.select_columns(["text"])
+            dataset = dataset.add_column("name", [f"record {i}" for i in range(len(dataset))])
         parts.append(dataset)
     dataset = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
     return TextSource(dataset, {"files": len(files)})

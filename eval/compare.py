@@ -261,7 +261,8 @@ def write_report(out: Path, compare: CompareConfig, shared: dict, data_dir: Path
         "",
         f"- Data: `{compare.source}`: {meta['train_documents']} training documents ({meta['train_tokens']:,} tokens), "
         f"{meta['val_documents']} held-out documents ({meta['val_tokens']:,} tokens) never trained on; byte-level "
-        f"BPE with {meta['vocab_size']} tokens.",
+        f"BPE with {meta['vocab_size']} tokens."
+        + (f" Held out: {', '.join(meta['val_names'][:12])}." if meta.get("val_names") else ""),
         f"- Every variant: {json.dumps(model)}; training {json.dumps(train)}; "
         f"{first.get('tokens', 0):,} training tokens each; only `model.position` differs.",
         f"- Evaluation: the first {compare.eval_tokens:,} held-out tokens at each length "

@@ -18,6 +18,8 @@ def test_prepare_small_local_file(prepared_data, small_text_file):
     documents = small_text_file.read_text().count("<|endoftext|>") + 1
     assert meta["train_documents"] + meta["val_documents"] == documents
     assert meta["val_documents"] >= 1 and meta["train_documents"] >= 1
+    assert len(meta["val_names"]) == meta["val_documents"]
+    assert all(name.startswith("code.txt#") for name in meta["val_names"])  # file name and document index
     tokenizer = load_tokenizer(prepared_data)
     for split in ("train", "val"):
         tokens = np.fromfile(prepared_data / f"{split}.bin", dtype=np.uint16)
@@ -46,8 +48,10 @@ def test_jsonl_and_parquet_sources(tmp_path):
     assert source.dataset["text"] == [row["text"] for row in rows]
     source.dataset.to_parquet(str(tmp_path / "b.parquet"))
     assert load_source(str(tmp_path / "b.parquet")).dataset["text"] == source.dataset["text"]
+    (tmp_path / "c.txt").write_text("plain text document")
     folder = load_source(str(tmp_path))  # a folder mixes file types
-    assert len(folder.dataset) == 10
+    assert len(folder.dataset) == 11
+    assert "c.txt" in folder.dataset["name"]
 
 
 def test_jsonl_without_text_field_is_a_clear_error(tmp_path):
