@@ -5,6 +5,12 @@
     python -m scripts.generate --checkpoint runs/demo --prompt "class " --top-p 0.9 --seed 1
     python -m scripts.generate --checkpoint runs/demo --prompt "def " --max-new-tokens 900 \
         --rope-scaling yarn --rope-factor 4                  # generate past the trained context
+    python -m scripts.generate --checkpoint runs/sft_stdlib --chat          # interactive multi-turn chat
+    python -m scripts.generate --checkpoint runs/sft_stdlib --chat --prompt "Write the function ..."
+
+Chat mode renders the conversation with the tokenizer's ChatML template, streams the reply until
+<|im_end|>, and drops the oldest turns (keeping any system message) so that the prompt plus
+--max-new-tokens stays within the model's context (model.max_seq_len).
 """
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ from typing import Iterator, TextIO
 
 import torch
 
-from data.tokenizer import ENDOFTEXT, load_tokenizer
+from data.tokenizer import ENDOFTEXT, IM_END, load_tokenizer
 from model.checkpoint import CheckpointError, load_model
 from model.config import ConfigError
 from model.kv_cache import KVCache
@@ -109,10 +115,72 @@ class StreamPrinter:
         return self.tokenizer.decode(self.ids)
 
 
+def fit_conversation(tokenizer, messages: list[dict], budget: int) -> tuple[list[int], list[dict]]:
+    """Prompt ids for the conversation (with the assistant header), dropping the oldest turns to fit `budget`."""
+    kept = list(messages)
+    while True:
+        ids = tokenizer.apply_chat_template(kept, tokenize=True, add_generation_prompt=True, return_dict=False)
+        if len(ids) <= budget:
+            return list(ids), kept
+        droppable = [i for i, message in enumerate(kept[:-1]) if message["role"] != "system"]
+        if not droppable:
+            raise ValueError(
+                f"the last message alone takes {len(ids)} tokens, more than the {budget} the context allows "
+                "after --max-new-tokens; shorten it or lower --max-new-tokens"
+            )
+        del kept[droppable[0]]
+
+
+def chat_reply(model: Transformer, tokenizer, messages: list[dict], max_new_tokens: int, stream: TextIO = sys.stdout,
+               **sampling) -> tuple[str, bool]:
+    """Stream the assistant's reply to `messages`; returns (reply, whether it ended with <|im_end|>)."""
+    budget = model.config.max_seq_len - max_new_tokens
+    if budget <= 0:
+        raise ValueError(f"--max-new-tokens {max_new_tokens} leaves no room in the {model.config.max_seq_len}-token context")
+    prompt_ids, _ = fit_conversation(tokenizer, messages, budget)
+    stops = (tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(ENDOFTEXT))
+    printer = StreamPrinter(tokenizer, stream)
+    ended = False
+    for token_id in generate_tokens(model, prompt_ids, max_new_tokens, stop_ids=stops, **sampling):
+        if token_id in stops:
+            ended = token_id == stops[0]
+            break
+        printer.add(token_id)
+    return printer.finish(), ended
+
+
+def run_chat(model: Transformer, tokenizer, args: argparse.Namespace, amp: torch.dtype | None) -> None:
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, amp=amp)
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    if args.prompt is not None:  # one turn, for scripts and tests
+        chat_reply(model, tokenizer, [*messages, {"role": "user", "content": args.prompt}], args.max_new_tokens,
+                   **sampling)
+        sys.stdout.write("\n")
+        return
+    print("chat: an empty line or Ctrl-D ends, /reset starts over", file=sys.stderr)
+    while True:
+        try:
+            text = input("user> ").strip()
+        except EOFError:
+            break
+        if not text:
+            break
+        if text == "/reset":
+            messages = messages[:1] if args.system else []
+            continue
+        messages.append({"role": "user", "content": text})
+        sys.stdout.write("assistant> ")
+        reply, _ = chat_reply(model, tokenizer, messages, args.max_new_tokens, **sampling)
+        sys.stdout.write("\n")
+        messages.append({"role": "assistant", "content": reply})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True, help="checkpoint folder (written by train.pretrain)")
-    parser.add_argument("--prompt", required=True, help="text to continue")
+    parser.add_argument("--prompt", help="text to continue (with --chat: a single user message)")
+    parser.add_argument("--chat", action="store_true", help="chat with the ChatML template (an SFT checkpoint)")
+    parser.add_argument("--system", help="with --chat: a system message")
     parser.add_argument("--max-new-tokens", type=int, default=200)
     parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy decoding")
     parser.add_argument("--top-k", type=int, default=0, help="keep only the k most likely tokens (0 = off)")
@@ -122,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32", help="float32 (default) | bfloat16 | auto")
     add_rope_scaling_args(parser)
     args = parser.parse_args(argv)
+    if args.prompt is None and not args.chat:
+        parser.error("--prompt is required (or --chat for an interactive chat)")
     if args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0 or args.max_new_tokens <= 0:
         parser.error("need --temperature >= 0, 0 < --top-p <= 1, --top-k >= 0 and --max-new-tokens > 0")
     try:
@@ -132,6 +202,14 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, ConfigError, FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    amp = autocast_dtype(device, args.dtype)
+    if args.chat:
+        try:
+            run_chat(model, tokenizer, args, amp)
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        return 0
     prompt_ids = tokenizer.encode(args.prompt, add_special_tokens=False)
     printer = StreamPrinter(tokenizer)
     sys.stdout.write(args.prompt)
@@ -145,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         args.top_p,
         args.seed,
         stop_ids=(eos,),
-        amp=autocast_dtype(device, args.dtype),
+        amp=amp,
     )
     for token_id in tokens:
         if token_id == eos:

@@ -11,9 +11,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_shipped_configs_load():
-    for path in sorted((ROOT / "configs").glob("*.toml")):
-        config = load_run_config(path)
-        assert config.model.vocab_size > 0, path
+    from eval.compare import load_compare_config
+
+    paths = sorted((ROOT / "configs").glob("*.toml"))
+    assert {"tiny.toml", "compare.toml", "sft_stdlib.toml", "passkey_finetune.toml"} <= {path.name for path in paths}
+    for path in paths:
+        if path.name == "compare.toml":
+            for preset in ("quick", "full"):
+                compare, shared, _ = load_compare_config(path, preset, [])
+                assert compare.encodings and shared["model"]["max_seq_len"] > 0
+        else:
+            assert load_run_config(path).train.max_steps > 0, path
 
 
 def test_overrides_take_precedence_over_file(tmp_path):

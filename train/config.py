@@ -16,10 +16,14 @@ from model.config import ConfigError, ModelConfig, build_dataclass, check_field_
 
 @dataclass
 class DataConfig:
-    dir: str = "runs/data/stdlib"  # a folder written by `python -m data.prepare`
+    dir: str = "runs/data/stdlib"  # pretraining: a folder written by `python -m data.prepare`
+    source: str = ""  # SFT: stdlib, minimind, or a conversations .jsonl
+    val_fraction: float = 0.05  # SFT: share of conversations held out
 
     def __post_init__(self) -> None:
         check_field_types(self, "data")
+        if not 0 < self.val_fraction < 1:
+            raise ConfigError(f"data.val_fraction must be in (0, 1), got {self.val_fraction}")
 
 
 @dataclass
@@ -74,10 +78,6 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     out: OutConfig = field(default_factory=OutConfig)
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.train.batch_size * self.train.grad_accum * self.model.max_seq_len
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)

@@ -175,6 +175,7 @@ class Trainer:
         self.log = MetricsLog(self.out / METRICS)
         self.loss_sum = torch.zeros((), device=self.device)
         self.steps_since_log = 0
+        self.tokens_since_log = 0
         print(
             f"model: {self.model.num_parameters():,} parameters, position={config.model.position}, "
             f"device={self.device.type}, autocast={self.amp or 'off (float32)'}, compile={train.compile}"
@@ -217,11 +218,12 @@ class Trainer:
                 _, loss = self.forward(inputs, targets)
             (loss / train.grad_accum).backward()
             self.loss_sum += loss.detach()
+            self.tokens_since_log += inputs.numel()
+            self.state["tokens_seen"] += inputs.numel()
         if train.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), train.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.state["tokens_seen"] += self.config.tokens_per_step
         self.steps_since_log += 1
         if (step + 1) % train.log_interval == 0 or step + 1 == train.max_steps:
             self.log_interval(step + 1, lr)
@@ -232,7 +234,8 @@ class Trainer:
             raise FloatingPointError(f"non-finite training loss {mean_loss} at step {step}; lower train.lr")
         now = time.perf_counter()
         dt = (now - self.last_log) / self.steps_since_log
-        tokens_per_s = self.config.tokens_per_step / dt
+        tokens_per_s = self.tokens_since_log / (now - self.last_log)
+        self.tokens_since_log = 0
         print(f"step {step:5d} | loss {mean_loss:.4f} | lr {lr:.2e} | dt {dt * 1000:.0f}ms | tok/s {tokens_per_s:,.0f}")
         self.log.write({"step": step, "loss": mean_loss, "lr": lr, "dt": dt, "tok_per_s": tokens_per_s})
         self.last_log = now

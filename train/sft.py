@@ -1,0 +1,44 @@
+"""Supervised fine-tuning for chat: continue a pretrained checkpoint on conversations, with the loss on the
+assistant turns only (see data/sft.py).
+
+    python -m train.sft --config configs/sft_stdlib.toml --init runs/tiny
+    python -m scripts.generate --checkpoint runs/sft_stdlib --chat --prompt "Write the function ..."
+
+data.source is `stdlib` (offline: standard-library functions from their signature and docstring), a
+conversations .jsonl (MiniMind's format) or `minimind` (online). Conversations longer than
+model.max_seq_len are cut after the last whole assistant turn that fits, or dropped; both are reported.
+"""
+from __future__ import annotations
+
+import sys
+
+from data.sft import SFTBatches, build_sft_data
+from data.tokenizer import load_tokenizer
+from train.cli import check_vocab, load_config_with_init, model_factory, parse_args, run_cli
+from train.loop import run_training
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, overrides = parse_args(argv, __doc__, init_required=True)
+
+    def body() -> None:
+        config = load_config_with_init(args, overrides)
+        tokenizer = load_tokenizer(args.init)
+        check_vocab(config, len(tokenizer), args.init)
+        if not config.data.source:
+            raise ValueError("train.sft needs data.source: stdlib, minimind, or a conversations .jsonl path")
+        data = build_sft_data(config.data.source, tokenizer, config.model.max_seq_len + 1, config.data.val_fraction)
+        stats = data.stats
+        print(f"SFT data {config.data.source}: {stats['train']} train / {stats['val']} held-out conversations; "
+              f"{stats['truncated']} cut at a turn boundary, {stats['dropped']} dropped as too long "
+              f"(limit {config.model.max_seq_len} tokens)")
+        batches = SFTBatches(data, config.train.batch_size, config.train.seed, tokenizer.pad_token_id,
+                             config.train.eval_batches)
+        run_training(config, model_factory(config, args.init), batches, tokenizer, args.resume, task="sft",
+                     extra_state={"sft": stats, "init": args.init})
+
+    return run_cli(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
