@@ -192,6 +192,7 @@ class Trainer:
 
     def save(self, step: int, rng_state: torch.Tensor | None = None) -> None:
         """Checkpoint the state at the start of `step` (i.e. after `step` optimizer steps)."""
+        self.state["elapsed_s"] = time.perf_counter() - self.started
         trainer_state = {
             **self.state,
             "step": step,
@@ -244,7 +245,7 @@ class Trainer:
 
     def run(self) -> TrainResult:
         train = self.config.train
-        started = time.perf_counter() - float(self.state["elapsed_s"])
+        self.started = time.perf_counter() - float(self.state["elapsed_s"])
         self.last_log = time.perf_counter()
         for step in range(self.start_step, train.max_steps + 1):
             step_rng = torch.get_rng_state()
@@ -258,10 +259,8 @@ class Trainer:
                 self.train_step(step)
             except KeyboardInterrupt:
                 self.optimizer.zero_grad(set_to_none=True)
-                self.state["elapsed_s"] = time.perf_counter() - started
                 self.save(step, step_rng)
                 raise TrainingInterrupted(f"interrupted at step {step}; saved {self.out}; continue with --resume") from None
-        self.state["elapsed_s"] = time.perf_counter() - started
         self.save(train.max_steps)
         initial, final = float(self.state["initial_val_loss"]), float(self.state["val_loss"])
         print(
