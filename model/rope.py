@@ -11,9 +11,10 @@ from typing import Callable
 import torch
 
 
-def default_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
-    """inv_freq_i = 1 / theta^(2i/d) for i = 0 .. d/2 - 1, in float32 (the same arithmetic as transformers)."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
+def default_inv_freq(head_dim: int, theta: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """inv_freq_i = 1 / theta^(2i/d) for i = 0 .. d/2 - 1, in float32 (the same arithmetic as transformers)
+    or `dtype` (float64 for analysis)."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype) / head_dim
     return 1.0 / (theta**exponents)
 
 
@@ -178,14 +179,19 @@ def normalize_rope_scaling(scaling: dict | None, trained_length: int) -> dict | 
 
 
 def rope_cos_sin(
-    inv_freq: torch.Tensor, positions: torch.Tensor, layout: str, attention_factor: float = 1.0
+    inv_freq: torch.Tensor,
+    positions: torch.Tensor,
+    layout: str,
+    attention_factor: float = 1.0,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin for integer `positions` of shape (..., time), computed in float32 whatever the autocast state.
+    """cos and sin for integer `positions` of shape (..., time), computed in float32 (or `dtype`, e.g. float64
+    for analysis) whatever the autocast state.
 
     Returns two tensors of shape (..., time, head_dim) laid out for `layout` ("half" or "interleaved").
     """
     with torch.autocast(device_type=positions.device.type, enabled=False):
-        angles = positions.to(torch.float32)[..., None] * inv_freq.to(positions.device, torch.float32)
+        angles = positions.to(dtype)[..., None] * inv_freq.to(positions.device, dtype)
         if layout == "half":
             angles = torch.cat((angles, angles), dim=-1)
         else:
@@ -209,9 +215,9 @@ ROTATIONS = {"half": rotate_half, "interleaved": rotate_interleaved}
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
-    """x * cos + rotate(x) * sin, computed in float32 and returned in x's dtype.
+    """x * cos + rotate(x) * sin, computed in at least float32 (float64 stays float64), returned in x's dtype.
 
     x: (batch, heads, time, head_dim); cos, sin: broadcastable to it.
     """
-    x32 = x.float()
-    return (x32 * cos + ROTATIONS[layout](x32) * sin).to(x.dtype)
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))
+    return (wide * cos + ROTATIONS[layout](wide) * sin).to(x.dtype)
