@@ -171,6 +171,9 @@ def normalize_rope_scaling(scaling: dict | None, trained_length: int) -> dict | 
         if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor < 1:
             raise ValueError(f"rope scaling {name!r} needs a numeric factor >= 1, got {factor!r}")
         params["factor"] = float(factor)
+    if name == "llama3":  # explicit, so configs read the same here and in transformers (which requires them)
+        params.setdefault("low_freq_factor", 1.0)
+        params.setdefault("high_freq_factor", 4.0)
     if name in NEEDS_ORIGINAL_LENGTH:
         params.setdefault("original_max_position_embeddings", trained_length)
         if params["original_max_position_embeddings"] <= 0:

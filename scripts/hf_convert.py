@@ -1,0 +1,180 @@
+"""Conversion between our checkpoints and transformers' Llama format (names, q/k layout, config keys).
+
+One mapping serves export, import and the parity tests. Our parameter names follow Llama's one to one:
+tok_embeddings -> model.embed_tokens, layers.N.attention.{q,k,v,o}_proj -> model.layers.N.self_attn.*,
+layers.N.ffn.{gate,up,down}_proj -> model.layers.N.mlp.*, attention_norm -> input_layernorm,
+ffn_norm -> post_attention_layernorm, norm -> model.norm, lm_head -> lm_head.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import transformers
+
+from model.config import ModelConfig
+
+RENAMES = [
+    ("tok_embeddings.", "model.embed_tokens."),
+    ("attention_norm.", "input_layernorm."),
+    ("ffn_norm.", "post_attention_layernorm."),
+    ("attention.", "self_attn."),
+    ("ffn.", "mlp."),
+]
+# Encodings that Llama cannot express, and why.
+NOT_EXPORTABLE = {
+    "alibi": "Llama has no attention-bias slopes",
+    "t5": "Llama has no learned relative-position bias",
+    "shaw": "Llama has no relative key/value embeddings",
+    "sinusoidal": "Llama adds no absolute position signal to the embeddings",
+    "learned": "Llama has no learned absolute position table",
+    "none": "Llama always applies rotary embeddings, so a NoPE model would change meaning",
+}
+TRANSFORMERS_V5 = int(transformers.__version__.split(".")[0]) >= 5
+
+
+class ConversionError(ValueError):
+    """A model that cannot be expressed in the other format; the message says why."""
+
+
+def half_split_permutation(head_dim: int) -> torch.Tensor:
+    """Row order that turns interleaved pairs (2i, 2i+1) into half-split pairs (i, i + d/2)."""
+    return torch.cat((torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)))
+
+
+def permute_heads(weight: torch.Tensor, head_dim: int, order: torch.Tensor) -> torch.Tensor:
+    """Reorder the output rows of a q/k projection inside every head."""
+    rows, columns = weight.shape
+    return weight.view(rows // head_dim, head_dim, columns)[:, order].reshape(rows, columns)
+
+
+def to_hf_state_dict(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict (tied head stored once) -> Llama names, q/k rows in half-split order."""
+    order = half_split_permutation(config.head_dim) if config.rope_layout == "interleaved" else None
+    converted = {}
+    for name, tensor in state.items():
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        hf_name = name
+        for ours, theirs in RENAMES:
+            hf_name = hf_name.replace(ours, theirs)
+        if hf_name.startswith("layers.") or hf_name == "norm.weight":
+            hf_name = "model." + hf_name
+        if order is not None and (name.endswith("q_proj.weight") or name.endswith("k_proj.weight")):
+            tensor = permute_heads(tensor, config.head_dim, order)
+        converted[hf_name] = tensor.contiguous()
+    return converted
+
+
+def from_hf_state_dict(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Llama names -> ours (half-split layout, the only one transformers writes)."""
+    converted = {}
+    for hf_name, tensor in state.items():
+        if hf_name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        name = hf_name
+        for ours, theirs in RENAMES:
+            name = name.replace(theirs, ours)
+        converted[name.removeprefix("model.")] = tensor
+    return converted
+
+
+def rope_parameters(config: ModelConfig) -> dict[str, Any]:
+    """Our rope_theta + rope_scaling as transformers' rope parameters (static NTK becomes a larger theta)."""
+    scaling = dict(config.rope_scaling or {"rope_type": "default"})
+    theta = config.rope_theta
+    if scaling["rope_type"] == "ntk":  # base * s^(d/(d-2)) is plain RoPE with that base
+        theta = theta * scaling["factor"] ** (config.head_dim / (config.head_dim - 2))
+        scaling = {"rope_type": "default"}
+    return {"rope_theta": theta, **scaling}
+
+
+def to_llama_config(config: ModelConfig, generation: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A LlamaConfig dict for `config`, with RoPE keys in the installed transformers' names."""
+    if config.position != "rope":
+        raise ConversionError(
+            f"cannot export position = {config.position!r} to Llama: {NOT_EXPORTABLE[config.position]}; "
+            "only rope checkpoints can be exported"
+        )
+    params = rope_parameters(config)
+    # transformers' dynamic NTK measures growth against max_position_embeddings, i.e. the original length.
+    max_positions = params.get("original_max_position_embeddings", config.max_seq_len)
+    values: dict[str, Any] = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.dim,
+        "intermediate_size": config.ffn_dim,
+        "num_hidden_layers": config.n_layers,
+        "num_attention_heads": config.n_heads,
+        "num_key_value_heads": config.n_kv_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": max_positions if params["rope_type"] == "dynamic" else config.max_seq_len,
+        "rms_norm_eps": config.norm_eps,
+        "initializer_range": config.init_std,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "attention_dropout": 0.0,
+        **(generation or {}),
+    }
+    if TRANSFORMERS_V5:
+        values["rope_parameters"] = params
+    else:
+        values["rope_theta"] = params.pop("rope_theta")
+        values["rope_scaling"] = None if params["rope_type"] == "default" else params
+    return values
+
+
+SUPPORTED_ROPE = {"default", "linear", "dynamic", "yarn", "llama3"}
+
+
+def from_llama_config(values: dict[str, Any]) -> tuple[ModelConfig, int]:
+    """(our ModelConfig, the trained context length) from a Llama config.json, or ConversionError saying why not."""
+    if values.get("model_type") != "llama":
+        raise ConversionError(f"model_type is {values.get('model_type')!r}; only Llama-architecture models are imported")
+    problems = []
+    if values.get("hidden_act", "silu") != "silu":
+        problems.append(f"hidden_act {values['hidden_act']!r} (only silu)")
+    if values.get("attention_bias") or values.get("mlp_bias"):
+        problems.append("biases in attention or MLP")
+    if (values.get("pretraining_tp") or 1) != 1:
+        problems.append("pretraining_tp > 1")
+    hidden, heads = values["hidden_size"], values["num_attention_heads"]
+    head_dim = values.get("head_dim") or hidden // heads
+    if head_dim * heads != hidden:
+        problems.append(f"head_dim {head_dim} x {heads} heads != hidden_size {hidden}")
+    params = dict(values.get("rope_parameters") or values.get("rope_scaling") or {})
+    if "type" in params:
+        params.setdefault("rope_type", params.pop("type"))
+    theta = float(params.pop("rope_theta", values.get("rope_theta", 10000.0)))
+    rope_type = params.setdefault("rope_type", "default")
+    if rope_type not in SUPPORTED_ROPE:
+        problems.append(f"rope_type {rope_type!r} (supported: {sorted(SUPPORTED_ROPE)})")
+    params.pop("partial_rotary_factor", None) if params.get("partial_rotary_factor", 1.0) == 1.0 else problems.append(
+        "partial_rotary_factor < 1")
+    if problems:
+        raise ConversionError("unsupported Llama features: " + "; ".join(problems))
+    max_positions = int(values["max_position_embeddings"])
+    trained = int(params.get("original_max_position_embeddings", max_positions))
+    if rope_type == "dynamic":  # transformers' dynamic NTK uses max_position_embeddings as the original length
+        params["original_max_position_embeddings"] = max_positions
+        trained = max_positions
+    config = ModelConfig(
+        vocab_size=values["vocab_size"],
+        dim=hidden,
+        n_layers=values["num_hidden_layers"],
+        n_heads=heads,
+        n_kv_heads=values.get("num_key_value_heads") or heads,
+        ffn_dim=values["intermediate_size"],
+        max_seq_len=max_positions,
+        norm_eps=float(values.get("rms_norm_eps", 1e-6)),
+        init_std=float(values.get("initializer_range", 0.02)),
+        tie_word_embeddings=bool(values.get("tie_word_embeddings", False)),
+        position="rope",
+        rope_theta=theta,
+        rope_layout="half",
+        rope_scaling=None if rope_type == "default" else params,
+    )
+    return config, trained

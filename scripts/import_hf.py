@@ -1,0 +1,82 @@
+"""Import a local transformers Llama folder (safetensors) as our checkpoint.
+
+    python -m scripts.import_hf --model path/to/llama-folder --out runs/imported
+    python -m scripts.generate --checkpoint runs/imported --prompt "Hello"
+
+Supported: Llama architecture with SwiGLU/silu, no biases, grouped-query attention, tied or untied head,
+RoPE default/linear/dynamic/yarn/llama3, a fast (tokenizer.json) tokenizer. Weights are read from
+model.safetensors or a sharded model.safetensors.index.json (never from pickled .bin files) and stored
+in float32. Anything else is refused with the reason.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoTokenizer
+
+from model.checkpoint import CheckpointError, model_state_dict, save_checkpoint
+from model.transformer import Transformer
+from scripts.hf_convert import ConversionError, from_hf_state_dict, from_llama_config
+
+
+def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+    if (folder / "model.safetensors").exists():
+        return load_file(str(folder / "model.safetensors"))
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        state = {}
+        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+            state.update(load_file(str(folder / shard)))
+        return state
+    raise ConversionError(f"{folder}: no model.safetensors or model.safetensors.index.json "
+                          "(pickled .bin weights are not loaded; convert them to safetensors first)")
+
+
+def import_hf(model_dir: str | Path, out: str | Path) -> Transformer:
+    folder = Path(model_dir)
+    if not (folder / "config.json").exists():
+        raise ConversionError(f"{folder}: no config.json; expected a local transformers model folder")
+    config, trained = from_llama_config(json.loads((folder / "config.json").read_text()))
+    state = {name: tensor.to(torch.float32) for name, tensor in
+             from_hf_state_dict(read_safetensors(folder), config).items() if not name.endswith("rotary_emb.inv_freq")}
+    model = Transformer(config)
+    expected = model_state_dict(model)
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ConversionError(f"{folder}: weights do not match a Llama of this config "
+                              f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
+    for name, tensor in state.items():
+        if tensor.shape != expected[name].shape:
+            raise ConversionError(f"{folder}: {name} has shape {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}")
+    model.load_state_dict(state, strict=not config.tie_word_embeddings)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    if not getattr(tokenizer, "is_fast", False):
+        raise ConversionError(f"{folder}: the tokenizer is not a fast (tokenizer.json) tokenizer")
+    if len(tokenizer) > config.vocab_size:
+        raise ConversionError(f"{folder}: the tokenizer has {len(tokenizer)} tokens but vocab_size is {config.vocab_size}")
+    save_checkpoint(out, model, tokenizer, {"step": 0, "task": "import", "trained_seq_len": trained,
+                                            "imported_from": str(folder)})
+    return model
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="local transformers Llama folder")
+    parser.add_argument("--out", required=True, help="our checkpoint folder to write")
+    args = parser.parse_args(argv)
+    try:
+        model = import_hf(args.model, args.out)
+    except (ConversionError, CheckpointError, OSError, KeyError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out}: {model.num_parameters():,} parameters")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
