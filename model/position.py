@@ -288,6 +288,16 @@ class LearnedAbsolute(PositionEncoding):
         self.size = config.learned_max_positions or config.max_seq_len
         self.table = nn.Embedding(self.size, config.dim)
 
+    @classmethod
+    def validate(cls, config: "ModelConfig") -> None:
+        from model.config import ConfigError
+
+        if config.learned_max_positions and config.learned_max_positions < config.max_seq_len:
+            raise ConfigError(
+                f"model.max_seq_len ({config.max_seq_len}) is beyond the learned table of "
+                f"{config.learned_max_positions} positions (model.learned_max_positions); raise the table size"
+            )
+
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         if self.config.learned_clamp:
             positions = positions.clamp(max=self.size - 1)

@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | mps")
     parser.add_argument("--dtype", default="float32", help="float32 (default) | bfloat16 | auto")
+    parser.add_argument("--extrapolate", action="store_true", help="allow a prompt longer than the trained context")
     add_rope_scaling_args(parser)
     args = parser.parse_args(argv)
     if args.prompt is None and not args.chat:
@@ -211,6 +212,13 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
     prompt_ids = tokenizer.encode(args.prompt, add_special_tokens=False)
+    if len(prompt_ids) > model.config.max_seq_len and model.config.rope_scaling is None and not args.extrapolate:
+        print(
+            f"error: the prompt has {len(prompt_ids)} tokens, more than the {model.config.max_seq_len} the model was "
+            "trained on; shorten it, pass --rope-scaling yarn --rope-factor S (RoPE), or --extrapolate to run anyway",
+            file=sys.stderr,
+        )
+        return 2
     printer = StreamPrinter(tokenizer)
     sys.stdout.write(args.prompt)
     eos = tokenizer.convert_tokens_to_ids(ENDOFTEXT)

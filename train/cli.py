@@ -10,7 +10,7 @@ from model.checkpoint import CheckpointError, load_config, load_weights_into
 from model.config import ConfigError
 from model.transformer import Transformer
 from train.config import RunConfig, load_run_config
-from train.loop import TrainingInterrupted
+from train.loop import NonFiniteLoss, TrainingInterrupted
 
 
 def parse_args(argv: list[str] | None, description: str, init_required: bool = False):
@@ -55,6 +55,9 @@ def run_cli(body: Callable[[], None]) -> int:
     except TrainingInterrupted as stop:
         print(stop, file=sys.stderr)
         return 130
+    except NonFiniteLoss as stop:
+        print(f"error: {stop}", file=sys.stderr)
+        return 3
     except (ConfigError, CheckpointError, SourceError, FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -46,6 +46,10 @@ class TrainConfig:
     eval_interval: int = 100  # also evaluated at step 0 and at the end
     eval_batches: int = 8
     save_interval: int = 0  # 0: save at each evaluation and at the end
+    # A step whose loss is not finite is never applied. "skip": drop it and go on (at most max_nonfinite_skips
+    # times in a run); "stop": stop at once, keeping the last good checkpoint in out.dir.
+    nonfinite: str = "skip"
+    max_nonfinite_skips: int = 5
 
     def __post_init__(self) -> None:
         check_field_types(self, "train")
@@ -59,6 +63,8 @@ class TrainConfig:
             raise ConfigError("train.warmup_steps, train.save_interval and train.grad_clip must be >= 0")
         if self.dtype not in ("auto", "bfloat16", "float32"):
             raise ConfigError(f"train.dtype must be auto, bfloat16 or float32, got {self.dtype!r}")
+        if self.nonfinite not in ("skip", "stop") or self.max_nonfinite_skips < 0:
+            raise ConfigError(f"train.nonfinite must be 'skip' or 'stop' and train.max_nonfinite_skips >= 0")
         if self.device not in ("auto", "cpu", "cuda", "mps"):
             raise ConfigError(f"train.device must be auto, cpu, cuda or mps, got {self.device!r}")
 

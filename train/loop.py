@@ -35,6 +35,10 @@ METRICS = "metrics.jsonl"
 RUN_CONFIG = "run_config.toml"
 
 
+class NonFiniteLoss(FloatingPointError):
+    """Training stopped on a non-finite loss; the last good checkpoint in out.dir was kept."""
+
+
 class TrainingInterrupted(Exception):
     """Raised after Ctrl-C: a checkpoint of the last completed step was saved and --resume continues it."""
 
@@ -211,6 +215,7 @@ class Trainer:
         lr = learning_rate(step, self.config)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        step_loss = torch.zeros((), device=self.device)
         for micro_step in range(train.grad_accum):
             inputs, targets = self.batches.train_batch(step, micro_step)
             inputs = inputs.to(self.device, non_blocking=True)
@@ -218,9 +223,13 @@ class Trainer:
             with autocast(self.device, self.amp):
                 _, loss = self.forward(inputs, targets)
             (loss / train.grad_accum).backward()
-            self.loss_sum += loss.detach()
+            step_loss += loss.detach()
             self.tokens_since_log += inputs.numel()
             self.state["tokens_seen"] += inputs.numel()
+        if not bool(torch.isfinite(step_loss)):  # one scalar check per step: a bad step is never applied
+            self.skip_nonfinite(step, float(step_loss))
+            return
+        self.loss_sum += step_loss
         if train.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), train.grad_clip)
         self.optimizer.step()
@@ -229,10 +238,22 @@ class Trainer:
         if (step + 1) % train.log_interval == 0 or step + 1 == train.max_steps:
             self.log_interval(step + 1, lr)
 
+    def skip_nonfinite(self, step: int, loss: float) -> None:
+        train = self.config.train
+        self.optimizer.zero_grad(set_to_none=True)
+        self.state["nonfinite_steps"] = self.state.get("nonfinite_steps", 0) + 1
+        count = self.state["nonfinite_steps"]
+        message = f"step {step + 1}: non-finite loss {loss}"
+        if train.nonfinite == "stop" or count > train.max_nonfinite_skips:
+            why = "train.nonfinite = stop" if train.nonfinite == "stop" else f"more than {train.max_nonfinite_skips} skipped"
+            self.log.write({"step": step + 1, "nonfinite_loss": loss, "action": "stop"})
+            raise NonFiniteLoss(f"{message}: stopping ({why}); the last good checkpoint in {self.out} is kept, "
+                                "--resume continues from it (lower train.lr or raise train.grad_clip)")
+        print(f"{message}: step skipped ({count} of at most {train.max_nonfinite_skips}, train.nonfinite = skip)")
+        self.log.write({"step": step + 1, "nonfinite_loss": loss, "action": "skip"})
+
     def log_interval(self, step: int, lr: float) -> None:
-        mean_loss = float(self.loss_sum) / (self.steps_since_log * self.config.train.grad_accum)  # one sync
-        if not math.isfinite(mean_loss):
-            raise FloatingPointError(f"non-finite training loss {mean_loss} at step {step}; lower train.lr")
+        mean_loss = float(self.loss_sum) / max(1, self.steps_since_log * self.config.train.grad_accum)
         now = time.perf_counter()
         dt = (now - self.last_log) / self.steps_since_log
         tokens_per_s = self.tokens_since_log / (now - self.last_log)

@@ -1,0 +1,82 @@
+"""Failures say what to do and lose nothing: non-finite losses, learned-table limits, over-long prompts."""
+import json
+
+import pytest
+
+from data.batches import PretrainBatches
+from data.tokenizer import load_tokenizer
+from model import Transformer
+from model.checkpoint import load_model, load_trainer_state
+from model.config import ConfigError
+from tests.conftest import ROOT, micro_config
+from tests.test_generate import run
+from tests.test_train import make_config
+from train.loop import NonFiniteLoss, run_training
+
+
+def poisoned_model(config, bad_calls):
+    """A model whose training loss is NaN on the given forward calls (counted from 1)."""
+    model = Transformer(config.model)
+    original = model.forward
+    calls = {"n": 0}
+
+    def forward(idx, targets=None, **kwargs):
+        logits, loss = original(idx, targets, **kwargs)
+        if model.training:
+            calls["n"] += 1
+            if calls["n"] in bad_calls:
+                loss = loss * float("nan")
+        return logits, loss
+
+    model.forward = forward
+    return model
+
+
+def test_nonfinite_step_is_skipped_and_logged(prepared_data, tmp_path):
+    config = make_config(prepared_data, tmp_path / "skip", "--train.max_steps=8")
+    batches = PretrainBatches(prepared_data, 64, 4, config.train.seed, 2)
+    result = run_training(config, lambda: poisoned_model(config, {3}), batches, load_tokenizer(prepared_data))
+    records = [json.loads(line) for line in (tmp_path / "skip" / "metrics.jsonl").read_text().splitlines()]
+    assert {"step": 3, "nonfinite_loss": float("nan"), "action": "skip"}.keys() <= records[3].keys()
+    assert [r["action"] for r in records if "action" in r] == ["skip"]
+    assert result.final_val_loss == result.final_val_loss  # finite: the NaN step never touched the weights
+    model = load_model(tmp_path / "skip")
+    assert all(bool(p.isfinite().all()) for p in model.parameters())
+    assert load_trainer_state(tmp_path / "skip")["nonfinite_steps"] == 1
+
+
+def test_nonfinite_stop_keeps_the_last_good_checkpoint(prepared_data, tmp_path):
+    config = make_config(prepared_data, tmp_path / "stop", "--train.max_steps=12", "--train.nonfinite=stop")
+    batches = PretrainBatches(prepared_data, 64, 4, config.train.seed, 2)
+    with pytest.raises(NonFiniteLoss, match="step 7: non-finite loss nan: stopping .*last good checkpoint"):
+        run_training(config, lambda: poisoned_model(config, {7}), batches, load_tokenizer(prepared_data))
+    state = load_trainer_state(tmp_path / "stop")
+    assert state["step"] == 4  # saved at the last evaluation before the bad step (eval_interval 4)
+    assert all(bool(p.isfinite().all()) for p in load_model(tmp_path / "stop").parameters())
+
+
+def test_too_many_skips_stop(prepared_data, tmp_path):
+    config = make_config(prepared_data, tmp_path / "many", "--train.max_steps=12", "--train.max_nonfinite_skips=1")
+    batches = PretrainBatches(prepared_data, 64, 4, config.train.seed, 2)
+    with pytest.raises(NonFiniteLoss, match="more than 1 skipped"):
+        run_training(config, lambda: poisoned_model(config, {2, 5}), batches, load_tokenizer(prepared_data))
+
+
+def test_sequence_length_beyond_a_learned_table_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"max_seq_len \(64\) is beyond the learned table of 32 positions"):
+        micro_config(position="learned", max_seq_len=64, learned_max_positions=32)
+
+
+def test_prompt_longer_than_the_context_is_refused(prepared_data, tmp_path):
+    from train.pretrain import main as pretrain
+
+    assert pretrain(["--model.vocab_size=512", "--model.dim=32", "--model.n_layers=1", "--model.n_heads=2",
+                     "--model.n_kv_heads=1", "--model.max_seq_len=16", "--train.max_steps=1", "--train.batch_size=2",
+                     "--train.eval_batches=1", f"--data.dir={prepared_data}", f"--out.dir={tmp_path / 'run'}"]) == 0
+    long_prompt = "def f(x):\n    return x\n" * 10
+    refused = run("scripts.generate", "--checkpoint", str(tmp_path / "run"), "--prompt", long_prompt, "--max-new-tokens", "2")
+    assert refused.returncode == 2 and "more than the 16 the model was trained on" in refused.stderr
+    for extra in (["--extrapolate"], ["--rope-scaling", "yarn", "--rope-factor", "8"]):
+        allowed = run("scripts.generate", "--checkpoint", str(tmp_path / "run"), "--prompt", long_prompt,
+                      "--max-new-tokens", "2", *extra)
+        assert allowed.returncode == 0, allowed.stderr
