@@ -111,25 +111,29 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{folder / WEIGHTS}: unreadable or truncated safetensors file ({error})") from error
 
 
-def load_weights_into(model: Transformer, folder: str | Path, config_source: str = "the model config") -> Transformer:
-    """Load folder/model.safetensors into `model`, checking every name and shape against its config."""
-    folder = Path(folder)
-    state = _read_weights(folder)
+def load_state_into(model: Transformer, state: dict[str, torch.Tensor], source: str, config_source: str) -> Transformer:
+    """Load `state` (our names, tied head stored once) into `model`, checking every name and shape."""
     expected = model_state_dict(model)
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
         raise CheckpointError(
-            f"{folder}: weights do not match {config_source} (missing {missing[:5]}, unexpected {unexpected[:5]})"
+            f"{source}: weights do not match {config_source} (missing {missing[:5]}, unexpected {unexpected[:5]})"
         )
     for name, tensor in state.items():
         if tensor.shape != expected[name].shape:
             raise CheckpointError(
-                f"{folder}: {name} has shape {tuple(tensor.shape)} in {WEIGHTS} but {config_source} implies "
+                f"{source}: {name} has shape {tuple(tensor.shape)} but {config_source} implies "
                 f"{tuple(expected[name].shape)}"
             )
     model.load_state_dict(state, strict=not model.config.tie_word_embeddings)
     return model
+
+
+def load_weights_into(model: Transformer, folder: str | Path, config_source: str = "the model config") -> Transformer:
+    """Load folder/model.safetensors into `model`, checking every name and shape against its config."""
+    folder = Path(folder)
+    return load_state_into(model, _read_weights(folder), f"{folder / WEIGHTS}", config_source)
 
 
 def load_config(folder: str | Path) -> ModelConfig:

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from model.checkpoint import CheckpointError, model_state_dict, save_checkpoint
+from model.checkpoint import CheckpointError, load_state_into, save_checkpoint
 from model.transformer import Transformer
 from scripts.hf_convert import ConversionError, from_hf_state_dict, from_llama_config
 
@@ -44,16 +44,7 @@ def import_hf(model_dir: str | Path, out: str | Path) -> Transformer:
     config, trained = from_llama_config(json.loads((folder / "config.json").read_text()))
     state = {name: tensor.to(torch.float32) for name, tensor in
              from_hf_state_dict(read_safetensors(folder), config).items() if not name.endswith("rotary_emb.inv_freq")}
-    model = Transformer(config)
-    expected = model_state_dict(model)
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise ConversionError(f"{folder}: weights do not match a Llama of this config "
-                              f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
-    for name, tensor in state.items():
-        if tensor.shape != expected[name].shape:
-            raise ConversionError(f"{folder}: {name} has shape {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}")
-    model.load_state_dict(state, strict=not config.tie_word_embeddings)
+    model = load_state_into(Transformer(config), state, str(folder), "a Llama of its config.json")
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     if not getattr(tokenizer, "is_fast", False):
         raise ConversionError(f"{folder}: the tokenizer is not a fast (tokenizer.json) tokenizer")
