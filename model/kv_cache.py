@@ -52,6 +52,3 @@ class KVCache:
 
     def advance(self, steps: int) -> None:
         self.length += steps
-
-    def reset(self) -> None:
-        self.length = 0

@@ -33,7 +33,6 @@ POSITION_ENCODINGS: dict[str, type["PositionEncoding"]] = {}
 def register(name: str) -> Callable[[type["PositionEncoding"]], type["PositionEncoding"]]:
     def decorator(cls: type["PositionEncoding"]) -> type["PositionEncoding"]:
         POSITION_ENCODINGS[name] = cls
-        cls.name = name
         return cls
 
     return decorator
@@ -58,7 +57,6 @@ class Positions:
 class PositionEncoding(nn.Module):
     """Base class: no position information at all."""
 
-    name = "base"
     has_score_bias = False
     has_value_term = False
     caches_rotated_keys = True

@@ -9,12 +9,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from model import Transformer
 from model.checkpoint import model_state_dict
-from scripts.hf_convert import rope_parameters, to_hf_state_dict, to_llama_config
-
-
-def hf_rope_parameters(config) -> dict:
-    """Our ModelConfig's RoPE settings as transformers' `rope_parameters` (the same key names)."""
-    return rope_parameters(config)
+from scripts.hf_convert import to_hf_state_dict, to_llama_config
 
 
 def llama_from(model: Transformer) -> LlamaForCausalLM:
