@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from data.sources import SourceError, TextSource, load_source
+from data.sources import ENCODING_ERRORS, SourceError, TextSource, load_source
 from data.tokenizer import ENDOFTEXT, batched, load_tokenizer, train_bpe, wrap_tokenizer
 
 HASH_BUCKETS = 1_000_000
@@ -100,10 +100,11 @@ def prepare(
     tokenizer_path: str | None = None,
     val_fraction: float = 0.05,
     num_proc: int | None = None,
+    errors: str = "strict",
 ) -> dict:
     if not 0 < val_fraction < 1:
         raise ValueError(f"--val-fraction must be between 0 and 1, got {val_fraction}")
-    source = load_source(source_name)
+    source = load_source(source_name, errors)
     train_docs, val_docs = split_documents(source, val_fraction)
     print(f"{source_name}: {len(source.dataset)} documents -> {len(train_docs)} train, {len(val_docs)} val")
 
@@ -154,10 +155,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer", help="reuse this tokenizer.json or tokenizer folder instead of training one")
     parser.add_argument("--val-fraction", type=float, default=0.05, help="share of documents held out (default 0.05)")
     parser.add_argument("--num-proc", type=int, default=None, help="tokenizer processes (default: CPU count)")
+    parser.add_argument("--errors", choices=ENCODING_ERRORS, default="strict",
+                        help="bytes that are not UTF-8: strict (default) refuses the file naming byte and line; "
+                             "replace reads them as U+FFFD")
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        meta = prepare(args.source, args.out, args.vocab_size, args.tokenizer, args.val_fraction, args.num_proc)
+        meta = prepare(args.source, args.out, args.vocab_size, args.tokenizer, args.val_fraction, args.num_proc,
+                       args.errors)
     except (SourceError, ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -24,7 +24,7 @@ import datasets
 import numpy as np
 import torch
 
-from data.sources import SourceError, _hub_is_reachable, stdlib_files
+from data.sources import SourceError, _hub_is_reachable, check_utf8, stdlib_files
 from data.tokenizer import IM_END
 from model.transformer import IGNORE_INDEX
 
@@ -137,6 +137,7 @@ def load_conversations(source: str) -> datasets.Dataset:
     path = Path(source)
     if not path.exists() or path.suffix not in (".jsonl", ".json"):
         raise SourceError(f"SFT source {source!r}: expected stdlib, minimind, or an existing .jsonl/.json file")
+    check_utf8(path)
     dataset = datasets.load_dataset("json", data_files=str(path), split="train")
     if "conversations" not in dataset.column_names:
         raise SourceError(f"{path}: records have no 'conversations' field (found {dataset.column_names})")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import sys
 import sysconfig
 from dataclasses import dataclass, field
@@ -24,8 +25,56 @@ LOCAL_EXTENSIONS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet
 STDLIB_SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
 
 
+ENCODING_ERRORS = ("strict", "replace")
+
+
 class SourceError(ValueError):
     """A source name or path that cannot be read; the message says what to do."""
+
+
+def check_utf8(path: Path, chunk_size: int = 1 << 20) -> None:
+    """Raise SourceError at the first byte of `path` that is not UTF-8, naming its offset and line."""
+    pending, offset, lines = b"", 0, 0
+    with open(path, "rb") as handle:
+        while True:
+            chunk = handle.read(chunk_size)
+            data = pending + chunk
+            try:
+                data.decode("utf-8")
+                pending = b""
+            except UnicodeDecodeError as error:
+                # A character split across chunks: carry its first bytes over to the next chunk.
+                if chunk and error.reason == "unexpected end of data" and error.start >= len(data) - 3:
+                    pending = data[error.start :]
+                    data = data[: error.start]
+                else:
+                    line = lines + data[: error.start].count(b"\n") + 1
+                    bad = data[error.start : error.start + 4]
+                    raise SourceError(
+                        f"{path}: not UTF-8 at byte {offset + error.start} (line {line}: {bad!r}...); re-encode the "
+                        "file as UTF-8 (e.g. iconv -f latin1 -t utf-8), or pass --errors replace to read such bytes "
+                        "as U+FFFD"
+                    ) from None
+            if not chunk:
+                return
+            offset += len(data)
+            lines += data.count(b"\n")
+
+
+def readable_copy(path: Path, errors: str, scratch: Path) -> Path:
+    """`path` itself when it is UTF-8; with errors="replace", a UTF-8 copy in `scratch` with U+FFFD for
+    undecodable bytes."""
+    if errors == "strict":
+        check_utf8(path)
+        return path
+    try:
+        check_utf8(path)
+        return path
+    except SourceError:
+        copy = Path(tempfile.mkdtemp(dir=scratch)) / path.name
+        copy.write_text(path.read_bytes().decode("utf-8", errors="replace"), encoding="utf-8")
+        print(f"{path}: bytes that are not UTF-8 were replaced by U+FFFD (--errors replace)", file=sys.stderr)
+        return copy
 
 
 @dataclass
@@ -75,7 +124,7 @@ def _split_on_separator(batch: dict[str, list]) -> dict[str, list]:
     return {"text": texts, "name": names}
 
 
-def load_local(path: str | Path) -> TextSource:
+def load_local(path: str | Path, errors: str = "strict") -> TextSource:
     path = Path(path)
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in LOCAL_EXTENSIONS)
@@ -87,6 +136,16 @@ def load_local(path: str | Path) -> TextSource:
         files = [path]
     else:
         raise SourceError(f"{path}: no such file or folder")
+    empty = [str(p) for p in files if p.stat().st_size == 0]
+    if empty:
+        raise SourceError(f"{', '.join(empty)}: empty file; give a file with text (or remove it from the folder)")
+    with tempfile.TemporaryDirectory(prefix="pelab-utf8-") as scratch:
+        files = [readable_copy(p, errors, Path(scratch)) if LOCAL_EXTENSIONS[p.suffix] != "parquet" else p for p in files]
+        dataset = _load_files(files)
+    return TextSource(dataset, {"files": len(files)})
+
+
+def _load_files(files: list[Path]) -> datasets.Dataset:
     parts = []
     for builder in sorted(set(LOCAL_EXTENSIONS[p.suffix] for p in files)):
         group = [str(p) for p in files if LOCAL_EXTENSIONS[p.suffix] == builder]
@@ -107,8 +166,7 @@ def load_local(path: str | Path) -> TextSource:
             dataset = dataset.select_columns(["text"])
             dataset = dataset.add_column("name", [f"record {i}" for i in range(len(dataset))])
         parts.append(dataset)
-    dataset = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
-    return TextSource(dataset, {"files": len(files)})
+    return datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
 
 
 def _hub_is_reachable(timeout: float = 3.0) -> bool:
@@ -141,12 +199,20 @@ SOURCES: dict[str, Callable[[], TextSource]] = {
 }
 
 
-def load_source(name_or_path: str) -> TextSource:
-    """Records for a named source or a local path. Raises SourceError with what to do instead."""
+def load_source(name_or_path: str, errors: str = "strict") -> TextSource:
+    """Records for a named source or a local path. Raises SourceError with what to do instead.
+
+    errors: "strict" refuses local files that are not UTF-8 (naming the byte and line); "replace" reads
+    undecodable bytes as U+FFFD.
+    """
+    if errors not in ENCODING_ERRORS:
+        raise SourceError(f"--errors must be one of {ENCODING_ERRORS}, got {errors!r}")
     if name_or_path in SOURCES:
         source = SOURCES[name_or_path]()
     elif Path(name_or_path).exists():
-        source = load_local(name_or_path)
+        source = load_local(name_or_path, errors)
+    elif "/" in name_or_path or Path(name_or_path).suffix:
+        raise SourceError(f"{name_or_path}: no such file or folder (or use a named source: {', '.join(SOURCES)})")
     else:
         raise SourceError(
             f"unknown source {name_or_path!r}: not a named source ({', '.join(SOURCES)}) nor an existing path"

@@ -178,3 +178,17 @@ def from_llama_config(values: dict[str, Any]) -> tuple[ModelConfig, int]:
         rope_scaling=None if rope_type == "default" else params,
     )
     return config, trained
+
+
+def llama_model_from(model) -> "transformers.LlamaForCausalLM":
+    """transformers' LlamaForCausalLM holding `model`'s weights (eval mode): the parity tests' reference and
+    the benchmark's baseline."""
+    from model.checkpoint import model_state_dict
+
+    hf_model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**to_llama_config(model.config))).eval()
+    missing, unexpected = hf_model.load_state_dict(to_hf_state_dict(model_state_dict(model), model.config), strict=False)
+    if unexpected or not set(missing) <= {"lm_head.weight"}:
+        raise ConversionError(f"weights do not map onto Llama: missing {missing}, unexpected {unexpected}")
+    if model.config.tie_word_embeddings:
+        hf_model.tie_weights()
+    return hf_model

@@ -90,3 +90,58 @@ def test_unknown_source_cli_error(tmp_path, capsys):
     assert prepare_main(["--source", "no_such_source", "--out", str(tmp_path / "x")]) == 2
     assert "unknown source 'no_such_source'" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def prepared_folder_bytes(folder):
+    return {path.name: path.read_bytes() for path in folder.iterdir()}
+
+
+@pytest.mark.parametrize("case", ["missing", "empty_txt", "empty_jsonl", "latin1_txt", "latin1_jsonl", "split_char"])
+def test_bad_data_files_fail_clearly_and_keep_the_good_output(case, prepared_data, tmp_path, capsys):
+    """Each bad file: exit 2, a one-line error naming the file (and the byte for non-UTF-8), and the good
+    prepared folder given as --out is left byte-for-byte as it was."""
+    good = {path.name: path.read_bytes() for path in prepared_data.iterdir()}
+    text = "def f(x):\n    return x\n" * 50
+    files = {
+        "missing": ("absent.txt", None),
+        "empty_txt": ("empty.txt", b""),
+        "empty_jsonl": ("empty.jsonl", b""),
+        "latin1_txt": ("latin1.txt", (text + "caf\u00e9\n").encode("latin-1")),
+        "latin1_jsonl": ("latin1.jsonl", b'{"text": "ok"}\n{"text": "caf\xe9"}\n'),
+        # a 3-byte character straddling the 1 MiB read chunks must not be mistaken for bad bytes; a bad byte after it must be found
+        "split_char": ("split.txt", b"a" * ((1 << 20) - 1) + "\u20ac".encode() + b"\n\xff"),
+    }
+    name, content = files[case]
+    path = tmp_path / name
+    if content is not None:
+        path.write_bytes(content)
+    assert prepare_main(["--source", str(path), "--out", str(prepared_data), "--vocab-size", "300"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and str(path) in error
+    expected = {
+        "missing": "no such file or folder",
+        "empty_txt": "empty file",
+        "empty_jsonl": "empty file",
+        "latin1_txt": f"not UTF-8 at byte {len(text) + 3} (line 101",
+        "latin1_jsonl": "not UTF-8 at byte 28 (line 2",  # 15 bytes of line 1 + 13 before the é
+        "split_char": f"not UTF-8 at byte {(1 << 20) + 3} (line 2",
+    }[case]
+    assert expected in error, error
+    if "latin1" in case or case == "split_char":
+        assert "--errors replace" in error
+    assert {p.name: p.read_bytes() for p in prepared_data.iterdir()} == good
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".jsonl"])
+def test_errors_replace_reads_undecodable_bytes_as_replacement_characters(suffix, tmp_path):
+    body = "def f(x):\n    return x\n" * 50 + "caf\u00e9 au lait\n"
+    content = body.encode("latin-1") if suffix == ".txt" else (json.dumps({"text": body}, ensure_ascii=False)
+                                                               .encode("latin-1") + b"\n")
+    path = tmp_path / f"latin1{suffix}"
+    path.write_bytes(content)
+    with pytest.raises(SourceError, match="not UTF-8"):
+        load_source(str(path))
+    texts = load_source(str(path), errors="replace").dataset["text"]
+    assert any("caf\ufffd au lait" in text for text in texts)
+    assert prepare_main(["--source", str(path), "--out", str(tmp_path / "out"), "--vocab-size", "300",
+                         "--errors", "replace", "--val-fraction", "0.5"]) == 0

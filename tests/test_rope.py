@@ -5,7 +5,7 @@ import torch
 from model import Transformer
 from model.rope import apply_rope, default_inv_freq, rope_cos_sin
 from tests.conftest import micro_config
-from tests.hf_reference import llama_from
+from scripts.hf_convert import llama_model_from
 
 
 def rotated_scores(q, k, positions, layout, head_dim=None):
@@ -73,7 +73,7 @@ def test_cos_sin_are_float32_under_bf16_autocast():
 def test_logits_match_transformers_llama():
     config = micro_config(rope_theta=500.0)
     model = Transformer(config).eval()
-    hf_model = llama_from(model)
+    hf_model = llama_model_from(model)
     idx = torch.randint(0, config.vocab_size, (2, 24))
     with torch.no_grad():
         ours = model(idx)[0]

@@ -18,7 +18,7 @@ from model.rope import (
 )
 from tests.conftest import micro_config
 from scripts.hf_convert import rope_parameters
-from tests.hf_reference import llama_from
+from scripts.hf_convert import llama_model_from
 
 GRID = list(itertools.product([32, 64, 128], [1e4, 1e6], [2.0, 4.0, 8.0, 16.0], [128, 256, 2048, 4096], [True, False]))
 
@@ -109,7 +109,7 @@ SCALINGS = [
 def test_scaled_model_logits_match_transformers(scaling):
     config = micro_config(max_seq_len=16, rope_theta=500.0, rope_scaling=scaling)
     model = Transformer(config).eval()
-    hf_model = llama_from(model)
+    hf_model = llama_model_from(model)
     assert rope_parameters(config)["rope_type"] == scaling["rope_type"]
     for length in (12, 64):  # within and 4x beyond the trained context
         idx = torch.randint(0, config.vocab_size, (2, length))

@@ -1,0 +1,334 @@
+"""Speed and memory, side by side with transformers' LlamaForCausalLM of the identical shape and weights.
+
+    python -m scripts.bench                      # tiny shape, writes runs/bench/bench-tiny.json
+    python -m scripts.bench --shape small --out bench.json
+    python -m scripts.bench --compile            # adds torch.compile modes (compile time reported)
+
+Both models run in this one process, alternating mode by mode in every repeat, and each figure is the median
+over --repeats. Reported:
+  - the matmul peak of this machine (GFLOP/s, fp32 and bf16), measured here, first;
+  - training tokens/s: ours in its default mode (the real train.loop step: bf16 autocast where supported,
+    fused AdamW, clipping) vs transformers eager fp32 (and eager bf16; compiled bf16 with --compile), with
+    ratios, model FLOPs utilisation, and the ratio a perfect implementation could reach at the bf16 peak;
+  - generation tokens/s at batch 1 with the same sampling settings (ours: scripts.generate's decode loop);
+  - peak RSS and time of one --long-tokens perplexity window (a fresh process per encoding).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import math
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from model.config import ModelConfig
+from model.runtime import autocast, autocast_dtype, resolve_device
+from model.transformer import Transformer
+
+SHAPES = {
+    # The Foundation's 4.0M-parameter model (configs/tiny.toml).
+    "tiny": {"model": dict(vocab_size=4096, dim=256, n_layers=4, n_heads=8, n_kv_heads=4, max_seq_len=256), "batch": 16},
+    # MiniMind-small-like: 26M parameters.
+    "small": {"model": dict(vocab_size=6400, dim=512, n_layers=8, n_heads=8, n_kv_heads=2, max_seq_len=512), "batch": 8},
+}
+SAMPLING = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
+
+
+def median_time(fn: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_peak(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
+    """GFLOP/s of a (size x size) @ (size x size) matmul in `dtype` on this machine (median of repeats)."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    return 2 * size**3 / median_time(lambda: [a @ b for _ in range(3)], repeats) * 3 / 1e9
+
+
+def training_flops_per_token(model: Transformer) -> float:
+    """6 x matmul parameters (LM head included, embedding lookup not) + 12 x layers x width x context
+    (attention scores and values, forward and backward; the PaLM / nanoGPT estimate)."""
+    config = model.config
+    matmul_params = sum(module.weight.numel() for module in model.modules() if isinstance(module, torch.nn.Linear))
+    return 6 * matmul_params + 12 * config.n_layers * config.n_heads * config.head_dim * config.max_seq_len
+
+
+class RandomBatches:
+    """Uniformly random token windows (speed does not depend on the text)."""
+
+    def __init__(self, vocab_size: int, batch: int, seq_len: int) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.tokens = torch.randint(0, vocab_size, (batch, seq_len + 1), generator=generator)
+
+    def train_batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.tokens[:, :-1], self.tokens[:, 1:]
+
+    def val_batches_iter(self):
+        yield self.train_batch(0)
+
+
+def our_trainer(model_values: dict, batch: int, compile_model: bool, out_dir: str):
+    """train.loop's Trainer on random batches: its train_step is exactly what train.pretrain runs."""
+    from train.config import build_run_config
+    from train.loop import Trainer
+
+    config = build_run_config({
+        "model": model_values,
+        "train": {"batch_size": batch, "max_steps": 10**6, "warmup_steps": 10, "compile": compile_model,
+                  "log_interval": 10**6, "eval_interval": 10**6},
+        "out": {"dir": out_dir, "overwrite": True},
+    })
+    batches = RandomBatches(config.model.vocab_size, batch, config.model.max_seq_len)
+    with contextlib.redirect_stdout(io.StringIO()):
+        trainer = Trainer(config, lambda: Transformer(config.model), batches, tokenizer=None)
+    step = iter(range(10**9))
+    return lambda: trainer.train_step(next(step)), trainer
+
+
+def hf_trainer(model: Transformer, batch: int, amp: torch.dtype | None, compile_model: bool):
+    """transformers' Llama with the same weights, trained by the textbook loop (fused AdamW, clipping)."""
+    from scripts.hf_convert import llama_model_from
+
+    hf_model = llama_model_from(model).train()
+    optimizer = torch.optim.AdamW(hf_model.parameters(), lr=1e-4, fused=True)
+    forward = torch.compile(hf_model) if compile_model else hf_model
+    inputs = RandomBatches(model.config.vocab_size, batch, model.config.max_seq_len).tokens[:, :-1]
+    device = torch.device("cpu")
+
+    def step() -> None:
+        with autocast(device, amp):
+            loss = forward(input_ids=inputs, labels=inputs).loss  # transformers shifts the labels itself
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(hf_model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def bench_training(shape: dict, args: argparse.Namespace, peaks: dict[str, float]) -> dict:
+    model_values, batch = shape["model"], shape["batch"]
+    tokens_per_step = batch * model_values["max_seq_len"]
+    with tempfile.TemporaryDirectory() as out_dir:
+        ours_step, trainer = our_trainer(model_values, batch, False, out_dir + "/ours")
+        reference = trainer.model
+        our_amp = trainer.amp
+        modes: dict[str, tuple[Callable[[], None], str]] = {
+            "ours (default)": (ours_step, "bf16" if our_amp == torch.bfloat16 else "fp32"),
+            "hf eager fp32": (hf_trainer(reference, batch, None, False), "fp32"),
+            "hf eager bf16": (hf_trainer(reference, batch, torch.bfloat16, False), "bf16"),
+        }
+        if args.compile:
+            compiled_step, _ = our_trainer(model_values, batch, True, out_dir + "/ours_compiled")
+            modes["ours compiled"] = (compiled_step, modes["ours (default)"][1])
+            modes["hf compiled bf16"] = (hf_trainer(reference, batch, torch.bfloat16, True), "bf16")
+        first_step = {}
+        for name, (step, _) in modes.items():
+            start = time.perf_counter()
+            step()  # compilation happens here for the compiled modes
+            first_step[name] = time.perf_counter() - start
+            step()
+        samples: dict[str, list[float]] = {name: [] for name in modes}
+        for _ in range(args.repeats):
+            for name, (step, _) in modes.items():
+                start = time.perf_counter()
+                for _ in range(args.train_steps):
+                    step()
+                samples[name].append(args.train_steps * tokens_per_step / (time.perf_counter() - start))
+    flops = training_flops_per_token(reference)
+    baseline = statistics.median(samples["hf eager fp32"])
+    results = {}
+    for name, (_, precision) in modes.items():
+        tokens_per_s = statistics.median(samples[name])
+        results[name] = {
+            "tokens_per_s": tokens_per_s,
+            "runs": samples[name],
+            "vs_hf_eager_fp32": tokens_per_s / baseline,
+            "precision": precision,
+            "mfu": tokens_per_s * flops / (peaks[precision] * 1e9),
+            "first_step_s": first_step[name],
+        }
+    # What an implementation running every FLOP at the measured bf16 matmul peak would reach.
+    ceiling = peaks["bf16"] * 1e9 / flops
+    return {"flops_per_token": flops, "tokens_per_step": tokens_per_step, "modes": results,
+            "bf16_peak_tokens_per_s": ceiling, "bf16_peak_vs_hf_eager_fp32": ceiling / baseline}
+
+
+def bench_generation(shape: dict, args: argparse.Namespace) -> dict:
+    from scripts.generate import generate_tokens
+    from scripts.hf_convert import llama_model_from
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(**shape["model"])).eval()
+    hf_model = llama_model_from(model)
+    hf_model.generation_config.eos_token_id = None
+    prompt = torch.randint(4, model.config.vocab_size, (args.prompt_tokens,)).tolist()
+    new = args.new_tokens
+
+    def ours() -> None:
+        produced = list(generate_tokens(model, prompt, new, seed=0, **SAMPLING))
+        assert len(produced) == new
+
+    @torch.inference_mode()
+    def hf() -> None:
+        output = hf_model.generate(torch.tensor([prompt]), max_new_tokens=new, min_new_tokens=new, do_sample=True,
+                                   pad_token_id=0, **SAMPLING)
+        assert output.shape[1] == len(prompt) + new
+
+    modes = {"ours": ours, "hf generate": hf}
+    for run in modes.values():
+        run()  # warm-up
+    samples: dict[str, list[float]] = {name: [] for name in modes}
+    for _ in range(args.repeats):
+        for name, run in modes.items():
+            start = time.perf_counter()
+            run()
+            samples[name].append(new / (time.perf_counter() - start))
+    results = {name: {"tokens_per_s": statistics.median(values), "runs": values} for name, values in samples.items()}
+    results["ours"]["vs_hf"] = results["ours"]["tokens_per_s"] / results["hf generate"]["tokens_per_s"]
+    return {"batch": 1, "prompt_tokens": len(prompt), "new_tokens": new, "sampling": SAMPLING, "modes": results}
+
+
+def long_eval_child(shape_name: str, position: str, length: int) -> None:
+    """One perplexity window of `length` tokens through eval.perplexity; prints JSON with peak RSS and time."""
+    from eval.perplexity import evaluate_stream
+
+    values = {**SHAPES[shape_name]["model"], "position": position}
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(**values)).eval()
+    ids = np.random.default_rng(0).integers(4, values["vocab_size"], length + 1)
+    before = peak_rss_mib()
+    start = time.perf_counter()
+    result = evaluate_stream(model, ids, np.ones(values["vocab_size"], dtype=np.int64), length, progress=False)
+    elapsed = time.perf_counter() - start
+    print(json.dumps({"position": position, "tokens": result.tokens, "seconds": elapsed, "nll": result.nll,
+                      "peak_rss_mib": peak_rss_mib(), "rss_before_mib": before}))
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set (VmHWM; ru_maxrss would carry the parent's peak over fork + exec)."""
+    status = Path("/proc/self/status")
+    if status.exists():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 if sys.platform != "darwin" else 1024**2)
+
+
+def bench_long_eval(shape_name: str, args: argparse.Namespace) -> list[dict]:
+    results = []
+    for position in args.long_positions:
+        command = [sys.executable, "-m", "scripts.bench", "--long-eval-child", shape_name, position, str(args.long_tokens)]
+        finished = subprocess.run(command, capture_output=True, text=True)
+        if finished.returncode != 0:
+            raise RuntimeError(f"the {position} long evaluation failed:\n{finished.stderr[-2000:]}")
+        results.append(json.loads(finished.stdout.strip().splitlines()[-1]))
+    return results
+
+
+def report(results: dict) -> str:
+    peaks, train, gen = results["matmul_peak_gflops"], results["training"], results["generation"]
+    lines = [
+        f"shape {results['shape']} ({results['parameters']:,} parameters), {results['device']}, "
+        f"{results['threads']} threads, median of {results['repeats']} runs",
+        f"matmul peak (2048^3): fp32 {peaks['fp32']:.0f} GFLOP/s, bf16 {peaks['bf16']:.0f} GFLOP/s",
+    ]
+    if train:
+        lines += training_lines(train)
+    if gen:
+        lines += generation_lines(gen)
+    if results["long_eval"]:
+        lines += ["", "long evaluation (one window, fresh process, float32)"]
+    for run in results["long_eval"]:
+        lines.append(f"  {run['position']:<8} {run['tokens']:,} tokens: {run['seconds']:.1f}s, peak RSS "
+                     f"{run['peak_rss_mib']:,.0f} MiB (model built: {run['rss_before_mib']:,.0f} MiB)")
+    return "\n".join(lines)
+
+
+def training_lines(train: dict) -> list[str]:
+    lines = [
+        "",
+        f"training ({train['tokens_per_step']:,} tokens/step, {train['flops_per_token'] / 1e6:.1f} MFLOP/token)",
+        f"  {'mode':<18} {'tokens/s':>9} {'vs HF fp32':>10} {'MFU':>6} {'first step':>10}",
+    ]
+    for name, mode in train["modes"].items():
+        lines.append(f"  {name:<18} {mode['tokens_per_s']:>9,.0f} {mode['vs_hf_eager_fp32']:>9.2f}x "
+                     f"{mode['mfu']:>6.1%} {mode['first_step_s']:>9.1f}s")
+    lines.append(f"  every FLOP at the bf16 peak: {train['bf16_peak_tokens_per_s']:,.0f} tokens/s = "
+                 f"{train['bf16_peak_vs_hf_eager_fp32']:.2f}x HF eager fp32 (the ceiling on this machine)")
+    return lines
+
+
+def generation_lines(gen: dict) -> list[str]:
+    lines = ["", f"generation (batch 1, {gen['prompt_tokens']}-token prompt, {gen['new_tokens']} new tokens, "
+                  f"temperature {SAMPLING['temperature']}, top_k {SAMPLING['top_k']})"]
+    for name, mode in gen["modes"].items():
+        ratio = f"  ({mode['vs_hf']:.2f}x HF)" if "vs_hf" in mode else ""
+        lines.append(f"  {name:<18} {mode['tokens_per_s']:>9,.0f} tokens/s{ratio}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--long-eval-child"]:
+        long_eval_child(argv[1], argv[2], int(argv[3]))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    parser.add_argument("--out", help="JSON file to write (default runs/bench/bench-SHAPE.json)")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per mode; the median is reported (default 5)")
+    parser.add_argument("--train-steps", type=int, default=5, help="optimizer steps per timed training run")
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile'd training (ours and HF)")
+    parser.add_argument("--prompt-tokens", type=int, default=16)
+    parser.add_argument("--new-tokens", type=int, default=200)
+    parser.add_argument("--long-tokens", type=int, default=16384, help="window of the long evaluation")
+    parser.add_argument("--long-positions", nargs="*", default=["rope", "alibi"],
+                        help="encodings of the long evaluation (default rope alibi; none to skip)")
+    parser.add_argument("--skip", nargs="*", default=[], choices=["training", "generation", "long_eval"])
+    args = parser.parse_args(argv)
+    if args.repeats < 1 or args.train_steps < 1 or args.new_tokens < 1:
+        parser.error("--repeats, --train-steps and --new-tokens must be positive")
+    if resolve_device("auto").type != "cpu":
+        print("note: the benchmark runs on the CPU (the transformers baselines are CPU runs)")
+    out = Path(args.out or f"runs/bench/bench-{args.shape}.json")
+    shape = SHAPES[args.shape]
+    torch.manual_seed(0)
+    results = {
+        "shape": args.shape, "model": shape["model"], "batch": shape["batch"], "device": "cpu",
+        "threads": torch.get_num_threads(), "torch": torch.__version__, "repeats": args.repeats,
+        "parameters": Transformer(ModelConfig(**shape["model"])).num_parameters(),
+        "default_autocast": str(autocast_dtype(torch.device("cpu"), "auto")),
+    }
+    peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
+    results["matmul_peak_gflops"] = peaks
+    results["training"] = bench_training(shape, args, peaks) if "training" not in args.skip else None
+    results["generation"] = bench_generation(shape, args) if "generation" not in args.skip else None
+    positions = [position for position in args.long_positions if position != "none"]
+    results["long_eval"] = bench_long_eval(args.shape, argparse.Namespace(**{**vars(args), "long_positions": positions})) \
+        if "long_eval" not in args.skip else []
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(report(results))
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
