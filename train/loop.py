@@ -28,8 +28,9 @@ from model.checkpoint import (
 )
 from model.config import ConfigError
 from model.runtime import autocast, autocast_dtype, resolve_device
-from model.transformer import Transformer
+from model.transformer import IGNORE_INDEX, Transformer
 from train.config import RunConfig, to_toml
+from train.distributed import Distributed
 
 METRICS = "metrics.jsonl"
 RUN_CONFIG = "run_config.toml"
@@ -127,12 +128,33 @@ def check_out_dir(config: RunConfig, resume: bool) -> Path:
 
 
 class MetricsLog:
-    def __init__(self, path: Path) -> None:
+    """metrics.jsonl: one JSON record per line, appended (only by rank 0; `enabled=False` writes nothing)."""
+
+    def __init__(self, path: Path, enabled: bool = True) -> None:
         self.path = path
+        self.enabled = enabled
 
     def write(self, record: dict[str, Any]) -> None:
-        with open(self.path, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        if self.enabled:
+            with open(self.path, "a") as handle:
+                handle.write(json.dumps(record) + "\n")
+
+    def truncate_to(self, step: int) -> None:
+        """On resume from the checkpoint at `step`: keep what led up to it, drop what will be redone (records
+        after it, its own evaluation) and a line cut short by a kill; rewritten atomically."""
+        if not self.enabled or not self.path.exists():
+            return
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if record.get("step", 0) < step or (record.get("step") == step and "val_loss" not in record):
+                kept.append(line + "\n")
+        staging = self.path.with_suffix(".jsonl.tmp")
+        staging.write_text("".join(kept))
+        staging.replace(self.path)
 
 
 class Trainer:
@@ -153,12 +175,16 @@ class Trainer:
         self.tokenizer = tokenizer
         self.task = task
         self.extra_state = extra_state or {}
-        self.out = check_out_dir(config, resume)
-        print(f"# resolved config ({task})\n{to_toml(config)}")
-        (self.out / RUN_CONFIG).write_text(to_toml(config))
         train = config.train
+        self.dist = Distributed()
+        self.device = self.dist.start(resolve_device(train.device), train.batch_size)
+        if self.dist.is_main:
+            self.out = check_out_dir(config, resume)
+            (self.out / RUN_CONFIG).write_text(to_toml(config))
+        self.dist.barrier()
+        self.out = Path(config.out.dir)
+        self.say(f"# resolved config ({task})\n{to_toml(config)}")
         torch.manual_seed(train.seed)
-        self.device = resolve_device(train.device)
         self.amp = autocast_dtype(self.device, train.dtype)
         self.start_step = 0
         self.state: dict[str, Any] = {"initial_val_loss": None, "val_loss": None, "tokens_seen": 0, "elapsed_s": 0.0}
@@ -175,27 +201,39 @@ class Trainer:
             training_state = load_training_state(self.out)
             self.optimizer.load_state_dict(training_state["optimizer"])
             torch.set_rng_state(training_state["torch_rng"])
-        self.forward = torch.compile(self.model) if train.compile else self.model
-        self.log = MetricsLog(self.out / METRICS)
+        self.ddp = self.dist.wrap(self.model, self.device)
+        self.forward = torch.compile(self.ddp) if train.compile else self.ddp
+        self.log = MetricsLog(self.out / METRICS, enabled=self.dist.is_main)
+        if resume:
+            self.log.truncate_to(self.start_step)
         self.loss_sum = torch.zeros((), device=self.device)
         self.steps_since_log = 0
         self.tokens_since_log = 0
-        print(
+        processes = f", {self.dist.world_size} processes (DDP)" if self.dist.enabled else ""
+        self.say(
             f"model: {self.model.num_parameters():,} parameters, position={config.model.position}, "
-            f"device={self.device.type}, autocast={self.amp or 'off (float32)'}, compile={train.compile}"
+            f"device={self.device.type}, autocast={self.amp or 'off (float32)'}, compile={train.compile}{processes}"
         )
 
+    def say(self, message: str) -> None:
+        if self.dist.is_main:
+            print(message)
+
     def evaluate(self, step: int) -> float:
-        val_loss = evaluate_loss(self.forward, self.batches, self.device, self.amp)
+        # Under DDP rank 0 evaluates the bare module alone (no collectives); the others go on to the next step.
+        model = self.model if self.dist.enabled else self.forward
+        val_loss = evaluate_loss(model, self.batches, self.device, self.amp)
         if self.state["initial_val_loss"] is None:
             self.state["initial_val_loss"] = val_loss
         self.state["val_loss"] = val_loss
-        print(f"step {step:5d} | val_loss {val_loss:.4f}")
+        self.say(f"step {step:5d} | val_loss {val_loss:.4f}")
         self.log.write({"step": step, "val_loss": val_loss})
         return val_loss
 
     def save(self, step: int, rng_state: torch.Tensor | None = None) -> None:
-        """Checkpoint the state at the start of `step` (i.e. after `step` optimizer steps)."""
+        """Checkpoint the state at the start of `step` (i.e. after `step` optimizer steps); rank 0 only."""
+        if not self.dist.is_main:
+            return
         self.state["elapsed_s"] = time.perf_counter() - self.started
         trainer_state = {
             **self.state,
@@ -218,14 +256,23 @@ class Trainer:
         step_loss = torch.zeros((), device=self.device)
         for micro_step in range(train.grad_accum):
             inputs, targets = self.batches.train_batch(step, micro_step)
-            inputs = inputs.to(self.device, non_blocking=True)
-            targets = targets.to(self.device, non_blocking=True)
-            with autocast(self.device, self.amp):
-                _, loss = self.forward(inputs, targets)
-            (loss / train.grad_accum).backward()
-            step_loss += loss.detach()
+            # Normalise by the scored tokens of the whole global micro-batch (counted on the host, no sync), so
+            # each rank's share of the mean is exact even when ranks hold different numbers of scored tokens.
+            scored = max(1, int((targets != IGNORE_INDEX).sum()))
             self.tokens_since_log += inputs.numel()
             self.state["tokens_seen"] += inputs.numel()
+            inputs, targets = self.dist.shard(inputs), self.dist.shard(targets)
+            if self.device.type == "cuda":
+                inputs, targets = inputs.pin_memory(), targets.pin_memory()
+            inputs = inputs.to(self.device, non_blocking=True)
+            targets = targets.to(self.device, non_blocking=True)
+            with self.dist.no_sync(self.ddp, sync=micro_step == train.grad_accum - 1):
+                with autocast(self.device, self.amp):
+                    _, loss_sum = self.forward(inputs, targets, loss_reduction="sum")
+                loss = loss_sum * (self.dist.world_size / scored)  # DDP averages gradients over ranks
+                (loss / train.grad_accum).backward()
+            step_loss += loss.detach()
+        step_loss = self.dist.mean(step_loss)  # the global mean loss, the same on every rank
         if not bool(torch.isfinite(step_loss)):  # one scalar check per step: a bad step is never applied
             self.skip_nonfinite(step, float(step_loss))
             return
@@ -249,7 +296,7 @@ class Trainer:
             self.log.write({"step": step + 1, "nonfinite_loss": loss, "action": "stop"})
             raise NonFiniteLoss(f"{message}: stopping ({why}); the last good checkpoint in {self.out} is kept, "
                                 "--resume continues from it (lower train.lr or raise train.grad_clip)")
-        print(f"{message}: step skipped ({count} of at most {train.max_nonfinite_skips}, train.nonfinite = skip)")
+        self.say(f"{message}: step skipped ({count} of at most {train.max_nonfinite_skips}, train.nonfinite = skip)")
         self.log.write({"step": step + 1, "nonfinite_loss": loss, "action": "skip"})
 
     def log_interval(self, step: int, lr: float) -> None:
@@ -258,7 +305,7 @@ class Trainer:
         dt = (now - self.last_log) / self.steps_since_log
         tokens_per_s = self.tokens_since_log / (now - self.last_log)
         self.tokens_since_log = 0
-        print(f"step {step:5d} | loss {mean_loss:.4f} | lr {lr:.2e} | dt {dt * 1000:.0f}ms | tok/s {tokens_per_s:,.0f}")
+        self.say(f"step {step:5d} | loss {mean_loss:.4f} | lr {lr:.2e} | dt {dt * 1000:.0f}ms | tok/s {tokens_per_s:,.0f}")
         self.log.write({"step": step, "loss": mean_loss, "lr": lr, "dt": dt, "tok_per_s": tokens_per_s})
         self.last_log = now
         self.loss_sum.zero_()
@@ -271,7 +318,7 @@ class Trainer:
         for step in range(self.start_step, train.max_steps + 1):
             step_rng = torch.get_rng_state()
             try:
-                if step % train.eval_interval == 0 or step == train.max_steps:
+                if (step % train.eval_interval == 0 or step == train.max_steps) and self.dist.is_main:
                     self.evaluate(step)
                 if step == train.max_steps:
                     break
@@ -283,6 +330,9 @@ class Trainer:
                 self.save(step, step_rng)
                 raise TrainingInterrupted(f"interrupted at step {step}; saved {self.out}; continue with --resume") from None
         self.save(train.max_steps)
+        if not self.dist.is_main:  # rank 0 holds the evaluations
+            return TrainResult(train.max_steps, math.nan, math.nan, int(self.state["tokens_seen"]),
+                               time.perf_counter() - self.started)
         initial, final = float(self.state["initial_val_loss"]), float(self.state["val_loss"])
         print(
             f"final val_loss {final:.4f} (step 0: {initial:.4f}, ln(vocab) = {math.log(self.config.model.vocab_size):.4f}); "
@@ -300,5 +350,15 @@ def run_training(
     task: str = "pretrain",
     extra_state: dict[str, Any] | None = None,
 ) -> TrainResult:
-    """Train `build_model()` (or the checkpoint in out.dir when resuming) to train.max_steps."""
-    return Trainer(config, build_model, batches, tokenizer, resume, task, extra_state).run()
+    """Train `build_model()` (or the checkpoint in out.dir when resuming) to train.max_steps.
+
+    Under torchrun this is one rank of a data-parallel run (train/distributed.py).
+    """
+    trainer = Trainer(config, build_model, batches, tokenizer, resume, task, extra_state)
+    try:
+        result = trainer.run()
+    except BaseException:
+        trainer.dist.close(wait=False)
+        raise
+    trainer.dist.close()
+    return result
