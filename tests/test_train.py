@@ -161,3 +161,16 @@ def test_extend_records_the_scaling_and_original_length(prepared_data, tmp_path)
     alibi = tmp_path / "alibi"
     assert pretrain([*base, "--model.position=alibi", "--train.max_steps=1", f"--out.dir={alibi}"]) == 0
     assert extend(["--init", str(alibi), "--rope-scaling", "yarn", "--rope-factor", "2"]) == 2
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_same_config_and_seed_give_the_same_checkpoint(prepared_data, tmp_path, dtype):
+    """The README's determinism guarantee: same machine, same config and seed -> identical weight files."""
+    for name in ("first", "second"):
+        train(make_config(prepared_data, tmp_path / name, "--train.max_steps=6", f"--train.dtype={dtype}",
+                          "--model.dropout=0.1"), prepared_data)
+    assert (tmp_path / "first" / "model.safetensors").read_bytes() == (tmp_path / "second" / "model.safetensors").read_bytes()
+    other_seed = make_config(prepared_data, tmp_path / "third", "--train.max_steps=6", f"--train.dtype={dtype}",
+                             "--model.dropout=0.1", "--train.seed=7")
+    train(other_seed, prepared_data)
+    assert (tmp_path / "third" / "model.safetensors").read_bytes() != (tmp_path / "first" / "model.safetensors").read_bytes()
