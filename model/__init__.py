@@ -1,6 +1,6 @@
 """The model: a small Llama-style decoder with pluggable position encodings."""
 from model.config import ConfigError, ModelConfig
-from model.kv_cache import KVCache
+from model.kv_cache import KVCache, StaticKVCache
 from model.transformer import IGNORE_INDEX, Transformer
 
-__all__ = ["ConfigError", "ModelConfig", "KVCache", "Transformer", "IGNORE_INDEX"]
+__all__ = ["ConfigError", "ModelConfig", "KVCache", "StaticKVCache", "Transformer", "IGNORE_INDEX"]

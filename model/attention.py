@@ -28,6 +28,14 @@ def causal_mask(q_len: int, k_len: int, device: torch.device, rows: slice | None
     return key_index[None, :] <= query_index[:, None]
 
 
+def visible_keys(q_len: int, k_len: int, device: torch.device, kv_cache: KVCache | None,
+                 rows: slice | None = None) -> torch.Tensor:
+    """(rows, k_len) True where a query may attend a key: causal, and only filled slots of a static cache."""
+    if kv_cache is not None and kv_cache.static:
+        return kv_cache.visible(q_len, device)[rows if rows is not None else slice(None)]
+    return causal_mask(q_len, k_len, device, rows)
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer_index: int) -> None:
         super().__init__()
@@ -62,24 +70,28 @@ class Attention(nn.Module):
         if not position.caches_rotated_keys:
             k = position.rotate_keys(k, position_state)
         if position.has_score_bias or position.has_value_term:
-            y = self.biased_attention(q, k, v, position, position_state, causal)
+            y = self.biased_attention(q, k, v, position, position_state, causal, kv_cache)
         else:
-            y = self.fused_attention(q, k, v, causal)
+            y = self.fused_attention(q, k, v, causal, kv_cache)
         # (batch, heads, time, head_dim) -> (batch, time, heads * head_dim)
         y = y.transpose(1, 2).reshape(batch, time, self.n_heads * self.head_dim)
         return self.o_proj(y)
 
-    def fused_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    def fused_attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, kv_cache: KVCache | None
+    ) -> torch.Tensor:
         q_len, k_len = q.shape[2], k.shape[2]
+        # Plain causal attention needs no mask (SDPA's is_causal); a static cache always needs one.
+        plain = kv_cache is None or not kv_cache.static
         mask = None
-        if causal and q_len > 1 and k_len != q_len:
-            mask = causal_mask(q_len, k_len, q.device)
+        if causal and not (plain and (q_len == 1 or k_len == q_len)):
+            mask = visible_keys(q_len, k_len, q.device, kv_cache)
         return F.scaled_dot_product_attention(
             q,
             k,
             v,
             attn_mask=mask,
-            is_causal=causal and q_len > 1 and k_len == q_len,
+            is_causal=causal and plain and q_len > 1 and k_len == q_len,
             dropout_p=self.dropout if self.training else 0.0,
             enable_gqa=self.n_kv_heads != self.n_heads,
         )
@@ -92,6 +104,7 @@ class Attention(nn.Module):
         position: PositionEncoding,
         state: Any,
         causal: bool,
+        kv_cache: KVCache | None = None,
     ) -> torch.Tensor:
         batch, heads, q_len, _ = q.shape
         k_len = k.shape[2]
@@ -105,7 +118,7 @@ class Attention(nn.Module):
             q_rows = q[:, :, rows]
             bias = position.score_bias(q_rows, state, self.layer_index, rows)  # (batch|1, heads, rows, keys)
             if causal:
-                bias = bias.masked_fill(~causal_mask(q_len, k_len, q.device, rows), float("-inf"))
+                bias = bias.masked_fill(~visible_keys(q_len, k_len, q.device, kv_cache, rows), float("-inf"))
             if not position.has_value_term:
                 outputs.append(
                     F.scaled_dot_product_attention(

@@ -89,8 +89,8 @@ class Transformer(nn.Module):
         """
         batch, time = idx.shape
         if positions is None:
-            start = kv_cache.length if kv_cache is not None else 0
-            positions = torch.arange(start, start + time, device=idx.device)[None, :]
+            positions = (kv_cache.next_positions(time, idx.device) if kv_cache is not None
+                         else torch.arange(time, device=idx.device)[None, :])
         key_positions = kv_cache.add_positions(positions) if kv_cache is not None else positions
         x = self.tok_embeddings(idx)
         x = self.position.embed(x, positions)

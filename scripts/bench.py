@@ -10,13 +10,16 @@ over --repeats. Reported:
   - training tokens/s: ours in its default mode (the real train.loop step: bf16 autocast where supported,
     fused AdamW, clipping) vs transformers eager fp32 (and eager bf16; compiled bf16 with --compile), with
     ratios, model FLOPs utilisation, and the ratio a perfect implementation could reach at the bf16 peak;
-  - generation tokens/s at batch 1 with the same sampling settings (ours: scripts.generate's decode loop);
+  - generation tokens/s at batch 1 with the same sampling settings (ours: scripts.generate's decode loop,
+    fp32 eager by default, and bf16 weights eager and with the compiled one-token step; HF generate in
+    fp32 and bf16);
   - peak RSS and time of one --long-tokens perplexity window (a fresh process per encoding).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import io
 import json
 import math
@@ -39,6 +42,8 @@ from model.transformer import Transformer
 SHAPES = {
     # The Foundation's 4.0M-parameter model (configs/tiny.toml).
     "tiny": {"model": dict(vocab_size=4096, dim=256, n_layers=4, n_heads=8, n_kv_heads=4, max_seq_len=256), "batch": 16},
+    # For smoke tests of this script only.
+    "micro": {"model": dict(vocab_size=512, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64), "batch": 4},
     # MiniMind-small-like: 26M parameters.
     "small": {"model": dict(vocab_size=6400, dim=512, n_layers=8, n_heads=8, n_kv_heads=2, max_seq_len=512), "batch": 8},
 }
@@ -177,32 +182,44 @@ def bench_generation(shape: dict, args: argparse.Namespace) -> dict:
 
     torch.manual_seed(0)
     model = Transformer(ModelConfig(**shape["model"])).eval()
-    hf_model = llama_model_from(model)
-    hf_model.generation_config.eos_token_id = None
+    model_bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    hf_models = {dtype: llama_model_from(model).to(dtype) for dtype in (torch.float32, torch.bfloat16)}
+    for hf_model in hf_models.values():
+        hf_model.generation_config.eos_token_id = None
     prompt = torch.randint(4, model.config.vocab_size, (args.prompt_tokens,)).tolist()
     new = args.new_tokens
 
-    def ours() -> None:
-        produced = list(generate_tokens(model, prompt, new, seed=0, **SAMPLING))
-        assert len(produced) == new
+    def ours(chosen: Transformer, compile_step: bool) -> Callable[[], None]:
+        def run() -> None:
+            produced = list(generate_tokens(chosen, prompt, new, seed=0, compile=compile_step, **SAMPLING))
+            assert len(produced) == new
+        return run
 
-    @torch.inference_mode()
-    def hf() -> None:
-        output = hf_model.generate(torch.tensor([prompt]), max_new_tokens=new, min_new_tokens=new, do_sample=True,
-                                   pad_token_id=0, **SAMPLING)
-        assert output.shape[1] == len(prompt) + new
+    def hf(dtype: torch.dtype) -> Callable[[], None]:
+        @torch.inference_mode()
+        def run() -> None:
+            output = hf_models[dtype].generate(torch.tensor([prompt]), max_new_tokens=new, min_new_tokens=new,
+                                               do_sample=True, pad_token_id=0, **SAMPLING)
+            assert output.shape[1] == len(prompt) + new
+        return run
 
-    modes = {"ours": ours, "hf generate": hf}
-    for run in modes.values():
-        run()  # warm-up
+    modes = {"ours (default fp32)": ours(model, False), "ours bf16": ours(model_bf16, False),
+             "ours bf16 compiled": ours(model_bf16, True), "hf generate fp32": hf(torch.float32),
+             "hf generate bf16": hf(torch.bfloat16)}
+    first_run = {}
+    for name, run in modes.items():
+        start = time.perf_counter()
+        run()  # warm-up (compilation for the compiled mode)
+        first_run[name] = time.perf_counter() - start
     samples: dict[str, list[float]] = {name: [] for name in modes}
     for _ in range(args.repeats):
         for name, run in modes.items():
             start = time.perf_counter()
             run()
             samples[name].append(new / (time.perf_counter() - start))
-    results = {name: {"tokens_per_s": statistics.median(values), "runs": values} for name, values in samples.items()}
-    results["ours"]["vs_hf"] = results["ours"]["tokens_per_s"] / results["hf generate"]["tokens_per_s"]
+    baseline = statistics.median(samples["hf generate fp32"])
+    results = {name: {"tokens_per_s": statistics.median(values), "runs": values, "first_run_s": first_run[name],
+                      "vs_hf_fp32": statistics.median(values) / baseline} for name, values in samples.items()}
     return {"batch": 1, "prompt_tokens": len(prompt), "new_tokens": new, "sampling": SAMPLING, "modes": results}
 
 
@@ -279,9 +296,9 @@ def training_lines(train: dict) -> list[str]:
 def generation_lines(gen: dict) -> list[str]:
     lines = ["", f"generation (batch 1, {gen['prompt_tokens']}-token prompt, {gen['new_tokens']} new tokens, "
                   f"temperature {SAMPLING['temperature']}, top_k {SAMPLING['top_k']})"]
+    lines.append(f"  {'mode':<20} {'tokens/s':>9} {'vs HF fp32':>10} {'first run':>10}")
     for name, mode in gen["modes"].items():
-        ratio = f"  ({mode['vs_hf']:.2f}x HF)" if "vs_hf" in mode else ""
-        lines.append(f"  {name:<18} {mode['tokens_per_s']:>9,.0f} tokens/s{ratio}")
+        lines.append(f"  {name:<20} {mode['tokens_per_s']:>9,.0f} {mode['vs_hf_fp32']:>9.2f}x {mode['first_run_s']:>9.1f}s")
     return lines
 
 
@@ -291,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         long_eval_child(argv[1], argv[2], int(argv[3]))
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny",
+                        help="tiny (default: configs/tiny.toml's 4.0M model), small (26M), micro (smoke tests)")
     parser.add_argument("--out", help="JSON file to write (default runs/bench/bench-SHAPE.json)")
     parser.add_argument("--repeats", type=int, default=5, help="runs per mode; the median is reported (default 5)")
     parser.add_argument("--train-steps", type=int, default=5, help="optimizer steps per timed training run")

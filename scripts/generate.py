@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import weakref
 from typing import Iterator, TextIO
 
 import torch
@@ -23,7 +24,7 @@ import torch
 from data.tokenizer import ENDOFTEXT, IM_END, load_tokenizer
 from model.checkpoint import CheckpointError, load_model
 from model.config import ConfigError
-from model.kv_cache import KVCache
+from model.kv_cache import KVCache, StaticKVCache
 from model.runtime import autocast, autocast_dtype, resolve_device
 from model.transformer import Transformer
 from scripts.rope_args import add_rope_scaling_args, apply_rope_scaling_args
@@ -53,6 +54,17 @@ def sample_next(
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
 
 
+STATIC_CACHE_GRANULE = 128  # static caches are sized in multiples of this
+_COMPILED_STEPS: "weakref.WeakKeyDictionary[Transformer, torch.nn.Module]" = weakref.WeakKeyDictionary()
+
+
+def compiled_step(model: Transformer) -> torch.nn.Module:
+    """`model` compiled for one-token steps over a StaticKVCache (compiled once per model, then reused)."""
+    if model not in _COMPILED_STEPS:
+        _COMPILED_STEPS[model] = torch.compile(model, dynamic=False)
+    return _COMPILED_STEPS[model]
+
+
 @torch.inference_mode()
 def generate_tokens(
     model: Transformer,
@@ -64,8 +76,13 @@ def generate_tokens(
     seed: int | None = None,
     stop_ids: tuple[int, ...] = (),
     amp: torch.dtype | None = None,
+    compile: bool = False,
 ) -> Iterator[int]:
-    """Yield sampled token ids one by one: one forward over the prompt, then one cached step per token."""
+    """Yield sampled token ids one by one: one forward over the prompt, then one cached step per token.
+
+    compile: run the one-token steps through torch.compile over a static-shape cache (the prompt still runs
+    eagerly); the first call pays the compilation (seconds), later calls on the same model reuse it.
+    """
     if not prompt_ids:
         raise ValueError("the prompt is empty: give at least one token")
     model.eval()
@@ -73,11 +90,17 @@ def generate_tokens(
     generator = torch.Generator(device=device)
     if seed is not None:
         generator.manual_seed(seed)
-    cache = KVCache.for_model(model.config, batch_size=1, max_len=len(prompt_ids) + max_new_tokens)
+    max_len = len(prompt_ids) + max_new_tokens
+    if compile:  # a few cache sizes, so later calls (chat turns) reuse the compiled step
+        max_len = -(-max_len // STATIC_CACHE_GRANULE) * STATIC_CACHE_GRANULE
+    cache = (StaticKVCache if compile else KVCache).for_model(model.config, batch_size=1, max_len=max_len)
+    step = compiled_step(model) if compile else model
     tokens = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+    forward = model  # the prompt, eagerly
     for _ in range(max_new_tokens):
         with autocast(device, amp):
-            logits, _ = model(tokens, kv_cache=cache)
+            logits, _ = forward(tokens, kv_cache=cache)
+        forward = step
         next_token = sample_next(logits[:, -1], temperature, top_k, top_p, generator)
         token_id = int(next_token)
         yield token_id
@@ -187,7 +210,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
     parser.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | mps")
-    parser.add_argument("--dtype", default="float32", help="float32 (default) | bfloat16 | auto")
+    parser.add_argument("--dtype", default="float32",
+                        help="float32 (default) | bfloat16 | auto: bfloat16 converts the weights (halves the memory "
+                             "read per token)")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile the one-token decoding step (static-shape KV cache; compiles once, "
+                             "seconds); fastest with --dtype bfloat16")
     parser.add_argument("--extrapolate", action="store_true", help="allow a prompt longer than the trained context")
     add_rope_scaling_args(parser)
     args = parser.parse_args(argv)
@@ -203,7 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, ConfigError, FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    amp = autocast_dtype(device, args.dtype)
+    # Inference converts the weights rather than autocasting them (autocast would re-cast every weight per token).
+    dtype = autocast_dtype(device, args.dtype)
+    if dtype is not None:
+        model.to(dtype)
+    amp = None
     if args.chat:
         try:
             run_chat(model, tokenizer, args, amp)
@@ -232,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         args.seed,
         stop_ids=(eos,),
         amp=amp,
+        compile=args.compile,
     )
     for token_id in tokens:
         if token_id == eos:

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from model import IGNORE_INDEX, KVCache, ModelConfig, Transformer
+from model import IGNORE_INDEX, KVCache, ModelConfig, StaticKVCache, Transformer
 from model.config import ConfigError
 from tests.conftest import micro_config
 
@@ -66,10 +66,11 @@ def test_kv_cache_decoding_equals_full_forward(layout, n_kv_heads):
     assert (torch.cat(pieces, dim=1) - full).abs().max() < 1e-4
 
 
-def test_kv_cache_overflow_is_a_clear_error():
+@pytest.mark.parametrize("cache_type", [KVCache, StaticKVCache])
+def test_kv_cache_overflow_is_a_clear_error(cache_type):
     config = micro_config()
     model = Transformer(config).eval()
-    cache = KVCache.for_model(config, batch_size=1, max_len=4)
+    cache = cache_type.for_model(config, batch_size=1, max_len=4)
     with pytest.raises(ValueError, match="KV cache holds 4 positions"):
         model(torch.zeros(1, 5, dtype=torch.long), kv_cache=cache)
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import model.attention as attention_module
-from model import KVCache, Transformer
+from model import KVCache, StaticKVCache, Transformer
 from model.attention import Attention
 from model.config import ConfigError
 from model.position import POSITION_ENCODINGS, PositionRangeError, alibi_slopes, t5_bucket
@@ -50,12 +50,14 @@ def test_tiny_model_trains_without_nan(variant):
     assert losses[-1] < 0.5 * losses[0]
 
 
+@pytest.mark.parametrize("cache_type", [KVCache, StaticKVCache])
 @pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
-def test_kv_cache_steps_equal_full_forward_of_each_prefix(variant):
+def test_kv_cache_steps_equal_full_forward_of_each_prefix(variant, cache_type):
+    """Also for the static cache (compiled decoding): its unfilled slots (32 - t) must change nothing."""
     config = micro_config(**variant, max_seq_len=24)
     model = Transformer(config).eval()
     idx = torch.randint(0, config.vocab_size, (2, 24))
-    cache = KVCache.for_model(config, batch_size=2, max_len=24)
+    cache = cache_type.for_model(config, batch_size=2, max_len=32 if cache_type is StaticKVCache else 24)
     with torch.no_grad():
         prefill = model(idx[:, :6], kv_cache=cache)[0]
         assert (prefill - model(idx[:, :6])[0]).abs().max() < 1e-4

@@ -324,7 +324,13 @@ class Trainer:
                     break
                 if step > self.start_step and step % (train.save_interval or train.eval_interval) == 0:
                     self.save(step)
-                self.train_step(step)
+                if train.compile and step == self.start_step:  # compilation happens in the first step
+                    compile_started = time.perf_counter()
+                    self.train_step(step)
+                    self.state["compile_s"] = time.perf_counter() - compile_started
+                    self.say(f"torch.compile: the first step took {self.state['compile_s']:.1f}s (compilation included)")
+                else:
+                    self.train_step(step)
             except KeyboardInterrupt:
                 self.optimizer.zero_grad(set_to_none=True)
                 self.save(step, step_rng)
