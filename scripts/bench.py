@@ -4,8 +4,8 @@
     python -m scripts.bench --shape small --out bench.json
     python -m scripts.bench --compile            # adds torch.compile modes (compile time reported)
 
-Both models run in this one process, alternating mode by mode in every repeat, and each figure is the median
-over --repeats. Reported:
+Both models run in this one process, alternating mode by mode in every repeat (the order rotates from repeat
+to repeat), and each figure is the median over --repeats. Reported:
   - the matmul peak of this machine (GFLOP/s, fp32 and bf16), measured here, first;
   - training tokens/s: ours in its default mode (the real train.loop step: bf16 autocast where supported,
     fused AdamW, clipping) vs transformers eager fp32 (and eager bf16; compiled bf16 with --compile), with
@@ -57,6 +57,12 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def rotated(names: list[str], shift: int) -> list[str]:
+    """The modes in a different order in every repeat, so that none always runs right after the same other."""
+    shift %= len(names)
+    return names[shift:] + names[:shift]
 
 
 def matmul_peak(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
@@ -151,8 +157,9 @@ def bench_training(shape: dict, args: argparse.Namespace, peaks: dict[str, float
             first_step[name] = time.perf_counter() - start
             step()
         samples: dict[str, list[float]] = {name: [] for name in modes}
-        for _ in range(args.repeats):
-            for name, (step, _) in modes.items():
+        for repeat in range(args.repeats):
+            for name in rotated(list(modes), repeat):
+                step = modes[name][0]
                 start = time.perf_counter()
                 for _ in range(args.train_steps):
                     step()
@@ -212,10 +219,10 @@ def bench_generation(shape: dict, args: argparse.Namespace) -> dict:
         run()  # warm-up (compilation for the compiled mode)
         first_run[name] = time.perf_counter() - start
     samples: dict[str, list[float]] = {name: [] for name in modes}
-    for _ in range(args.repeats):
-        for name, run in modes.items():
+    for repeat in range(args.repeats):
+        for name in rotated(list(modes), repeat):
             start = time.perf_counter()
-            run()
+            modes[name]()
             samples[name].append(new / (time.perf_counter() - start))
     baseline = statistics.median(samples["hf generate fp32"])
     results = {name: {"tokens_per_s": statistics.median(values), "runs": values, "first_run_s": first_run[name],
