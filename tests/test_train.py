@@ -62,11 +62,13 @@ class InterruptAt:
         return self.batches.val_batches_iter()
 
 
-def test_resume_continues_the_same_loss_curve(prepared_data, tmp_path):
-    straight = make_config(prepared_data, tmp_path / "straight")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_resume_continues_the_same_loss_curve(prepared_data, tmp_path, dtype):
+    """Bit-exact on CPU in fp32; with bf16 autocast too, on the same machine (deterministic CPU kernels)."""
+    straight = make_config(prepared_data, tmp_path / "straight", f"--train.dtype={dtype}")
     train(straight, prepared_data)
 
-    interrupted = make_config(prepared_data, tmp_path / "resumed")
+    interrupted = make_config(prepared_data, tmp_path / "resumed", f"--train.dtype={dtype}")
     batches = PretrainBatches(prepared_data, 64, 4, interrupted.train.seed, 2)
     with pytest.raises(TrainingInterrupted):
         train(interrupted, prepared_data, batches=InterruptAt(batches, 7))
@@ -75,7 +77,7 @@ def test_resume_continues_the_same_loss_curve(prepared_data, tmp_path):
 
     expected, got = losses(tmp_path / "straight"), losses(tmp_path / "resumed")
     assert sorted(expected) == sorted(got) == list(range(1, 13))
-    assert [got[s] for s in range(1, 13)] == [expected[s] for s in range(1, 13)]  # bit-exact in fp32
+    assert [got[s] for s in range(1, 13)] == [expected[s] for s in range(1, 13)]  # bit-exact
     a, b = load_model(tmp_path / "straight"), load_model(tmp_path / "resumed")
     for name, tensor in a.state_dict().items():
         assert torch.equal(tensor, b.state_dict()[name]), name
