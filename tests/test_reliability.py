@@ -2,6 +2,7 @@
 import json
 
 import pytest
+import torch
 
 from data.batches import PretrainBatches
 from data.tokenizer import load_tokenizer
@@ -43,6 +44,26 @@ def test_nonfinite_step_is_skipped_and_logged(prepared_data, tmp_path):
     model = load_model(tmp_path / "skip")
     assert all(bool(p.isfinite().all()) for p in model.parameters())
     assert load_trainer_state(tmp_path / "skip")["nonfinite_steps"] == 1
+
+
+def test_skipping_on_the_device_equals_skipping_on_the_host(prepared_data, tmp_path, monkeypatch):
+    """The default skip (fused AdamW's found_inf, reported at the next log) applies exactly the same updates as
+    dropping the step on the host, also when the bad step falls inside a log interval."""
+    import train.nonfinite
+
+    runs = {}
+    for name, on_device in (("device", True), ("host", False)):
+        monkeypatch.setattr(train.nonfinite, "skips_on_device", lambda policy, optimizer, flag=on_device: flag)
+        config = make_config(prepared_data, tmp_path / name, "--train.max_steps=8", "--train.log_interval=4")
+        batches = PretrainBatches(prepared_data, 64, 4, config.train.seed, 2)
+        run_training(config, lambda: poisoned_model(config, {3}), batches, load_tokenizer(prepared_data))
+        records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        skips = [(r["step"], r["action"]) for r in records if "action" in r]
+        runs[name] = (load_model(tmp_path / name).state_dict(), skips, load_trainer_state(tmp_path / name))
+    assert runs["device"][1] == runs["host"][1] == [(3, "skip")]
+    assert runs["device"][2]["nonfinite_steps"] == runs["host"][2]["nonfinite_steps"] == 1
+    for name, tensor in runs["host"][0].items():
+        assert torch.equal(tensor, runs["device"][0][name]), name
 
 
 def test_nonfinite_stop_keeps_the_last_good_checkpoint(prepared_data, tmp_path):

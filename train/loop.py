@@ -31,13 +31,10 @@ from model.runtime import autocast, autocast_dtype, resolve_device
 from model.transformer import IGNORE_INDEX, Transformer
 from train.config import RunConfig, to_toml
 from train.distributed import Distributed
+from train.nonfinite import NonFiniteGuard, NonFiniteLoss  # noqa: F401 (NonFiniteLoss is part of this API)
 
 METRICS = "metrics.jsonl"
 RUN_CONFIG = "run_config.toml"
-
-
-class NonFiniteLoss(FloatingPointError):
-    """Training stopped on a non-finite loss; the last good checkpoint in out.dir was kept."""
 
 
 class TrainingInterrupted(Exception):
@@ -206,7 +203,10 @@ class Trainer:
         self.log = MetricsLog(self.out / METRICS, enabled=self.dist.is_main)
         if resume:
             self.log.truncate_to(self.start_step)
+        self.nonfinite = NonFiniteGuard(train.nonfinite, train.max_nonfinite_skips, self.optimizer, self.device,
+                                        int(self.state.get("nonfinite_steps", 0)), self.report, str(self.out))
         self.loss_sum = torch.zeros((), device=self.device)
+        self.finite_steps = torch.zeros((), dtype=torch.long, device=self.device)
         self.steps_since_log = 0
         self.tokens_since_log = 0
         processes = f", {self.dist.world_size} processes (DDP)" if self.dist.enabled else ""
@@ -273,10 +273,12 @@ class Trainer:
                 (loss / train.grad_accum).backward()
             step_loss += loss.detach()
         step_loss = self.dist.mean(step_loss)  # the global mean loss, the same on every rank
-        if not bool(torch.isfinite(step_loss)):  # one scalar check per step: a bad step is never applied
-            self.skip_nonfinite(step, float(step_loss))
+        finite = self.nonfinite.admit(step + 1, step_loss)
+        if finite is None:  # dropped on the host: never applied
+            self.optimizer.zero_grad(set_to_none=True)
             return
-        self.loss_sum += step_loss
+        self.loss_sum += torch.where(finite, step_loss, 0.0)
+        self.finite_steps += finite.long()
         if train.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), train.grad_clip)
         self.optimizer.step()
@@ -285,30 +287,27 @@ class Trainer:
         if (step + 1) % train.log_interval == 0 or step + 1 == train.max_steps:
             self.log_interval(step + 1, lr)
 
-    def skip_nonfinite(self, step: int, loss: float) -> None:
-        train = self.config.train
-        self.optimizer.zero_grad(set_to_none=True)
-        self.state["nonfinite_steps"] = self.state.get("nonfinite_steps", 0) + 1
-        count = self.state["nonfinite_steps"]
-        message = f"step {step + 1}: non-finite loss {loss}"
-        if train.nonfinite == "stop" or count > train.max_nonfinite_skips:
-            why = "train.nonfinite = stop" if train.nonfinite == "stop" else f"more than {train.max_nonfinite_skips} skipped"
-            self.log.write({"step": step + 1, "nonfinite_loss": loss, "action": "stop"})
-            raise NonFiniteLoss(f"{message}: stopping ({why}); the last good checkpoint in {self.out} is kept, "
-                                "--resume continues from it (lower train.lr or raise train.grad_clip)")
-        self.say(f"{message}: step skipped ({count} of at most {train.max_nonfinite_skips}, train.nonfinite = skip)")
-        self.log.write({"step": step + 1, "nonfinite_loss": loss, "action": "skip"})
+    def report(self, record: dict[str, Any], message: str) -> None:
+        """A non-finite step: counted in the trainer state, logged, and said (the guard decides the policy)."""
+        self.state["nonfinite_steps"] = self.nonfinite.skipped
+        self.log.write(record)
+        if message:
+            self.say(message)
 
     def log_interval(self, step: int, lr: float) -> None:
-        mean_loss = float(self.loss_sum) / max(1, self.steps_since_log * self.config.train.grad_accum)
+        self.nonfinite.reconcile()
+        finite_steps = int(self.finite_steps)  # the one read of the device per log interval
         now = time.perf_counter()
         dt = (now - self.last_log) / self.steps_since_log
         tokens_per_s = self.tokens_since_log / (now - self.last_log)
         self.tokens_since_log = 0
-        self.say(f"step {step:5d} | loss {mean_loss:.4f} | lr {lr:.2e} | dt {dt * 1000:.0f}ms | tok/s {tokens_per_s:,.0f}")
-        self.log.write({"step": step, "loss": mean_loss, "lr": lr, "dt": dt, "tok_per_s": tokens_per_s})
+        if finite_steps:  # an interval of skipped steps only has no loss to show
+            mean_loss = float(self.loss_sum) / (finite_steps * self.config.train.grad_accum)
+            self.say(f"step {step:5d} | loss {mean_loss:.4f} | lr {lr:.2e} | dt {dt * 1000:.0f}ms | tok/s {tokens_per_s:,.0f}")
+            self.log.write({"step": step, "loss": mean_loss, "lr": lr, "dt": dt, "tok_per_s": tokens_per_s})
         self.last_log = now
         self.loss_sum.zero_()
+        self.finite_steps.zero_()
         self.steps_since_log = 0
 
     def run(self) -> TrainResult:
@@ -318,11 +317,15 @@ class Trainer:
         for step in range(self.start_step, train.max_steps + 1):
             step_rng = torch.get_rng_state()
             try:
-                if (step % train.eval_interval == 0 or step == train.max_steps) and self.dist.is_main:
+                evaluating = step % train.eval_interval == 0 or step == train.max_steps
+                saving = step > self.start_step and step % (train.save_interval or train.eval_interval) == 0
+                if evaluating or saving:
+                    self.nonfinite.reconcile()  # every rank: the same counts, the same decision
+                if evaluating and self.dist.is_main:
                     self.evaluate(step)
                 if step == train.max_steps:
                     break
-                if step > self.start_step and step % (train.save_interval or train.eval_interval) == 0:
+                if saving:
                     self.save(step)
                 if train.compile and step == self.start_step:  # compilation happens in the first step
                     compile_started = time.perf_counter()
