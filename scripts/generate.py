@@ -3,6 +3,7 @@
     python -m scripts.generate --checkpoint runs/demo --prompt "def " --max-new-tokens 200
     python -m scripts.generate --checkpoint runs/demo --prompt "import os" --temperature 0   # greedy
     python -m scripts.generate --checkpoint runs/demo --prompt "class " --top-p 0.9 --seed 1
+    python -m scripts.generate --checkpoint runs/demo --prompt "def " --dtype bfloat16 --compile   # fastest
     python -m scripts.generate --checkpoint runs/demo --prompt "def " --max-new-tokens 900 \
         --rope-scaling yarn --rope-factor 4                  # generate past the trained context
     python -m scripts.generate --checkpoint runs/sft_stdlib --chat          # interactive multi-turn chat
@@ -173,7 +174,8 @@ def chat_reply(model: Transformer, tokenizer, messages: list[dict], max_new_toke
 
 
 def run_chat(model: Transformer, tokenizer, args: argparse.Namespace, amp: torch.dtype | None) -> None:
-    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, amp=amp)
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, amp=amp,
+                    compile=args.compile)
     messages = [{"role": "system", "content": args.system}] if args.system else []
     if args.prompt is not None:  # one turn, for scripts and tests
         chat_reply(model, tokenizer, [*messages, {"role": "user", "content": args.prompt}], args.max_new_tokens,

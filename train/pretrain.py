@@ -5,6 +5,7 @@
     python -m train.pretrain --config configs/tiny.toml --train.max_steps=200 --out.dir=runs/short
     python -m train.pretrain --config configs/tiny.toml --resume        # continue the run in out.dir
     python -m train.pretrain --config configs/passkey_finetune.toml --init runs/tiny   # fine-tune a checkpoint
+    torchrun --nproc_per_node 2 -m train.pretrain --config configs/tiny.toml   # data-parallel (DDP), same global batch
 
 With --init the model starts from that checkpoint's weights, and its config.json is the base of [model]
 (keys set in the file or on the command line still apply; shapes must match the weights).
