@@ -20,8 +20,9 @@ from safetensors.torch import save_file
 from transformers import GenerationConfig
 
 from data.tokenizer import ENDOFTEXT, IM_END, load_tokenizer
-from model.checkpoint import CheckpointError, load_model, model_state_dict, write_atomically
+from model.checkpoint import load_model, model_state_dict, write_atomically
 from scripts.hf_convert import ConversionError, to_hf_state_dict, to_llama_config
+from train.cli import run_cli
 
 
 def export(checkpoint: str | Path, out: str | Path, overwrite: bool = False) -> None:
@@ -49,13 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="folder for the transformers model")
     parser.add_argument("--overwrite", action="store_true", help="replace files in a non-empty --out")
     args = parser.parse_args(argv)
-    try:
+    def body() -> None:
         export(args.checkpoint, args.out, args.overwrite)
-    except (ConversionError, CheckpointError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    print(f"wrote {args.out}: load it with transformers.AutoModelForCausalLM.from_pretrained({str(args.out)!r})")
-    return 0
+        print(f"wrote {args.out}: load it with transformers.AutoModelForCausalLM.from_pretrained({str(args.out)!r})")
+
+    return run_cli(body)
 
 
 if __name__ == "__main__":

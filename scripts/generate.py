@@ -26,7 +26,7 @@ from data.tokenizer import ENDOFTEXT, IM_END, load_tokenizer
 from model.checkpoint import CheckpointError, load_model
 from model.config import ConfigError
 from model.kv_cache import KVCache, StaticKVCache
-from model.runtime import autocast, autocast_dtype, resolve_device
+from model.runtime import autocast_dtype, resolve_device
 from model.transformer import Transformer
 from scripts.rope_args import add_rope_scaling_args, apply_rope_scaling_args
 
@@ -76,7 +76,6 @@ def generate_tokens(
     top_p: float = 1.0,
     seed: int | None = None,
     stop_ids: tuple[int, ...] = (),
-    amp: torch.dtype | None = None,
     compile: bool = False,
 ) -> Iterator[int]:
     """Yield sampled token ids one by one: one forward over the prompt, then one cached step per token.
@@ -99,8 +98,7 @@ def generate_tokens(
     tokens = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     forward = model  # the prompt, eagerly
     for _ in range(max_new_tokens):
-        with autocast(device, amp):
-            logits, _ = forward(tokens, kv_cache=cache)
+        logits, _ = forward(tokens, kv_cache=cache)
         forward = step
         next_token = sample_next(logits[:, -1], temperature, top_k, top_p, generator)
         token_id = int(next_token)
@@ -173,8 +171,8 @@ def chat_reply(model: Transformer, tokenizer, messages: list[dict], max_new_toke
     return printer.finish(), ended
 
 
-def run_chat(model: Transformer, tokenizer, args: argparse.Namespace, amp: torch.dtype | None) -> None:
-    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, amp=amp,
+def run_chat(model: Transformer, tokenizer, args: argparse.Namespace) -> None:
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                     compile=args.compile)
     messages = [{"role": "system", "content": args.system}] if args.system else []
     if args.prompt is not None:  # one turn, for scripts and tests
@@ -237,10 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     dtype = autocast_dtype(device, args.dtype)
     if dtype is not None:
         model.to(dtype)
-    amp = None
     if args.chat:
         try:
-            run_chat(model, tokenizer, args, amp)
+            run_chat(model, tokenizer, args)
         except ValueError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
@@ -265,7 +262,6 @@ def main(argv: list[str] | None = None) -> int:
         args.top_p,
         args.seed,
         stop_ids=(eos,),
-        amp=amp,
         compile=args.compile,
     )
     for token_id in tokens:

@@ -19,9 +19,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from model.checkpoint import CheckpointError, load_state_into, save_checkpoint
+from model.checkpoint import load_state_into, save_checkpoint
 from model.transformer import Transformer
 from scripts.hf_convert import ConversionError, from_hf_state_dict, from_llama_config
+from train.cli import run_cli
 
 
 def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -60,13 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="local transformers Llama folder")
     parser.add_argument("--out", required=True, help="our checkpoint folder to write")
     args = parser.parse_args(argv)
-    try:
+    def body() -> None:
         model = import_hf(args.model, args.out)
-    except (ConversionError, CheckpointError, OSError, KeyError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    print(f"wrote {args.out}: {model.num_parameters():,} parameters")
-    return 0
+        print(f"wrote {args.out}: {model.num_parameters():,} parameters")
+
+    return run_cli(body, also=(OSError, KeyError))
 
 
 if __name__ == "__main__":

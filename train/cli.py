@@ -48,8 +48,9 @@ def check_vocab(config: RunConfig, tokenizer_vocab: int, where: str) -> None:
         )
 
 
-def run_cli(body: Callable[[], None]) -> int:
-    """Run an entry point's body; clear one-line errors and exit codes instead of tracebacks for bad input."""
+def run_cli(body: Callable[[], None], also: tuple[type[BaseException], ...] = ()) -> int:
+    """Run an entry point's body; clear one-line errors and exit codes instead of tracebacks for bad input
+    (`also`: further exception types that mean bad input for this entry point)."""
     try:
         body()
     except TrainingInterrupted as stop:
@@ -58,7 +59,7 @@ def run_cli(body: Callable[[], None]) -> int:
     except NonFiniteLoss as stop:
         print(f"error: {stop}", file=sys.stderr)
         return 3
-    except (ConfigError, CheckpointError, SourceError, FileNotFoundError, ValueError) as error:
+    except (ConfigError, CheckpointError, SourceError, FileNotFoundError, ValueError, *also) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0

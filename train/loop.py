@@ -175,11 +175,11 @@ class Trainer:
         train = config.train
         self.dist = Distributed()
         self.device = self.dist.start(resolve_device(train.device), train.batch_size)
+        self.out = Path(config.out.dir)
         if self.dist.is_main:
-            self.out = check_out_dir(config, resume)
+            check_out_dir(config, resume)
             (self.out / RUN_CONFIG).write_text(to_toml(config))
         self.dist.barrier()
-        self.out = Path(config.out.dir)
         self.say(f"# resolved config ({task})\n{to_toml(config)}")
         torch.manual_seed(train.seed)
         self.amp = autocast_dtype(self.device, train.dtype)
