@@ -7,7 +7,8 @@ Writes OUT/tokenizer.json (+ tokenizer_config.json, chat template), train.bin an
 uint16 when the vocabulary fits, each document followed by <|endoftext|>) and meta.json.
 The train/val split is per document and deterministic: a document goes to val when the hash of its text
 falls in the first --val-fraction of the hash range. A source with a single document is split at the line
-boundary nearest (1 - val_fraction) of its length instead.
+boundary nearest (1 - val_fraction) of its length instead. A source with its own validation split (pg19,
+wikitext103) uses that split as val. Hub sources are streamed: --max-documents caps the training documents.
 """
 from __future__ import annotations
 
@@ -24,10 +25,11 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from data.sources import ENCODING_ERRORS, SourceError, TextSource, load_source
+from data.sources import ENCODING_ERRORS, HUB_SOURCES, SourceError, TextSource, load_source
 from data.tokenizer import ENDOFTEXT, batched, load_tokenizer, train_bpe, wrap_tokenizer
 
 HASH_BUCKETS = 1_000_000
+DEFAULT_VAL_FRACTION = 0.05
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -40,7 +42,10 @@ def is_validation(text: str, val_fraction: float) -> bool:
 
 
 def split_documents(source: TextSource, val_fraction: float) -> tuple[Any, Any]:
-    """(train, val) datasets, split per document by hash (a single document is split by lines)."""
+    """(train, val) datasets: the source's own validation split when it has one; otherwise split per document by
+    hash (a single document is split by lines)."""
+    if source.heldout is not None:
+        return source.dataset, source.heldout
     dataset = source.dataset
     if len(dataset) == 1:
         text = dataset[0]["text"]
@@ -101,10 +106,11 @@ def prepare(
     val_fraction: float = 0.05,
     num_proc: int | None = None,
     errors: str = "strict",
+    max_documents: int | None = None,
 ) -> dict:
     if not 0 < val_fraction < 1:
         raise ValueError(f"--val-fraction must be between 0 and 1, got {val_fraction}")
-    source = load_source(source_name, errors)
+    source = load_source(source_name, errors, max_documents)
     train_docs, val_docs = split_documents(source, val_fraction)
     print(f"{source_name}: {len(source.dataset)} documents -> {len(train_docs)} train, {len(val_docs)} val")
 
@@ -135,6 +141,7 @@ def prepare(
             "dtype": dtype.name,
             "eos_id": eos_id,
             "val_fraction": val_fraction,
+            "split": "the source's validation split" if source.heldout is not None else "document hash",
             "tokenizer": "trained here" if not tokenizer_path else str(tokenizer_path),
             **{f"{split}_{key}": value for split, counts in splits.items() for key, value in counts.items()},
         }
@@ -149,11 +156,16 @@ def prepare(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--source", default="stdlib", help="stdlib (default), tinystories, minimind, or a local path")
+    parser.add_argument("--source", default="stdlib",
+                        help=f"stdlib (default, offline), {', '.join(HUB_SOURCES)} (hub), or a local path")
     parser.add_argument("--out", required=True, type=Path, help="output folder")
     parser.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary size (default 4096)")
     parser.add_argument("--tokenizer", help="reuse this tokenizer.json or tokenizer folder instead of training one")
-    parser.add_argument("--val-fraction", type=float, default=0.05, help="share of documents held out (default 0.05)")
+    parser.add_argument("--val-fraction", type=float, default=DEFAULT_VAL_FRACTION,
+                        help=f"share of documents held out (default {DEFAULT_VAL_FRACTION}; a source with its own "
+                             "validation split uses that)")
+    parser.add_argument("--max-documents", type=int, help="hub sources: training documents to stream (default: the "
+                                                          "source's own cap)")
     parser.add_argument("--num-proc", type=int, default=None, help="tokenizer processes (default: CPU count)")
     parser.add_argument("--errors", choices=ENCODING_ERRORS, default="strict",
                         help="bytes that are not UTF-8: strict (default) refuses the file naming byte and line; "
@@ -162,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         meta = prepare(args.source, args.out, args.vocab_size, args.tokenizer, args.val_fraction, args.num_proc,
-                       args.errors)
+                       args.errors, args.max_documents)
     except (SourceError, ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

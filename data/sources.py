@@ -5,10 +5,16 @@
   PATH                 a local .txt / .jsonl / .json / .parquet file, or a folder of them, read with `datasets`.
                        A .txt file is one document, split further on lines holding only <|endoftext|>.
                        .jsonl/.json/.parquet records need a "text" field (MiniMind's pretrain format).
-  tinystories, minimind  Hugging Face hub datasets, for online users.
+  pg19, wikitext103, tinystories, minimind
+                       Hugging Face hub datasets for online users, streamed with a document cap. pg19 and
+                       wikitext103 bring their own validation split, which is the held-out set. With
+                       PELAB_HUB_MIRROR=DIR they are read from DIR/OWNER/NAME (the hub repository's layout, e.g.
+                       made by `huggingface-cli download --repo-type dataset emozilla/pg19 --local-dir
+                       DIR/emozilla/pg19`) and need no network.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import tempfile
@@ -16,7 +22,7 @@ import sys
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 import datasets
 
@@ -79,8 +85,9 @@ def readable_copy(path: Path, errors: str, scratch: Path) -> Path:
 
 @dataclass
 class TextSource:
-    dataset: datasets.Dataset  # one row per document, column "text"
+    dataset: datasets.Dataset  # one row per document, column "text" (the training documents when heldout is set)
     meta: dict[str, Any] = field(default_factory=dict)
+    heldout: datasets.Dataset | None = None  # the source's own validation split, if it has one
 
 
 def stdlib_files(root: str | Path | None = None) -> list[Path]:
@@ -169,6 +176,9 @@ def _load_files(files: list[Path]) -> datasets.Dataset:
     return datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
 
 
+HUB_MIRROR_ENV = "PELAB_HUB_MIRROR"
+
+
 def _hub_is_reachable(timeout: float = 3.0) -> bool:
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false") or os.environ.get("HF_DATASETS_OFFLINE") == "1":
         return False
@@ -179,45 +189,114 @@ def _hub_is_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def hub_loader(repo: str, **kwargs: Any) -> Callable[[], TextSource]:
-    def load() -> TextSource:
+def wikitext_articles(lines: Iterable[str]) -> Iterator[str]:
+    """WikiText rows are lines; an article starts at a top-level heading line " = Title = "."""
+    article: list[str] = []
+    for line in lines:
+        stripped = line.strip()
+        if stripped.startswith("= ") and stripped.endswith(" =") and not stripped.startswith("= ="):
+            text = "".join(article).strip()
+            if text:
+                yield text
+            article = []
+        article.append(line)
+    text = "".join(article).strip()
+    if text:
+        yield text
+
+
+@dataclass(frozen=True)
+class HubSource:
+    """A Hugging Face hub dataset, streamed: the first max_documents documents of its train split, and (when it
+    has one) the first validation_documents of its validation split as the held-out set."""
+
+    repo: str
+    data_files: dict[str, str] | None = None  # split -> file pattern inside the repository (None: the hub's config)
+    max_documents: int | None = None
+    validation_split: str | None = None
+    validation_documents: int | None = None
+    group_lines: Callable[[Iterable[str]], Iterator[str]] | None = None  # rows are lines: join them into documents
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def location(self) -> str:
+        mirror = os.environ.get(HUB_MIRROR_ENV)
+        if mirror:
+            local = Path(mirror) / self.repo
+            if not local.is_dir():
+                raise SourceError(f"{HUB_MIRROR_ENV}={mirror} has no folder {self.repo}; download the dataset there "
+                                  f"(huggingface-cli download --repo-type dataset {self.repo} --local-dir {local})")
+            return str(local)
         if not _hub_is_reachable():
             raise SourceError(
-                f"source {repo!r} is on the Hugging Face hub, which cannot be reached (offline). "
-                "Offline alternatives: --source stdlib (the default), or a local .txt/.jsonl/.parquet file or folder"
+                f"source {self.repo!r} is on the Hugging Face hub, which cannot be reached (offline). "
+                "Offline alternatives: --source stdlib (the default), a local .txt/.jsonl/.parquet file or folder "
+                f"(e.g. Gutenberg books as .txt files), or a downloaded copy of the dataset via {HUB_MIRROR_ENV}"
             )
-        dataset = datasets.load_dataset(repo, split="train", **kwargs).select_columns(["text"])
-        return TextSource(dataset, {"hub_repo": repo})
+        return self.repo
 
-    return load
+    def documents(self, location: str, split: str, limit: int | None) -> datasets.Dataset:
+        files = {split: self.data_files[split]} if self.data_files else None
+        stream = datasets.load_dataset(location, split=split, streaming=True, data_files=files, **self.kwargs)
+        texts: Iterable[str] = (row["text"] for row in stream)
+        if self.group_lines is not None:
+            texts = self.group_lines(texts)
+        texts = (text for text in texts if text.strip())
+        kept = list(itertools.islice(texts, limit)) if limit else list(texts)
+        return datasets.Dataset.from_dict({"text": kept, "name": [f"{split} {i}" for i in range(len(kept))]})
+
+    def load(self, max_documents: int | None = None) -> TextSource:
+        location = self.location()
+        limit = max_documents or self.max_documents
+        dataset = self.documents(location, "train", limit)
+        heldout = None
+        if self.validation_split:
+            heldout = self.documents(location, self.validation_split, self.validation_documents)
+        meta = {"hub_repo": self.repo, "max_documents": limit, "validation_split": self.validation_split}
+        return TextSource(dataset, meta, heldout)
 
 
-SOURCES: dict[str, Callable[[], TextSource]] = {
-    "stdlib": load_stdlib,
-    "tinystories": hub_loader("roneneldan/TinyStories"),
-    "minimind": hub_loader("jingyaogong/minimind_dataset", data_files="pretrain_hq.jsonl"),
+HUB_SOURCES: dict[str, HubSource] = {
+    # PG-19 (Rae et al. 2020): Gutenberg books before 1919, the standard long-document LM benchmark. 60 training
+    # books (about 6M tokens with a 4k BPE); the 50 validation books are the held-out set.
+    "pg19": HubSource("emozilla/pg19", {"train": "data/train-*.parquet", "validation": "data/validation-*.parquet"},
+                      max_documents=60, validation_split="validation"),
+    # WikiText-103 (Merity et al. 2016), the ALiBi paper's benchmark: 1,500 training articles (about 4M tokens);
+    # the 60 validation articles are the held-out set.
+    "wikitext103": HubSource("Salesforce/wikitext",
+                             {"train": "wikitext-103-raw-v1/train-*.parquet",
+                              "validation": "wikitext-103-raw-v1/validation-*.parquet"},
+                             max_documents=1500, validation_split="validation", group_lines=wikitext_articles),
+    "tinystories": HubSource("roneneldan/TinyStories"),
+    "minimind": HubSource("jingyaogong/minimind_dataset", {"train": "pretrain_hq.jsonl"}),
 }
 
+SOURCES: dict[str, Callable[[], TextSource]] = {"stdlib": load_stdlib}
+SOURCE_NAMES = [*SOURCES, *HUB_SOURCES]
 
-def load_source(name_or_path: str, errors: str = "strict") -> TextSource:
+
+def load_source(name_or_path: str, errors: str = "strict", max_documents: int | None = None) -> TextSource:
     """Records for a named source or a local path. Raises SourceError with what to do instead.
 
     errors: "strict" refuses local files that are not UTF-8 (naming the byte and line); "replace" reads
-    undecodable bytes as U+FFFD.
+    undecodable bytes as U+FFFD. max_documents caps a hub source's training documents (default: its own cap).
     """
     if errors not in ENCODING_ERRORS:
         raise SourceError(f"--errors must be one of {ENCODING_ERRORS}, got {errors!r}")
+    if max_documents is not None and max_documents < 1:
+        raise SourceError(f"the document cap must be positive, got {max_documents}")
     if name_or_path in SOURCES:
         source = SOURCES[name_or_path]()
+    elif name_or_path in HUB_SOURCES:
+        source = HUB_SOURCES[name_or_path].load(max_documents)
     elif Path(name_or_path).exists():
         source = load_local(name_or_path, errors)
     elif "/" in name_or_path or Path(name_or_path).suffix:
-        raise SourceError(f"{name_or_path}: no such file or folder (or use a named source: {', '.join(SOURCES)})")
+        raise SourceError(f"{name_or_path}: no such file or folder (or use a named source: {', '.join(SOURCE_NAMES)})")
     else:
         raise SourceError(
-            f"unknown source {name_or_path!r}: not a named source ({', '.join(SOURCES)}) nor an existing path"
+            f"unknown source {name_or_path!r}: not a named source ({', '.join(SOURCE_NAMES)}) nor an existing path"
         )
     source.meta = {"source": name_or_path, **source.meta}
-    if len(source.dataset) == 0:
-        raise SourceError(f"source {name_or_path!r} holds no text")
+    if len(source.dataset) == 0 or (source.heldout is not None and len(source.heldout) == 0):
+        raise SourceError(f"source {name_or_path!r} holds no text" + (" in its validation split" if len(source.dataset) else ""))
     return source

@@ -5,7 +5,8 @@
         --seq-len 1024 --stride 256 --rope-scaling yarn --rope-factor 4 --json ppl.json
 
 --data is a prepared data folder (its val.bin is read), a named source (stdlib) or a local file/folder,
-tokenized with the checkpoint's tokenizer. Nonoverlapping mode scores every token of each window; with
+tokenized with the checkpoint's tokenizer; of a raw source only the documents data.prepare holds out are scored
+(the same document-hash rule, with the checkpoint's val_fraction), unless --all-documents. Nonoverlapping mode scores every token of each window; with
 --stride S each window advances by S tokens and scores only its last S tokens (the first window scores all),
 so every token is scored exactly once, with at least seq_len - S tokens of context after the first window.
 Bits-per-byte = total NLL / ln 2 / UTF-8 bytes of the scored tokens: comparable across tokenizers.
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,10 +24,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from data.batches import TokenFile, read_meta
-from data.prepare import encode_documents
-from data.sources import SourceError, load_source
-from data.tokenizer import ENDOFTEXT, load_tokenizer, token_byte_lengths
+from data.sources import SourceError
+from data.tokenizer import load_tokenizer, token_byte_lengths
+from eval.data import describe_eval_data, load_eval_tokens, training_val_fraction
 from model.checkpoint import CheckpointError, load_model
 from model.config import ConfigError
 from model.position import PositionRangeError
@@ -119,26 +118,6 @@ def evaluate_stream(
     )
 
 
-def load_eval_tokens(data: str, tokenizer, max_tokens: int | None = None) -> np.ndarray:
-    """Token ids to evaluate on: a prepared folder's val.bin, or a source tokenized with `tokenizer`."""
-    path = Path(data)
-    if path.is_dir() and (path / "meta.json").exists() and (path / "val.bin").exists():
-        meta = read_meta(path)
-        if int(meta["vocab_size"]) != len(tokenizer):
-            raise ValueError(
-                f"{path} was tokenized with a {meta['vocab_size']}-token vocabulary but the checkpoint's tokenizer "
-                f"has {len(tokenizer)}; pass the raw text instead so it is tokenized with the checkpoint's tokenizer"
-            )
-        ids = np.asarray(TokenFile(path / "val.bin", meta["dtype"]).tokens)
-    else:
-        source = load_source(data)
-        eos_id = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
-        encoded = encode_documents(source.dataset, tokenizer.backend_tokenizer, eos_id, os.cpu_count() or 1,
-                                   "tokenizing eval text")
-        ids = np.fromiter((i for row in encoded["ids"] for i in row), dtype=np.int64)
-    return ids[: max_tokens + 1] if max_tokens else ids
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True, help="checkpoint folder")
@@ -146,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, required=True, help="window length in tokens")
     parser.add_argument("--stride", type=int, default=None, help="sliding-window stride (default: nonoverlapping)")
     parser.add_argument("--max-tokens", type=int, default=None, help="evaluate only the first N tokens")
+    parser.add_argument("--val-fraction", type=float, default=None,
+                        help="raw --data: the held-out share used to split it (default: the checkpoint's, else 0.05)")
+    parser.add_argument("--all-documents", action="store_true",
+                        help="raw --data: score every document, training documents included")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="float32", help="float32 (default) | bfloat16 | auto")
     parser.add_argument("--json", type=Path, help="also write the result, with the per-position loss curve, here")
@@ -156,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         model = load_model(args.checkpoint, device)
         apply_rope_scaling_args(model, args)
         tokenizer = load_tokenizer(args.checkpoint)
-        ids = load_eval_tokens(args.data, tokenizer, args.max_tokens)
+        val_fraction = args.val_fraction or training_val_fraction(args.checkpoint)
+        print(f"evaluating on {describe_eval_data(args.data, args.all_documents, val_fraction)}")
+        ids = load_eval_tokens(args.data, tokenizer, args.max_tokens, val_fraction, args.all_documents)
         result = evaluate_stream(model, ids, token_byte_lengths(tokenizer), args.seq_len, args.stride,
                                  autocast_dtype(device, args.dtype))
     except (CheckpointError, ConfigError, SourceError, PositionRangeError, FileNotFoundError, ValueError) as error:

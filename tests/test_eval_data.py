@@ -1,0 +1,127 @@
+"""What an evaluation reads: only held-out documents of a raw source, and hub sources with their own splits
+(tested offline against small local files laid out like the hub repositories)."""
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from data.prepare import main as prepare_main
+from data.sources import SourceError, load_source
+from data.tokenizer import load_tokenizer
+from eval.data import load_eval_tokens, training_val_fraction
+from train.pretrain import main as pretrain_main
+
+
+@pytest.fixture(scope="module")
+def marked_corpus(tmp_path_factory):
+    """40 documents, each made of words that name it (doc17 ...), so any scored text tells its document."""
+    folder = tmp_path_factory.mktemp("marked")
+    for index in range(40):
+        words = " ".join(f"doc{index} says word{i % 7}." for i in range(60))
+        (folder / f"d{index:02d}.txt").write_text(words + "\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def marked_checkpoint(marked_corpus, tmp_path_factory):
+    data = tmp_path_factory.mktemp("marked_data") / "prepared"
+    assert prepare_main(["--source", str(marked_corpus), "--out", str(data), "--vocab-size", "400",
+                         "--val-fraction", "0.25", "--num-proc", "1"]) == 0
+    run = tmp_path_factory.mktemp("marked_run") / "run"
+    assert pretrain_main(["--config", "configs/tiny.toml", f"--data.dir={data}", f"--out.dir={run}",
+                          "--model.vocab_size=400", "--model.dim=32", "--model.n_layers=1", "--model.n_heads=2",
+                          "--model.n_kv_heads=1", "--model.max_seq_len=32", "--train.max_steps=2",
+                          "--train.eval_interval=2", "--train.eval_batches=1", "--train.batch_size=2"]) == 0
+    return data, run
+
+
+def documents_in(text: str) -> set[str]:
+    return {word for word in text.replace(".", " ").split() if word.startswith("doc")}
+
+
+def test_a_raw_source_is_evaluated_on_its_held_out_documents_only(marked_corpus, marked_checkpoint):
+    data, run = marked_checkpoint
+    meta = json.loads((data / "meta.json").read_text())
+    held_out = {f"doc{int(name[1:3])}" for name in meta["val_names"]}  # d07.txt holds the words of doc7
+    assert 0 < len(held_out) < 40
+    tokenizer = load_tokenizer(run)
+    assert training_val_fraction(run) == 0.25  # read from the checkpoint's training data
+    ids = load_eval_tokens(str(marked_corpus), tokenizer, val_fraction=training_val_fraction(run))
+    # The same documents, tokenized the same way: exactly the ids data.prepare held out.
+    assert np.array_equal(ids, np.fromfile(data / "val.bin", dtype=np.uint16).astype(np.int64))
+    assert documents_in(tokenizer.decode(ids.tolist())) == held_out  # no training document is scored
+    everything = load_eval_tokens(str(marked_corpus), tokenizer, all_documents=True)
+    assert len(documents_in(tokenizer.decode(everything.tolist()))) == 40
+
+
+def test_eval_commands_score_held_out_documents_of_a_raw_source(marked_corpus, marked_checkpoint, capsys):
+    from eval.perplexity import main as perplexity_main
+
+    data, run = marked_checkpoint
+    val_tokens = json.loads((data / "meta.json").read_text())["val_tokens"]
+    assert perplexity_main(["--checkpoint", str(run), "--data", str(marked_corpus), "--seq-len", "32"]) == 0
+    printed = capsys.readouterr().out
+    assert "held-out documents only: val_fraction 0.25" in printed
+    scored = int(printed.split(" tokens,")[0].split("| ")[-1].replace(",", ""))
+    assert scored == (val_tokens - 1) // 32 * 32
+    assert perplexity_main(["--checkpoint", str(run), "--data", str(marked_corpus), "--seq-len", "32",
+                            "--all-documents"]) == 0
+    assert "training documents included" in capsys.readouterr().out
+
+
+def write_hub_layout(root):
+    """Small files named and shaped like emozilla/pg19 and Salesforce/wikitext (wikitext-103-raw-v1) on the hub."""
+    pg19 = root / "emozilla" / "pg19" / "data"
+    pg19.mkdir(parents=True)
+    for split, count, shards in (("train", 7, 2), ("validation", 3, 1), ("test", 2, 1)):
+        books = [f"{split} book {i}. " + "It was a dark and stormy night. " * 40 for i in range(count)]
+        per_shard = -(-count // shards)
+        for shard in range(shards):
+            part = books[shard * per_shard : (shard + 1) * per_shard]
+            table = pa.table({"short_book_title": [f"title {i}" for i in range(len(part))],
+                              "publication_date": pa.array([1900] * len(part), pa.int32()),
+                              "url": ["https://www.gutenberg.org/"] * len(part), "text": part})
+            pq.write_table(table, pg19 / f"{split}-{shard:05d}-of-{shards:05d}-0123abcd.parquet")
+    for config in ("wikitext-103-raw-v1", "wikitext-2-raw-v1"):
+        folder = root / "Salesforce" / "wikitext" / config
+        folder.mkdir(parents=True)
+        for split, count in (("train", 5), ("validation", 2), ("test", 2)):
+            lines = []
+            for article in range(count):
+                lines += ["", f" = {config} {split} article {article} = \n", "", f" The text of article {article} . \n",
+                          "", " = = A section = = \n", "", " More text , and more . \n"]
+            pq.write_table(pa.table({"text": lines}), folder / f"{split}-00000-of-00001.parquet")
+
+
+def test_hub_sources_stream_a_capped_train_split_and_their_own_validation_split(tmp_path, monkeypatch):
+    write_hub_layout(tmp_path / "mirror")
+    monkeypatch.setenv("PELAB_HUB_MIRROR", str(tmp_path / "mirror"))
+    books = load_source("pg19", max_documents=5)
+    assert len(books.dataset) == 5 and books.dataset[4]["text"].startswith("train book 4.")
+    assert [row["text"][:17] for row in books.heldout] == [f"validation book {i}" for i in range(3)]
+    wiki = load_source("wikitext103")
+    assert len(wiki.dataset) == 5 and len(wiki.heldout) == 2
+    assert wiki.heldout[1]["text"].startswith("= wikitext-103-raw-v1 validation article 1 =")
+    assert "= = A section = =" in wiki.heldout[1]["text"]  # sections stay inside their article
+    out = tmp_path / "prepared"
+    assert prepare_main(["--source", "pg19", "--max-documents", "4", "--out", str(out), "--vocab-size", "300",
+                         "--num-proc", "1"]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert (meta["train_documents"], meta["val_documents"]) == (4, 3)
+    assert meta["split"] == "the source's validation split" and meta["hub_repo"] == "emozilla/pg19"
+    ids = load_eval_tokens("pg19", load_tokenizer(out))  # a raw hub source: its validation split
+    assert np.array_equal(ids, np.fromfile(out / "val.bin", dtype=np.uint16).astype(np.int64))
+
+
+def test_hub_sources_offline_fail_at_once_naming_the_alternatives(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("PELAB_HUB_MIRROR", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert prepare_main(["--source", "pg19", "--out", str(tmp_path / "x")]) == 2
+    error = capsys.readouterr().err
+    assert "cannot be reached (offline)" in error and "local .txt" in error and "PELAB_HUB_MIRROR" in error
+    monkeypatch.setenv("PELAB_HUB_MIRROR", str(tmp_path))
+    with pytest.raises(SourceError, match="has no folder emozilla/pg19"):
+        load_source("pg19")
+    assert not (tmp_path / "x").exists()
