@@ -93,6 +93,11 @@ class ModelConfig:
     # learned: table size (0 = max_seq_len); positions past it are an error unless learned_clamp reuses the last row.
     learned_max_positions: int = 0
     learned_clamp: bool = False
+    # sinusoidal: how token embeddings meet the fixed sinusoid (model.position.SINUSOIDAL_RECIPES).
+    #   "fairseq": token embeddings initialised with std dim^-0.5 and scaled by sqrt(dim) (Vaswani et al., fairseq);
+    #   "unscaled": added as they are, std init_std (GPT-2 / transformers style);
+    #   "legacy": scaled by sqrt(dim) with std init_std (pelab before 0.2: the sinusoid dominates the input).
+    sinusoidal_embedding: str = "fairseq"
 
     def __post_init__(self) -> None:
         check_field_types(self, "model")
@@ -116,7 +121,7 @@ class ModelConfig:
             raise ConfigError("model.norm_eps, model.init_std and model.rope_theta must be positive")
         if self.rope_layout not in ("half", "interleaved"):
             raise ConfigError(f"model.rope_layout must be 'half' or 'interleaved', got {self.rope_layout!r}")
-        from model.position import POSITION_ENCODINGS
+        from model.position import POSITION_ENCODINGS, SINUSOIDAL_RECIPES
         from model.rope import normalize_rope_scaling
 
         if self.rope_scaling is not None:
@@ -129,6 +134,9 @@ class ModelConfig:
         if self.learned_max_positions < 0:
             raise ConfigError(f"model.learned_max_positions must be >= 0 (0 = max_seq_len), got {self.learned_max_positions}")
 
+        if self.sinusoidal_embedding not in SINUSOIDAL_RECIPES:
+            raise ConfigError(f"model.sinusoidal_embedding must be one of {sorted(SINUSOIDAL_RECIPES)}, "
+                              f"got {self.sinusoidal_embedding!r}")
         if self.position not in POSITION_ENCODINGS:
             raise ConfigError(
                 f"model.position: unknown encoding {self.position!r}; valid names are {sorted(POSITION_ENCODINGS)}"

@@ -72,6 +72,10 @@ class PositionEncoding(nn.Module):
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return x
 
+    def token_embedding_std(self) -> float | None:
+        """The initial std of the token embeddings this encoding expects (None: model.init_std)."""
+        return None
+
     def prepare(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> Any:
         return Positions(q_positions, k_positions)
 
@@ -261,9 +265,18 @@ def sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
 
 
+# model.sinusoidal_embedding -> (scale the token embeddings by sqrt(dim)?, their initial std; None = init_std).
+SINUSOIDAL_RECIPES: dict[str, tuple[bool, str | None]] = {
+    "fairseq": (True, "dim^-0.5"),  # Vaswani et al. 2017 and fairseq's TransformerLM (ALiBi paper's baseline)
+    "unscaled": (False, None),  # GPT-2 / transformers style: sum as they are
+    "legacy": (True, None),  # sqrt(dim) scale with std init_std: the sinusoid carries ~80% of the input energy
+}
+
+
 @register("sinusoidal")
 class Sinusoidal(PositionEncoding):
-    """Fixed absolute sinusoids added to the token embeddings (scaled by sqrt(dim), as in the original)."""
+    """Fixed absolute sinusoids added to the token embeddings. model.sinusoidal_embedding picks how the token
+    embeddings are scaled and initialised against them (default "fairseq": x sqrt(d), std d^-0.5)."""
 
     @classmethod
     def validate(cls, config: "ModelConfig") -> None:
@@ -273,7 +286,14 @@ class Sinusoidal(PositionEncoding):
             raise ConfigError(f"sinusoidal needs an even model.dim, got {config.dim}")
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return x * math.sqrt(self.config.dim) + sinusoid(positions, self.config.dim).to(x.dtype)
+        scaled, _ = SINUSOIDAL_RECIPES[self.config.sinusoidal_embedding]
+        if scaled:
+            x = x * math.sqrt(self.config.dim)
+        return x + sinusoid(positions, self.config.dim).to(x.dtype)
+
+    def token_embedding_std(self) -> float | None:
+        _, std = SINUSOIDAL_RECIPES[self.config.sinusoidal_embedding]
+        return self.config.dim**-0.5 if std == "dim^-0.5" else None
 
 
 @register("learned")

@@ -47,7 +47,8 @@ class Transformer(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Normal(0, init_std) for matrices; residual output projections scaled by 1/sqrt(2 * n_layers)."""
+        """Normal(0, init_std) for matrices; residual output projections scaled by 1/sqrt(2 * n_layers); token
+        embeddings (and the tied head) with the std the position encoding asks for, if it asks."""
         std = self.config.init_std
         residual_std = std / math.sqrt(2 * self.config.n_layers)
         for name, parameter in self.named_parameters():
@@ -55,6 +56,9 @@ class Transformer(nn.Module):
                 continue
             is_residual = name.endswith("o_proj.weight") or name.endswith("down_proj.weight")
             nn.init.normal_(parameter, mean=0.0, std=residual_std if is_residual else std)
+        embedding_std = self.position.token_embedding_std()
+        if embedding_std is not None:
+            nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=embedding_std)
 
     def set_rope_scaling(self, scaling: dict | None) -> None:
         """Switch this RoPE model to another inference-time scaling (no retraining; None = plain RoPE).
@@ -65,10 +69,16 @@ class Transformer(nn.Module):
             raise ValueError(
                 f"rope scaling applies to RoPE checkpoints; this one uses position = {self.config.position!r}"
             )
-        config = ModelConfig.from_dict({**self.config.to_dict(), "rope_scaling": scaling})
-        device = self.tok_embeddings.weight.device
+        self.reconfigure_position(rope_scaling=scaling)
+
+    def reconfigure_position(self, **changes: Any) -> None:
+        """Rebuild the position encoding from the config with `changes` (inference-time settings such as
+        rope_scaling or learned_clamp), keeping its learned parameters."""
+        config = ModelConfig.from_dict({**self.config.to_dict(), **changes})
+        position = build_position_encoding(config).to(self.tok_embeddings.weight.device)
+        position.load_state_dict(self.position.state_dict())
         self.config = config
-        self.position = build_position_encoding(config).to(device)
+        self.position = position
 
     def num_parameters(self) -> int:
         return sum(parameter.numel() for parameter in self.parameters())

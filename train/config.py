@@ -35,7 +35,10 @@ class TrainConfig:
     lr: float = 3e-3
     min_lr_ratio: float = 0.1  # cosine decay ends at lr * min_lr_ratio
     warmup_steps: int = 50
-    weight_decay: float = 0.1
+    weight_decay: float = 0.1  # on weight matrices; norms and the position encoding's own parameters have their own
+    # The position encoding's learned parameters (T5 buckets, Shaw vectors, a learned table): their own AdamW group.
+    position_lr_scale: float = 1.0  # their learning rate is train.lr times this (same warmup and decay)
+    position_weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0  # 0 disables clipping
@@ -46,6 +49,7 @@ class TrainConfig:
     eval_interval: int = 100  # also evaluated at step 0 and at the end
     eval_batches: int = 8
     save_interval: int = 0  # 0: save at each evaluation and at the end
+    keep_steps: list = field(default_factory=list)  # also keep the model at these steps, in OUT/snapshots/step-N
     # A step whose loss is not finite is never applied. "skip": drop it and go on (at most max_nonfinite_skips
     # times in a run); "stop": stop at once, keeping the last good checkpoint in out.dir.
     nonfinite: str = "skip"
@@ -59,8 +63,15 @@ class TrainConfig:
                 raise ConfigError(f"train.{name} must be positive, got {getattr(self, name)}")
         if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError("train.lr must be positive and train.min_lr_ratio in [0, 1]")
+        if self.position_lr_scale <= 0 or self.position_weight_decay < 0 or self.weight_decay < 0:
+            raise ConfigError("train.position_lr_scale must be positive; train.weight_decay and "
+                              "train.position_weight_decay must be >= 0")
         if self.warmup_steps < 0 or self.save_interval < 0 or self.grad_clip < 0:
             raise ConfigError("train.warmup_steps, train.save_interval and train.grad_clip must be >= 0")
+        if any(not isinstance(step, int) or isinstance(step, bool) or not 0 < step <= self.max_steps
+               for step in self.keep_steps):
+            raise ConfigError(f"train.keep_steps must be a list of steps in 1..max_steps ({self.max_steps}), "
+                              f"got {self.keep_steps}")
         if self.dtype not in ("auto", "bfloat16", "float32"):
             raise ConfigError(f"train.dtype must be auto, bfloat16 or float32, got {self.dtype!r}")
         if self.nonfinite not in ("skip", "stop") or self.max_nonfinite_skips < 0:

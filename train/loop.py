@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 
 from model.checkpoint import (
     CONFIG,
+    CheckpointError,
     TRAINER_STATE,
     TRAINING_STATE,
     WEIGHTS,
@@ -35,6 +37,7 @@ from train.nonfinite import NonFiniteGuard, NonFiniteLoss  # noqa: F401 (NonFini
 
 METRICS = "metrics.jsonl"
 RUN_CONFIG = "run_config.toml"
+SNAPSHOTS = "snapshots"  # OUT/snapshots/step-NNNNNN: the model at each of train.keep_steps
 
 
 class TrainingInterrupted(Exception):
@@ -67,14 +70,20 @@ def learning_rate(step: int, config: RunConfig) -> float:
 
 
 def build_optimizer(model: Transformer, config: RunConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only; the fused kernel where this torch build has one."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    """AdamW with weight decay on matrices only; the position encoding's learned parameters in a group of their
+    own (train.position_lr_scale, train.position_weight_decay); the fused kernel where this torch build has one."""
+    train = config.train
+    position = [p for p in model.position.parameters() if p.requires_grad]
+    owned = {id(p) for p in position}
+    rest = [p for p in model.parameters() if p.requires_grad and id(p) not in owned]
     groups = [
-        {"params": decay, "weight_decay": config.train.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
+        {"params": [p for p in rest if p.dim() >= 2], "weight_decay": train.weight_decay, "lr_scale": 1.0},
+        {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0, "lr_scale": 1.0},
     ]
-    options: dict[str, Any] = {"lr": config.train.lr, "betas": (config.train.beta1, config.train.beta2)}
+    if position:
+        groups.append({"params": position, "weight_decay": train.position_weight_decay,
+                       "lr_scale": train.position_lr_scale})
+    options: dict[str, Any] = {"lr": train.lr, "betas": (train.beta1, train.beta2)}
     try:
         return torch.optim.AdamW(groups, fused=device.type in ("cuda", "cpu", "mps"), **options)
     except (RuntimeError, TypeError):
@@ -120,6 +129,7 @@ def check_out_dir(config: RunConfig, resume: bool) -> Path:
             )
         for name in (WEIGHTS, CONFIG, TRAINER_STATE, TRAINING_STATE, METRICS, RUN_CONFIG):
             (out / name).unlink(missing_ok=True)
+        shutil.rmtree(out / SNAPSHOTS, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     return out
 
@@ -196,7 +206,13 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, config, self.device)
         if resume:
             training_state = load_training_state(self.out)
-            self.optimizer.load_state_dict(training_state["optimizer"])
+            try:
+                self.optimizer.load_state_dict(training_state["optimizer"])
+            except ValueError as error:  # e.g. a run saved before position parameters had their own group
+                raise CheckpointError(
+                    f"{self.out}: the saved optimizer state does not fit this optimizer ({error}); it was saved by "
+                    "another pelab version or with other settings: start a new run, or --init from this checkpoint"
+                ) from error
             torch.set_rng_state(training_state["torch_rng"])
         self.ddp = self.dist.wrap(self.model, self.device)
         self.forward = torch.compile(self.ddp) if train.compile else self.ddp
@@ -230,12 +246,9 @@ class Trainer:
         self.log.write({"step": step, "val_loss": val_loss})
         return val_loss
 
-    def save(self, step: int, rng_state: torch.Tensor | None = None) -> None:
-        """Checkpoint the state at the start of `step` (i.e. after `step` optimizer steps); rank 0 only."""
-        if not self.dist.is_main:
-            return
+    def trainer_state(self, step: int) -> dict[str, Any]:
         self.state["elapsed_s"] = time.perf_counter() - self.started
-        trainer_state = {
+        return {
             **self.state,
             "step": step,
             "task": self.task,
@@ -243,16 +256,28 @@ class Trainer:
             "run_config": self.config.to_dict(),
             **self.extra_state,
         }
+
+    def save(self, step: int, rng_state: torch.Tensor | None = None) -> None:
+        """Checkpoint the state at the start of `step` (i.e. after `step` optimizer steps); rank 0 only."""
+        if not self.dist.is_main:
+            return
         rng = rng_state if rng_state is not None else torch.get_rng_state()
         training_state = {"optimizer": self.optimizer.state_dict(), "torch_rng": rng}
-        save_checkpoint(self.out, self.model, self.tokenizer, trainer_state, training_state)
+        save_checkpoint(self.out, self.model, self.tokenizer, self.trainer_state(step), training_state)
+
+    def save_snapshot(self, step: int) -> None:
+        """Keep the model at `step` (train.keep_steps) as a checkpoint folder of its own (no optimizer state)."""
+        folder = self.out / SNAPSHOTS / f"step-{step:06d}"
+        if self.dist.is_main and not has_checkpoint(folder):
+            save_checkpoint(folder, self.model, self.tokenizer, self.trainer_state(step))
+            self.say(f"step {step:5d} | kept a snapshot in {folder}")
 
     def train_step(self, step: int) -> None:
         """One optimizer step over grad_accum micro-batches; logs every log_interval steps."""
         train = self.config.train
         lr = learning_rate(step, self.config)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)
         step_loss = torch.zeros((), device=self.device)
         for micro_step in range(train.grad_accum):
             inputs, targets = self.batches.train_batch(step, micro_step)
@@ -323,6 +348,8 @@ class Trainer:
                     self.nonfinite.reconcile()  # every rank: the same counts, the same decision
                 if evaluating and self.dist.is_main:
                     self.evaluate(step)
+                if step in train.keep_steps:
+                    self.save_snapshot(step)
                 if step == train.max_steps:
                     break
                 if saving:
