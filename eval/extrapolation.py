@@ -1,49 +1,63 @@
-"""Length extrapolation: perplexity vs evaluation length for one or more checkpoints.
+"""Length extrapolation, context-matched: what happens to a checkpoint's loss at k times its trained length L.
 
     python -m eval.extrapolation --checkpoint runs/tiny --lengths 1x,2x,4x,8x,16x --out runs/extrap
-    python -m eval.extrapolation --checkpoint runs/cmp/rope runs/cmp/alibi --lengths 256,1024,4096 \\
-        --scalings none,linear,ntk,dynamic,yarn --data ../shared/data/books --out runs/extrap
+    python -m eval.extrapolation --checkpoint runs/cmp/rope runs/cmp/alibi --methods yarn,dynamic \\
+        --data ../shared/data/books --tokens 131072 --out runs/extrap
 
-Lengths are multiples of each checkpoint's trained context (1x, 2x, ...) or absolute token counts.
-RoPE checkpoints are evaluated under each scaling in --scalings with factor = length / trained length
-("none" = the checkpoint as it is); other checkpoints as they are. Every length scores the first
---tokens tokens of the same text (floored to whole windows), so all models and lengths see the same
-tokens when they share a tokenizer. Windows are nonoverlapping, as in the ALiBi paper.
+What is scored: segments as long as the longest length, spread evenly over all the held-out text
+(eval/segments.py). Every length tiles them with nonoverlapping windows, so every length, and every checkpoint
+with the same tokenizer and L, scores the same tokens. For each checkpoint, method and length k*L:
+  ppl      perplexity of nonoverlapping windows of k*L tokens (the ALiBi paper's protocol);
+  penalty  the extrapolation penalty, in nats: for tokens at positions >= L of those windows, their loss there
+           minus their loss in the L-window reference (the same tokens scored by sliding windows of length L
+           that advance by S, so each has between L - S + 1 and L tokens of context, all at trained positions).
+           > 0: positions beyond L cost more than the longer context gives; < 0: the longer context helps.
+           Interval: 95% bootstrap over windows;
+  probe    the position-shift probe: the L-token windows of the 1x cell scored with their positions offset by
+           0, L, 3L and 15L; only absolute positions change, the context does not (relative encodings must not
+           move at all).
+Methods: "none" (the checkpoint as trained) plus each of --methods that applies (eval/methods.py): RoPE scalings
+with factor = length / L, dynamic NTK scored token by token, a learned table clamped at its last row.
 Writes OUT/results.json, OUT/table.md and OUT/plot.png.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import sys
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from data.sources import SourceError
-from data.tokenizer import load_tokenizer, token_byte_lengths
-from eval.perplexity import evaluate_stream, load_eval_tokens
+from data.tokenizer import load_tokenizer
+from eval.data import describe_eval_data, load_eval_tokens, training_data_dir, training_val_fraction
+from eval.methods import METHODS, NONE, applies, check_methods, label
+from eval.scoring import score_incremental, score_windows
+from eval.segments import (
+    Segments,
+    choose_segments,
+    reference_layout,
+    reference_windows,
+    tiled_layout,
+    tiled_windows,
+    window_positions,
+)
+from eval.stats import crossed_bootstrap
 from model.checkpoint import CheckpointError, load_model, load_trainer_state
 from model.config import ConfigError
 from model.position import PositionRangeError
 from model.runtime import autocast_dtype, resolve_device
+from model.transformer import Transformer
 
-DEFAULT_SCALINGS = "none,linear,ntk,dynamic,yarn"
-
-
-@dataclass
-class Variant:
-    checkpoint: str
-    name: str
-    position: str
-    scaling: str  # "none" for the checkpoint as it is
-
-    @property
-    def label(self) -> str:
-        return self.name if self.position != "rope" or self.scaling == "none" else f"{self.name}+{self.scaling}"
+DEFAULT_METHODS = "linear,ntk,dynamic,yarn,clamp"
+PROBE_MULTIPLES = (0, 1, 3, 15)  # position offsets of the shift probe, in units of L
 
 
 def trained_length(checkpoint: str | Path, max_seq_len: int) -> int:
@@ -70,56 +84,176 @@ def resolve_length(item: str, trained: int) -> int:
     return int(round(float(item[:-1]) * trained)) if item.endswith("x") else int(item)
 
 
-def evaluate_checkpoints(
-    checkpoints: list[str],
-    lengths: list[str],
-    scalings: list[str],
-    data: str | None,
-    tokens: int,
-    device_name: str = "auto",
-    dtype: str = "float32",
-    names: list[str] | None = None,
-) -> list[dict[str, Any]]:
-    """One row per checkpoint x scaling x length: ppl, bpb, nll, tokens (or the error that stopped it)."""
-    device = resolve_device(device_name)
-    amp = autocast_dtype(device, dtype)
-    rows: list[dict[str, Any]] = []
-    streams: dict[str, np.ndarray] = {}  # tokenizer file contents -> eval ids, so equal tokenizers share tokens
-    for index, checkpoint in enumerate(checkpoints):
-        model = load_model(checkpoint, device)
-        own_scaling = model.config.rope_scaling
-        trained = trained_length(checkpoint, model.config.max_seq_len)
-        tokenizer = load_tokenizer(checkpoint)
-        byte_lengths = token_byte_lengths(tokenizer)
-        source = data or load_trainer_state(checkpoint)["run_config"]["data"]["dir"]
-        key = (Path(checkpoint) / "tokenizer.json").read_text() + "\0" + source
-        if key not in streams:
-            streams[key] = load_eval_tokens(source, tokenizer, tokens)
-        ids = streams[key]
-        name = names[index] if names else Path(checkpoint).name
-        variant_scalings = scalings if model.config.position == "rope" else ["none"]
-        for scaling in variant_scalings:
-            variant = Variant(str(checkpoint), name, model.config.position, scaling)
-            for item in lengths:
-                length = resolve_length(item, trained)
-                factor = max(1.0, length / trained)
-                row = {"checkpoint": variant.checkpoint, "name": name, "label": variant.label,
-                       "position": variant.position, "scaling": scaling, "factor": factor if scaling != "none" else None,
-                       "trained_length": trained, "length": length, "multiple": length / trained}
+def default_reference_stride(trained: int) -> int:
+    """L / 8 (at least 1): each reference token sees between 7/8 L and L tokens of context."""
+    return max(1, trained // 8)
+
+
+@dataclass(frozen=True)
+class EvalPlan:
+    """What one checkpoint's evaluation scores: the same for every method and length."""
+
+    trained: int  # L
+    lengths: tuple[int, ...]
+    segments: Segments
+    reference_stride: int
+    probe_offsets: tuple[int, ...]  # in tokens; () = no probe
+
+    def key(self) -> dict[str, Any]:
+        """A JSON description that identifies the plan (cached results are reused only for an equal key)."""
+        starts = hashlib.sha256(self.segments.starts.tobytes()).hexdigest()[:16]
+        return {"trained": self.trained, "lengths": list(self.lengths), "segment_length": self.segments.length,
+                "segments": len(self.segments.starts), "starts_sha": starts,
+                "reference_stride": self.reference_stride, "probe_offsets": list(self.probe_offsets)}
+
+
+def make_plan(n_tokens: int, trained: int, length_items: list[str], tokens: int, reference_stride: int = 0,
+              probe: bool = True) -> EvalPlan:
+    lengths = tuple(sorted({resolve_length(item, trained) for item in length_items}))
+    longest = lengths[-1]
+    stride = reference_stride or default_reference_stride(trained)
+    if trained % stride:
+        raise ValueError(f"the reference stride ({stride}) must divide the trained length ({trained})")
+    # Segments are whole multiples of every length (and of the reference stride), so every token is scored at
+    # every length; for lengths without a small common multiple, those that do not divide it score a little less.
+    segment = math.lcm(stride, *lengths)
+    if segment > 4 * longest:
+        segment = -(-longest // stride) * stride
+    segments = choose_segments(n_tokens, segment, tokens, margin=trained)
+    offsets = tuple(multiple * trained for multiple in PROBE_MULTIPLES) if probe else ()
+    return EvalPlan(trained, lengths, segments, stride, offsets)
+
+
+def key_for(method: str, length: int) -> str:
+    return f"{method}@{length}"
+
+
+@dataclass
+class CheckpointEvaluation:
+    """Per-token losses of one checkpoint (segment layout) under each method and length, its L-window reference,
+    and the shift probe's mean loss per L-window."""
+
+    plan: dict[str, Any]
+    reference: np.ndarray  # (segments, M)
+    losses: dict[str, np.ndarray] = field(default_factory=dict)  # key_for(method, length) -> (segments, M)
+    errors: dict[str, str] = field(default_factory=dict)  # key_for(method, length) -> why there is no number
+    probe: dict[str, np.ndarray] = field(default_factory=dict)  # key_for(method, offset) -> (L-windows,) mean loss
+    seconds: float = 0.0
+
+    def save(self, path: Path) -> None:
+        arrays = {"reference": self.reference}
+        arrays.update({f"loss__{key}": value for key, value in self.losses.items()})
+        arrays.update({f"probe__{key}": value for key, value in self.probe.items()})
+        meta = {"plan": self.plan, "errors": self.errors, "seconds": self.seconds}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_name(path.name + ".tmp.npz")
+        np.savez(staging, meta=np.array(json.dumps(meta)), **arrays)
+        staging.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> "CheckpointEvaluation":
+        with np.load(path) as data:
+            meta = json.loads(str(data["meta"]))
+            evaluation = cls(meta["plan"], data["reference"], errors=meta["errors"], seconds=meta.get("seconds", 0.0))
+            for name in data.files:
+                if name.startswith("loss__"):
+                    evaluation.losses[name[len("loss__"):]] = data[name]
+                elif name.startswith("probe__"):
+                    evaluation.probe[name[len("probe__"):]] = data[name]
+        return evaluation
+
+    # Summaries ------------------------------------------------------------------------------------------------
+    def nll(self, method: str, length: int) -> float | None:
+        losses = self.losses.get(key_for(method, length))
+        return None if losses is None else float(np.nanmean(losses))
+
+    def penalty_windows(self, method: str, length: int) -> np.ndarray | None:
+        """Per k*L window: mean over its positions >= L of (loss - reference loss), in nats. None at <= L."""
+        losses = self.losses.get(key_for(method, length))
+        trained, segment = self.plan["trained"], self.plan["segment_length"]
+        if losses is None or length <= trained:
+            return None
+        per_segment = segment // length
+        diff = (losses - self.reference)[:, : per_segment * length].reshape(-1, per_segment, length)
+        return diff[:, :, trained:].mean(axis=-1).reshape(-1).astype(np.float64)
+
+    def position_curve(self, method: str, length: int, reference: bool = False) -> np.ndarray | None:
+        """Mean loss at each position of the length-windows (reference=True: the same tokens' reference loss)."""
+        losses = self.losses.get(key_for(method, length))
+        if losses is None:
+            return None
+        values = self.reference if reference else losses
+        segment = self.plan["segment_length"]
+        per_segment = segment // length
+        return values[:, : per_segment * length].reshape(-1, length).mean(axis=0).astype(np.float64)
+
+    def probe_nll(self, method: str, offset: int) -> float | None:
+        values = self.probe.get(key_for(method, offset))
+        return None if values is None else float(values.mean())
+
+
+def evaluate_checkpoint(model: Transformer, ids: np.ndarray, plan: EvalPlan, methods: list[str],
+                        amp: torch.dtype | None = None, progress: bool = False) -> CheckpointEvaluation:
+    """Score `ids` under the plan with each applicable method (and "none"), the reference, and the probe."""
+    started = time.perf_counter()
+    own = model.config.to_dict()
+    trained, segments = plan.trained, plan.segments
+    METHODS[NONE].setup(model, own, trained, trained)
+    reference = score_windows(model, reference_windows(ids, segments, trained, plan.reference_stride), amp,
+                              progress=progress, desc=f"reference @ {trained}")
+    evaluation = CheckpointEvaluation(plan.key(), reference_layout(reference, segments, plan.reference_stride))
+    chosen = [NONE] + [method for method in methods if method != NONE and applies(method, model.config.position)]
+    for method in chosen:
+        spec = METHODS[method]
+        for length in plan.lengths:
+            key = key_for(method, length)
+            spec.setup(model, own, length, trained)
+            windows = tiled_windows(ids, segments, length)
+            try:
+                if spec.incremental:
+                    losses = score_incremental(model, windows, trained, amp, progress, desc=f"{method} @ {length}")
+                else:
+                    losses = score_windows(model, windows, amp, progress=progress, desc=f"{method} @ {length}")
+                evaluation.losses[key] = tiled_layout(losses, segments, length)
+            except PositionRangeError as error:
+                evaluation.errors[key] = str(error).split(";")[0]
+        if spec.shift_probe and plan.probe_offsets:
+            spec.setup(model, own, trained, trained)
+            windows = tiled_windows(ids, segments, trained)
+            for offset in plan.probe_offsets:
                 try:
-                    if model.config.position == "rope":
-                        model.set_rope_scaling(own_scaling if scaling == "none" else {"rope_type": scaling, "factor": factor})
-                    windows = min(len(ids) - 1, tokens) // length
-                    if windows < 1:
-                        raise ValueError(f"the eval text has {len(ids) - 1} tokens, fewer than one window of {length}")
-                    result = evaluate_stream(model, ids[: windows * length + 1], byte_lengths, length, amp=amp)
-                    row.update(ppl=result.ppl, nll=result.nll, bpb=result.bpb, tokens=result.tokens,
-                               position_loss=result.position_loss)
-                except (PositionRangeError, ValueError, RuntimeError) as error:
-                    row.update(ppl=None, error=str(error).split(";")[0])
-                rows.append(row)
-                shown = f"ppl {row['ppl']:.3f}" if row["ppl"] is not None else f"n/a ({row['error']})"
-                print(f"{variant.label:24s} @ {length:6d} ({row['multiple']:g}x): {shown}")
+                    losses = score_windows(model, windows, amp, position_offset=offset)
+                    evaluation.probe[key_for(method, offset)] = losses.mean(axis=1)
+                except PositionRangeError as error:
+                    evaluation.errors[key_for(f"probe:{method}", offset)] = str(error).split(";")[0]
+    METHODS[NONE].setup(model, own, trained, trained)
+    evaluation.seconds = time.perf_counter() - started
+    return evaluation
+
+
+def summary_rows(evaluation: CheckpointEvaluation, name: str, position: str, checkpoint: str = "") -> list[dict]:
+    """One row per method x length: ppl, nll, tokens, and the penalty with a bootstrap interval over windows."""
+    plan = evaluation.plan
+    rows = []
+    methods = dict.fromkeys(key.split("@")[0] for key in [*evaluation.losses, *evaluation.errors]
+                            if not key.startswith("probe:"))
+    for method in methods:
+        for length in plan["lengths"]:
+            key = key_for(method, length)
+            row: dict[str, Any] = {"checkpoint": checkpoint, "name": name, "label": label(name, method),
+                                   "method": method, "position": position, "trained_length": plan["trained"],
+                                   "length": length, "multiple": length / plan["trained"]}
+            nll = evaluation.nll(method, length)
+            if nll is None:
+                row.update(ppl=None, error=evaluation.errors.get(key, "not evaluated"))
+            else:
+                losses = evaluation.losses[key]
+                row.update(nll=nll, ppl=math.exp(nll), tokens=int(np.isfinite(losses).sum()))
+                windows = evaluation.penalty_windows(method, length)
+                if windows is not None:
+                    estimate = crossed_bootstrap(windows[None, :])
+                    row.update(penalty=estimate.mean, penalty_low=estimate.low, penalty_high=estimate.high)
+            rows.append(row)
     return rows
 
 
@@ -128,31 +262,31 @@ def format_cell(value: float | None, digits: int = 2) -> str:
 
 
 def tables_markdown(rows: list[dict[str, Any]]) -> str:
-    """Perplexity, and perplexity relative to each variant's own 1x, by variant (rows) and multiple (columns)."""
+    """Perplexity and the extrapolation penalty by variant (rows) and multiple (columns), single runs."""
     multiples = sorted({row["multiple"] for row in rows})
     labels = list(dict.fromkeys(row["label"] for row in rows))
     by_key = {(row["label"], row["multiple"]): row for row in rows}
     header = "| variant | " + " | ".join(f"{m:g}x" for m in multiples) + " |\n|---|" + "---:|" * len(multiples)
-    ppl_lines, relative_lines = [header], [header]
-    for label in labels:
-        base = by_key.get((label, 1.0), {}).get("ppl")
-        cells, relative = [], []
+    ppl_lines, penalty_lines = [header], [header]
+    for name in labels:
+        cells, penalties = [], []
         for multiple in multiples:
-            ppl = by_key.get((label, multiple), {}).get("ppl")
-            cells.append(format_cell(ppl))
-            relative.append(format_cell(ppl / base if ppl is not None and base else None))
-        ppl_lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        relative_lines.append(f"| {label} | " + " | ".join(relative) + " |")
+            row = by_key.get((name, multiple), {})
+            cells.append(format_cell(row.get("ppl")))
+            if row.get("penalty") is None:
+                penalties.append("n/a" if row.get("ppl") is None or multiple > 1 else "")
+            else:
+                penalties.append(f"{row['penalty']:+.3f} [{row['penalty_low']:+.3f}, {row['penalty_high']:+.3f}]")
+        ppl_lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        penalty_lines.append(f"| {name} | " + " | ".join(penalties) + " |")
     tokens = sorted({row["tokens"] for row in rows if row.get("tokens")})
     lengths = sorted({(row["multiple"], row["length"]) for row in rows})
-    note = (
-        f"Lengths: {', '.join(f'{m:g}x = {n}' for m, n in lengths)} tokens. "
-        f"Scored tokens per cell: {', '.join(str(t) for t in tokens)} (nonoverlapping windows)."
-    )
-    return (
-        "### Perplexity\n\n" + "\n".join(ppl_lines) + "\n\n"
-        "### Perplexity relative to the same variant at 1x\n\n" + "\n".join(relative_lines) + "\n\n" + note + "\n"
-    )
+    note = (f"Lengths: {', '.join(f'{m:g}x = {n}' for m, n in lengths)} tokens. Scored tokens per cell: "
+            f"{', '.join(f'{t:,}' for t in tokens)} (nonoverlapping windows over segments spread across the "
+            "held-out text).")
+    return ("### Perplexity\n\n" + "\n".join(ppl_lines) + "\n\n"
+            "### Extrapolation penalty (nats; positions >= L, against the L-window reference; 95% bootstrap over "
+            "windows)\n\n" + "\n".join(penalty_lines) + "\n\n" + note + "\n")
 
 
 def plot_results(rows: list[dict[str, Any]], path: Path, title: str = "Perplexity vs evaluation length") -> None:
@@ -162,17 +296,15 @@ def plot_results(rows: list[dict[str, Any]], path: Path, title: str = "Perplexit
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(8, 5))
-    for label in dict.fromkeys(row["label"] for row in rows):
-        points = sorted((row["length"], row["ppl"]) for row in rows if row["label"] == label and row["ppl"] is not None)
+    for name in dict.fromkeys(row["label"] for row in rows):
+        points = sorted((row["length"], row["ppl"]) for row in rows if row["label"] == name and row["ppl"] is not None)
         if points:
-            style = "--" if "+" in label else "-"
-            axis.plot(*zip(*points), style, marker="o", markersize=3, label=label)
+            axis.plot(*zip(*points), "--" if "+" in name else "-", marker="o", markersize=3, label=name)
     for trained in sorted({row["trained_length"] for row in rows}):
         axis.axvline(trained, color="grey", linestyle=":", linewidth=1)
-        axis.text(trained, axis.get_ylim()[1] if axis.lines else 1, f" trained {trained}", color="grey", va="top", fontsize=8)
     axis.set_xscale("log", base=2)
     axis.set_yscale("log")
-    axis.set_xlabel("evaluation length (tokens, log scale)")
+    axis.set_xlabel("evaluation length (tokens, log scale); dotted = trained length")
     axis.set_ylabel("perplexity (log scale)")
     axis.set_title(title)
     axis.grid(True, which="both", alpha=0.3)
@@ -182,35 +314,51 @@ def plot_results(rows: list[dict[str, Any]], path: Path, title: str = "Perplexit
     plt.close(figure)
 
 
-def write_outputs(rows: list[dict[str, Any]], out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
-    (out / "table.md").write_text(tables_markdown(rows))
-    plot_results(rows, out / "plot.png")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", nargs="+", required=True, help="one or more checkpoint folders")
-    parser.add_argument("--lengths", default="1x,2x,4x,8x,16x", help="multiples (4x) or token counts (1024)")
-    parser.add_argument("--scalings", default=DEFAULT_SCALINGS, help=f"for RoPE checkpoints (default {DEFAULT_SCALINGS})")
-    parser.add_argument("--data", help="prepared folder, source or path (default: each checkpoint's training data val.bin)")
+    parser.add_argument("--lengths", default="1x,2x,4x,8x,16x",
+                        help="multiples (4x) or token counts (1024); default 1x,2x,4x,8x,16x")
+    parser.add_argument("--methods", "--scalings", dest="methods", default=DEFAULT_METHODS,
+                        help=f"inference-time methods, each where it applies (default {DEFAULT_METHODS}; 'none' is "
+                             f"always evaluated); valid: {', '.join(sorted(METHODS))}")
+    parser.add_argument("--data", help="prepared folder, source or path (default: each checkpoint's own held-out "
+                                       "val.bin); of a raw source only its held-out documents are scored")
+    parser.add_argument("--val-fraction", type=float, default=None,
+                        help="raw --data: the held-out share used to split it (default: the checkpoint's, else 0.05)")
+    parser.add_argument("--all-documents", action="store_true",
+                        help="raw --data: score every document, training documents included")
     parser.add_argument("--tokens", type=int, default=65536, help="tokens scored per length (default 65536)")
+    parser.add_argument("--reference-stride", type=int, default=0,
+                        help="stride S of the L-window reference (default L / 8)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    rows: list[dict[str, Any]] = []
     try:
         lengths = parse_lengths(args.lengths)
-        scalings = [item.strip() for item in args.scalings.split(",") if item.strip()]
-        valid = {"none", "linear", "ntk", "dynamic", "yarn", "llama3"}
-        if not scalings or set(scalings) - valid:
-            raise ValueError(f"--scalings: unknown {sorted(set(scalings) - valid)}; valid names are {sorted(valid)}")
-        rows = evaluate_checkpoints(args.checkpoint, lengths, scalings, args.data, args.tokens, args.device, args.dtype)
+        methods = check_methods([item.strip() for item in args.methods.split(",") if item.strip()])
+        device = resolve_device(args.device)
+        amp = autocast_dtype(device, args.dtype)
+        for checkpoint in args.checkpoint:
+            model = load_model(checkpoint, device)
+            trained = trained_length(checkpoint, model.config.max_seq_len)
+            tokenizer = load_tokenizer(checkpoint)
+            data = args.data or training_data_dir(checkpoint)
+            val_fraction = args.val_fraction or training_val_fraction(checkpoint)
+            print(f"{checkpoint}: evaluating on {describe_eval_data(data, args.all_documents, val_fraction)}")
+            ids = load_eval_tokens(data, tokenizer, None, val_fraction, args.all_documents)
+            plan = make_plan(len(ids), trained, lengths, args.tokens, args.reference_stride)
+            evaluation = evaluate_checkpoint(model, ids, plan, methods, amp, progress=True)
+            rows += summary_rows(evaluation, Path(checkpoint).name, model.config.position, str(checkpoint))
     except (CheckpointError, ConfigError, SourceError, FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    write_outputs(rows, args.out)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (args.out / "table.md").write_text(tables_markdown(rows))
+    plot_results(rows, args.out / "plot.png")
     print(tables_markdown(rows))
     print(f"wrote {args.out / 'results.json'}, {args.out / 'table.md'}, {args.out / 'plot.png'}")
     return 0

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from data.tokenizer import load_tokenizer, token_byte_lengths
-from eval.extrapolation import evaluate_checkpoints, parse_lengths, write_outputs
+from eval.extrapolation import parse_lengths
 from eval.passkey import FILLER, INTRO, KEY_LINE, QUESTION, build_prompt, fit_prompt, parse_answer
 from eval.perplexity import evaluate_stream, window_plan
 from model import Transformer
@@ -107,26 +107,31 @@ def tiny_checkpoints(prepared_data, tmp_path_factory):
     return paths
 
 
-def test_extrapolation_rows_tables_and_plot(tiny_checkpoints, prepared_data, tmp_path):
-    rows = evaluate_checkpoints(tiny_checkpoints, ["1x", "2x", "4x"], ["none", "yarn", "dynamic"], str(prepared_data),
-                                tokens=512)
+def test_extrapolation_command(tiny_checkpoints, prepared_data, tmp_path, capsys):
+    from eval.extrapolation import main
+
+    out = tmp_path / "extrap"
+    assert main(["--checkpoint", *tiny_checkpoints, "--lengths", "1x,2x,4x", "--methods", "yarn,dynamic,clamp",
+                 "--data", str(prepared_data), "--tokens", "512", "--out", str(out)]) == 0
+    rows = json.loads((out / "results.json").read_text())
     labels = {row["label"] for row in rows}
-    assert labels == {"rope", "rope+yarn", "rope+dynamic", "alibi", "learned"}
+    assert labels == {"rope", "rope+yarn", "rope+dynamic", "alibi", "learned", "learned+clamp"}
     for row in rows:
         if row["label"] == "learned" and row["multiple"] > 1:
             assert row["ppl"] is None and "beyond the learned table" in row["error"]
-        else:
-            assert row["ppl"] > 1 and row["tokens"] == (512 // row["length"]) * row["length"]
-        if row["scaling"] != "none":
-            assert row["factor"] == row["multiple"]
-    # At 1x every scaling has factor 1, so it equals plain RoPE.
+            continue
+        assert row["ppl"] > 1 and row["tokens"] == 512  # the same tokens at every length
+        assert (row.get("penalty") is not None) == (row["multiple"] > 1)
+    # At 1x every method is the checkpoint as trained.
     at_1x = {row["label"]: row["ppl"] for row in rows if row["multiple"] == 1}
     assert at_1x["rope+yarn"] == pytest.approx(at_1x["rope"]) == pytest.approx(at_1x["rope+dynamic"])
-    write_outputs(rows, tmp_path)
-    table = (tmp_path / "table.md").read_text()
-    assert "| rope+yarn |" in table and "n/a" in table and "relative to the same variant at 1x" in table
-    assert json.loads((tmp_path / "results.json").read_text()) == json.loads(json.dumps(rows))
-    assert (tmp_path / "plot.png").stat().st_size > 10_000
+    table = (out / "table.md").read_text()
+    assert "| rope+yarn |" in table and "n/a" in table and "Extrapolation penalty" in table
+    assert (out / "plot.png").stat().st_size > 10_000
+    # Without --data, a checkpoint that does not record its training data gets a clear error.
+    capsys.readouterr()
+    assert main(["--checkpoint", tiny_checkpoints[0], "--out", str(tmp_path / "x")]) == 2
+    assert "does not record the data it was trained on" in capsys.readouterr().err
 
 
 def test_passkey_cli_and_training_data(tiny_checkpoints, tmp_path):

@@ -1,0 +1,98 @@
+"""Per-token losses of a model on windows of a token stream: the one primitive every evaluation builds on.
+
+    score_windows      one full forward per window (positions may be offset, for the position-shift probe)
+    score_incremental  a prefill, then one token at a time through the KV cache, so every token is scored
+                       exactly as generation would see it (dynamic NTK: under the base of its own prefix length)
+
+Both take `windows`, an int array (n, T + 1): inputs are [:, :-1], targets [:, 1:]; both return float32
+losses (n, T) in nats, where column p is the loss of the token predicted at position p (p + 1 tokens of context).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from model.kv_cache import KVCache
+from model.runtime import autocast
+from model.transformer import Transformer
+
+# Windows per forward are chosen so that a batch holds about this many tokens.
+TOKENS_PER_BATCH = 8192
+
+
+def _device(model: Transformer) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _batches(count: int, per_batch: int, desc: str, progress: bool):
+    return tqdm(range(0, count, per_batch), desc=desc, disable=not progress, leave=False)
+
+
+@torch.inference_mode()
+def score_windows(
+    model: Transformer,
+    windows: np.ndarray,
+    amp: torch.dtype | None = None,
+    position_offset: int = 0,
+    progress: bool = False,
+    desc: str = "scoring",
+) -> np.ndarray:
+    """Loss of every target of every window, one full forward per window; positions start at position_offset."""
+    model.eval()
+    device = _device(model)
+    count, width = windows.shape
+    length = width - 1
+    losses = np.empty((count, length), dtype=np.float32)
+    positions = (torch.arange(length, device=device) + position_offset)[None, :]
+    per_batch = max(1, TOKENS_PER_BATCH // length)
+    for first in _batches(count, per_batch, desc, progress):
+        rows = torch.from_numpy(np.asarray(windows[first : first + per_batch], dtype=np.int64)).to(device)
+        with autocast(device, amp):
+            _, loss = model(rows[:, :-1], rows[:, 1:], positions=positions, loss_reduction="none")
+        losses[first : first + per_batch] = loss.float().cpu().numpy()
+    return losses
+
+
+@torch.inference_mode()
+def score_incremental(
+    model: Transformer,
+    windows: np.ndarray,
+    prefill: int,
+    amp: torch.dtype | None = None,
+    progress: bool = False,
+    desc: str = "scoring (incremental)",
+    max_batch: int = 256,
+) -> np.ndarray:
+    """Loss of every target, computed as decoding computes it: the first `prefill` inputs in one cached forward,
+    then each further input as one cached step. Equals scoring every prefix with a fresh full forward (tested),
+    also for encodings whose keys depend on the current length (dynamic NTK)."""
+    model.eval()
+    device = _device(model)
+    count, width = windows.shape
+    length = width - 1
+    prefill = max(1, min(prefill, length))
+    losses = np.empty((count, length), dtype=np.float32)
+    for first in _batches(count, max_batch, desc, progress):
+        rows = torch.from_numpy(np.asarray(windows[first : first + max_batch], dtype=np.int64)).to(device)
+        cache = KVCache.for_model(model.config, rows.shape[0], length)
+        with autocast(device, amp):
+            _, loss = model(rows[:, :prefill], rows[:, 1 : prefill + 1], kv_cache=cache, loss_reduction="none")
+            columns = [loss.float()]
+            for position in range(prefill, length):
+                _, loss = model(rows[:, position : position + 1], rows[:, position + 1 : position + 2],
+                                kv_cache=cache, loss_reduction="none")
+                columns.append(loss.float())
+        losses[first : first + rows.shape[0]] = torch.cat(columns, dim=1).cpu().numpy()
+    return losses
+
+
+@torch.inference_mode()
+def score_prefixes(model: Transformer, windows: np.ndarray, start: int, amp: torch.dtype | None = None) -> np.ndarray:
+    """Loss of targets start.. of every window, each from a fresh full forward over its own prefix (quadratic
+    cost: a reference for tests and spot checks). Columns < start are NaN."""
+    count, width = windows.shape
+    losses = np.full((count, width - 1), np.nan, dtype=np.float32)
+    for position in range(start, width - 1):
+        losses[:, position] = score_windows(model, windows[:, : position + 2], amp)[:, -1]
+    return losses

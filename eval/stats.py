@@ -1,0 +1,88 @@
+"""Intervals for the comparison's numbers.
+
+    t_interval          a mean over seeds with Student's t 95% interval (mean +- t(0.975, n-1) * sd / sqrt(n))
+    crossed_bootstrap   a mean over a (seeds x windows) matrix with a percentile bootstrap interval that resamples
+                        seeds and windows independently, so both training noise and text sampling count
+    separated           whether two intervals do not overlap: the comparison's criterion for stating an order
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+# Student's t 0.975 quantiles for 1..30 degrees of freedom (standard tables; checked against scipy in the tests).
+T_975 = [12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281, 2.2010, 2.1788, 2.1604,
+         2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860, 2.0796, 2.0739, 2.0687, 2.0639, 2.0595, 2.0555,
+         2.0518, 2.0484, 2.0452, 2.0423]
+Z_975 = 1.959964
+
+
+def t_quantile_975(df: int) -> float:
+    """Student's t 0.975 quantile: the table up to 30 degrees of freedom, then the Cornish-Fisher expansion."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    if df <= len(T_975):
+        return T_975[df - 1]
+    z = Z_975
+    return (z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))
+
+
+@dataclass(frozen=True)
+class Estimate:
+    mean: float
+    low: float | None  # None: no interval (a single value)
+    high: float | None
+    n: int
+
+    @property
+    def has_interval(self) -> bool:
+        return self.low is not None
+
+    def format(self, digits: int = 2, signed: bool = False) -> str:
+        sign = "+" if signed else ""
+        if not self.has_interval:
+            return f"{self.mean:{sign}.{digits}f}"
+        return f"{self.mean:{sign}.{digits}f} [{self.low:{sign}.{digits}f}, {self.high:{sign}.{digits}f}]"
+
+
+def t_interval(values: list[float] | np.ndarray) -> Estimate | None:
+    """Mean of `values` (one per seed) with its Student's t 95% interval; None when there are no values."""
+    values = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
+    if values.size == 0:
+        return None
+    mean = float(values.mean())
+    if values.size == 1:
+        return Estimate(mean, None, None, 1)
+    half = t_quantile_975(values.size - 1) * float(values.std(ddof=1)) / math.sqrt(values.size)
+    return Estimate(mean, mean - half, mean + half, int(values.size))
+
+
+def crossed_bootstrap(matrix: np.ndarray, resamples: int = 2000, seed: int = 0) -> Estimate | None:
+    """Mean of a (seeds, windows) matrix with a 95% percentile bootstrap interval that resamples seeds and
+    windows independently (the same windows are the same text in every seed). Rows holding NaN are dropped."""
+    matrix = np.asarray(matrix, dtype=np.float64)
+    if matrix.ndim != 2:
+        raise ValueError(f"expected a (seeds, windows) matrix, got shape {matrix.shape}")
+    matrix = matrix[~np.isnan(matrix).any(axis=1)]
+    if matrix.size == 0:
+        return None
+    seeds, windows = matrix.shape
+    mean = float(matrix.mean())
+    if seeds * windows == 1:
+        return Estimate(mean, None, None, 1)
+    rng = np.random.default_rng(seed)
+    seed_counts = rng.multinomial(seeds, np.full(seeds, 1 / seeds), size=resamples)  # (resamples, seeds)
+    window_counts = rng.multinomial(windows, np.full(windows, 1 / windows), size=resamples)
+    draws = np.einsum("bs,sw,bw->b", seed_counts, matrix, window_counts) / (seeds * windows)
+    low, high = np.percentile(draws, [2.5, 97.5])
+    return Estimate(mean, float(low), float(high), seeds)
+
+
+def separated(a: Estimate, b: Estimate) -> bool:
+    """True when the two intervals do not overlap (both must have intervals)."""
+    if not (a.has_interval and b.has_interval):
+        return False
+    return a.high < b.low or b.high < a.low

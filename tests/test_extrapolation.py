@@ -1,0 +1,183 @@
+"""Context-matched extrapolation: what is scored, how, and the invariants the numbers must satisfy."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from eval.extrapolation import (
+    PROBE_MULTIPLES,
+    CheckpointEvaluation,
+    evaluate_checkpoint,
+    make_plan,
+    summary_rows,
+)
+from eval.methods import METHODS, applies, check_methods, label
+from eval.scoring import score_incremental, score_prefixes, score_windows
+from eval.segments import (
+    choose_segments,
+    reference_layout,
+    reference_windows,
+    tiled_layout,
+    tiled_windows,
+    window_positions,
+)
+from model.transformer import Transformer
+from tests.conftest import micro_config
+
+ENCODINGS = ["rope", "alibi", "t5", "shaw", "sinusoidal", "learned", "none"]
+
+
+def sharp_model(**overrides) -> Transformer:
+    """A random model with large weights, so that positions and context change its predictions visibly."""
+    torch.manual_seed(0)
+    return Transformer(micro_config(init_std=0.2, **overrides)).eval()
+
+
+def test_dynamic_ntk_scores_each_token_under_the_base_of_its_own_prefix():
+    """One layer: every cached step equals a fresh full forward of its prefix, token for token, past L."""
+    model = sharp_model(position="rope", max_seq_len=8, n_layers=1, rope_scaling={"rope_type": "dynamic", "factor": 1.0})
+    windows = np.random.default_rng(0).integers(0, 97, (3, 33))
+    incremental = score_incremental(model, windows, prefill=8)
+    fresh = score_prefixes(model, windows, start=0)
+    assert np.abs(incremental - fresh).max() < 1e-5
+    # One forward over the whole window applies the largest base to every token: a different (static) method.
+    one_forward = score_windows(model, windows)
+    assert np.abs(one_forward - fresh)[:, 8:].max() > 1e-2
+    assert np.abs(one_forward - fresh)[:, :8].max() > 1e-3  # even tokens inside L get the enlarged base
+
+
+def test_dynamic_ntk_cached_steps_keep_earlier_hidden_states():
+    """Deeper layers: the keys and values of earlier tokens come from hidden states computed under the base of
+    their own time, so cached decoding is not a fresh forward of the prefix past L (it is inside L)."""
+    model = sharp_model(position="rope", max_seq_len=8, n_layers=2, rope_scaling={"rope_type": "dynamic", "factor": 1.0})
+    windows = np.random.default_rng(0).integers(0, 97, (3, 33))
+    difference = np.abs(score_incremental(model, windows, prefill=8) - score_prefixes(model, windows, start=0))
+    assert difference[:, :8].max() < 1e-5 and difference[:, 8:].max() > 1e-2
+
+
+@pytest.mark.parametrize("position", ["rope", "alibi", "sinusoidal"])
+def test_incremental_scoring_equals_full_forward_for_static_encodings(position):
+    model = sharp_model(position=position, max_seq_len=8)
+    windows = np.random.default_rng(1).integers(0, 97, (2, 25))
+    assert np.abs(score_incremental(model, windows, prefill=5) - score_windows(model, windows)).max() < 2e-5
+
+
+def test_every_length_and_the_reference_score_the_same_tokens():
+    ids = np.arange(10_000)  # a token's id is its index, so a target names its own position in the stream
+    segments = choose_segments(len(ids), 64, wanted_tokens=640, margin=16)
+    assert len(segments.starts) == 10 and segments.starts[0] == 16
+    assert np.all(np.diff(segments.starts) >= 64) and segments.starts[-1] + 64 <= len(ids) - 1
+    expected = segments.starts[:, None] + 1 + np.arange(64)[None, :]
+    for window in (16, 32, 64):
+        windows = tiled_windows(ids, segments, window)
+        assert np.array_equal(tiled_layout(windows[:, 1:].astype(np.float32), segments, window), expected)
+        assert np.array_equal(window_positions(segments, window), np.arange(64) % window)
+    reference = reference_windows(ids, segments, context=16, stride=4)
+    assert np.array_equal(reference_layout(reference[:, 1:].astype(np.float32), segments, 4), expected)
+    # Every reference target is predicted with between context - stride + 1 and context tokens of context.
+    assert np.all(reference[:, 0] == reference[:, -1] - 16)
+
+
+def test_segments_are_spread_over_the_whole_stream_and_refuse_too_little_text():
+    segments = choose_segments(100_000, 1000, wanted_tokens=5000, margin=100)
+    assert segments.starts[0] == 100 and segments.starts[-1] > 90_000
+    assert len(choose_segments(3000, 1000, wanted_tokens=50_000, margin=100).starts) == 2  # as many as fit
+    with pytest.raises(ValueError, match="fewer than one segment"):
+        choose_segments(1000, 1000, wanted_tokens=1000, margin=100)
+
+
+@pytest.mark.parametrize("position", ENCODINGS)
+def test_shift_probe_is_invariant_exactly_for_relative_encodings(position):
+    model = sharp_model(position=position, max_seq_len=8)
+    ids = np.random.default_rng(2).integers(0, 97, 2000)
+    plan = make_plan(len(ids), 8, ["1x", "2x"], 256)
+    evaluation = evaluate_checkpoint(model, ids, plan, ["clamp"])
+    offsets = [multiple * 8 for multiple in PROBE_MULTIPLES]
+    if position == "learned":
+        assert all(f"probe:none@{offset}" in evaluation.errors for offset in offsets[1:])
+        probe = [evaluation.probe_nll("clamp", offset) for offset in offsets]
+        assert probe[1] == pytest.approx(probe[3], abs=1e-6)  # every offset >= L clamps to the same last row
+        return
+    probe = [evaluation.probe_nll("none", offset) for offset in offsets]
+    assert probe[0] == pytest.approx(evaluation.nll("none", 8), abs=1e-6)  # offset 0 is the 1x cell
+    spread = max(probe) - min(probe)
+    if position == "sinusoidal":
+        assert spread > 1e-2
+    else:
+        assert spread < 1e-4
+
+
+def test_penalty_is_zero_when_the_model_ignores_context_and_positions():
+    """With attention and MLP outputs zeroed, a NoPE model predicts from the current token alone: the window
+    loss and the reference loss of every token must agree exactly."""
+    model = sharp_model(position="none", max_seq_len=8)
+    for block in model.layers:
+        block.attention.o_proj.weight.data.zero_()
+        block.ffn.down_proj.weight.data.zero_()
+    ids = np.random.default_rng(3).integers(0, 97, 3000)
+    evaluation = evaluate_checkpoint(model, ids, make_plan(len(ids), 8, ["1x", "4x"], 512), [])
+    assert np.abs(evaluation.penalty_windows("none", 32)).max() < 1e-6
+    assert np.abs(evaluation.losses["none@32"] - evaluation.reference).max() < 1e-5
+
+
+def test_penalty_is_measured_only_beyond_the_trained_length():
+    model = sharp_model(position="rope", max_seq_len=8)
+    ids = np.random.default_rng(4).integers(0, 97, 3000)
+    evaluation = evaluate_checkpoint(model, ids, make_plan(len(ids), 8, ["1x", "4x"], 512), [])
+    manual = []
+    losses, reference = evaluation.losses["none@32"], evaluation.reference
+    for segment in range(losses.shape[0]):
+        for window in range(losses.shape[1] // 32):
+            columns = slice(window * 32 + 8, (window + 1) * 32)
+            manual.append(float((losses[segment, columns] - reference[segment, columns]).mean()))
+    assert np.allclose(evaluation.penalty_windows("none", 32), manual, atol=1e-6)
+    assert evaluation.penalty_windows("none", 8) is None
+
+
+def test_evaluation_round_trips_through_its_cache_file(tmp_path):
+    model = sharp_model(position="learned", max_seq_len=8)
+    ids = np.random.default_rng(5).integers(0, 97, 2000)
+    evaluation = evaluate_checkpoint(model, ids, make_plan(len(ids), 8, ["1x", "2x"], 256), ["clamp", "yarn"])
+    evaluation.save(tmp_path / "e.npz")
+    loaded = CheckpointEvaluation.load(tmp_path / "e.npz")
+    assert loaded.plan == evaluation.plan and loaded.errors == evaluation.errors
+    assert set(loaded.losses) == {"none@8", "clamp@8", "clamp@16"}  # yarn does not apply to a learned table
+    for key, value in evaluation.losses.items():
+        assert np.array_equal(loaded.losses[key], value)
+    rows = summary_rows(loaded, "learned", "learned")
+    by_label = {(row["label"], row["length"]): row for row in rows}
+    assert by_label[("learned", 16)]["ppl"] is None and "beyond the learned table" in by_label[("learned", 16)]["error"]
+    assert by_label[("learned+clamp", 16)]["penalty_low"] <= by_label[("learned+clamp", 16)]["penalty"]
+
+
+def test_methods_set_up_the_model_as_used_and_only_where_they_apply():
+    model = sharp_model(position="rope", max_seq_len=8)
+    own = model.config.to_dict()
+    METHODS["yarn"].setup(model, own, 32, 8)
+    assert model.config.rope_scaling["factor"] == 4.0 and model.config.rope_scaling["original_max_position_embeddings"] == 8
+    METHODS["ntk"].setup(model, own, 16, 8)
+    assert model.config.rope_scaling == {"rope_type": "ntk", "factor": 2.0}
+    METHODS["dynamic"].setup(model, own, 128, 8)
+    assert model.config.rope_scaling["factor"] == 1.0 and METHODS["dynamic"].incremental
+    METHODS["none"].setup(model, own, 128, 8)
+    assert model.config.rope_scaling is None
+    assert applies("clamp", "learned") and not applies("clamp", "rope") and not applies("yarn", "alibi")
+    assert label("rope", "none") == "rope" and label("learned", "clamp") == "learned+clamp"
+    with pytest.raises(ValueError, match="unknown inference-time method"):
+        check_methods(["yarn", "rerope"])
+
+
+def test_clamp_keeps_the_learned_table():
+    model = sharp_model(position="learned", max_seq_len=8)
+    table = model.position.table.weight.clone()
+    METHODS["clamp"].setup(model, model.config.to_dict(), 32, 8)
+    assert model.config.learned_clamp and torch.equal(model.position.table.weight, table)
+
+
+def test_reference_stride_must_divide_the_trained_length():
+    with pytest.raises(ValueError, match="must divide the trained length"):
+        make_plan(10_000, 8, ["1x", "2x"], 256, reference_stride=3)
+    plan = make_plan(10_000, 8, ["1x", "2x", "4x"], 256)
+    assert plan.segments.length == 32 and plan.reference_stride == 1 and plan.probe_offsets == (0, 8, 24, 120)
+    assert math.isclose(plan.segments.tokens, 256)
