@@ -1,51 +1,149 @@
-"""eval.compare end to end at micro scale: every variant trained and evaluated, report written, reruns skip."""
+"""eval.compare at micro scale: seeds, intervals, cached re-runs, workers, failure isolation, findings."""
 import json
+import math
 
-from eval.compare import findings, main
+import numpy as np
+import pytest
+
+import eval.compare as compare_module
+from eval.compare import main
+from eval.compare_report import Variant, findings, order_statement, verdict
+from eval.stats import Estimate
 from tests.conftest import ROOT
 
 MICRO = ["--model.dim=32", "--model.n_layers=1", "--model.n_heads=2", "--model.n_kv_heads=1",
          "--model.max_seq_len=16", "--train.max_steps=6", "--train.batch_size=4", "--train.eval_interval=3",
          "--train.eval_batches=1", "--train.log_interval=2", "--compare.vocab_size=300",
-         "--compare.eval_tokens=512", '--compare.scalings=["yarn", "dynamic"]', '--compare.lengths=["1x", "2x", "4x"]']
+         "--compare.eval_tokens=512", '--compare.methods=["yarn", "dynamic", "clamp"]',
+         '--compare.lengths=["1x", "2x", "4x"]']
+ENCODINGS = ["none", "sinusoidal", "learned", "shaw", "t5", "alibi", "rope"]
 
 
-def test_compare_end_to_end(small_text_file, tmp_path, capsys):
+def arguments(source, out, *extra):
+    return ["--config", str(ROOT / "configs" / "compare.toml"), "--preset", "quick", "--out", str(out),
+            f"--compare.source={source}", "--compare.val_fraction=0.3", *MICRO, *extra]
+
+
+def test_compare_end_to_end_with_seeds_snapshots_and_a_cached_rerun(small_text_file, tmp_path, capsys):
     out = tmp_path / "cmp"
-    args = ["--config", str(ROOT / "configs" / "compare.toml"), "--preset", "quick", "--out", str(out),
-            f"--compare.source={small_text_file}", "--compare.val_fraction=0.3", *MICRO]
+    args = arguments(small_text_file, out, "--compare.seeds=[1, 2]", "--compare.snapshots=[0.5]",
+                     "--compare.workers=1")
     assert main(args) == 0
     report = (out / "report.md").read_text()
     results = json.loads((out / "results.json").read_text())
-    encodings = ["none", "sinusoidal", "learned", "shaw", "t5", "alibi", "rope"]
-    assert sorted(results["status"]) == sorted(encodings)
-    assert set(results["status"].values()) == {"trained"}
-    labels = {row["label"] for row in results["rows"]}
-    assert labels == set(encodings) | {"rope+yarn", "rope+dynamic"}
-    assert {row["multiple"] for row in results["rows"]} == {1.0, 2.0, 4.0}
-    for section in ("## Setup", "### Perplexity", "relative to the same variant at 1x", "train_curves.png",
-                    "plot.png", "## What this shows", "Reproduce: `python -m eval.compare"):
+    assert sorted(results["status"]) == sorted(f"{e}-seed{s}" for e in ENCODINGS for s in (1, 2))
+    assert {r["status"] for r in results["status"].values()} == {"trained"}
+    labels = {cell["label"] for cell in results["cells"]}
+    assert labels == set(ENCODINGS) | {"rope+yarn", "rope+dynamic", "learned+clamp"}
+    for cell in results["cells"]:
+        if cell["label"] == "learned" and cell["multiple"] > 1:
+            assert cell["ppl"] is None and "beyond the learned table" in cell["error"]
+            continue
+        assert len(cell["ppl_per_seed"]) == 2
+        assert cell["ppl"]["low"] <= cell["ppl"]["mean"] <= cell["ppl"]["high"]
+        if cell["multiple"] > 1:
+            assert cell["penalty"]["low"] <= cell["penalty"]["mean"] <= cell["penalty"]["high"]
+    assert {(row["label"], row["fraction"]) for row in results["snapshots"]} == \
+        {(e if e != "learned" else "learned+clamp", f) for e in ENCODINGS for f in (0.5, 1.0)}
+    probe = {(row["label"], row["offset"]) for row in results["probe"] if row["ppl"]}
+    assert ("sinusoidal", 240) in probe and ("learned", 16) not in probe and ("learned+clamp", 240) in probe
+    for section in ("## Setup", "### Perplexity", "### Extrapolation penalty", "### Position-shift probe",
+                    "### Extrapolation against training tokens", "## What this shows", "within noise",
+                    "Student's t interval over seeds", "Reproduce: `python -m eval.compare"):
         assert section in report, section
-    for name in ("plot.png", "train_curves.png", "position_loss.png", "table.md"):
+    for name in ("plot.png", "penalty.png", "position_loss.png", "train_curves.png", "snapshots.png", "table.md"):
         assert (out / name).stat().st_size > 0
-    # Re-running skips the trained variants; a variant that fails is reported and the others still run.
+    assert (out / "runs" / "t5" / "seed2" / "snapshots" / "step-000003" / "model.safetensors").exists()
+    # Re-running trains nothing and reuses every evaluation; the numbers are the same.
     capsys.readouterr()
-    assert main(args + ['--compare.encodings=["rope", "xpos"]']) == 1
+    assert main(args) == 0
+    again = json.loads((out / "results.json").read_text())
+    assert {r["status"] for r in again["status"].values()} == {"skipped (already trained)"}
+    assert {r["eval"] for r in again["status"].values()} == {"cached"}
+    assert again["cells"] == results["cells"]
+
+
+def test_results_do_not_depend_on_the_number_of_workers(small_text_file, tmp_path):
+    runs = {}
+    for workers in (1, 2):
+        out = tmp_path / f"w{workers}"
+        args = arguments(small_text_file, out, '--compare.encodings=["alibi", "rope"]', "--compare.seeds=[3]",
+                         f"--compare.workers={workers}", "--compare.threads=1")
+        assert main(args) == 0
+        runs[workers] = out
+    for encoding in ("alibi", "rope"):
+        weights = [(runs[w] / "runs" / encoding / "seed3" / "model.safetensors").read_bytes() for w in (1, 2)]
+        assert weights[0] == weights[1]
+    cells = [json.loads((runs[w] / "results.json").read_text())["cells"] for w in (1, 2)]
+    assert cells[0] == cells[1]
+    assert (runs[2] / "logs" / "rope-seed3.log").read_text().count("final val_loss") == 1
+
+
+def test_a_failed_variant_is_reported_and_the_others_go_on(small_text_file, tmp_path, monkeypatch, capsys):
+    real = compare_module.train_variant
+
+    def failing(config):
+        if config.model.position == "t5":
+            raise RuntimeError("simulated failure")
+        return real(config)
+
+    monkeypatch.setattr(compare_module, "train_variant", failing)
+    out = tmp_path / "cmp"
+    assert main(arguments(small_text_file, out, '--compare.encodings=["t5", "rope"]', "--compare.workers=1")) == 1
     results = json.loads((out / "results.json").read_text())
-    assert results["status"]["rope"] == "skipped (already trained)"
-    assert results["status"]["xpos"].startswith("failed: ConfigError: model.position: unknown encoding 'xpos'")
-    assert {row["label"] for row in results["rows"]} == {"rope", "rope+yarn", "rope+dynamic"}
+    assert results["status"]["t5-seed1337"]["status"] == "failed: RuntimeError: simulated failure"
+    assert {cell["label"] for cell in results["cells"]} == {"rope", "rope+yarn", "rope+dynamic"}
+    assert "failed: RuntimeError" in (out / "report.md").read_text()
 
 
-def test_findings_state_the_literature_checks():
-    rows = []
-    table = {"sinusoidal": [10, 25, 60], "alibi": [10, 10.2, 10.5], "t5": [10, 10.5, 11], "rope": [10, 13, 20]}
-    for label, values in table.items():
-        for multiple, ppl in zip([1.0, 2.0, 4.0], values):
-            rows.append({"label": label, "multiple": multiple, "ppl": ppl})
-    text = "\n".join(findings(rows))
-    assert "Within 10% of their own 1x perplexity at 4x: alibi (1.05x), t5 (1.10x)." in text
-    assert "sinusoidal perplexity more than doubles by 2x: reproduced (sinusoidal at 2x = 2.50x" in text
+@pytest.mark.parametrize("override, message", [
+    ('--compare.encodings=["rope", "alibl"]', "compare.encodings: unknown ['alibl']"),
+    ('--compare.methods=["yarn", "rerope"]', "unknown inference-time method"),
+    ("--compare.seeds=[1, 1]", "distinct integers"),
+    ("--compare.snapshots=[1.5]", "fractions of training"),
+    ("--model.learned_max_positions=8", "beyond the learned table of 8 positions"),
+])
+def test_bad_settings_are_refused_before_anything_trains(small_text_file, tmp_path, capsys, override, message):
+    out = tmp_path / "cmp"
+    assert main(arguments(small_text_file, out, override)) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error:") and message in error and "Traceback" not in error
+    assert not (out / "runs").exists()
+
+
+def variant(name, values_by_length):
+    result = Variant(name, "none", name)
+    for length, values in values_by_length.items():
+        result.nll[length] = {seed: math.log(value) for seed, value in enumerate(values)}
+    return result
+
+
+def test_orderings_are_stated_only_where_the_intervals_separate():
+    variants = {"alibi": variant("alibi", {16: [10.0, 10.1, 9.9]}),
+                "rope": variant("rope", {16: [10.05, 10.2, 9.95]}),
+                "sinusoidal": variant("sinusoidal", {16: [20.0, 20.5, 19.5]})}
+    statement = order_statement(variants, 16, 1.0)
+    assert statement == "Perplexity at 1x, best to worst: alibi (10.0) ≈ rope (10.1) < sinusoidal (20.0)."
+
+
+def test_verdicts_follow_the_interval_not_the_mean():
+    assert verdict(Estimate(2.5, 2.2, 2.8, 3), 2.0, holds_above=True) == "reproduced"
+    assert verdict(Estimate(1.5, 1.2, 1.8, 3), 2.0, holds_above=True) == "not reproduced"
+    assert verdict(Estimate(2.1, 1.8, 2.4, 3), 2.0, holds_above=True).startswith("within noise")
+    assert verdict(Estimate(1.05, 1.0, 1.08, 3), 1.10, holds_above=False) == "reproduced"
+    assert verdict(Estimate(2.1, None, None, 1), 2.0, holds_above=True).startswith("undetermined")
+    assert verdict(None, 2.0, True) == "not measured here"
+
+
+def test_findings_name_the_penalty_side_and_the_paper_checks():
+    rows = {}
+    for name, ppl, penalty in (("alibi", [10, 10.2, 9.8], [0.0, 0.01, -0.01]), ("rope", [10, 13, 11], [0.5, 0.6, 0.4])):
+        v = variant(name, {16: ppl, 64: [2 * p if name == "rope" else p for p in ppl]})
+        v.penalty[64] = {seed: np.full(8, value) for seed, value in enumerate(penalty)}
+        rows[name] = v
+    text = "\n".join(findings(rows, [16, 64], 16, []))
+    assert "Degrade beyond L at 4x (penalty > 0): rope;" in text
+    assert "within noise of 0: alibi" in text
     assert "ALiBi stays flat (within 10%) out to 4x: reproduced" in text
-    assert "rotary degrades steadily with length: reproduced" in text
-    assert "Perplexity at 4x, best to worst: alibi (10.5) < t5 (11.0) < rope (20.0) < sinusoidal (60.0)." in text
+    assert "rotary degrades (more than 10%) by 4x: reproduced" in text
+    assert "T5 bias holds (within 25%) to 4x: not measured here" in text

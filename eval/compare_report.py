@@ -1,0 +1,565 @@
+"""The comparison's report: numbers over seeds with intervals, findings stated only where intervals separate.
+
+Cells (variant x length) come from the cached per-token evaluations (eval/extrapolation.py):
+  perplexity         mean over seeds, Student's t 95% interval over seeds
+  ratio to own 1x    per-seed ratio, t interval (secondary: it mixes context gain, the early-token curse and
+                     positions beyond L)
+  penalty            tokens at positions >= L: loss in the k*L window minus loss in the L-window reference, nats;
+                     95% bootstrap resampling seeds and windows independently
+  probe              L-windows with positions offset by 0, L, 3L, 15L: perplexity, t interval over seeds
+An ordering or a paper's claim is stated only where the 95% intervals do not overlap; otherwise "within noise".
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from data.batches import read_meta
+from eval.extrapolation import CheckpointEvaluation, resolve_length
+from eval.methods import METHODS, NONE, applies, label
+from eval.stats import Estimate, crossed_bootstrap, separated, t_interval
+from model.checkpoint import has_checkpoint, load_trainer_state
+from model.transformer import Transformer
+from train.loop import METRICS
+
+ENCODING_ORDER = ["none", "sinusoidal", "learned", "shaw", "t5", "alibi", "rope"]
+METHOD_STYLES = {NONE: "-", "linear": (0, (1, 1)), "ntk": (0, (3, 1, 1, 1)), "dynamic": "--", "yarn": "-.",
+                 "llama3": (0, (5, 2)), "clamp": "--"}
+PAPER = "the ALiBi paper (Press et al. 2022; WikiText-103, 247M parameters, L = 512)"
+
+
+def colour(encoding: str) -> str:
+    """One fixed colour per encoding in every figure."""
+    import matplotlib
+
+    palette = matplotlib.colormaps["tab10"].colors
+    index = ENCODING_ORDER.index(encoding) if encoding in ENCODING_ORDER else len(ENCODING_ORDER) + hash(encoding) % 3
+    return matplotlib.colors.to_hex(palette[index % len(palette)])
+
+
+@dataclass
+class Variant:
+    encoding: str
+    method: str
+    label: str
+    nll: dict[int, dict[int, float]] = field(default_factory=dict)  # length -> seed -> nll
+    penalty: dict[int, dict[int, np.ndarray]] = field(default_factory=dict)  # length -> seed -> per-window penalty
+    curves: dict[int, np.ndarray] = field(default_factory=dict)  # seed -> penalty by position at the longest length
+    probe: dict[int, dict[int, float]] = field(default_factory=dict)  # offset -> seed -> nll
+    errors: dict[int, str] = field(default_factory=dict)  # length -> why no number
+
+    def ppl(self, length: int) -> Estimate | None:
+        return t_interval([math.exp(v) for v in self.nll.get(length, {}).values()])
+
+    def ratio(self, length: int, base: int) -> Estimate | None:
+        here, there = self.nll.get(length, {}), self.nll.get(base, {})
+        return t_interval([math.exp(here[s] - there[s]) for s in here if s in there])
+
+    def penalty_estimate(self, length: int) -> Estimate | None:
+        by_seed = self.penalty.get(length, {})
+        return crossed_bootstrap(np.stack([by_seed[s] for s in sorted(by_seed)])) if by_seed else None
+
+    def probe_estimate(self, offset: int) -> Estimate | None:
+        return t_interval([math.exp(v) for v in self.probe.get(offset, {}).values()])
+
+
+def run_dir(out: str | Path, encoding: str, seed: int) -> Path:
+    """OUT/runs/ENCODING/seedS: one variant's checkpoint folder."""
+    return Path(out) / "runs" / encoding / f"seed{seed}"
+
+
+def eval_path(out: str | Path, encoding: str, seed: int, step: int | None = None) -> Path:
+    """OUT/evals/ENCODING/seedS[-stepN].npz: the cached per-token evaluation of a variant (or of its snapshot)."""
+    suffix = "" if step is None else f"-step{step}"
+    return Path(out) / "evals" / encoding / f"seed{seed}{suffix}.npz"
+
+
+def training_summary(run: Path) -> dict[str, Any] | None:
+    if not has_checkpoint(run):
+        return None
+    state = load_trainer_state(run)
+    records = [json.loads(line) for line in (run / METRICS).read_text().splitlines() if line.strip()]
+    speeds = [record["tok_per_s"] for record in records if "tok_per_s" in record][1:]  # the first interval warms up
+    return {
+        "tokens": int(state["tokens_seen"]),
+        "wall_s": float(state["elapsed_s"]),
+        "tok_per_s": statistics.median(speeds) if speeds else None,
+        "val_loss": state.get("val_loss"),
+        "initial_val_loss": state.get("initial_val_loss"),
+        "curve": [(r["step"], r["loss"]) for r in records if "loss" in r],
+        "val_curve": [(r["step"], r["val_loss"]) for r in records if "val_loss" in r],
+    }
+
+
+def collect(out: Path, compare: Any, lengths: list[int], trained: int) -> dict[str, Variant]:
+    """Every (encoding, method) variant with its per-seed numbers, from the cached evaluations."""
+    variants: dict[str, Variant] = {}
+    longest = max(lengths)
+    for encoding in compare.encodings:
+        methods = [NONE] + [m for m in compare.methods if m != NONE and applies(m, encoding)]
+        for method in methods:
+            variants[label(encoding, method)] = Variant(encoding, method, label(encoding, method))
+        for seed in compare.seeds:
+            path = eval_path(compare.out, encoding, seed)
+            if not path.exists():
+                continue
+            evaluation = CheckpointEvaluation.load(path)
+            for method in methods:
+                variant = variants[label(encoding, method)]
+                for length in lengths:
+                    nll = evaluation.nll(method, length)
+                    if nll is None:
+                        variant.errors[length] = evaluation.errors.get(f"{method}@{length}", "not evaluated")
+                        continue
+                    variant.nll.setdefault(length, {})[seed] = nll
+                    windows = evaluation.penalty_windows(method, length)
+                    if windows is not None:
+                        variant.penalty.setdefault(length, {})[seed] = windows
+                curve = evaluation.position_curve(method, longest)
+                if curve is not None:
+                    variant.curves[seed] = curve - evaluation.position_curve(method, longest, reference=True)
+                for offset in evaluation.plan.get("probe_offsets", []):
+                    nll = evaluation.probe_nll(method, offset)
+                    if nll is not None:
+                        variant.probe.setdefault(offset, {})[seed] = nll
+    return {name: variant for name, variant in variants.items() if variant.nll}
+
+
+def collect_snapshots(out: Path, compare: Any, steps: list[int], max_steps: int, lengths: list[int]) -> dict:
+    """label -> [(fraction, penalty estimate at the longest length, ppl estimates at 1x and at the longest)]: each
+    encoding as trained, or clamped when it has no numbers beyond L (a learned table)."""
+    longest, shortest = max(lengths), min(lengths)
+    table: dict[str, list] = {}
+    for encoding in compare.encodings:
+        for method in (NONE, "clamp"):
+            rows = []
+            for step in [*steps, None]:
+                windows, nll_long, nll_short = [], [], []
+                for seed in compare.seeds:
+                    path = eval_path(compare.out, encoding, seed, step)
+                    if not path.exists():
+                        continue
+                    evaluation = CheckpointEvaluation.load(path)
+                    penalty = evaluation.penalty_windows(method, longest)
+                    if penalty is None:
+                        continue
+                    windows.append(penalty)
+                    nll_short.append(math.exp(evaluation.nll(method, shortest)))
+                    nll_long.append(math.exp(evaluation.nll(method, longest)))
+                if windows:
+                    rows.append(((step or max_steps) / max_steps, crossed_bootstrap(np.stack(windows)),
+                                 t_interval(nll_short), t_interval(nll_long)))
+            if rows:
+                table[label(encoding, method)] = rows
+                break
+    return table
+
+
+def cell(estimate: Estimate | None, digits: int = 2, signed: bool = False) -> str:
+    return "n/a" if estimate is None else estimate.format(digits, signed)
+
+
+def table(variants: dict[str, Variant], columns: list[int], header: list[str], value) -> list[str]:
+    lines = ["| variant | " + " | ".join(header) + " |", "|---|" + "---:|" * len(columns)]
+    for name, variant in variants.items():
+        lines.append(f"| {name} | " + " | ".join(value(variant, column) for column in columns) + " |")
+    return lines
+
+
+def order_statement(variants: dict[str, Variant], length: int, multiple: float) -> str | None:
+    """Best to worst at one length; '<' where the 95% intervals separate, '≈' (within noise) where they overlap."""
+    estimates = sorted(((v.ppl(length), name) for name, v in variants.items() if v.ppl(length)), key=lambda p: p[0].mean)
+    if not estimates:
+        return None
+    parts = [f"{estimates[0][1]} ({estimates[0][0].mean:.1f})"]
+    for (previous, _), (current, name) in zip(estimates, estimates[1:]):
+        parts.append(("< " if separated(previous, current) else "≈ ") + f"{name} ({current.mean:.1f})")
+    return f"Perplexity at {multiple:g}x, best to worst: " + " ".join(parts) + "."
+
+
+def verdict(estimate: Estimate | None, threshold: float, holds_above: bool) -> str:
+    """'reproduced' when the interval lies on the claim's side of the threshold, 'not reproduced' when it lies on
+    the other side, 'within noise' when it straddles it (or there is no interval)."""
+    if estimate is None:
+        return "not measured here"
+    if not estimate.has_interval:
+        return "undetermined (one seed: no interval)"
+    if estimate.low > threshold:
+        return "reproduced" if holds_above else "not reproduced"
+    if estimate.high <= threshold:
+        return "not reproduced" if holds_above else "reproduced"
+    return f"within noise (the interval straddles {threshold:g})"
+
+
+def penalty_statement(variant: Variant, length: int) -> str | None:
+    estimate = variant.penalty_estimate(length)
+    if estimate is None:
+        return None
+    if estimate.has_interval and estimate.low > 0:
+        meaning = "positions beyond L cost more than the longer context gives"
+    elif estimate.has_interval and estimate.high < 0:
+        meaning = "it gains from the longer context"
+    else:
+        meaning = "within noise of no change"
+    return f"{variant.label} {estimate.format(3, signed=True)} nats: {meaning}"
+
+
+def findings(variants: dict[str, Variant], lengths: list[int], trained: int, probe_offsets: list[int]) -> list[str]:
+    """Plain statements computed from the numbers; each ordering and claim only where the intervals allow."""
+    if not variants:
+        return ["No variant could be evaluated; see the status column above."]
+    first, longest = min(lengths), max(lengths)
+    lines = []
+    for length in sorted({first, longest}):
+        statement = order_statement(variants, length, length / trained)
+        if statement:
+            lines.append(f"- {statement}")
+    lines.append("  ('<': the 95% intervals over seeds separate; '≈': they overlap, so the order is within noise.)")
+    penalties = [penalty_statement(v, longest) for v in variants.values()]
+    penalties = [p for p in penalties if p]
+    if penalties:
+        lines.append(f"- Extrapolation penalty at {longest / trained:g}x (positions >= L against the L-window "
+                     "reference): " + "; ".join(penalties) + ".")
+    grouped = {"above": [], "below": [], "noise": []}
+    for variant in variants.values():
+        estimate = variant.penalty_estimate(longest)
+        if estimate is not None:
+            side = "above" if estimate.has_interval and estimate.low > 0 else (
+                "below" if estimate.has_interval and estimate.high < 0 else "noise")
+            grouped[side].append(variant.label)
+    lines.append(f"- Degrade beyond L at {longest / trained:g}x (penalty > 0): {', '.join(grouped['above']) or 'none'}; "
+                 f"gain from the longer context (penalty < 0): {', '.join(grouped['below']) or 'none'}; "
+                 f"within noise of 0: {', '.join(grouped['noise']) or 'none'}.")
+    lines += probe_findings(variants, probe_offsets, trained)
+    lines.append(f"- Against {PAPER} (the paper reports nonoverlapping perplexity, so these use the ratio to each "
+                 "model's own 1x perplexity, per seed, with a t interval):")
+    checks = [
+        ("sinusoidal", 2 * trained, 2.0, True, "sinusoidal perplexity more than doubles by 2x"),
+        ("t5", 4 * trained, 1.25, False, "T5 bias holds (within 25%) to 4x"),
+        ("alibi", longest, 1.10, False, f"ALiBi stays flat (within 10%) out to {longest / trained:g}x"),
+        ("rope", longest, 1.10, True, f"rotary degrades (more than 10%) by {longest / trained:g}x"),
+    ]
+    for name, length, threshold, above, claim in checks:
+        variant = variants.get(name)
+        estimate = variant.ratio(length, first) if variant and length in lengths else None
+        shown = f" ({name} at {length / trained:g}x = {estimate.format(2)}x its 1x perplexity)" if estimate else ""
+        lines.append(f"  - {claim}: {verdict(estimate, threshold, above)}{shown}.")
+    sinusoidal, rope = variants.get("sinusoidal"), variants.get("rope")
+    if sinusoidal and rope and sinusoidal.ppl(first) and rope.ppl(first):
+        ratio = sinusoidal.ppl(first).mean / rope.ppl(first).mean
+        lines.append(f"  - sinusoidal equals rotary at 1x (paper: 20.05 vs 20.07): here {sinusoidal.ppl(first).mean:.1f}"
+                     f" vs {rope.ppl(first).mean:.1f}, a ratio of {ratio:.3f} "
+                     f"({'within' if abs(ratio - 1) <= 0.10 else 'not within'} 10%; intervals "
+                     f"{'overlap' if not separated(sinusoidal.ppl(first), rope.ppl(first)) else 'separate'}).")
+    return lines
+
+
+def probe_findings(variants: dict[str, Variant], offsets: list[int], trained: int) -> list[str]:
+    if not offsets:
+        return []
+    invariant, moved = [], []
+    for variant in variants.values():
+        base = variant.probe_estimate(0)
+        if base is None:
+            continue
+        changes = [variant.probe_estimate(offset) for offset in offsets[1:]]
+        if any(change is None for change in changes):
+            moved.append(f"{variant.label} (no number past its table)")
+            continue
+        largest = max(abs(change.mean / base.mean - 1) for change in changes)
+        if largest < 1e-3:
+            invariant.append(variant.label)
+        else:
+            shown = ", ".join(f"+{offset // trained}L: {change.mean:.1f}" for offset, change in zip(offsets[1:], changes))
+            moved.append(f"{variant.label} ({base.mean:.1f} at offset 0; {shown})")
+    lines = [f"- Position-shift probe (the same L-token windows with positions offset by "
+             f"{', '.join(f'{o // trained}L' for o in offsets[1:])}): unchanged (< 0.1%) for "
+             f"{', '.join(invariant) or 'none'}, as a relative encoding must be"]
+    if moved:
+        lines[-1] += "; changed for " + "; ".join(moved)
+    lines[-1] += "."
+    return lines
+
+
+def plot_with_bands(variants: dict[str, Variant], lengths: list[int], value, path: Path, ylabel: str, title: str,
+                    log_y: bool, trained: int, zero_line: bool = False) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(8.5, 5.2))
+    for name, variant in variants.items():
+        points = [(length, value(variant, length)) for length in lengths]
+        points = [(length, estimate) for length, estimate in points if estimate is not None]
+        if not points:
+            continue
+        xs = [length for length, _ in points]
+        means = [estimate.mean for _, estimate in points]
+        style = METHOD_STYLES.get(variant.method, "--")
+        line, = axis.plot(xs, means, linestyle=style, marker="o", markersize=3, color=colour(variant.encoding),
+                          label=name, linewidth=1.3)
+        if all(estimate.has_interval for _, estimate in points):
+            axis.fill_between(xs, [e.low for _, e in points], [e.high for _, e in points], color=line.get_color(),
+                              alpha=0.15, linewidth=0)
+    axis.axvline(trained, color="grey", linestyle=":", linewidth=1)
+    if zero_line:
+        axis.axhline(0, color="black", linewidth=0.8)
+    axis.set_xscale("log", base=2)
+    if log_y:
+        axis.set_yscale("log")
+    axis.set_xlabel("evaluation length (tokens, log scale); dotted = trained length L")
+    axis.set_ylabel(ylabel)
+    axis.set_title(title, fontsize=10)
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def plot_position_penalty(variants: dict[str, Variant], longest: int, trained: int, path: Path) -> None:
+    """Penalty by position in the longest windows (window loss minus reference loss of the same tokens)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(8.5, 5.2))
+    bucket = max(1, longest // 64)
+    for name, variant in variants.items():
+        if not variant.curves:
+            continue
+        curves = np.stack([variant.curves[s] for s in sorted(variant.curves)])[:, : (longest // bucket) * bucket]
+        binned = curves.reshape(len(curves), -1, bucket).mean(axis=2)
+        xs = bucket * (np.arange(binned.shape[1]) + 0.5)
+        line, = axis.plot(xs, binned.mean(axis=0), linestyle=METHOD_STYLES.get(variant.method, "--"),
+                          color=colour(variant.encoding), label=name, linewidth=1.2)
+        if len(binned) > 1:
+            axis.fill_between(xs, binned.min(axis=0), binned.max(axis=0), color=line.get_color(), alpha=0.12,
+                              linewidth=0)
+    axis.axvline(trained, color="grey", linestyle=":", linewidth=1)
+    axis.axhline(0, color="black", linewidth=0.8)
+    axis.set_xlabel(f"position in a {longest}-token window; dotted = L (band: range over seeds)")
+    axis.set_ylabel("loss in the window minus L-window reference (nats)")
+    axis.set_title("Where a model breaks: per-position penalty at the longest length (< L: early-token curse)",
+                   fontsize=10)
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def plot_training_curves(training: dict[str, dict[int, dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(8.5, 5.2))
+    for encoding, by_seed in training.items():
+        curves = [summary["curve"] for summary in by_seed.values() if summary and summary.get("curve")]
+        if not curves:
+            continue
+        steps = [step for step, _ in curves[0]]
+        mean = [statistics.fmean(curve[i][1] for curve in curves if i < len(curve)) for i in range(len(steps))]
+        axis.plot(steps, mean, color=colour(encoding), label=f"{encoding} (train)", linewidth=1)
+        val = [summary["val_curve"] for summary in by_seed.values() if summary and summary.get("val_curve")]
+        if val:
+            val_steps = [step for step, _ in val[0]]
+            val_mean = [statistics.fmean(c[i][1] for c in val if i < len(c)) for i in range(len(val_steps))]
+            axis.plot(val_steps, val_mean, "o--", color=colour(encoding), markersize=3, linewidth=0.8)
+    axis.set_xlabel("step")
+    axis.set_ylabel("loss (nats/token), mean over seeds; dashed = validation")
+    axis.set_title("Training curves (same data, budget, seeds, shape)")
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def plot_snapshots(snapshots: dict, tokens_per_step: int, max_steps: int, path: Path, longest_multiple: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(8.5, 5.2))
+    for name, rows in snapshots.items():
+        encoding = name.split("+")[0]
+        xs = [fraction * max_steps * tokens_per_step / 1e6 for fraction, *_ in rows]
+        means = [penalty.mean for _, penalty, _, _ in rows]
+        errors = [[penalty.mean - (penalty.low if penalty.has_interval else penalty.mean) for _, penalty, _, _ in rows],
+                  [(penalty.high if penalty.has_interval else penalty.mean) - penalty.mean for _, penalty, _, _ in rows]]
+        axis.errorbar(xs, means, yerr=errors, marker="o", markersize=4, capsize=3, color=colour(encoding),
+                      label=name, linewidth=1.2)
+    axis.axhline(0, color="black", linewidth=0.8)
+    axis.set_xlabel("training tokens (millions)")
+    axis.set_ylabel(f"extrapolation penalty at {longest_multiple:g}x (nats, 95% bootstrap)")
+    axis.set_title("Extrapolation against training tokens (models kept during training)", fontsize=10)
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def estimate_dict(estimate: Estimate | None) -> dict | None:
+    return None if estimate is None else {"mean": estimate.mean, "low": estimate.low, "high": estimate.high,
+                                          "n": estimate.n}
+
+
+def write_outputs(out: Path, compare: Any, shared: dict, data_dir: Path, configs: dict, results: dict,
+                  command: str, wall_s: float, preset: str, workers: int, threads: int) -> None:
+    """results.json, table.md, the plots and report.md, from whatever finished (failed jobs are listed)."""
+    first_config = next(iter(configs.values()))
+    trained = first_config.model.max_seq_len
+    lengths = sorted({resolve_length(item, trained) for item in compare.lengths})
+    longest = max(lengths)
+    variants = collect(out, compare, lengths, trained)
+    probe_offsets = sorted({offset for v in variants.values() for offset in v.probe})
+    steps = first_config.train.keep_steps
+    max_steps = first_config.train.max_steps
+    snapshots = collect_snapshots(out, compare, steps, max_steps, lengths) if steps else {}
+    training = {encoding: {seed: training_summary(Path(configs[(encoding, seed)].out.dir)) for seed in compare.seeds}
+                for encoding in compare.encodings}
+    multiples = [length / trained for length in lengths]
+    ppl_lines = table(variants, lengths, [f"{m:g}x" for m in multiples], lambda v, n: cell(v.ppl(n)))
+    penalty_lengths = [n for n in lengths if n > trained]
+    penalty_lines = table(variants, penalty_lengths, [f"{n / trained:g}x" for n in penalty_lengths],
+                          lambda v, n: cell(v.penalty_estimate(n), 3, signed=True))
+    ratio_lines = table(variants, lengths, [f"{m:g}x" for m in multiples], lambda v, n: cell(v.ratio(n, lengths[0])))
+    probe_variants = {name: v for name, v in variants.items() if v.probe}
+    probe_lines = table(probe_variants, probe_offsets, [f"offset {o // trained}L" for o in probe_offsets],
+                        lambda v, o: cell(v.probe_estimate(o)))
+    seeds = len(compare.seeds)
+    interval_note = (f"Each cell: mean over {seeds} seed(s) [95% interval]. Perplexity and ratios: Student's t "
+                     "interval over seeds. Penalty: percentile bootstrap (2,000 resamples) over seeds and windows, "
+                     "resampled independently.")
+    tables = "\n".join([
+        "### Perplexity (nonoverlapping windows)", "", *ppl_lines, "",
+        "### Extrapolation penalty (nats): positions >= L, window loss minus L-window reference loss", "",
+        *penalty_lines, "",
+        "### Perplexity relative to the same variant at 1x (secondary)", "", *ratio_lines, "",
+        interval_note, ""])
+    (out / "table.md").write_text(tables)
+    if variants:
+        plot_with_bands(variants, lengths, lambda v, n: v.ppl(n), out / "plot.png", "perplexity (log scale)",
+                        "Perplexity vs evaluation length (mean over seeds, band: 95% t interval)", True, trained)
+        plot_with_bands(variants, penalty_lengths, lambda v, n: v.penalty_estimate(n), out / "penalty.png",
+                        "extrapolation penalty (nats)", "Penalty for positions >= L vs the L-window reference "
+                        "(band: 95% bootstrap over seeds and windows)", False, trained, zero_line=True)
+        plot_position_penalty(variants, longest, trained, out / "position_loss.png")
+    plot_training_curves(training, out / "train_curves.png")
+    tokens_per_step = first_config.train.batch_size * first_config.train.grad_accum * trained
+    if snapshots:
+        plot_snapshots(snapshots, tokens_per_step, max_steps, out / "snapshots.png", longest / trained)
+    report = report_markdown(compare, shared, data_dir, configs, results, training, variants, lengths, trained,
+                             tables, probe_lines, snapshots, tokens_per_step, max_steps, command, wall_s, preset,
+                             workers, threads)
+    (out / "report.md").write_text(report)
+    cells = []
+    for name, variant in variants.items():
+        for length in lengths:
+            cells.append({"label": name, "encoding": variant.encoding, "method": variant.method, "length": length,
+                          "multiple": length / trained,
+                          "ppl_per_seed": {str(s): math.exp(v) for s, v in variant.nll.get(length, {}).items()},
+                          "ppl": estimate_dict(variant.ppl(length)),
+                          "ratio": estimate_dict(variant.ratio(length, lengths[0])),
+                          "penalty": estimate_dict(variant.penalty_estimate(length)),
+                          "error": variant.errors.get(length)})
+    probes = [{"label": name, "offset": offset, "ppl": estimate_dict(v.probe_estimate(offset))}
+              for name, v in probe_variants.items() for offset in probe_offsets]
+    snapshot_rows = [{"label": encoding, "fraction": fraction, "penalty": estimate_dict(penalty),
+                      "ppl_1x": estimate_dict(short), "ppl_longest": estimate_dict(long)}
+                     for encoding, rows in snapshots.items() for fraction, penalty, short, long in rows]
+    (out / "results.json").write_text(json.dumps({
+        "settings": {"compare": {k: getattr(compare, k) for k in compare.__dataclass_fields__}, "shared": shared,
+                     "trained_length": trained, "lengths": lengths, "wall_s": wall_s, "workers": workers,
+                     "threads": threads},
+        "status": {name: result for name, result in results.items()},
+        "training": {e: {str(s): t for s, t in by_seed.items()} for e, by_seed in training.items()},
+        "cells": cells, "probe": probes, "snapshots": snapshot_rows}, indent=1) + "\n")
+
+
+def report_markdown(compare, shared, data_dir, configs, results, training, variants, lengths, trained, tables,
+                    probe_lines, snapshots, tokens_per_step, max_steps, command, wall_s, preset, workers,
+                    threads) -> str:
+    meta = read_meta(data_dir)
+    model, train = shared.get("model", {}), shared.get("train", {})
+    first_config = next(iter(configs.values()))
+    params = {e: Transformer(configs[(e, compare.seeds[0])].model).num_parameters() for e in compare.encodings}
+    longest = max(lengths)
+    methods = [m for m in compare.methods if m != NONE]
+    lines = [
+        f"# Position-encoding extrapolation ({preset} preset)", "",
+        f"Reproduce: `{command}` ({wall_s / 60:.1f} min wall on this machine for this invocation, {workers} worker "
+        f"process(es) x {threads} thread(s); re-running skips what is done).", "",
+        "## Setup", "",
+        f"- Data: `{compare.source}`: {meta['train_documents']} training documents ({meta['train_tokens']:,} tokens), "
+        f"{meta['val_documents']} held-out documents ({meta['val_tokens']:,} tokens; "
+        f"{meta.get('split', 'document hash')}) never trained on; byte-level BPE with {meta['vocab_size']} tokens."
+        + (f" Held out: {', '.join(meta['val_names'][:12])}." if meta.get("val_names") else ""),
+        f"- Every variant: {json.dumps(model)}; training {json.dumps(train)}; "
+        f"{first_config.train.max_steps * tokens_per_step:,} training tokens each; only `model.position` differs. "
+        f"Seeds {compare.seeds}: each seed sets the initialisation and the data order, shared by all encodings.",
+        f"- Evaluation: {compare.eval_tokens:,} held-out tokens requested per cell, in segments of "
+        f"{longest:,} tokens spread evenly over all held-out documents; every length "
+        f"({', '.join(compare.lengths)} of L = {trained}) scores the same tokens with nonoverlapping windows. "
+        f"The L-window reference scores them again with windows of L tokens advancing by "
+        f"{compare.reference_stride or max(1, trained // 8)} (context between 7/8 L and L, all positions < L). "
+        f"Inference-time methods: {', '.join(f'{m} ({METHODS[m].summary})' for m in methods) or 'none'}.",
+        "",
+        "| encoding | parameters | training tokens | wall time per run | tokens/s | val loss (step 0 -> end) | status |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
+    for encoding in compare.encodings:
+        summaries = [s for s in training[encoding].values() if s]
+        statuses = sorted({results.get(f"{encoding}-seed{seed}", {}).get("status", "not run") for seed in compare.seeds})
+        if summaries:
+            speed = [s["tok_per_s"] for s in summaries if s["tok_per_s"]]
+            val = t_interval([s["val_loss"] for s in summaries])
+            initial = statistics.fmean(s["initial_val_loss"] for s in summaries)
+            lines.append(f"| {encoding} | {params[encoding]:,} | {summaries[0]['tokens']:,} | "
+                         f"{statistics.fmean(s['wall_s'] for s in summaries):.0f} s | "
+                         f"{statistics.fmean(speed):,.0f} | {initial:.3f} -> {cell(val, 3)} | {'; '.join(statuses)} |")
+        else:
+            lines.append(f"| {encoding} | {params[encoding]:,} | | | | | {'; '.join(statuses)} |")
+    lines += ["", "## Results", "", tables, "![perplexity vs length](plot.png)", "",
+              "### The extrapolation penalty", "",
+              "Nonoverlapping windows of k*L mix three effects: (k-1)/k of their tokens lie beyond L, those tokens "
+              "also have more context, and the first tokens of every window have little (the early-token curse). "
+              "The penalty isolates the first two for tokens at positions >= L by comparing each with its own loss "
+              "under an L-token sliding window: > 0 means the model loses more from the unseen positions than it "
+              "gains from the extra context.", "", "![penalty vs length](penalty.png)", "",
+              "![penalty by position](position_loss.png)", ""]
+    if probe_lines and len(probe_lines) > 2:
+        lines += ["### Position-shift probe", "",
+                  "The L-token windows of the 1x cell, scored with all positions offset; the context is unchanged, so "
+                  "a relative encoding gives identical numbers and an absolute one shows how it treats positions it "
+                  "never saw (perplexity, mean [95% t interval] over seeds).", "", *probe_lines, ""]
+    if snapshots:
+        lines += ["### Extrapolation against training tokens", "",
+                  f"Models kept at fractions of the {max_steps}-step schedule (the learning rate was still high at "
+                  "the earlier ones), evaluated like the final ones.", "",
+                  "| variant | training tokens | ppl at 1x | ppl at longest | penalty at longest (nats) |",
+                  "|---|---:|---:|---:|---:|"]
+        for encoding, rows in snapshots.items():
+            for fraction, penalty, short, long in rows:
+                lines.append(f"| {encoding} | {fraction * max_steps * tokens_per_step:,.0f} ({fraction:g}) | "
+                             f"{cell(short)} | {cell(long)} | {cell(penalty, 3, signed=True)} |")
+        lines += ["", "![penalty against training tokens](snapshots.png)", ""]
+    lines += ["## Training curves", "", "![training curves](train_curves.png)", "", "## What this shows", ""]
+    lines += findings(variants, lengths, trained, sorted({o for v in variants.values() for o in v.probe}))
+    lines += ["", "The paper's setting differs (word-level WikiText-103, 247M parameters, L = 512); these are small "
+              "models trained for minutes, so sizes of effects do not transfer, and statements above hold only "
+              "within the stated intervals."]
+    return "\n".join(lines) + "\n"
