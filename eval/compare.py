@@ -40,7 +40,7 @@ from data.prepare import prepare
 from data.sources import SourceError
 from data.tokenizer import load_tokenizer
 from eval.compare_report import eval_path, run_dir, write_outputs
-from eval.extrapolation import CheckpointEvaluation, evaluate_checkpoint, make_plan, parse_lengths
+from eval.extrapolation import CheckpointEvaluation, evaluate_checkpoint, make_plan, parse_lengths, resolve_length
 from eval.methods import check_methods
 from model.checkpoint import WEIGHTS, has_checkpoint, load_model, load_trainer_state
 from model.config import ConfigError, build_dataclass, check_field_types
@@ -190,18 +190,25 @@ def train_variant(config: RunConfig) -> str:
     return "resumed" if resume else "trained"
 
 
+def extreme_lengths(items: list[str], trained: int) -> list[str]:
+    by_length = sorted(items, key=lambda item: resolve_length(item, trained))
+    return [by_length[0], by_length[-1]]
+
+
 def weights_digest(checkpoint: Path) -> str:
     return hashlib.sha256((checkpoint / WEIGHTS).read_bytes()).hexdigest()[:16]
 
 
-def evaluate_cached(checkpoint: Path, path: Path, compare: CompareConfig, methods: list[str], probe: bool) -> str:
+def evaluate_cached(checkpoint: Path, path: Path, compare: CompareConfig, methods: list[str], probe: bool,
+                    lengths: list[str] | None = None) -> str:
     """Evaluate `checkpoint` into `path` unless an evaluation of the same weights under the same plan is there."""
     meta = read_meta(Path(compare.out) / "data")
     ids = np.asarray(TokenFile(Path(compare.out) / "data" / "val.bin", meta["dtype"]).tokens)
     device = resolve_device("auto")
     model = load_model(checkpoint, device)
     trained = int(load_trainer_state(checkpoint)["trained_seq_len"])
-    plan = make_plan(len(ids), trained, compare.lengths, compare.eval_tokens, compare.reference_stride, probe)
+    plan = make_plan(len(ids), trained, lengths or compare.lengths, compare.eval_tokens, compare.reference_stride,
+                     probe, segment_lengths=compare.lengths)
     key = {**plan.key(), "weights": weights_digest(checkpoint), "methods": sorted(methods)}
     if path.exists():
         try:
@@ -238,10 +245,12 @@ def run_job(job: Job, log_path: Path | None = None) -> dict[str, Any]:
             notes = []
             for step in steps:
                 checkpoint = out if step is None else out / SNAPSHOTS / f"step-{step:06d}"
-                # Snapshots: the model as trained, and a learned table clamped (its only numbers beyond L).
+                # Snapshots: the model as trained, and a learned table clamped (its only numbers beyond L), at the
+                # shortest and longest lengths (what the snapshot table reports), on the same tokens.
                 methods = compare.methods if step is None else [m for m in compare.methods if m == "clamp"]
+                lengths = None if step is None else extreme_lengths(compare.lengths, config.model.max_seq_len)
                 notes.append(evaluate_cached(checkpoint, eval_path(compare.out, job.encoding, job.seed, step),
-                                             compare, methods, probe=step is None))
+                                             compare, methods, probe=step is None, lengths=lengths))
             result["eval"] = notes[0]
         except Exception as error:  # a failed variant is reported, not fatal to the others
             traceback.print_exc()

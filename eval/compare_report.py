@@ -26,7 +26,7 @@ from eval.methods import METHODS, NONE, applies, label
 from eval.stats import Estimate, crossed_bootstrap, separated, t_interval
 from model.checkpoint import has_checkpoint, load_trainer_state
 from model.transformer import Transformer
-from train.loop import METRICS
+from train.loop import METRICS, position_group_settings
 
 ENCODING_ORDER = ["none", "sinusoidal", "learned", "shaw", "t5", "alibi", "rope"]
 METHOD_STYLES = {NONE: "-", "linear": (0, (1, 1)), "ntk": (0, (3, 1, 1, 1)), "dynamic": "--", "yarn": "-.",
@@ -258,6 +258,21 @@ def findings(variants: dict[str, Variant], lengths: list[int], trained: int, pro
                      f"({'within' if abs(ratio - 1) <= 0.10 else 'not within'} 10%; intervals "
                      f"{'overlap' if not separated(sinusoidal.ppl(first), rope.ppl(first)) else 'separate'}).")
     return lines
+
+
+def snapshot_findings(snapshots: dict, budget: int, longest_multiple: float) -> list[str]:
+    """How each variant's penalty at the longest length moves from the first kept model to the final one."""
+    moves = []
+    for name, rows in snapshots.items():
+        if len(rows) < 2:
+            continue
+        (first_fraction, first, _, _), (_, last, _, _) = rows[0], rows[-1]
+        change = "within noise" if not separated(first, last) else ("rises" if last.mean > first.mean else "falls")
+        moves.append(f"{name} {first.mean:+.3f} -> {last.mean:+.3f} ({change})")
+    if not moves:
+        return []
+    return [f"- Penalty at {longest_multiple:g}x from the model kept at {rows[0][0]:g} of the {budget:,}-token budget "
+            "to the final one: " + "; ".join(moves) + "."]
 
 
 def probe_findings(variants: dict[str, Variant], offsets: list[int], trained: int) -> list[str]:
@@ -499,10 +514,14 @@ def report_markdown(compare, shared, data_dir, configs, results, training, varia
     params = {e: Transformer(configs[(e, compare.seeds[0])].model).num_parameters() for e in compare.encodings}
     longest = max(lengths)
     methods = [m for m in compare.methods if m != NONE]
+    train_minutes = sum(s["wall_s"] for by_seed in training.values() for s in by_seed.values() if s) / 60
+    eval_minutes = sum(CheckpointEvaluation.load(path).seconds for path in Path(compare.out, "evals").rglob("*.npz")
+                       if not path.name.endswith(".tmp.npz")) / 60
     lines = [
         f"# Position-encoding extrapolation ({preset} preset)", "",
-        f"Reproduce: `{command}` ({wall_s / 60:.1f} min wall on this machine for this invocation, {workers} worker "
-        f"process(es) x {threads} thread(s); re-running skips what is done).", "",
+        f"Reproduce: `{command}`. This invocation: {wall_s / 60:.1f} min wall on this machine, {workers} worker "
+        f"process(es) x {threads} thread(s). Process time summed over all jobs, whenever they ran: training "
+        f"{train_minutes:.1f} min, evaluation {eval_minutes:.1f} min. Re-running skips what is done.", "",
         "## Setup", "",
         f"- Data: `{compare.source}`: {meta['train_documents']} training documents ({meta['train_tokens']:,} tokens), "
         f"{meta['val_documents']} held-out documents ({meta['val_tokens']:,} tokens; "
@@ -518,21 +537,28 @@ def report_markdown(compare, shared, data_dir, configs, results, training, varia
         f"{compare.reference_stride or max(1, trained // 8)} (context between 7/8 L and L, all positions < L). "
         f"Inference-time methods: {', '.join(f'{m} ({METHODS[m].summary})' for m in methods) or 'none'}.",
         "",
-        "| encoding | parameters | training tokens | wall time per run | tokens/s | val loss (step 0 -> end) | status |",
-        "|---|---:|---:|---:|---:|---|---|",
+        "| encoding | parameters | position parameters: lr scale, weight decay | training tokens | wall time per run "
+        "| tokens/s | val loss (step 0 -> end) | status |",
+        "|---|---:|---|---:|---:|---:|---|---|",
     ]
     for encoding in compare.encodings:
         summaries = [s for s in training[encoding].values() if s]
         statuses = sorted({results.get(f"{encoding}-seed{seed}", {}).get("status", "not run") for seed in compare.seeds})
+        config = configs[(encoding, compare.seeds[0])]
+        model_ = Transformer(config.model)
+        optimiser = "none (no parameters)"
+        if any(True for _ in model_.position.parameters()):
+            settings = position_group_settings(model_, config)
+            optimiser = f"x{settings['lr_scale']:g}, {settings['weight_decay']:g}"
         if summaries:
             speed = [s["tok_per_s"] for s in summaries if s["tok_per_s"]]
             val = t_interval([s["val_loss"] for s in summaries])
             initial = statistics.fmean(s["initial_val_loss"] for s in summaries)
-            lines.append(f"| {encoding} | {params[encoding]:,} | {summaries[0]['tokens']:,} | "
+            lines.append(f"| {encoding} | {params[encoding]:,} | {optimiser} | {summaries[0]['tokens']:,} | "
                          f"{statistics.fmean(s['wall_s'] for s in summaries):.0f} s | "
                          f"{statistics.fmean(speed):,.0f} | {initial:.3f} -> {cell(val, 3)} | {'; '.join(statuses)} |")
         else:
-            lines.append(f"| {encoding} | {params[encoding]:,} | | | | | {'; '.join(statuses)} |")
+            lines.append(f"| {encoding} | {params[encoding]:,} | {optimiser} | | | | | {'; '.join(statuses)} |")
     lines += ["", "## Results", "", tables, "![perplexity vs length](plot.png)", "",
               "### The extrapolation penalty", "",
               "Nonoverlapping windows of k*L mix three effects: (k-1)/k of their tokens lie beyond L, those tokens "
@@ -559,6 +585,7 @@ def report_markdown(compare, shared, data_dir, configs, results, training, varia
         lines += ["", "![penalty against training tokens](snapshots.png)", ""]
     lines += ["## Training curves", "", "![training curves](train_curves.png)", "", "## What this shows", ""]
     lines += findings(variants, lengths, trained, sorted({o for v in variants.values() for o in v.probe}))
+    lines += snapshot_findings(snapshots, max_steps * tokens_per_step, longest / trained)
     lines += ["", "The paper's setting differs (word-level WikiText-103, 247M parameters, L = 512); these are small "
               "models trained for minutes, so sizes of effects do not transfer, and statements above hold only "
               "within the stated intervals."]

@@ -108,15 +108,18 @@ class EvalPlan:
 
 
 def make_plan(n_tokens: int, trained: int, length_items: list[str], tokens: int, reference_stride: int = 0,
-              probe: bool = True) -> EvalPlan:
+              probe: bool = True, segment_lengths: list[str] | None = None) -> EvalPlan:
+    """The plan for `length_items`; segments are laid out for `segment_lengths` (default the same), so a plan for a
+    subset of the lengths scores the same tokens as the plan for all of them."""
     lengths = tuple(sorted({resolve_length(item, trained) for item in length_items}))
-    longest = lengths[-1]
+    layout = sorted({resolve_length(item, trained) for item in segment_lengths or length_items})
+    longest = layout[-1]
     stride = reference_stride or default_reference_stride(trained)
     if trained % stride:
         raise ValueError(f"the reference stride ({stride}) must divide the trained length ({trained})")
     # Segments are whole multiples of every length (and of the reference stride), so every token is scored at
     # every length; for lengths without a small common multiple, those that do not divide it score a little less.
-    segment = math.lcm(stride, *lengths)
+    segment = math.lcm(stride, *layout)
     if segment > 4 * longest:
         segment = -(-longest // stride) * stride
     segments = choose_segments(n_tokens, segment, tokens, margin=trained)

@@ -8,6 +8,7 @@ import pytest
 import eval.compare as compare_module
 from eval.compare import main
 from eval.compare_report import Variant, findings, order_statement, verdict
+from eval.extrapolation import CheckpointEvaluation
 from eval.stats import Estimate
 from tests.conftest import ROOT
 
@@ -15,7 +16,7 @@ MICRO = ["--model.dim=32", "--model.n_layers=1", "--model.n_heads=2", "--model.n
          "--model.max_seq_len=16", "--train.max_steps=6", "--train.batch_size=4", "--train.eval_interval=3",
          "--train.eval_batches=1", "--train.log_interval=2", "--compare.vocab_size=300",
          "--compare.eval_tokens=512", '--compare.methods=["yarn", "dynamic", "clamp"]',
-         '--compare.lengths=["1x", "2x", "4x"]']
+         '--compare.lengths=["1x", "2x", "4x"]', "--compare.seeds=[1]"]
 ENCODINGS = ["none", "sinusoidal", "learned", "shaw", "t5", "alibi", "rope"]
 
 
@@ -54,6 +55,10 @@ def test_compare_end_to_end_with_seeds_snapshots_and_a_cached_rerun(small_text_f
     for name in ("plot.png", "penalty.png", "position_loss.png", "train_curves.png", "snapshots.png", "table.md"):
         assert (out / name).stat().st_size > 0
     assert (out / "runs" / "t5" / "seed2" / "snapshots" / "step-000003" / "model.safetensors").exists()
+    final = CheckpointEvaluation.load(out / "evals" / "t5" / "seed2.npz")
+    snapshot = CheckpointEvaluation.load(out / "evals" / "t5" / "seed2-step3.npz")
+    assert snapshot.plan["starts_sha"] == final.plan["starts_sha"]  # the same tokens
+    assert sorted(snapshot.losses) == ["none@16", "none@64"] and set(final.losses) > set(snapshot.losses)
     # Re-running trains nothing and reuses every evaluation; the numbers are the same.
     capsys.readouterr()
     assert main(args) == 0
@@ -91,7 +96,7 @@ def test_a_failed_variant_is_reported_and_the_others_go_on(small_text_file, tmp_
     out = tmp_path / "cmp"
     assert main(arguments(small_text_file, out, '--compare.encodings=["t5", "rope"]', "--compare.workers=1")) == 1
     results = json.loads((out / "results.json").read_text())
-    assert results["status"]["t5-seed1337"]["status"] == "failed: RuntimeError: simulated failure"
+    assert results["status"]["t5-seed1"]["status"] == "failed: RuntimeError: simulated failure"
     assert {cell["label"] for cell in results["cells"]} == {"rope", "rope+yarn", "rope+dynamic"}
     assert "failed: RuntimeError" in (out / "report.md").read_text()
 

@@ -176,3 +176,30 @@ def test_same_config_and_seed_give_the_same_checkpoint(prepared_data, tmp_path, 
                              "--model.dropout=0.1", "--train.seed=7")
     train(other_seed, prepared_data)
     assert (tmp_path / "third" / "model.safetensors").read_bytes() != (tmp_path / "first" / "model.safetensors").read_bytes()
+
+
+def test_position_parameters_get_their_own_optimizer_group(prepared_data, tmp_path):
+    """T5's bucket table: the encoding's measured defaults, overridable by train.position_*; others keep theirs."""
+    from train.loop import build_optimizer
+
+    config = make_config(prepared_data, tmp_path / "a", "--model.position=t5")
+    model = Transformer(config.model)
+    groups = build_optimizer(model, config, torch.device("cpu")).param_groups
+    assert [len(group["params"]) for group in groups] == [len([p for p in model.parameters() if p.dim() >= 2]) - 1,
+                                                         len([p for p in model.parameters() if p.dim() < 2]), 1]
+    assert groups[2]["params"][0] is model.position.relative_attention_bias.weight
+    assert (groups[2]["lr_scale"], groups[2]["weight_decay"]) == (10.0, 0.0)
+    config = make_config(prepared_data, tmp_path / "b", "--model.position=t5", "--train.position_lr_scale=2.0",
+                         "--train.position_weight_decay=0.05")
+    groups = build_optimizer(Transformer(config.model), config, torch.device("cpu")).param_groups
+    assert (groups[2]["lr_scale"], groups[2]["weight_decay"]) == (2.0, 0.05)
+    assert len(build_optimizer(Transformer(make_config(prepared_data, tmp_path / "c").model), config,
+                               torch.device("cpu")).param_groups) == 2  # rope has no position parameters
+    # The schedule reaches every group through its scale.
+    config = make_config(prepared_data, tmp_path / "d", "--model.position=t5", "--train.max_steps=2",
+                         "--train.warmup_steps=1")
+    train(config, prepared_data)
+    from model.checkpoint import load_training_state
+
+    saved = load_training_state(tmp_path / "d")["optimizer"]["param_groups"]
+    assert saved[2]["lr"] == pytest.approx(10 * saved[0]["lr"])

@@ -36,9 +36,11 @@ class TrainConfig:
     min_lr_ratio: float = 0.1  # cosine decay ends at lr * min_lr_ratio
     warmup_steps: int = 50
     weight_decay: float = 0.1  # on weight matrices; norms and the position encoding's own parameters have their own
-    # The position encoding's learned parameters (T5 buckets, Shaw vectors, a learned table): their own AdamW group.
-    position_lr_scale: float = 1.0  # their learning rate is train.lr times this (same warmup and decay)
-    position_weight_decay: float = 0.1
+    # The position encoding's learned parameters (T5 buckets, Shaw vectors, a learned table) have their own AdamW
+    # group: learning rate train.lr times position_lr_scale (same warmup and decay), and position_weight_decay.
+    # None: the encoding's own measured defaults (PositionEncoding.optimizer_defaults; see README).
+    position_lr_scale: float | None = None
+    position_weight_decay: float | None = None
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0  # 0 disables clipping
@@ -63,7 +65,8 @@ class TrainConfig:
                 raise ConfigError(f"train.{name} must be positive, got {getattr(self, name)}")
         if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError("train.lr must be positive and train.min_lr_ratio in [0, 1]")
-        if self.position_lr_scale <= 0 or self.position_weight_decay < 0 or self.weight_decay < 0:
+        if (self.position_lr_scale is not None and self.position_lr_scale <= 0) or self.weight_decay < 0 or (
+                self.position_weight_decay is not None and self.position_weight_decay < 0):
             raise ConfigError("train.position_lr_scale must be positive; train.weight_decay and "
                               "train.position_weight_decay must be >= 0")
         if self.warmup_steps < 0 or self.save_interval < 0 or self.grad_clip < 0:

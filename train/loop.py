@@ -69,6 +69,16 @@ def learning_rate(step: int, config: RunConfig) -> float:
     return train.lr * (train.min_lr_ratio + (1.0 - train.min_lr_ratio) * cosine)
 
 
+def position_group_settings(model: Transformer, config: RunConfig) -> dict[str, float]:
+    """The position parameters' learning-rate scale and weight decay: the config's, else the encoding's defaults."""
+    defaults = {"lr_scale": 1.0, "weight_decay": config.train.weight_decay, **model.position.optimizer_defaults}
+    if config.train.position_lr_scale is not None:
+        defaults["lr_scale"] = config.train.position_lr_scale
+    if config.train.position_weight_decay is not None:
+        defaults["weight_decay"] = config.train.position_weight_decay
+    return defaults
+
+
 def build_optimizer(model: Transformer, config: RunConfig, device: torch.device) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only; the position encoding's learned parameters in a group of their
     own (train.position_lr_scale, train.position_weight_decay); the fused kernel where this torch build has one."""
@@ -81,8 +91,7 @@ def build_optimizer(model: Transformer, config: RunConfig, device: torch.device)
         {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0, "lr_scale": 1.0},
     ]
     if position:
-        groups.append({"params": position, "weight_decay": train.position_weight_decay,
-                       "lr_scale": train.position_lr_scale})
+        groups.append({"params": position, **position_group_settings(model, config)})
     options: dict[str, Any] = {"lr": train.lr, "betas": (train.beta1, train.beta2)}
     try:
         return torch.optim.AdamW(groups, fused=device.type in ("cuda", "cpu", "mps"), **options)
@@ -226,6 +235,10 @@ class Trainer:
         self.steps_since_log = 0
         self.tokens_since_log = 0
         processes = f", {self.dist.world_size} processes (DDP)" if self.dist.enabled else ""
+        if any(p.requires_grad for p in self.model.position.parameters()):
+            settings = position_group_settings(self.model, config)
+            processes += (f", position parameters: lr x{settings['lr_scale']:g}, "
+                          f"weight decay {settings['weight_decay']:g}")
         self.say(
             f"model: {self.model.num_parameters():,} parameters, position={config.model.position}, "
             f"device={self.device.type}, autocast={self.amp or 'off (float32)'}, compile={train.compile}{processes}"
