@@ -197,17 +197,32 @@ def verdict(estimate: Estimate | None, threshold: float, holds_above: bool) -> s
     return f"within noise (the interval straddles {threshold:g})"
 
 
+# A penalty whose whole interval lies within +-FLAT nats (+-1% perplexity) is called flat: too small to matter, even
+# where the interval excludes zero.
+FLAT = 0.01
+
+
+def penalty_side(estimate: Estimate) -> str:
+    """'flat', 'above' (degrades beyond L), 'below' (gains from the longer context) or 'noise'."""
+    if estimate.has_interval and -FLAT < estimate.low and estimate.high < FLAT:
+        return "flat"
+    if estimate.has_interval and estimate.low > 0:
+        return "above"
+    if estimate.has_interval and estimate.high < 0:
+        return "below"
+    return "noise"
+
+
+MEANINGS = {"flat": f"flat (the interval lies within +-{FLAT} nats)",
+            "above": "positions beyond L cost more than the longer context gives",
+            "below": "it gains from the longer context", "noise": "within noise of no change"}
+
+
 def penalty_statement(variant: Variant, length: int) -> str | None:
     estimate = variant.penalty_estimate(length)
     if estimate is None:
         return None
-    if estimate.has_interval and estimate.low > 0:
-        meaning = "positions beyond L cost more than the longer context gives"
-    elif estimate.has_interval and estimate.high < 0:
-        meaning = "it gains from the longer context"
-    else:
-        meaning = "within noise of no change"
-    return f"{variant.label} {estimate.format(3, signed=True)} nats: {meaning}"
+    return f"{variant.label} {estimate.format(3, signed=True)} nats: {MEANINGS[penalty_side(estimate)]}"
 
 
 def findings(variants: dict[str, Variant], lengths: list[int], trained: int, probe_offsets: list[int]) -> list[str]:
@@ -226,16 +241,17 @@ def findings(variants: dict[str, Variant], lengths: list[int], trained: int, pro
     if penalties:
         lines.append(f"- Extrapolation penalty at {longest / trained:g}x (positions >= L against the L-window "
                      "reference): " + "; ".join(penalties) + ".")
-    grouped = {"above": [], "below": [], "noise": []}
+    grouped: dict[str, list[tuple[float, str]]] = {"above": [], "below": [], "flat": [], "noise": []}
     for variant in variants.values():
         estimate = variant.penalty_estimate(longest)
         if estimate is not None:
-            side = "above" if estimate.has_interval and estimate.low > 0 else (
-                "below" if estimate.has_interval and estimate.high < 0 else "noise")
-            grouped[side].append(variant.label)
-    lines.append(f"- Degrade beyond L at {longest / trained:g}x (penalty > 0): {', '.join(grouped['above']) or 'none'}; "
-                 f"gain from the longer context (penalty < 0): {', '.join(grouped['below']) or 'none'}; "
-                 f"within noise of 0: {', '.join(grouped['noise']) or 'none'}.")
+            grouped[penalty_side(estimate)].append((estimate.mean, f"{variant.label} ({estimate.mean:+.3f})"))
+    names = {side: ", ".join(name for _, name in sorted(items, reverse=side == "above")) or "none"
+             for side, items in grouped.items()}
+    lines.append(f"- At {longest / trained:g}x, largest penalty first. Degrade beyond L (interval above 0): "
+                 f"{names['above']}. Flat (interval within +-{FLAT} nats, i.e. +-1% perplexity): {names['flat']}. "
+                 f"Gain from the longer context (interval below 0): {names['below']}. "
+                 f"Within noise of 0: {names['noise']}.")
     lines += probe_findings(variants, probe_offsets, trained)
     lines.append(f"- Against {PAPER} (the paper reports nonoverlapping perplexity, so these use the ratio to each "
                  "model's own 1x perplexity, per seed, with a t interval):")
@@ -253,10 +269,16 @@ def findings(variants: dict[str, Variant], lengths: list[int], trained: int, pro
     sinusoidal, rope = variants.get("sinusoidal"), variants.get("rope")
     if sinusoidal and rope and sinusoidal.ppl(first) and rope.ppl(first):
         ratio = sinusoidal.ppl(first).mean / rope.ppl(first).mean
-        lines.append(f"  - sinusoidal equals rotary at 1x (paper: 20.05 vs 20.07): here {sinusoidal.ppl(first).mean:.1f}"
-                     f" vs {rope.ppl(first).mean:.1f}, a ratio of {ratio:.3f} "
-                     f"({'within' if abs(ratio - 1) <= 0.10 else 'not within'} 10%; intervals "
-                     f"{'overlap' if not separated(sinusoidal.ppl(first), rope.ppl(first)) else 'separate'}).")
+        line = (f"  - sinusoidal equals rotary at 1x (paper: 20.05 vs 20.07): here {sinusoidal.ppl(first).mean:.1f}"
+                f" vs {rope.ppl(first).mean:.1f}, a ratio of {ratio:.3f} "
+                f"({'within' if abs(ratio - 1) <= 0.10 else 'not within'} 10%; intervals "
+                f"{'overlap' if not separated(sinusoidal.ppl(first), rope.ppl(first)) else 'separate'})")
+        shifted = sinusoidal.probe_estimate(trained)
+        if shifted and sinusoidal.probe_estimate(0):
+            line += (f". The shift probe shows the sinusoidal model relies on absolute positions: the same windows "
+                     f"score {shifted.mean / sinusoidal.probe_estimate(0).mean - 1:+.0%} perplexity when only their "
+                     "positions move by L")
+        lines.append(line + ".")
     return lines
 
 

@@ -142,13 +142,13 @@ def test_verdicts_follow_the_interval_not_the_mean():
 
 def test_findings_name_the_penalty_side_and_the_paper_checks():
     rows = {}
-    for name, ppl, penalty in (("alibi", [10, 10.2, 9.8], [0.0, 0.01, -0.01]), ("rope", [10, 13, 11], [0.5, 0.6, 0.4])):
+    for name, ppl, penalty in (("alibi", [10, 10.2, 9.8], [0.0, 0.004, -0.004]), ("rope", [10, 13, 11], [0.5, 0.6, 0.4])):
         v = variant(name, {16: ppl, 64: [2 * p if name == "rope" else p for p in ppl]})
         v.penalty[64] = {seed: np.full(8, value) for seed, value in enumerate(penalty)}
         rows[name] = v
     text = "\n".join(findings(rows, [16, 64], 16, []))
-    assert "Degrade beyond L at 4x (penalty > 0): rope;" in text
-    assert "within noise of 0: alibi" in text
+    assert "Degrade beyond L (interval above 0): rope (+0.500)." in text
+    assert "Flat (interval within +-0.01 nats, i.e. +-1% perplexity): alibi (+0.000)." in text
     assert "ALiBi stays flat (within 10%) out to 4x: reproduced" in text
     assert "rotary degrades (more than 10%) by 4x: reproduced" in text
     assert "T5 bias holds (within 25%) to 4x: not measured here" in text

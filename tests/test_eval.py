@@ -150,3 +150,14 @@ def test_passkey_cli_and_training_data(tiny_checkpoints, tmp_path):
     for text in documents:
         key = parse_answer(text.split("The pass key is ", 1)[1])
         assert text.endswith(f"The pass key is {key}.")
+
+
+def test_dynamic_check_command(tiny_checkpoints, prepared_data, capsys):
+    from scripts.dynamic_check import main
+
+    assert main(["--checkpoint", tiny_checkpoints[0], "--data", str(prepared_data), "--multiples", "2",
+                 "--windows", "2"]) == 0
+    line = capsys.readouterr().out
+    assert line.startswith("2x, 2 windows, 32 tokens at positions >= L: plain") and "cached - exact" in line
+    assert main(["--checkpoint", tiny_checkpoints[1], "--data", str(prepared_data)]) == 2  # alibi: refused
+    assert "needs a RoPE checkpoint" in capsys.readouterr().err

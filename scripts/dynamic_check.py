@@ -1,0 +1,79 @@
+"""Dynamic NTK on a trained RoPE checkpoint: three ways to score the same held-out tokens beyond L.
+
+    python -m scripts.dynamic_check --checkpoint runs/compare_full/runs/rope/seed1 --data runs/compare_full/data
+
+  before  factor = k, one forward per k*L window (how eval.extrapolation scored "rope+dynamic" before)
+  cached  factor 1, token by token through the KV cache (eval.compare now, and cached generation)
+  exact   factor 1, a fresh full forward of every prefix: each token under the base of its own prefix length in
+          every layer (quadratic cost, so only a few windows)
+Prints the mean loss (nats) of the tokens at positions >= L under each, and plain RoPE for reference.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import numpy as np
+import torch
+
+from eval.data import load_eval_tokens
+from eval.extrapolation import trained_length
+from eval.methods import METHODS
+from eval.scoring import score_incremental, score_prefixes, score_windows
+from eval.segments import choose_segments, tiled_windows
+from data.tokenizer import load_tokenizer
+from model.checkpoint import CheckpointError, load_model
+from model.config import ConfigError
+
+
+def compare_dynamic(checkpoint: str, data: str, multiples: list[int], windows: int) -> list[dict]:
+    model = load_model(checkpoint)
+    if model.config.position != "rope":
+        raise ValueError(f"{checkpoint} uses position = {model.config.position!r}; dynamic NTK needs a RoPE checkpoint")
+    trained = trained_length(checkpoint, model.config.max_seq_len)
+    ids = load_eval_tokens(data, load_tokenizer(checkpoint))
+    own = model.config.to_dict()
+    rows = []
+    for multiple in multiples:
+        length = multiple * trained
+        batch = tiled_windows(ids, choose_segments(len(ids), length, windows * length, margin=trained), length)
+        METHODS["none"].setup(model, own, length, trained)
+        plain = score_windows(model, batch)[:, trained:]
+        model.reconfigure_position(rope_scaling={"rope_type": "dynamic", "factor": float(multiple)})
+        before = score_windows(model, batch)[:, trained:]
+        METHODS["dynamic"].setup(model, own, length, trained)
+        cached = score_incremental(model, batch, trained)[:, trained:]
+        exact = score_prefixes(model, batch, trained)[:, trained:]
+        rows.append({"multiple": multiple, "windows": len(batch), "tokens": int(cached.size),
+                     "plain": float(plain.mean()), "before": float(before.mean()), "cached": float(cached.mean()),
+                     "exact": float(exact.mean()), "cached_minus_exact": float((cached - exact).mean()),
+                     "mean_abs_difference": float(np.abs(cached - exact).mean())})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", required=True, help="a RoPE checkpoint folder")
+    parser.add_argument("--data", required=True, help="a prepared folder (its val.bin) or a raw source")
+    parser.add_argument("--multiples", default="2,4", help="lengths as multiples of L (default 2,4)")
+    parser.add_argument("--windows", type=int, default=4, help="windows per length (default 4; exact is quadratic)")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    try:
+        multiples = [int(item) for item in args.multiples.split(",") if item.strip()]
+        rows = compare_dynamic(args.checkpoint, args.data, multiples, args.windows)
+    except (CheckpointError, ConfigError, FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    for row in rows:
+        shown = ", ".join(f"{name} {row[name]:.4f} (ppl {math.exp(row[name]):.1f})"
+                          for name in ("plain", "before", "cached", "exact"))
+        print(f"{row['multiple']}x, {row['windows']} windows, {row['tokens']:,} tokens at positions >= L: {shown}; "
+              f"cached - exact {row['cached_minus_exact']:+.4f} nats (mean |.| {row['mean_abs_difference']:.4f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
