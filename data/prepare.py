@@ -75,15 +75,22 @@ def _encode_batch(batch: dict[str, list], tokenizer: Any, eos_id: int) -> dict[s
 def encode_documents(dataset: Any, tokenizer: Any, eos_id: int, num_proc: int, desc: str) -> Any:
     """A dataset with columns "ids" (each document's ids followed by eos) and "bytes", via datasets.map."""
     num_proc = max(1, min(num_proc, len(dataset)))
-    return dataset.map(
-        _encode_batch,
-        batched=True,
-        batch_size=16,
-        num_proc=num_proc if num_proc > 1 else None,
-        fn_kwargs={"tokenizer": tokenizer, "eos_id": eos_id},
-        remove_columns=dataset.column_names,
-        desc=desc,
-    )
+    environ = os.environ
+    try:
+        return dataset.map(
+            _encode_batch,
+            batched=True,
+            batch_size=16,
+            num_proc=num_proc if num_proc > 1 else None,
+            fn_kwargs={"tokenizer": tokenizer, "eos_id": eos_id},
+            remove_columns=dataset.column_names,
+            desc=desc,
+        )
+    finally:
+        # datasets' map with num_proc rebinds os.environ to a deep copy of itself (seen in datasets 5.2,
+        # arrow_dataset.py: `os.environ = prev_env`); code holding the real mapping (pytest's monkeypatch, a
+        # caller's saved reference) then edits a dict the process no longer reads. Put the real one back.
+        os.environ = environ
 
 
 def write_tokens(dataset: Any, tokenizer: Any, eos_id: int, path: Path, dtype: np.dtype, num_proc: int) -> dict:

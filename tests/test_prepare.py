@@ -145,3 +145,25 @@ def test_errors_replace_reads_undecodable_bytes_as_replacement_characters(suffix
     assert any("caf\ufffd au lait" in text for text in texts)
     assert prepare_main(["--source", str(path), "--out", str(tmp_path / "out"), "--vocab-size", "300",
                          "--errors", "replace", "--val-fraction", "0.5"]) == 0
+
+
+def test_tokenizing_in_several_processes_keeps_the_process_environment(tmp_path, monkeypatch):
+    """datasets' map(num_proc>1) rebinds os.environ to a copy; encode_documents restores the real mapping, so an
+    environment variable set and removed around it (here by monkeypatch) does not leak into later code."""
+    import os
+
+    import datasets
+
+    from data.prepare import encode_documents
+    from data.tokenizer import ENDOFTEXT, train_bpe
+
+    environ = os.environ
+    texts = [f"document {i} with some words in it" for i in range(8)]
+    tokenizer = train_bpe(iter(texts), 300)
+    eos = tokenizer.token_to_id(ENDOFTEXT)
+    monkeypatch.setenv("PELAB_TEST_MARKER", "set")
+    encoded = encode_documents(datasets.Dataset.from_dict({"text": texts}), tokenizer, eos, 2, "test")
+    assert len(encoded) == 8 and encoded[0]["ids"][-1] == eos
+    assert os.environ is environ and os.environ["PELAB_TEST_MARKER"] == "set"
+    monkeypatch.delenv("PELAB_TEST_MARKER")
+    assert "PELAB_TEST_MARKER" not in os.environ
