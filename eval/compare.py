@@ -21,6 +21,7 @@ import concurrent.futures
 import contextlib
 import copy
 import hashlib
+import json
 import multiprocessing
 import os
 import shlex
@@ -317,6 +318,17 @@ def run_jobs(jobs: list[Job], workers: int, out: Path) -> dict[str, dict]:
     return results
 
 
+def record_invocation(out: Path, command: str, wall_s: float, workers: int, threads: int, results: dict) -> None:
+    """Append this invocation to OUT/invocations.jsonl, so a report rebuilt from cache still gives the wall time
+    of the invocations that trained and evaluated."""
+    statuses = [str(r["status"]).split(" ")[0] for r in results.values()]
+    record = {"command": command, "wall_s": round(wall_s, 1), "workers": workers, "threads": threads,
+              "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "jobs": {status: statuses.count(status) for status in sorted(set(statuses))}}
+    with open(out / "invocations.jsonl", "a") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="Overrides: --compare.key=value, --model.key=value, --train.key=value")
@@ -343,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             for (encoding, seed), config in configs.items()]
     results = run_jobs(jobs, workers, out)
     wall = time.perf_counter() - started
+    record_invocation(out, command, wall, workers, threads, results)
     write_outputs(out, compare, shared, data_dir, configs, results, command, wall, preset, workers, threads)
     print(f"\nwrote {out / 'report.md'} ({wall / 60:.1f} min)")
     return 0 if all(not r["status"].startswith("failed") for r in results.values()) else 1

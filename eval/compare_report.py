@@ -454,6 +454,17 @@ def estimate_dict(estimate: Estimate | None) -> dict | None:
                                           "n": estimate.n}
 
 
+def wall_time_line(out: Path, wall_s: float) -> str:
+    """This invocation's wall time, and the total over every invocation recorded in OUT/invocations.jsonl."""
+    path = Path(out) / "invocations.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    line = f"This invocation: {wall_s / 60:.1f} min wall on this machine"
+    if len(records) > 1:
+        line += (f"; all {len(records)} invocations on record (OUT/invocations.jsonl), whatever each trained or "
+                 f"reused: {sum(r['wall_s'] for r in records) / 60:.1f} min wall")
+    return line
+
+
 def write_outputs(out: Path, compare: Any, shared: dict, data_dir: Path, configs: dict, results: dict,
                   command: str, wall_s: float, preset: str, workers: int, threads: int) -> None:
     """results.json, table.md, the plots and report.md, from whatever finished (failed jobs are listed)."""
@@ -541,7 +552,7 @@ def report_markdown(compare, shared, data_dir, configs, results, training, varia
                        if not path.name.endswith(".tmp.npz")) / 60
     lines = [
         f"# Position-encoding extrapolation ({preset} preset)", "",
-        f"Reproduce: `{command}`. This invocation: {wall_s / 60:.1f} min wall on this machine, {workers} worker "
+        f"Reproduce: `{command}`. {wall_time_line(Path(compare.out), wall_s)}, {workers} worker "
         f"process(es) x {threads} thread(s). Process time summed over all jobs, whenever they ran: training "
         f"{train_minutes:.1f} min, evaluation {eval_minutes:.1f} min. Re-running skips what is done.", "",
         "## Setup", "",

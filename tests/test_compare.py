@@ -66,6 +66,9 @@ def test_compare_end_to_end_with_seeds_snapshots_and_a_cached_rerun(small_text_f
     assert {r["status"] for r in again["status"].values()} == {"skipped (already trained)"}
     assert {r["eval"] for r in again["status"].values()} == {"cached"}
     assert again["cells"] == results["cells"]
+    invocations = [json.loads(line) for line in (out / "invocations.jsonl").read_text().splitlines()]
+    assert [r["jobs"] for r in invocations] == [{"trained": 2 * len(ENCODINGS)}, {"skipped": 2 * len(ENCODINGS)}]
+    assert "all 2 invocations on record" in (out / "report.md").read_text()
 
 
 def test_results_do_not_depend_on_the_number_of_workers(small_text_file, tmp_path):
