@@ -2,7 +2,11 @@
 
 Saving is atomic as a whole: files are written to OUT/.staging, the folder is renamed to OUT/.ready (the
 commit point), then each file is moved into OUT and .ready is removed. A crash before the commit leaves the
-previous checkpoint untouched; a crash after it is rolled forward by the next save or load.
+previous checkpoint untouched; a crash after it is rolled forward by the next save (only a writer changes the
+folder: `recover`, called by the trainer before it resumes, and every save).
+Reading never modifies the folder. A read sees one save's files: while a save is committed but not yet moved
+into place, the new files are read from .ready (and OUT for those already moved); a read during which the
+folder changed is retried. So any number of readers can load a run that is saving.
 Loading never unpickles code: weights come from safetensors, state from JSON or torch.load(weights_only=True).
 """
 from __future__ import annotations
@@ -10,8 +14,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
+import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import torch
 from safetensors import SafetensorError
@@ -26,6 +32,7 @@ TRAINER_STATE = "trainer_state.json"
 TRAINING_STATE = "training_state.pt"  # optimizer state and RNG states
 STAGING = ".staging"
 READY = ".ready"
+T = TypeVar("T")
 
 
 class CheckpointError(ValueError):
@@ -35,6 +42,11 @@ class CheckpointError(ValueError):
 def _fsync_file(path: Path) -> None:
     with open(path, "rb") as handle:
         os.fsync(handle.fileno())
+
+
+def recover(folder: str | Path) -> None:
+    """For the writer of `folder` only: finish its save that reached the commit point, drop one that did not."""
+    _roll_forward(Path(folder))
 
 
 def _roll_forward(folder: Path) -> None:
@@ -67,6 +79,55 @@ def write_atomically(folder: str | Path, writers: dict[str, Callable[[Path], Non
         _fsync_file(path)
     os.replace(staging, folder / READY)
     _roll_forward(folder)
+
+
+def _folder_state(folder: Path) -> tuple:
+    """What a save changes, as seen by a reader: the committed files and their identities (.staging excluded)."""
+    entries = []
+    for where in (folder, folder / READY):
+        try:
+            with os.scandir(where) as scan:
+                for entry in scan:
+                    if entry.name != STAGING:
+                        stat = entry.stat(follow_symlinks=False)
+                        entries.append((where.name, entry.name, stat.st_ino, stat.st_mtime_ns, stat.st_size))
+        except FileNotFoundError:
+            continue
+    return tuple(sorted(entries))
+
+
+def read_consistently(folder: str | Path, read: Callable[[Path], T], attempts: int = 50) -> T:
+    """read(path) on one save's files of `folder`, without modifying it.
+
+    With no committed save in progress, path is the folder. While one is (OUT/.ready exists), path is a temporary
+    folder of links that takes each file from .ready if it is still there, else from OUT: the committed save as
+    a whole. If the folder changed while reading (a save committed or moved files), the read is repeated.
+    """
+    folder = Path(folder)
+    error: Exception | None = None
+    for attempt in range(attempts):
+        before = _folder_state(folder)
+        try:
+            if (folder / READY).is_dir():
+                with tempfile.TemporaryDirectory(prefix=".pelab-read-") as view:
+                    for path in [*folder.iterdir(), *(folder / READY).iterdir()]:
+                        if path.name not in (READY, STAGING):
+                            link = Path(view) / path.name
+                            link.unlink(missing_ok=True)
+                            link.symlink_to(path.resolve())
+                    result = read(Path(view))
+            else:
+                result = read(folder)
+        except (OSError, CheckpointError, SafetensorError, ValueError) as caught:
+            if _folder_state(folder) == before:
+                raise
+            error = caught
+        else:
+            if _folder_state(folder) == before:
+                return result
+        time.sleep(min(0.001 * 2 ** attempt, 0.05))
+    raise CheckpointError(f"{folder}: it kept changing while being read ({attempts} attempts; last error: {error}); "
+                          "is something saving to it in a tight loop?")
 
 
 def model_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
@@ -102,13 +163,13 @@ def has_checkpoint(folder: str | Path) -> bool:
     return (folder / WEIGHTS).exists() or (folder / READY).is_dir()
 
 
-def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+def _read_weights(folder: Path, shown: Path) -> dict[str, torch.Tensor]:
     if not (folder / WEIGHTS).exists():
-        raise CheckpointError(f"{folder}: missing {WEIGHTS}; this is not a complete checkpoint folder")
+        raise CheckpointError(f"{shown}: missing {WEIGHTS}; this is not a complete checkpoint folder")
     try:
         return load_file(str(folder / WEIGHTS))
     except (SafetensorError, OSError) as error:
-        raise CheckpointError(f"{folder / WEIGHTS}: unreadable or truncated safetensors file ({error})") from error
+        raise CheckpointError(f"{shown / WEIGHTS}: unreadable or truncated safetensors file ({error})") from error
 
 
 def load_state_into(model: Transformer, state: dict[str, torch.Tensor], source: str, config_source: str) -> Transformer:
@@ -132,35 +193,53 @@ def load_state_into(model: Transformer, state: dict[str, torch.Tensor], source: 
 
 def load_weights_into(model: Transformer, folder: str | Path, config_source: str = "the model config") -> Transformer:
     """Load folder/model.safetensors into `model`, checking every name and shape against its config."""
-    folder = Path(folder)
-    return load_state_into(model, _read_weights(folder), f"{folder / WEIGHTS}", config_source)
+    folder = _existing(folder)
+    state = read_consistently(folder, lambda path: _read_weights(path, folder))
+    return load_state_into(model, state, f"{folder / WEIGHTS}", config_source)
 
 
-def load_config(folder: str | Path) -> ModelConfig:
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise CheckpointError(f"{folder}: no such checkpoint folder")
-    _roll_forward(folder)
+def _read_config(folder: Path, shown: Path) -> ModelConfig:
     if not (folder / CONFIG).exists():
-        raise CheckpointError(f"{folder}: missing {CONFIG}; this is not a complete checkpoint folder")
+        raise CheckpointError(f"{shown}: missing {CONFIG}; this is not a complete checkpoint folder")
     return ModelConfig.load(folder / CONFIG)
 
 
+def _existing(folder: str | Path) -> Path:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: no such checkpoint folder")
+    return folder
+
+
+def load_config(folder: str | Path) -> ModelConfig:
+    folder = _existing(folder)
+    return read_consistently(folder, lambda path: _read_config(path, folder))
+
+
 def load_model(folder: str | Path, device: str | torch.device = "cpu") -> Transformer:
-    """Build the model from config.json and load model.safetensors, checking that the two agree."""
-    config = load_config(folder)
-    return load_weights_into(Transformer(config), folder, CONFIG).to(device)
+    """Build the model from config.json and load model.safetensors (read together, from one save), checking that
+    the two agree."""
+    folder = _existing(folder)
+
+    config, state = read_consistently(folder, lambda path: (_read_config(path, folder), _read_weights(path, folder)))
+    return load_state_into(Transformer(config), state, f"{folder / WEIGHTS}", CONFIG).to(device)
 
 
 def load_trainer_state(folder: str | Path) -> dict:
-    path = Path(folder) / TRAINER_STATE
-    if not path.exists():
-        raise CheckpointError(f"{path} not found: this checkpoint holds no training state to resume from")
-    return json.loads(path.read_text())
+    def read(path: Path) -> dict:
+        if not (path / TRAINER_STATE).exists():
+            raise CheckpointError(f"{Path(folder) / TRAINER_STATE} not found: this checkpoint holds no training "
+                                  "state to resume from")
+        return json.loads((path / TRAINER_STATE).read_text())
+
+    return read_consistently(folder, read)
 
 
 def load_training_state(folder: str | Path) -> dict:
-    path = Path(folder) / TRAINING_STATE
-    if not path.exists():
-        raise CheckpointError(f"{path} not found: this checkpoint holds no optimizer state to resume from")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    def read(path: Path) -> dict:
+        if not (path / TRAINING_STATE).exists():
+            raise CheckpointError(f"{Path(folder) / TRAINING_STATE} not found: this checkpoint holds no optimizer "
+                                  "state to resume from")
+        return torch.load(path / TRAINING_STATE, map_location="cpu", weights_only=True)
+
+    return read_consistently(folder, read)

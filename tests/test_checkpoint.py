@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from model import Transformer
-from model.checkpoint import READY, STAGING, CheckpointError, load_model, save_checkpoint, write_atomically
+from model.checkpoint import READY, STAGING, CheckpointError, load_model, recover, save_checkpoint, write_atomically
 from tests.conftest import micro_config
 
 
@@ -36,21 +36,30 @@ def test_interrupted_save_keeps_previous_checkpoint(tmp_path):
     with pytest.raises(RuntimeError):
         write_atomically(tmp_path, {"model.safetensors": crash})
     assert (tmp_path / "model.safetensors").read_bytes() == before
-    load_model(tmp_path)  # cleans up the staging folder and loads the old checkpoint
+    load_model(tmp_path)  # loads the old checkpoint and leaves the folder as it is
+    assert (tmp_path / STAGING).exists()
+    save_checkpoint(tmp_path, model)  # the next save (the writer) drops the unfinished one
     assert not (tmp_path / STAGING).exists()
 
 
-def test_committed_save_is_rolled_forward(tmp_path):
-    """A save killed after its commit point (staging renamed to .ready) is completed by the next load."""
-    old, new = Transformer(micro_config()), Transformer(micro_config(init_std=0.05))
+def test_committed_save_is_read_whole_and_rolled_forward_only_by_the_writer(tmp_path):
+    """A save killed after its commit point (staging renamed to .ready, one file already moved): readers see the
+    new save as a whole and change nothing; recover (the trainer before it resumes) completes it."""
+    old = Transformer(micro_config())
+    new = Transformer(micro_config(init_std=0.05, rope_theta=5000.0))
     save_checkpoint(tmp_path, old)
     save_checkpoint(tmp_path / "other", new)
     (tmp_path / READY).mkdir()
     (tmp_path / "other" / "model.safetensors").rename(tmp_path / READY / "model.safetensors")
-    (tmp_path / "other" / "config.json").rename(tmp_path / READY / "config.json")
+    (tmp_path / "other" / "config.json").replace(tmp_path / "config.json")  # moved before the crash
+    listing = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     loaded = load_model(tmp_path)
+    assert loaded.config.rope_theta == 5000.0
     assert torch.equal(loaded.layers[0].attention.q_proj.weight, new.layers[0].attention.q_proj.weight)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == listing
+    recover(tmp_path)
     assert not (tmp_path / READY).exists()
+    assert torch.equal(load_model(tmp_path).layers[0].attention.q_proj.weight, new.layers[0].attention.q_proj.weight)
 
 
 def test_broken_folders_give_clear_errors(tmp_path):

@@ -23,6 +23,7 @@ from model.checkpoint import (
     TRAINING_STATE,
     WEIGHTS,
     has_checkpoint,
+    recover,
     load_model,
     load_trainer_state,
     load_training_state,
@@ -120,6 +121,7 @@ def check_out_dir(config: RunConfig, resume: bool) -> Path:
     """Refuse to write over a different run unless asked; on resume, require a compatible one."""
     out = Path(config.out.dir)
     if resume:
+        recover(out)  # this run is the folder's writer: finish (or drop) its own interrupted save
         if not has_checkpoint(out):
             raise ConfigError(f"--resume: {out} holds no checkpoint to resume from")
         saved = load_trainer_state(out).get("run_config", {}).get("model")
