@@ -9,9 +9,12 @@ DATA ?= runs/data/stdlib
 
 .PHONY: install demo test test-slow clean
 
-.installed: pyproject.toml
+# pelab itself is not installed: every command runs from the repository root. An editable install left by an
+# older checkout (which mapped model/, data/, ... as top-level packages) is removed.
+.installed: requirements.txt
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install $(TORCH_INDEX) "$(TORCH_SPEC)"
-	$(PYTHON) -m pip install -e ".[dev]"
+	$(PYTHON) -m pip install -r requirements.txt
+	-$(PYTHON) -m pip uninstall -y -q pelab 2>/dev/null
 	touch .installed
 
 install: .installed
@@ -24,6 +27,7 @@ demo: install
 	$(PYTHON) -m scripts.generate --checkpoint $(RUN) --prompt "def " --max-new-tokens 200 --temperature 0.8 --top-k 50 --seed 0
 
 test: install
+	$(PYTHON) -m ruff check .
 	$(PYTHON) -m pytest -q
 
 test-slow: install

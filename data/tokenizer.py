@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Iterator
 
+import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
@@ -65,12 +66,10 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
     return wrap_tokenizer(Tokenizer.from_file(str(file)))
 
 
-def token_byte_lengths(tokenizer: PreTrainedTokenizerFast) -> "np.ndarray":
+def token_byte_lengths(tokenizer: PreTrainedTokenizerFast) -> np.ndarray:
     """UTF-8 bytes of text that each token id stands for (0 for special tokens), for bits-per-byte.
 
     In a byte-level BPE every character of a token's string stands for exactly one byte."""
-    import numpy as np
-
     lengths = np.zeros(len(tokenizer), dtype=np.int64)
     special = set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)
     for token, token_id in tokenizer.get_vocab().items():

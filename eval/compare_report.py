@@ -288,7 +288,7 @@ def snapshot_findings(snapshots: dict, budget: int, longest_multiple: float) -> 
     for name, rows in snapshots.items():
         if len(rows) < 2:
             continue
-        (first_fraction, first, _, _), (_, last, _, _) = rows[0], rows[-1]
+        (_, first, _, _), (_, last, _, _) = rows[0], rows[-1]
         change = "within noise" if not separated(first, last) else ("rises" if last.mean > first.mean else "falls")
         moves.append(f"{name} {first.mean:+.3f} -> {last.mean:+.3f} ({change})")
     if not moves:

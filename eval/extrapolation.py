@@ -47,7 +47,6 @@ from eval.segments import (
     reference_windows,
     tiled_layout,
     tiled_windows,
-    window_positions,
 )
 from eval.stats import crossed_bootstrap
 from model.checkpoint import CheckpointError, load_model, load_trainer_state

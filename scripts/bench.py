@@ -22,7 +22,6 @@ import contextlib
 import copy
 import io
 import json
-import math
 import resource
 import statistics
 import subprocess

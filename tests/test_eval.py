@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from data.tokenizer import load_tokenizer, token_byte_lengths
+from data.tokenizer import load_tokenizer
 from eval.extrapolation import parse_lengths
 from eval.passkey import FILLER, INTRO, KEY_LINE, QUESTION, build_prompt, fit_prompt, parse_answer
 from eval.perplexity import evaluate_stream, window_plan

@@ -1,5 +1,4 @@
 """Every position encoding: trains, decodes with the KV cache, batches, and keeps its promises."""
-import math
 
 import pytest
 import torch

@@ -9,7 +9,7 @@ from data.tokenizer import load_tokenizer
 from model import Transformer
 from model.checkpoint import load_model, load_trainer_state
 from model.config import ConfigError
-from tests.conftest import ROOT, micro_config
+from tests.conftest import micro_config
 from tests.test_generate import run
 from tests.test_train import make_config
 from train.loop import NonFiniteLoss, run_training

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from data.sft import (ConversationError, SFTExample, build_sft_data, check_conversation, encode_conversation,
+from data.sft import (ConversationError, check_conversation, encode_conversation,
                       pad_batch, stdlib_conversations)
 from data.tokenizer import load_tokenizer
 from model import IGNORE_INDEX, Transformer

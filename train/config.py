@@ -78,7 +78,7 @@ class TrainConfig:
         if self.dtype not in ("auto", "bfloat16", "float32"):
             raise ConfigError(f"train.dtype must be auto, bfloat16 or float32, got {self.dtype!r}")
         if self.nonfinite not in ("skip", "stop") or self.max_nonfinite_skips < 0:
-            raise ConfigError(f"train.nonfinite must be 'skip' or 'stop' and train.max_nonfinite_skips >= 0")
+            raise ConfigError("train.nonfinite must be 'skip' or 'stop' and train.max_nonfinite_skips >= 0")
         if self.device not in ("auto", "cpu", "cuda", "mps"):
             raise ConfigError(f"train.device must be auto, cpu, cuda or mps, got {self.device!r}")
 
