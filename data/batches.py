@@ -8,6 +8,8 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from errors import DataError
+
 
 class TokenFile:
     """A memory-mapped train.bin / val.bin written by data.prepare."""
@@ -15,9 +17,9 @@ class TokenFile:
     def __init__(self, path: str | Path, dtype: str = "uint16") -> None:
         self.path = Path(path)
         if not self.path.exists():
-            raise FileNotFoundError(f"{self.path} not found; create it with `python -m data.prepare --out {self.path.parent}`")
+            raise DataError(f"{self.path} not found; create it with `python -m data.prepare --out {self.path.parent}`")
         if self.path.stat().st_size == 0:
-            raise ValueError(f"{self.path} is empty; re-run data.prepare on a source with text")
+            raise DataError(f"{self.path} is empty; re-run data.prepare on a source with text")
         self.tokens = np.memmap(self.path, dtype=np.dtype(dtype), mode="r")
 
     def __len__(self) -> int:
@@ -33,7 +35,7 @@ class TokenFile:
 def read_meta(data_dir: str | Path) -> dict:
     path = Path(data_dir) / "meta.json"
     if not path.exists():
-        raise FileNotFoundError(
+        raise DataError(
             f"{path} not found: {data_dir} is not a prepared data folder; "
             f"create it with `python -m data.prepare --source stdlib --out {data_dir}`"
         )
@@ -50,7 +52,7 @@ class PretrainBatches:
         self.val = TokenFile(Path(data_dir) / "val.bin", meta["dtype"])
         for split in (self.train, self.val):
             if len(split) <= seq_len + 1:
-                raise ValueError(f"{split.path} holds {len(split)} tokens, fewer than one window of {seq_len + 1}")
+                raise DataError(f"{split.path} holds {len(split)} tokens, fewer than one window of {seq_len + 1}")
         self.seq_len = seq_len
         self.batch_size = batch_size
         self.seed = seed

@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from data.sources import ENCODING_ERRORS, HUB_SOURCES, SourceError, TextSource, load_source
+from data.sources import ENCODING_ERRORS, HUB_SOURCES, TextSource, load_source
 from data.tokenizer import ENDOFTEXT, batched, load_tokenizer, train_bpe, wrap_tokenizer
+from errors import ConfigError, cli_command
 
 HASH_BUCKETS = 1_000_000
 DEFAULT_VAL_FRACTION = 0.05
@@ -116,7 +117,7 @@ def prepare(
     max_documents: int | None = None,
 ) -> dict:
     if not 0 < val_fraction < 1:
-        raise ValueError(f"--val-fraction must be between 0 and 1, got {val_fraction}")
+        raise ConfigError(f"--val-fraction must be between 0 and 1, got {val_fraction}")
     source = load_source(source_name, errors, max_documents)
     train_docs, val_docs = split_documents(source, val_fraction)
     print(f"{source_name}: {len(source.dataset)} documents -> {len(train_docs)} train, {len(val_docs)} val")
@@ -161,6 +162,7 @@ def prepare(
     return meta
 
 
+@cli_command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--source", default="stdlib",
@@ -179,12 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                              "replace reads them as U+FFFD")
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        meta = prepare(args.source, args.out, args.vocab_size, args.tokenizer, args.val_fraction, args.num_proc,
-                       args.errors, args.max_documents)
-    except (SourceError, ValueError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    meta = prepare(args.source, args.out, args.vocab_size, args.tokenizer, args.val_fraction, args.num_proc,
+                   args.errors, args.max_documents)
     print(
         f"wrote {args.out}: {meta['train_tokens']:,} train tokens, {meta['val_tokens']:,} val tokens, "
         f"vocab {meta['vocab_size']}, {meta['dtype']}"

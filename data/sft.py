@@ -24,15 +24,12 @@ import datasets
 import numpy as np
 import torch
 
-from data.sources import SourceError, _hub_is_reachable, check_utf8, stdlib_files
+from data.sources import _hub_is_reachable, check_utf8, stdlib_files
 from data.tokenizer import IM_END
+from errors import ConversationError, SourceError
 from model.transformer import IGNORE_INDEX
 
 ROLES = ("system", "user", "assistant")
-
-
-class ConversationError(ValueError):
-    """A conversation record that does not follow the expected format."""
 
 
 def check_conversation(record: Any, where: str) -> list[dict[str, str]]:

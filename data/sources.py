@@ -17,14 +17,16 @@ from __future__ import annotations
 import itertools
 import os
 import socket
-import tempfile
 import sys
 import sysconfig
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import datasets
+
+from errors import SourceError
 
 DOCUMENT_SEPARATOR = "<|endoftext|>"
 LOCAL_EXTENSIONS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -32,10 +34,6 @@ STDLIB_SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-package
 
 
 ENCODING_ERRORS = ("strict", "replace")
-
-
-class SourceError(ValueError):
-    """A source name or path that cannot be read; the message says what to do."""
 
 
 def check_utf8(path: Path, chunk_size: int = 1 << 20) -> None:

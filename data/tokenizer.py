@@ -8,6 +8,8 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from errors import ConfigError, DataError
+
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -27,7 +29,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int = 4096, min_frequency: int =
     """Train a byte-level BPE on `texts`. The vocabulary holds the 256 bytes, the special tokens and merges."""
     minimum = 256 + len(SPECIAL_TOKENS)
     if vocab_size <= minimum:
-        raise ValueError(f"vocab_size must be larger than {minimum} (256 bytes + special tokens), got {vocab_size}")
+        raise ConfigError(f"vocab_size must be larger than {minimum} (256 bytes + special tokens), got {vocab_size}")
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -62,7 +64,7 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
         return PreTrainedTokenizerFast.from_pretrained(str(path))
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.exists():
-        raise FileNotFoundError(f"no tokenizer at {path}: expected tokenizer.json (from data.prepare)")
+        raise DataError(f"no tokenizer at {path}: expected tokenizer.json (from data.prepare)")
     return wrap_tokenizer(Tokenizer.from_file(str(file)))
 
 

@@ -38,13 +38,13 @@ import torch
 
 from data.batches import PretrainBatches, TokenFile, read_meta
 from data.prepare import prepare
-from data.sources import SourceError
 from data.tokenizer import load_tokenizer
+from errors import ConfigError, cli_command
 from eval.compare_report import eval_path, run_dir, write_outputs
 from eval.extrapolation import CheckpointEvaluation, evaluate_checkpoint, make_plan, parse_lengths, resolve_length
 from eval.methods import check_methods
 from model.checkpoint import WEIGHTS, has_checkpoint, load_model, load_trainer_state
-from model.config import ConfigError, build_dataclass, check_field_types
+from model.config import build_dataclass, check_field_types
 from model.position import POSITION_ENCODINGS
 from model.runtime import autocast_dtype, resolve_device
 from model.transformer import Transformer
@@ -329,6 +329,7 @@ def record_invocation(out: Path, command: str, wall_s: float, workers: int, thre
         handle.write(json.dumps(record) + "\n")
 
 
+@cli_command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="Overrides: --compare.key=value, --model.key=value, --train.key=value")
@@ -340,16 +341,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         overrides.append(f"--compare.out={args.out}")
     started = time.perf_counter()
-    try:
-        compare, shared, preset = load_compare_config(args.config, args.preset, overrides)
-        out = Path(compare.out)
-        out.mkdir(parents=True, exist_ok=True)
-        data_dir = prepared_data(compare)
-        configs = {(encoding, seed): variant_config(shared, encoding, seed, data_dir, compare)
-                   for seed in compare.seeds for encoding in compare.encodings}
-    except (ConfigError, SourceError, FileNotFoundError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    compare, shared, preset = load_compare_config(args.config, args.preset, overrides)
+    out = Path(compare.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data_dir = prepared_data(compare)
+    configs = {(encoding, seed): variant_config(shared, encoding, seed, data_dir, compare)
+               for seed in compare.seeds for encoding in compare.encodings}
     workers, threads = worker_layout(compare, len(configs))
     jobs = [Job(encoding, seed, config.to_dict(), asdict(compare), threads)
             for (encoding, seed), config in configs.items()]

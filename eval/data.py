@@ -16,7 +16,8 @@ from data.batches import TokenFile, read_meta
 from data.prepare import DEFAULT_VAL_FRACTION, encode_documents, split_documents
 from data.sources import load_source
 from data.tokenizer import ENDOFTEXT
-from model.checkpoint import CheckpointError, load_trainer_state
+from errors import CheckpointError, DataError
+from model.checkpoint import load_trainer_state
 
 
 def is_prepared(data: str | Path) -> bool:
@@ -32,7 +33,7 @@ def training_data_dir(checkpoint: str | Path) -> str:
         state = {}
     data_dir = state.get("run_config", {}).get("data", {}).get("dir")
     if not data_dir:
-        raise ValueError(
+        raise DataError(
             f"{checkpoint} does not record the data it was trained on (e.g. it was imported); pass --data: "
             "a prepared folder, a named source or a text path"
         )
@@ -67,7 +68,7 @@ def load_eval_tokens(
         path = Path(data)
         meta = read_meta(path)
         if int(meta["vocab_size"]) != len(tokenizer):
-            raise ValueError(
+            raise DataError(
                 f"{path} was tokenized with a {meta['vocab_size']}-token vocabulary but the checkpoint's tokenizer "
                 f"has {len(tokenizer)}; pass the raw text instead so it is tokenized with the checkpoint's tokenizer"
             )

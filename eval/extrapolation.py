@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from data.sources import SourceError
 from data.tokenizer import load_tokenizer
+from errors import CheckpointError, ConfigError, PositionRangeError, cli_command
 from eval.data import describe_eval_data, load_eval_tokens, training_data_dir, training_val_fraction
 from eval.methods import METHODS, NONE, applies, check_methods, label
 from eval.scoring import score_incremental, score_windows
@@ -49,9 +49,7 @@ from eval.segments import (
     tiled_windows,
 )
 from eval.stats import crossed_bootstrap
-from model.checkpoint import CheckpointError, load_model, load_trainer_state
-from model.config import ConfigError
-from model.position import PositionRangeError
+from model.checkpoint import load_model, load_trainer_state
 from model.runtime import autocast_dtype, resolve_device
 from model.transformer import Transformer
 
@@ -75,7 +73,7 @@ def parse_lengths(text: str) -> list[str]:
         except ValueError:
             valid = False
         if not valid:
-            raise ValueError(f"--lengths item {item!r} must be a multiple like 4x or a token count like 1024")
+            raise ConfigError(f"--lengths item {item!r} must be a multiple like 4x or a token count like 1024")
     return items
 
 
@@ -115,7 +113,7 @@ def make_plan(n_tokens: int, trained: int, length_items: list[str], tokens: int,
     longest = layout[-1]
     stride = reference_stride or default_reference_stride(trained)
     if trained % stride:
-        raise ValueError(f"the reference stride ({stride}) must divide the trained length ({trained})")
+        raise ConfigError(f"the reference stride ({stride}) must divide the trained length ({trained})")
     # Segments are whole multiples of every length (and of the reference stride), so every token is scored at
     # every length; for lengths without a small common multiple, those that do not divide it score a little less.
     segment = math.lcm(stride, *layout)
@@ -316,6 +314,7 @@ def plot_results(rows: list[dict[str, Any]], path: Path, title: str = "Perplexit
     plt.close(figure)
 
 
+@cli_command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", nargs="+", required=True, help="one or more checkpoint folders")
@@ -338,25 +337,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     rows: list[dict[str, Any]] = []
-    try:
-        lengths = parse_lengths(args.lengths)
-        methods = check_methods([item.strip() for item in args.methods.split(",") if item.strip()])
-        device = resolve_device(args.device)
-        amp = autocast_dtype(device, args.dtype)
-        for checkpoint in args.checkpoint:
-            model = load_model(checkpoint, device)
-            trained = trained_length(checkpoint, model.config.max_seq_len)
-            tokenizer = load_tokenizer(checkpoint)
-            data = args.data or training_data_dir(checkpoint)
-            val_fraction = args.val_fraction or training_val_fraction(checkpoint)
-            print(f"{checkpoint}: evaluating on {describe_eval_data(data, args.all_documents, val_fraction)}")
-            ids = load_eval_tokens(data, tokenizer, None, val_fraction, args.all_documents)
-            plan = make_plan(len(ids), trained, lengths, args.tokens, args.reference_stride)
-            evaluation = evaluate_checkpoint(model, ids, plan, methods, amp, progress=True)
-            rows += summary_rows(evaluation, Path(checkpoint).name, model.config.position, str(checkpoint))
-    except (CheckpointError, ConfigError, SourceError, FileNotFoundError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    lengths = parse_lengths(args.lengths)
+    methods = check_methods([item.strip() for item in args.methods.split(",") if item.strip()])
+    device = resolve_device(args.device)
+    amp = autocast_dtype(device, args.dtype)
+    for checkpoint in args.checkpoint:
+        model = load_model(checkpoint, device)
+        trained = trained_length(checkpoint, model.config.max_seq_len)
+        tokenizer = load_tokenizer(checkpoint)
+        data = args.data or training_data_dir(checkpoint)
+        val_fraction = args.val_fraction or training_val_fraction(checkpoint)
+        print(f"{checkpoint}: evaluating on {describe_eval_data(data, args.all_documents, val_fraction)}")
+        ids = load_eval_tokens(data, tokenizer, None, val_fraction, args.all_documents)
+        plan = make_plan(len(ids), trained, lengths, args.tokens, args.reference_stride)
+        evaluation = evaluate_checkpoint(model, ids, plan, methods, amp, progress=True)
+        rows += summary_rows(evaluation, Path(checkpoint).name, model.config.position, str(checkpoint))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
     (args.out / "table.md").write_text(tables_markdown(rows))

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from errors import ConfigError
 from model.rope import NEEDS_ORIGINAL_LENGTH
 from model.transformer import Transformer
 
@@ -72,7 +73,7 @@ METHODS: dict[str, InferenceMethod] = {
 def check_methods(names: list[str]) -> list[str]:
     unknown = [name for name in names if name not in METHODS]
     if unknown:
-        raise ValueError(f"unknown inference-time method(s) {unknown}; valid names are {sorted(METHODS)}")
+        raise ConfigError(f"unknown inference-time method(s) {unknown}; valid names are {sorted(METHODS)}")
     return names
 
 

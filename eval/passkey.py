@@ -23,10 +23,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from data.tokenizer import load_tokenizer
+from errors import ConfigError, cli_command
 from eval.extrapolation import parse_lengths, resolve_length, trained_length
-from model.checkpoint import CheckpointError, load_model
-from model.config import ConfigError
-from model.position import PositionRangeError
+from model.checkpoint import load_model
 from model.runtime import resolve_device
 from scripts.generate import generate_tokens
 from scripts.rope_args import add_rope_scaling_args, apply_rope_scaling_args
@@ -44,7 +43,7 @@ ANSWER_TOKENS = 10
 def build_prompt(key: int, filler_count: int, depth: float) -> str:
     """The five-line prompt with `filler_count` filler sentences, round(depth * count) of them before the key."""
     if not 0.0 <= depth <= 1.0:
-        raise ValueError(f"depth must be in [0, 1], got {depth}")
+        raise ConfigError(f"depth must be in [0, 1], got {depth}")
     before = round(depth * filler_count)
     prefix = " ".join([FILLER] * before)
     suffix = " ".join([FILLER] * (filler_count - before))
@@ -65,7 +64,7 @@ def fit_prompt(key: int, length: int, depth: float, count_tokens: Callable[[str]
     prompt = build_prompt(key, low, depth)
     tokens = count_tokens(prompt)
     if tokens > length:
-        raise ValueError(f"length {length} is too short for the passkey template ({tokens} tokens without filler)")
+        raise ConfigError(f"length {length} is too short for the passkey template ({tokens} tokens without filler)")
     return prompt, tokens
 
 
@@ -134,6 +133,7 @@ def make_training_data(path: Path, tokenizer, lengths: list[int], samples: int, 
             handle.write(json.dumps({"text": f"{prompt} {key}."}) + "\n")
 
 
+@cli_command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", help="checkpoint folder to evaluate")
@@ -148,28 +148,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=4000, help="with --make-data: number of documents")
     add_rope_scaling_args(parser)
     args = parser.parse_args(argv)
-    try:
-        length_items = parse_lengths(args.lengths)
-        depths = [float(item) for item in args.depths.split(",")]
-        if args.make_data:
-            if not args.tokenizer or any(item.endswith("x") for item in length_items):
-                parser.error("--make-data needs --tokenizer and absolute --lengths (token counts)")
-            make_training_data(args.make_data, load_tokenizer(args.tokenizer), [int(i) for i in length_items],
-                               args.samples, args.seed)
-            print(f"wrote {args.samples} passkey documents to {args.make_data}")
-            return 0
-        if not args.checkpoint or not args.out:
-            parser.error("evaluation needs --checkpoint and --out")
-        device = resolve_device(args.device)
-        model = load_model(args.checkpoint, device)
-        apply_rope_scaling_args(model, args)
-        tokenizer = load_tokenizer(args.checkpoint)
-        trained = trained_length(args.checkpoint, model.config.max_seq_len)
-        lengths = [resolve_length(item, trained) for item in length_items]
-        rows = evaluate_passkey(model, tokenizer, lengths, depths, args.trials, args.seed)
-    except (CheckpointError, ConfigError, PositionRangeError, FileNotFoundError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    length_items = parse_lengths(args.lengths)
+    depths = [float(item) for item in args.depths.split(",")]
+    if args.make_data:
+        if not args.tokenizer or any(item.endswith("x") for item in length_items):
+            parser.error("--make-data needs --tokenizer and absolute --lengths (token counts)")
+        make_training_data(args.make_data, load_tokenizer(args.tokenizer), [int(i) for i in length_items],
+                           args.samples, args.seed)
+        print(f"wrote {args.samples} passkey documents to {args.make_data}")
+        return 0
+    if not args.checkpoint or not args.out:
+        parser.error("evaluation needs --checkpoint and --out")
+    device = resolve_device(args.device)
+    model = load_model(args.checkpoint, device)
+    apply_rope_scaling_args(model, args)
+    tokenizer = load_tokenizer(args.checkpoint)
+    trained = trained_length(args.checkpoint, model.config.max_seq_len)
+    lengths = [resolve_length(item, trained) for item in length_items]
+    rows = evaluate_passkey(model, tokenizer, lengths, depths, args.trials, args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"checkpoint": args.checkpoint, "trained_length": trained,
                                "rope_scaling": model.config.rope_scaling, "rows": rows}

@@ -24,12 +24,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from data.sources import SourceError
 from data.tokenizer import load_tokenizer, token_byte_lengths
+from errors import ConfigError, DataError, cli_command
 from eval.data import describe_eval_data, load_eval_tokens, training_val_fraction
-from model.checkpoint import CheckpointError, load_model
-from model.config import ConfigError
-from model.position import PositionRangeError
+from model.checkpoint import load_model
 from model.runtime import autocast, autocast_dtype, resolve_device
 from model.transformer import Transformer
 from scripts.rope_args import add_rope_scaling_args, apply_rope_scaling_args
@@ -56,11 +54,11 @@ def window_plan(n_tokens: int, seq_len: int, stride: int | None) -> list[tuple[i
     A window starting at s reads inputs ids[s : s + seq_len] and predicts ids[s + 1 : s + seq_len + 1].
     """
     if seq_len < 1 or n_tokens < seq_len + 1:
-        raise ValueError(f"need more than seq_len = {seq_len} tokens to evaluate, got {n_tokens}")
+        raise DataError(f"need more than seq_len = {seq_len} tokens to evaluate, got {n_tokens}")
     if stride is None:
         return [(start, 0) for start in range(0, n_tokens - seq_len, seq_len)]
     if not 1 <= stride <= seq_len:
-        raise ValueError(f"--stride must be between 1 and --seq-len ({seq_len}), got {stride}")
+        raise ConfigError(f"--stride must be between 1 and --seq-len ({seq_len}), got {stride}")
     plan = [(0, 0)]
     start = stride
     while start + seq_len < n_tokens:
@@ -118,6 +116,7 @@ def evaluate_stream(
     )
 
 
+@cli_command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True, help="checkpoint folder")
@@ -134,19 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the result, with the per-position loss curve, here")
     add_rope_scaling_args(parser)
     args = parser.parse_args(argv)
-    try:
-        device = resolve_device(args.device)
-        model = load_model(args.checkpoint, device)
-        apply_rope_scaling_args(model, args)
-        tokenizer = load_tokenizer(args.checkpoint)
-        val_fraction = args.val_fraction or training_val_fraction(args.checkpoint)
-        print(f"evaluating on {describe_eval_data(args.data, args.all_documents, val_fraction)}")
-        ids = load_eval_tokens(args.data, tokenizer, args.max_tokens, val_fraction, args.all_documents)
-        result = evaluate_stream(model, ids, token_byte_lengths(tokenizer), args.seq_len, args.stride,
-                                 autocast_dtype(device, args.dtype))
-    except (CheckpointError, ConfigError, SourceError, PositionRangeError, FileNotFoundError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    device = resolve_device(args.device)
+    model = load_model(args.checkpoint, device)
+    apply_rope_scaling_args(model, args)
+    tokenizer = load_tokenizer(args.checkpoint)
+    val_fraction = args.val_fraction or training_val_fraction(args.checkpoint)
+    print(f"evaluating on {describe_eval_data(args.data, args.all_documents, val_fraction)}")
+    ids = load_eval_tokens(args.data, tokenizer, args.max_tokens, val_fraction, args.all_documents)
+    result = evaluate_stream(model, ids, token_byte_lengths(tokenizer), args.seq_len, args.stride,
+                             autocast_dtype(device, args.dtype))
     mode = f"sliding, stride {args.stride}" if args.stride else "nonoverlapping"
     print(
         f"{args.checkpoint} @ {args.seq_len} ({mode}): nll {result.nll:.4f} | ppl {result.ppl:.3f} | "

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from errors import ConfigError, DataError
+
 
 @dataclass(frozen=True)
 class Segments:
@@ -30,7 +32,7 @@ def choose_segments(n_tokens: int, length: int, wanted_tokens: int, margin: int)
     never overlapping and each with `margin` ids before it. Fewer when the stream is too short (at least one)."""
     usable = n_tokens - 1 - margin  # targets available after the first margin
     if usable < length:
-        raise ValueError(
+        raise DataError(
             f"the evaluation text holds {n_tokens:,} tokens, fewer than one segment of {length:,} plus "
             f"{margin:,} tokens of context; use more held-out text or shorter --lengths"
         )
@@ -47,7 +49,7 @@ def tiled_windows(ids: np.ndarray, segments: Segments, window: int) -> np.ndarra
     out): int64 (segments * (M // window), window + 1)."""
     per_segment = segments.length // window
     if per_segment < 1:
-        raise ValueError(f"a window of {window} tokens is longer than the segments ({segments.length} tokens)")
+        raise ConfigError(f"a window of {window} tokens is longer than the segments ({segments.length} tokens)")
     offsets = segments.starts[:, None] + window * np.arange(per_segment)[None, :]  # (segments, per_segment)
     index = offsets.reshape(-1, 1) + np.arange(window + 1)[None, :]
     return np.asarray(ids)[index].astype(np.int64)
@@ -72,10 +74,10 @@ def reference_windows(ids: np.ndarray, segments: Segments, context: int, stride:
     every segment target is predicted with between context - stride + 1 and context tokens of context, all at
     positions < context. int64 (segments * M / stride, context + 1)."""
     if segments.length % stride or not 1 <= stride <= context:
-        raise ValueError(f"the reference stride ({stride}) must divide the segment length ({segments.length}) "
+        raise ConfigError(f"the reference stride ({stride}) must divide the segment length ({segments.length}) "
                          f"and be between 1 and the context ({context})")
     if int(segments.starts.min()) < context - stride:
-        raise ValueError("segments need at least context - stride tokens of text before them")
+        raise DataError("segments need at least context - stride tokens of text before them")
     # The window that scores targets start + 1 + j*stride .. start + (j+1)*stride ends with input start + (j+1)*stride - 1.
     ends = segments.starts[:, None] + stride * np.arange(1, segments.length // stride + 1)[None, :] - 1
     index = ends.reshape(-1, 1) - context + 1 + np.arange(context + 1)[None, :]

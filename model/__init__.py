@@ -1,5 +1,6 @@
 """The model: a small Llama-style decoder with pluggable position encodings."""
-from model.config import ConfigError, ModelConfig
+from errors import ConfigError
+from model.config import ModelConfig
 from model.kv_cache import KVCache, StaticKVCache
 from model.transformer import IGNORE_INDEX, Transformer
 

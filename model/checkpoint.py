@@ -23,6 +23,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from errors import CheckpointError
 from model.config import ModelConfig
 from model.transformer import Transformer
 
@@ -33,10 +34,6 @@ TRAINING_STATE = "training_state.pt"  # optimizer state and RNG states
 STAGING = ".staging"
 READY = ".ready"
 T = TypeVar("T")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint folder that is missing, incomplete, corrupted or does not match its config."""
 
 
 def _fsync_file(path: Path) -> None:

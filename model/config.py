@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """A configuration value is missing, unknown, of the wrong type or out of range."""
+from errors import ConfigError
+from model.position import POSITION_ENCODINGS, SINUSOIDAL_RECIPES
+from model.rope import normalize_rope_scaling
 
 
 def _type_name(annotation: Any) -> str:
@@ -121,15 +121,12 @@ class ModelConfig:
             raise ConfigError("model.norm_eps, model.init_std and model.rope_theta must be positive")
         if self.rope_layout not in ("half", "interleaved"):
             raise ConfigError(f"model.rope_layout must be 'half' or 'interleaved', got {self.rope_layout!r}")
-        from model.position import POSITION_ENCODINGS, SINUSOIDAL_RECIPES
-        from model.rope import normalize_rope_scaling
-
         if self.rope_scaling is not None:
             if self.position != "rope":
                 raise ConfigError(f"model.rope_scaling applies to position = 'rope', not {self.position!r}")
             try:
                 self.rope_scaling = normalize_rope_scaling(self.rope_scaling, self.max_seq_len)
-            except ValueError as error:
+            except ConfigError as error:
                 raise ConfigError(f"model.rope_scaling: {error}") from error
         if self.learned_max_positions < 0:
             raise ConfigError(f"model.learned_max_positions must be >= 0 (0 = max_seq_len), got {self.learned_max_positions}")

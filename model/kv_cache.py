@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from errors import ConfigError
+
 
 class KVCache:
     """Holds keys and values for every layer, preallocated for `max_len` positions.
@@ -38,7 +40,7 @@ class KVCache:
 
     def check_room(self, end: int) -> None:
         if end > self.max_len:
-            raise ValueError(
+            raise ConfigError(
                 f"KV cache holds {self.max_len} positions but {end} are needed; create it with a larger max_len"
             )
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch import nn
 
+from errors import ConfigError, PositionRangeError
 from model.rope import LENGTH_DEPENDENT_SCALINGS, ROPE_SCALINGS, apply_rope, rope_cos_sin
 
 if TYPE_CHECKING:
@@ -36,10 +37,6 @@ def register(name: str) -> Callable[[type["PositionEncoding"]], type["PositionEn
         return cls
 
     return decorator
-
-
-class PositionRangeError(ValueError):
-    """A position beyond what an encoding can represent (a learned table's size)."""
 
 
 @dataclass
@@ -130,7 +127,6 @@ class RoPE(PositionEncoding):
 
     @classmethod
     def validate(cls, config: "ModelConfig") -> None:
-        from model.config import ConfigError
 
         if config.head_dim % 2:
             raise ConfigError(f"rope needs an even head_dim, got {config.head_dim} (dim / n_heads)")
@@ -215,7 +211,6 @@ class T5Bias(PositionEncoding):
 
     @classmethod
     def validate(cls, config: "ModelConfig") -> None:
-        from model.config import ConfigError
 
         if config.t5_num_buckets < 2 or config.t5_max_distance <= config.t5_num_buckets // 2:
             raise ConfigError("t5 needs model.t5_num_buckets >= 2 and model.t5_max_distance > t5_num_buckets / 2")
@@ -243,7 +238,6 @@ class ShawRelative(PositionEncoding):
 
     @classmethod
     def validate(cls, config: "ModelConfig") -> None:
-        from model.config import ConfigError
 
         if config.shaw_max_distance < 1:
             raise ConfigError(f"shaw needs model.shaw_max_distance >= 1, got {config.shaw_max_distance}")
@@ -288,7 +282,6 @@ class Sinusoidal(PositionEncoding):
 
     @classmethod
     def validate(cls, config: "ModelConfig") -> None:
-        from model.config import ConfigError
 
         if config.dim % 2:
             raise ConfigError(f"sinusoidal needs an even model.dim, got {config.dim}")
@@ -319,7 +312,6 @@ class LearnedAbsolute(PositionEncoding):
 
     @classmethod
     def validate(cls, config: "ModelConfig") -> None:
-        from model.config import ConfigError
 
         if config.learned_max_positions and config.learned_max_positions < config.max_seq_len:
             raise ConfigError(

@@ -10,6 +10,8 @@ from typing import Callable
 
 import torch
 
+from errors import ConfigError
+
 
 def default_inv_freq(head_dim: int, theta: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """inv_freq_i = 1 / theta^(2i/d) for i = 0 .. d/2 - 1, in float32 (the same arithmetic as transformers)
@@ -161,15 +163,15 @@ def normalize_rope_scaling(scaling: dict | None, trained_length: int) -> dict | 
     params.pop("rope_theta", None)  # lives in ModelConfig.rope_theta
     name = params.get("rope_type", "default")
     if name not in ROPE_SCALINGS:
-        raise ValueError(f"unknown rope scaling {name!r}; valid names are {sorted(ROPE_SCALINGS)}")
+        raise ConfigError(f"unknown rope scaling {name!r}; valid names are {sorted(ROPE_SCALINGS)}")
     params["rope_type"] = name
     unknown = sorted(set(params) - SCALING_KEYS[name] - {"rope_type"})
     if unknown:
-        raise ValueError(f"rope scaling {name!r}: unknown key(s) {unknown}; valid keys are {sorted(SCALING_KEYS[name])}")
+        raise ConfigError(f"rope scaling {name!r}: unknown key(s) {unknown}; valid keys are {sorted(SCALING_KEYS[name])}")
     if name != "default":
         factor = params.get("factor")
         if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor < 1:
-            raise ValueError(f"rope scaling {name!r} needs a numeric factor >= 1, got {factor!r}")
+            raise ConfigError(f"rope scaling {name!r} needs a numeric factor >= 1, got {factor!r}")
         params["factor"] = float(factor)
     if name == "llama3":  # explicit, so configs read the same here and in transformers (which requires them)
         params.setdefault("low_freq_factor", 1.0)
@@ -177,7 +179,7 @@ def normalize_rope_scaling(scaling: dict | None, trained_length: int) -> dict | 
     if name in NEEDS_ORIGINAL_LENGTH:
         params.setdefault("original_max_position_embeddings", trained_length)
         if params["original_max_position_embeddings"] <= 0:
-            raise ValueError("rope scaling: original_max_position_embeddings must be positive")
+            raise ConfigError("rope scaling: original_max_position_embeddings must be positive")
     return params
 
 

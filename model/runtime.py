@@ -5,6 +5,8 @@ import contextlib
 
 import torch
 
+from errors import ConfigError
+
 
 def resolve_device(name: str = "auto") -> torch.device:
     """auto picks cuda, then mps, then cpu."""
@@ -15,9 +17,9 @@ def resolve_device(name: str = "auto") -> torch.device:
             return torch.device("mps")
         return torch.device("cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for but CUDA is not available; use --train.device=auto or cpu")
+        raise ConfigError("device 'cuda' was asked for but CUDA is not available; use --train.device=auto or cpu")
     if name == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("device 'mps' was asked for but MPS is not available; use --train.device=auto or cpu")
+        raise ConfigError("device 'mps' was asked for but MPS is not available; use --train.device=auto or cpu")
     return torch.device(name)
 
 

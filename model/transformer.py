@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from errors import ConfigError
 from model.attention import Attention
 from model.config import ModelConfig
 from model.kv_cache import KVCache
@@ -66,7 +67,7 @@ class Transformer(nn.Module):
         `original_max_position_embeddings` defaults to the context the model was trained at (max_seq_len).
         """
         if self.config.position != "rope":
-            raise ValueError(
+            raise ConfigError(
                 f"rope scaling applies to RoPE checkpoints; this one uses position = {self.config.position!r}"
             )
         self.reconfigure_position(rope_scaling=scaling)

@@ -17,20 +17,20 @@ import sys
 import numpy as np
 import torch
 
+from data.tokenizer import load_tokenizer
+from errors import CheckpointError, cli_command
 from eval.data import load_eval_tokens
 from eval.extrapolation import trained_length
 from eval.methods import METHODS
 from eval.scoring import score_incremental, score_prefixes, score_windows
 from eval.segments import choose_segments, tiled_windows
-from data.tokenizer import load_tokenizer
-from model.checkpoint import CheckpointError, load_model
-from model.config import ConfigError
+from model.checkpoint import load_model
 
 
 def compare_dynamic(checkpoint: str, data: str, multiples: list[int], windows: int) -> list[dict]:
     model = load_model(checkpoint)
     if model.config.position != "rope":
-        raise ValueError(f"{checkpoint} uses position = {model.config.position!r}; dynamic NTK needs a RoPE checkpoint")
+        raise CheckpointError(f"{checkpoint} uses position = {model.config.position!r}; dynamic NTK needs a RoPE checkpoint")
     trained = trained_length(checkpoint, model.config.max_seq_len)
     ids = load_eval_tokens(data, load_tokenizer(checkpoint))
     own = model.config.to_dict()
@@ -52,6 +52,7 @@ def compare_dynamic(checkpoint: str, data: str, multiples: list[int], windows: i
     return rows
 
 
+@cli_command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True, help="a RoPE checkpoint folder")
@@ -61,12 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    try:
-        multiples = [int(item) for item in args.multiples.split(",") if item.strip()]
-        rows = compare_dynamic(args.checkpoint, args.data, multiples, args.windows)
-    except (CheckpointError, ConfigError, FileNotFoundError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    multiples = [int(item) for item in args.multiples.split(",") if item.strip()]
+    rows = compare_dynamic(args.checkpoint, args.data, multiples, args.windows)
     for row in rows:
         shown = ", ".join(f"{name} {row[name]:.4f} (ppl {math.exp(row[name]):.1f})"
                           for name in ("plain", "before", "cached", "exact"))

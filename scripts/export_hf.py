@@ -20,9 +20,9 @@ from safetensors.torch import save_file
 from transformers import GenerationConfig
 
 from data.tokenizer import ENDOFTEXT, IM_END, load_tokenizer
+from errors import ConversionError, cli_command
 from model.checkpoint import load_model, model_state_dict, write_atomically
-from scripts.hf_convert import ConversionError, to_hf_state_dict, to_llama_config
-from train.cli import run_cli
+from scripts.hf_convert import to_hf_state_dict, to_llama_config
 
 
 def export(checkpoint: str | Path, out: str | Path, overwrite: bool = False) -> None:
@@ -44,17 +44,16 @@ def export(checkpoint: str | Path, out: str | Path, overwrite: bool = False) -> 
     })
 
 
+@cli_command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True, help="our checkpoint folder (a rope model)")
     parser.add_argument("--out", required=True, help="folder for the transformers model")
     parser.add_argument("--overwrite", action="store_true", help="replace files in a non-empty --out")
     args = parser.parse_args(argv)
-    def body() -> None:
-        export(args.checkpoint, args.out, args.overwrite)
-        print(f"wrote {args.out}: load it with transformers.AutoModelForCausalLM.from_pretrained({str(args.out)!r})")
-
-    return run_cli(body)
+    export(args.checkpoint, args.out, args.overwrite)
+    print(f"wrote {args.out}: load it with transformers.AutoModelForCausalLM.from_pretrained({str(args.out)!r})")
+    return 0
 
 
 if __name__ == "__main__":

@@ -23,8 +23,8 @@ from typing import Iterator, TextIO
 import torch
 
 from data.tokenizer import ENDOFTEXT, IM_END, load_tokenizer
-from model.checkpoint import CheckpointError, load_model
-from model.config import ConfigError
+from errors import ConfigError, cli_command
+from model.checkpoint import load_model
 from model.kv_cache import KVCache, StaticKVCache
 from model.runtime import autocast_dtype, resolve_device
 from model.transformer import Transformer
@@ -84,7 +84,7 @@ def generate_tokens(
     eagerly); the first call pays the compilation (seconds), later calls on the same model reuse it.
     """
     if not prompt_ids:
-        raise ValueError("the prompt is empty: give at least one token")
+        raise ConfigError("the prompt is empty: give at least one token")
     model.eval()
     device = next(model.parameters()).device
     generator = torch.Generator(device=device)
@@ -146,7 +146,7 @@ def fit_conversation(tokenizer, messages: list[dict], budget: int) -> tuple[list
             return list(ids), kept
         droppable = [i for i, message in enumerate(kept[:-1]) if message["role"] != "system"]
         if not droppable:
-            raise ValueError(
+            raise ConfigError(
                 f"the last message alone takes {len(ids)} tokens, more than the {budget} the context allows "
                 "after --max-new-tokens; shorten it or lower --max-new-tokens"
             )
@@ -158,7 +158,7 @@ def chat_reply(model: Transformer, tokenizer, messages: list[dict], max_new_toke
     """Stream the assistant's reply to `messages`; returns (reply, whether it ended with <|im_end|>)."""
     budget = model.config.max_seq_len - max_new_tokens
     if budget <= 0:
-        raise ValueError(f"--max-new-tokens {max_new_tokens} leaves no room in the {model.config.max_seq_len}-token context")
+        raise ConfigError(f"--max-new-tokens {max_new_tokens} leaves no room in the {model.config.max_seq_len}-token context")
     prompt_ids, _ = fit_conversation(tokenizer, messages, budget)
     stops = (tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(ENDOFTEXT))
     printer = StreamPrinter(tokenizer, stream)
@@ -198,6 +198,7 @@ def run_chat(model: Transformer, tokenizer, args: argparse.Namespace) -> None:
         messages.append({"role": "assistant", "content": reply})
 
 
+@cli_command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True, help="checkpoint folder (written by train.pretrain)")
@@ -223,24 +224,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--prompt is required (or --chat for an interactive chat)")
     if args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0 or args.max_new_tokens <= 0:
         parser.error("need --temperature >= 0, 0 < --top-p <= 1, --top-k >= 0 and --max-new-tokens > 0")
-    try:
-        device = resolve_device(args.device)
-        model = load_model(args.checkpoint, device)
-        apply_rope_scaling_args(model, args)
-        tokenizer = load_tokenizer(args.checkpoint)
-    except (CheckpointError, ConfigError, FileNotFoundError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    device = resolve_device(args.device)
+    model = load_model(args.checkpoint, device)
+    apply_rope_scaling_args(model, args)
+    tokenizer = load_tokenizer(args.checkpoint)
     # Inference converts the weights rather than autocasting them (autocast would re-cast every weight per token).
     dtype = autocast_dtype(device, args.dtype)
     if dtype is not None:
         model.to(dtype)
     if args.chat:
-        try:
-            run_chat(model, tokenizer, args)
-        except ValueError as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
+        run_chat(model, tokenizer, args)
         return 0
     prompt_ids = tokenizer.encode(args.prompt, add_special_tokens=False)
     if len(prompt_ids) > model.config.max_seq_len and model.config.rope_scaling is None and not args.extrapolate:

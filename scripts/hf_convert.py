@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import transformers
 
+from errors import ConversionError
 from model.config import ModelConfig
 
 RENAMES = [
@@ -31,10 +32,6 @@ NOT_EXPORTABLE = {
     "none": "Llama always applies rotary embeddings, so a NoPE model would change meaning",
 }
 TRANSFORMERS_V5 = int(transformers.__version__.split(".")[0]) >= 5
-
-
-class ConversionError(ValueError):
-    """A model that cannot be expressed in the other format; the message says why."""
 
 
 def half_split_permutation(head_dim: int) -> torch.Tensor:

@@ -16,13 +16,14 @@ import sys
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
+from errors import ConversionError, cli_command
 from model.checkpoint import load_state_into, save_checkpoint
 from model.transformer import Transformer
-from scripts.hf_convert import ConversionError, from_hf_state_dict, from_llama_config
-from train.cli import run_cli
+from scripts.hf_convert import from_hf_state_dict, from_llama_config
 
 
 def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -38,15 +39,31 @@ def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
                           "(pickled .bin weights are not loaded; convert them to safetensors first)")
 
 
-def import_hf(model_dir: str | Path, out: str | Path) -> Transformer:
-    folder = Path(model_dir)
+def read_llama_config(folder: Path) -> tuple:
     if not (folder / "config.json").exists():
         raise ConversionError(f"{folder}: no config.json; expected a local transformers model folder")
-    config, trained = from_llama_config(json.loads((folder / "config.json").read_text()))
+    try:
+        return from_llama_config(json.loads((folder / "config.json").read_text()))
+    except json.JSONDecodeError as error:
+        raise ConversionError(f"{folder / 'config.json'} is not valid JSON ({error})") from error
+    except KeyError as error:
+        raise ConversionError(f"{folder / 'config.json'} lacks the key {error}, which a Llama config has") from error
+
+
+def import_hf(model_dir: str | Path, out: str | Path) -> Transformer:
+    folder = Path(model_dir)
+    config, trained = read_llama_config(folder)
+    try:
+        weights = read_safetensors(folder)
+    except (SafetensorError, OSError) as error:
+        raise ConversionError(f"{folder}: unreadable safetensors weights ({error})") from error
     state = {name: tensor.to(torch.float32) for name, tensor in
-             from_hf_state_dict(read_safetensors(folder), config).items() if not name.endswith("rotary_emb.inv_freq")}
+             from_hf_state_dict(weights, config).items() if not name.endswith("rotary_emb.inv_freq")}
     model = load_state_into(Transformer(config), state, str(folder), "a Llama of its config.json")
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    except (OSError, ValueError) as error:
+        raise ConversionError(f"{folder}: no tokenizer that transformers can load ({error})") from error
     if not getattr(tokenizer, "is_fast", False):
         raise ConversionError(f"{folder}: the tokenizer is not a fast (tokenizer.json) tokenizer")
     if len(tokenizer) > config.vocab_size:
@@ -56,16 +73,15 @@ def import_hf(model_dir: str | Path, out: str | Path) -> Transformer:
     return model
 
 
+@cli_command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="local transformers Llama folder")
     parser.add_argument("--out", required=True, help="our checkpoint folder to write")
     args = parser.parse_args(argv)
-    def body() -> None:
-        model = import_hf(args.model, args.out)
-        print(f"wrote {args.out}: {model.num_parameters():,} parameters")
-
-    return run_cli(body, also=(OSError, KeyError))
+    model = import_hf(args.model, args.out)
+    print(f"wrote {args.out}: {model.num_parameters():,} parameters")
+    return 0
 
 
 if __name__ == "__main__":

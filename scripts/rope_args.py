@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from errors import ConfigError
 from model.rope import ROPE_SCALINGS
 from model.transformer import Transformer
 from train.config import parse_override_value
@@ -36,14 +37,14 @@ def rope_scaling_from_args(args: argparse.Namespace) -> dict | None:
     """The scaling dict the flags ask for; None for plain RoPE. Raises ValueError for inconsistent flags."""
     if args.rope_scaling in (None, NO_SCALING):
         if args.rope_factor is not None or args.rope_param:
-            raise ValueError("--rope-factor and --rope-param need --rope-scaling NAME")
+            raise ConfigError("--rope-factor and --rope-param need --rope-scaling NAME")
         return None
     scaling = {"rope_type": args.rope_scaling}
     if args.rope_factor is not None:
         scaling["factor"] = args.rope_factor
     for item in args.rope_param:
         if "=" not in item:
-            raise ValueError(f"--rope-param {item!r} must look like KEY=VALUE")
+            raise ConfigError(f"--rope-param {item!r} must look like KEY=VALUE")
         key, value = item.split("=", 1)
         scaling[key] = parse_override_value(value)
     return scaling

@@ -107,3 +107,45 @@ def test_vocabularies_beyond_uint16_use_uint32_token_files(tmp_path):
     ids.tofile(tmp_path / "train.bin")
     inputs, targets = TokenFile(tmp_path / "train.bin", "uint32").windows(np.array([0]), 3)
     assert inputs.tolist() == [[0, 65_535, 65_536]] and targets.tolist() == [[65_535, 65_536, 200_000]]
+
+
+def test_a_bug_inside_a_command_keeps_its_traceback_and_a_user_error_is_one_line(good_run, tmp_path, capsys,
+                                                                               monkeypatch):
+    """Only a UserError becomes "error: ..." and exit 2; any other exception (here a simulated bug: a KeyError
+    inside the evaluation) propagates, so `python -m` prints its traceback and exits 1."""
+    import subprocess
+    import sys
+
+    import eval.perplexity as perplexity
+    from tests.conftest import ROOT
+
+    args = ["--checkpoint", str(good_run), "--data", str(good_run.parent / "missing"), "--seq-len", "8"]
+    assert perplexity.main(args) == 2
+    assert "missing" in one_line_error(capsys)
+
+    def bug(*_args, **_kwargs):
+        return {}["run_config"]
+
+    monkeypatch.setattr(perplexity, "evaluate_stream", bug)
+    data = json.loads((good_run / "trainer_state.json").read_text())["run_config"]["data"]["dir"]
+    with pytest.raises(KeyError, match="run_config"):
+        perplexity.main(["--checkpoint", str(good_run), "--data", data, "--seq-len", "8"])
+    script = ("import sys, eval.perplexity as p\n"
+              "p.evaluate_stream = lambda *a, **k: {}['run_config']\n"
+              f"sys.exit(p.main(['--checkpoint', {str(good_run)!r}, '--data', {data!r}, '--seq-len', '8']))\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 1 and "Traceback" in done.stderr and "KeyError: 'run_config'" in done.stderr
+    assert "error: " not in done.stderr
+
+
+def test_extrapolation_on_a_checkpoint_that_records_no_data_asks_for_data(good_run, tmp_path, capsys):
+    """An imported checkpoint's trainer state has no run config: a clear error naming --data, not a KeyError."""
+    from eval.extrapolation import main as extrapolation
+
+    imported = tmp_path / "imported"
+    shutil.copytree(good_run, imported)
+    state = json.loads((imported / "trainer_state.json").read_text())
+    del state["run_config"]
+    (imported / "trainer_state.json").write_text(json.dumps(state))
+    assert extrapolation(["--checkpoint", str(imported), "--out", str(tmp_path / "out")]) == 2
+    assert "does not record the data it was trained on" in one_line_error(capsys)

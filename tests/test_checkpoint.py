@@ -4,8 +4,9 @@ import json
 import pytest
 import torch
 
+from errors import CheckpointError
 from model import Transformer
-from model.checkpoint import READY, STAGING, CheckpointError, load_model, recover, save_checkpoint, write_atomically
+from model.checkpoint import READY, STAGING, load_model, recover, save_checkpoint, write_atomically
 from tests.conftest import micro_config
 
 

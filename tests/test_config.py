@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from model.config import ConfigError
+from errors import ConfigError
 from train.config import build_run_config, load_run_config, parse_override_value, to_toml
 
 ROOT = Path(__file__).resolve().parents[1]

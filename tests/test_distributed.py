@@ -59,7 +59,7 @@ def test_without_torchrun_everything_is_single_process(monkeypatch):
 
 def test_global_batch_must_divide_over_the_processes(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
-    from model.config import ConfigError
+    from errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"train.batch_size \(3\) is the global micro-batch .* multiple of 2"):
         Distributed().start(torch.device("cpu"), 3)

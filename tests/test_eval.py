@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from data.tokenizer import load_tokenizer
+from errors import ConfigError, DataError
 from eval.extrapolation import parse_lengths
 from eval.passkey import FILLER, INTRO, KEY_LINE, QUESTION, build_prompt, fit_prompt, parse_answer
 from eval.perplexity import evaluate_stream, window_plan
@@ -54,9 +55,9 @@ def test_sliding_window_scores_every_token_exactly_once(n_tokens, seq_len, strid
 
 
 def test_window_plan_errors():
-    with pytest.raises(ValueError, match="need more than seq_len"):
+    with pytest.raises(DataError, match="need more than seq_len"):
         window_plan(10, 10, None)
-    with pytest.raises(ValueError, match="--stride must be between 1 and --seq-len"):
+    with pytest.raises(ConfigError, match="--stride must be between 1 and --seq-len"):
         window_plan(100, 10, 11)
 
 
@@ -84,13 +85,13 @@ def test_passkey_answer_parsing():
 
 def test_passkey_too_short_length_is_refused(prepared_data):
     tokenizer = load_tokenizer(prepared_data)
-    with pytest.raises(ValueError, match="too short for the passkey template"):
+    with pytest.raises(ConfigError, match="too short for the passkey template"):
         fit_prompt(1, 10, 0.5, lambda text: len(tokenizer.encode(text)))
 
 
 def test_lengths_parsing():
     assert parse_lengths("1x, 2x,4096") == ["1x", "2x", "4096"]
-    with pytest.raises(ValueError, match="must be a multiple like 4x"):
+    with pytest.raises(ConfigError, match="must be a multiple like 4x"):
         parse_lengths("1x,big")
 
 

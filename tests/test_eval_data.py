@@ -8,8 +8,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from data.prepare import main as prepare_main
-from data.sources import SourceError, load_source
+from data.sources import load_source
 from data.tokenizer import load_tokenizer
+from errors import SourceError
 from eval.data import load_eval_tokens, training_val_fraction
 from train.pretrain import main as pretrain_main
 

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from errors import ConfigError, DataError
 from eval.extrapolation import (
     PROBE_MULTIPLES,
     CheckpointEvaluation,
@@ -83,7 +84,7 @@ def test_segments_are_spread_over_the_whole_stream_and_refuse_too_little_text():
     segments = choose_segments(100_000, 1000, wanted_tokens=5000, margin=100)
     assert segments.starts[0] == 100 and segments.starts[-1] > 90_000
     assert len(choose_segments(3000, 1000, wanted_tokens=50_000, margin=100).starts) == 2  # as many as fit
-    with pytest.raises(ValueError, match="fewer than one segment"):
+    with pytest.raises(DataError, match="fewer than one segment"):
         choose_segments(1000, 1000, wanted_tokens=1000, margin=100)
 
 
@@ -164,7 +165,7 @@ def test_methods_set_up_the_model_as_used_and_only_where_they_apply():
     assert model.config.rope_scaling is None
     assert applies("clamp", "learned") and not applies("clamp", "rope") and not applies("yarn", "alibi")
     assert label("rope", "none") == "rope" and label("learned", "clamp") == "learned+clamp"
-    with pytest.raises(ValueError, match="unknown inference-time method"):
+    with pytest.raises(ConfigError, match="unknown inference-time method"):
         check_methods(["yarn", "rerope"])
 
 
@@ -176,7 +177,7 @@ def test_clamp_keeps_the_learned_table():
 
 
 def test_reference_stride_must_divide_the_trained_length():
-    with pytest.raises(ValueError, match="must divide the trained length"):
+    with pytest.raises(ConfigError, match="must divide the trained length"):
         make_plan(10_000, 8, ["1x", "2x"], 256, reference_stride=3)
     plan = make_plan(10_000, 8, ["1x", "2x", "4x"], 256)
     assert plan.segments.length == 32 and plan.reference_stride == 1 and plan.probe_offsets == (0, 8, 24, 120)

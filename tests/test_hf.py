@@ -7,12 +7,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from data.sft import encode_conversation
 from data.tokenizer import load_tokenizer
+from errors import ConversionError
 from model import Transformer
 from model.checkpoint import load_model, save_checkpoint
 from scripts.export_hf import export
 from scripts.export_hf import main as export_main
 from scripts.generate import generate_tokens
-from scripts.hf_convert import ConversionError, from_llama_config
+from scripts.hf_convert import from_llama_config
 from scripts.import_hf import import_hf
 from scripts.import_hf import main as import_main
 from tests.conftest import micro_config

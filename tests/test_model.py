@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
+from errors import ConfigError
 from model import IGNORE_INDEX, KVCache, ModelConfig, StaticKVCache, Transformer
-from model.config import ConfigError
 from tests.conftest import micro_config
 
 
@@ -71,7 +71,7 @@ def test_kv_cache_overflow_is_a_clear_error(cache_type):
     config = micro_config()
     model = Transformer(config).eval()
     cache = cache_type.for_model(config, batch_size=1, max_len=4)
-    with pytest.raises(ValueError, match="KV cache holds 4 positions"):
+    with pytest.raises(ConfigError, match="KV cache holds 4 positions"):
         model(torch.zeros(1, 5, dtype=torch.long), kv_cache=cache)
 
 

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 import model.attention as attention_module
+from errors import ConfigError, PositionRangeError
 from model import KVCache, StaticKVCache, Transformer
 from model.attention import Attention
-from model.config import ConfigError
-from model.position import POSITION_ENCODINGS, PositionRangeError, alibi_slopes, t5_bucket
+from model.position import POSITION_ENCODINGS, alibi_slopes, t5_bucket
 from tests.conftest import micro_config
 
 ENCODINGS = ["rope", "alibi", "t5", "shaw", "sinusoidal", "learned", "none"]

@@ -8,8 +8,9 @@ import pytest
 
 from data.prepare import main as prepare_main
 from data.prepare import prepare
-from data.sources import SourceError, load_source
+from data.sources import load_source
 from data.tokenizer import load_tokenizer
+from errors import SourceError
 
 
 def test_prepare_small_local_file(prepared_data, small_text_file):

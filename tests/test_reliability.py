@@ -6,9 +6,9 @@ import torch
 
 from data.batches import PretrainBatches
 from data.tokenizer import load_tokenizer
+from errors import ConfigError
 from model import Transformer
 from model.checkpoint import load_model, load_trainer_state
-from model.config import ConfigError
 from tests.conftest import micro_config
 from tests.test_generate import run
 from tests.test_train import make_config

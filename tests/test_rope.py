@@ -4,8 +4,8 @@ import torch
 
 from model import Transformer
 from model.rope import apply_rope, default_inv_freq, rope_cos_sin
-from tests.conftest import micro_config
 from scripts.hf_convert import llama_model_from
+from tests.conftest import micro_config
 
 
 def rotated_scores(q, k, positions, layout, head_dim=None):

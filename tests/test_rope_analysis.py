@@ -3,8 +3,17 @@ import math
 
 import torch
 
-from eval.rope_analysis import (abel_bound, equivalences, frequency_map, linear_attention_check, main,
-                                permutation_check, precision, relative_scores, rotate)
+from eval.rope_analysis import (
+    abel_bound,
+    equivalences,
+    frequency_map,
+    linear_attention_check,
+    main,
+    permutation_check,
+    precision,
+    relative_scores,
+    rotate,
+)
 from model.rope import yarn_correction_range
 
 

@@ -6,8 +6,8 @@ import torch
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from errors import ConfigError
 from model import KVCache, ModelConfig, Transformer
-from model.config import ConfigError
 from model.rope import (
     ROPE_SCALINGS,
     apply_rope,
@@ -16,9 +16,8 @@ from model.rope import (
     yarn_attention_factor,
     yarn_correction_range,
 )
+from scripts.hf_convert import llama_model_from, rope_parameters
 from tests.conftest import micro_config
-from scripts.hf_convert import rope_parameters
-from scripts.hf_convert import llama_model_from
 
 GRID = list(itertools.product([32, 64, 128], [1e4, 1e6], [2.0, 4.0, 8.0, 16.0], [128, 256, 2048, 4096], [True, False]))
 
@@ -171,5 +170,5 @@ def test_inference_time_scaling_switch():
     model.set_rope_scaling(None)
     assert torch.equal(model(idx)[0], plain)
     alibi = Transformer(micro_config(position="alibi"))
-    with pytest.raises(ValueError, match="rope scaling applies to RoPE checkpoints"):
+    with pytest.raises(ConfigError, match="rope scaling applies to RoPE checkpoints"):
         alibi.set_rope_scaling({"rope_type": "linear", "factor": 2.0})

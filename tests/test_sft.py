@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
-from data.sft import (ConversationError, check_conversation, encode_conversation,
-                      pad_batch, stdlib_conversations)
+from data.sft import check_conversation, encode_conversation, pad_batch, stdlib_conversations
 from data.tokenizer import load_tokenizer
+from errors import ConfigError, ConversationError
 from model import IGNORE_INDEX, Transformer
 from scripts.generate import fit_conversation
 from tests.conftest import micro_config
@@ -111,7 +111,7 @@ def test_fit_conversation_drops_oldest_turns(tokenizer):
     ids, kept = fit_conversation(tokenizer, long_history, budget=120)
     assert len(ids) <= 120 and kept[0]["role"] == "system" and kept[-1] == long_history[-1]
     assert len(kept) < len(long_history)
-    with pytest.raises(ValueError, match="the last message alone takes"):
+    with pytest.raises(ConfigError, match="the last message alone takes"):
         fit_conversation(tokenizer, [{"role": "user", "content": "x " * 400}], budget=50)
 
 

@@ -7,9 +7,9 @@ from data.batches import PretrainBatches
 from data.prepare import prepare
 from data.tokenizer import load_tokenizer
 from model import Transformer
+from tests.conftest import ROOT
 from train.config import load_run_config
 from train.loop import run_training
-from tests.conftest import ROOT
 
 
 @pytest.mark.slow

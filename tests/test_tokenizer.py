@@ -3,6 +3,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from data.tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, load_tokenizer, train_bpe, wrap_tokenizer
+from errors import ConfigError
 
 TEXTS = [
     "def add(a, b):\n    return a + b\n",
@@ -64,5 +65,5 @@ def test_bare_tokenizer_json_loads_with_template(tokenizer, tmp_path):
 
 
 def test_too_small_vocab_is_refused():
-    with pytest.raises(ValueError, match="vocab_size must be larger than 260"):
+    with pytest.raises(ConfigError, match="vocab_size must be larger than 260"):
         train_bpe(TEXTS, vocab_size=100)

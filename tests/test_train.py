@@ -6,9 +6,9 @@ import torch
 
 from data.batches import PretrainBatches
 from data.tokenizer import load_tokenizer
+from errors import ConfigError
 from model import Transformer
 from model.checkpoint import load_model, load_trainer_state
-from model.config import ConfigError
 from train.config import load_run_config
 from train.loop import TrainingInterrupted, learning_rate, run_training
 

@@ -5,9 +5,8 @@ import argparse
 import sys
 from typing import Callable
 
-from data.sources import SourceError
-from model.checkpoint import CheckpointError, load_config, load_weights_into
-from model.config import ConfigError
+from errors import ConfigError, UserError
+from model.checkpoint import load_config, load_weights_into
 from model.transformer import Transformer
 from train.config import RunConfig, load_run_config
 from train.loop import NonFiniteLoss, TrainingInterrupted
@@ -48,9 +47,9 @@ def check_vocab(config: RunConfig, tokenizer_vocab: int, where: str) -> None:
         )
 
 
-def run_cli(body: Callable[[], None], also: tuple[type[BaseException], ...] = ()) -> int:
-    """Run an entry point's body; clear one-line errors and exit codes instead of tracebacks for bad input
-    (`also`: further exception types that mean bad input for this entry point)."""
+def run_cli(body: Callable[[], None]) -> int:
+    """Run a training entry point's body: an interrupted run exits 130, a non-finite loss 3, bad input (a
+    UserError) 2 with one line; anything else is a bug and keeps its traceback."""
     try:
         body()
     except TrainingInterrupted as stop:
@@ -59,7 +58,7 @@ def run_cli(body: Callable[[], None], also: tuple[type[BaseException], ...] = ()
     except NonFiniteLoss as stop:
         print(f"error: {stop}", file=sys.stderr)
         return 3
-    except (ConfigError, CheckpointError, SourceError, FileNotFoundError, ValueError, *also) as error:
+    except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from model.config import ConfigError, ModelConfig, build_dataclass, check_field_types
+from errors import ConfigError
+from model.config import ModelConfig, build_dataclass, check_field_types
 
 
 @dataclass

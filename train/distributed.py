@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from model.config import ConfigError
+from errors import ConfigError
 
 
 class Distributed:

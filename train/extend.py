@@ -16,8 +16,8 @@ import sys
 
 from data.batches import PretrainBatches, read_meta
 from data.tokenizer import load_tokenizer
+from errors import ConfigError
 from model.checkpoint import load_config, load_trainer_state
-from model.config import ConfigError
 from train.cli import check_vocab, model_factory, run_cli
 from train.config import load_run_config
 from train.loop import run_training

@@ -16,20 +16,20 @@ from typing import Any, Callable, Iterator, Protocol
 
 import torch
 
+from errors import ConfigError
 from model.checkpoint import (
     CONFIG,
-    CheckpointError,
     TRAINER_STATE,
     TRAINING_STATE,
     WEIGHTS,
+    CheckpointError,
     has_checkpoint,
-    recover,
     load_model,
     load_trainer_state,
     load_training_state,
+    recover,
     save_checkpoint,
 )
-from model.config import ConfigError
 from model.runtime import autocast, autocast_dtype, resolve_device
 from model.transformer import IGNORE_INDEX, Transformer
 from train.config import RunConfig, to_toml

@@ -14,6 +14,7 @@ import sys
 
 from data.sft import SFTBatches, build_sft_data
 from data.tokenizer import load_tokenizer
+from errors import ConfigError
 from train.cli import check_vocab, load_config_with_init, model_factory, parse_args, run_cli
 from train.loop import run_training
 
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = load_tokenizer(args.init)
         check_vocab(config, len(tokenizer), args.init)
         if not config.data.source:
-            raise ValueError("train.sft needs data.source: stdlib, minimind, or a conversations .jsonl path")
+            raise ConfigError("train.sft needs data.source: stdlib, minimind, or a conversations .jsonl path")
         data = build_sft_data(config.data.source, tokenizer, config.model.max_seq_len + 1, config.data.val_fraction)
         stats = data.stats
         print(f"SFT data {config.data.source}: {stats['train']} train / {stats['val']} held-out conversations; "
