@@ -10,6 +10,9 @@ import torch
 
 from errors import DataError
 
+# Targets equal to IGNORE_INDEX add no loss (PyTorch cross_entropy's default ignore_index): SFT labels, padding.
+IGNORE_INDEX = -100
+
 
 class TokenFile:
     """A memory-mapped train.bin / val.bin written by data.prepare."""

@@ -24,10 +24,10 @@ import datasets
 import numpy as np
 import torch
 
+from data.batches import IGNORE_INDEX
 from data.sources import _hub_is_reachable, check_utf8, stdlib_files
 from data.tokenizer import IM_END
 from errors import ConversationError, SourceError
-from model.transformer import IGNORE_INDEX
 
 ROLES = ("system", "user", "assistant")
 

@@ -25,10 +25,10 @@ from typing import Any, Callable
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, cli_command
 from eval.extrapolation import parse_lengths, resolve_length, trained_length
+from infer.generate import generate_tokens
+from infer.rope_args import add_rope_scaling_args, apply_rope_scaling_args
 from model.checkpoint import load_model
 from model.runtime import resolve_device
-from scripts.generate import generate_tokens
-from scripts.rope_args import add_rope_scaling_args, apply_rope_scaling_args
 
 INTRO = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "

@@ -27,10 +27,10 @@ from tqdm import tqdm
 from data.tokenizer import load_tokenizer, token_byte_lengths
 from errors import ConfigError, DataError, cli_command
 from eval.data import describe_eval_data, load_eval_tokens, training_val_fraction
+from infer.rope_args import add_rope_scaling_args, apply_rope_scaling_args
 from model.checkpoint import load_model
 from model.runtime import autocast, autocast_dtype, resolve_device
 from model.transformer import Transformer
-from scripts.rope_args import add_rope_scaling_args, apply_rope_scaling_args
 
 # Windows per forward are chosen so that a batch holds about this many tokens.
 TOKENS_PER_BATCH = 8192

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import tomllib
 import types
 import typing
 from dataclasses import dataclass
@@ -60,6 +61,14 @@ def build_dataclass(cls: type, values: dict[str, Any], where: str) -> Any:
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {unknown}; valid keys are {valid}")
     return cls(**values)
+
+
+def parse_override_value(text: str) -> Any:
+    """A CLI value as TOML (so 3e-4, true, 12 and [1, 2] have their types); anything else is a string."""
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text
 
 
 @dataclass

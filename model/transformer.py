@@ -8,14 +8,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from data.batches import IGNORE_INDEX
 from errors import ConfigError
 from model.attention import Attention
 from model.config import ModelConfig
 from model.kv_cache import KVCache
 from model.layers import RMSNorm, SwiGLU
 from model.position import PositionEncoding, build_position_encoding
-
-IGNORE_INDEX = -100
 
 
 class Block(nn.Module):

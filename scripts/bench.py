@@ -34,9 +34,14 @@ from typing import Callable
 import numpy as np
 import torch
 
+from eval.perplexity import evaluate_stream
+from infer.generate import generate_tokens
+from infer.hf_convert import llama_model_from
 from model.config import ModelConfig
 from model.runtime import autocast, autocast_dtype, resolve_device
 from model.transformer import Transformer
+from train.config import build_run_config
+from train.loop import Trainer
 
 SHAPES = {
     # The Foundation's 4.0M-parameter model (configs/tiny.toml).
@@ -49,11 +54,19 @@ SHAPES = {
 SAMPLING = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
 
 
-def median_time(fn: Callable[[], object], repeats: int) -> float:
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so a timer measures it (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_time(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
     times = []
     for _ in range(repeats):
+        synchronize(device)
         start = time.perf_counter()
         fn()
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -64,12 +77,12 @@ def rotated(names: list[str], shift: int) -> list[str]:
     return names[shift:] + names[:shift]
 
 
-def matmul_peak(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
-    """GFLOP/s of a (size x size) @ (size x size) matmul in `dtype` on this machine (median of repeats)."""
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+def matmul_peak(dtype: torch.dtype, device: torch.device, size: int = 2048, repeats: int = 5) -> float:
+    """GFLOP/s of a (size x size) @ (size x size) matmul in `dtype` on `device` (median of repeats)."""
+    a, b = (torch.randn(size, size, dtype=dtype, device=device) for _ in range(2))
     for _ in range(2):
         a @ b
-    return 2 * size**3 / median_time(lambda: [a @ b for _ in range(3)], repeats) * 3 / 1e9
+    return 2 * size**3 / median_time(lambda: [a @ b for _ in range(3)], repeats, device) * 3 / 1e9
 
 
 def training_flops_per_token(model: Transformer) -> float:
@@ -94,15 +107,12 @@ class RandomBatches:
         yield self.train_batch(0)
 
 
-def our_trainer(model_values: dict, batch: int, compile_model: bool, out_dir: str):
+def our_trainer(model_values: dict, batch: int, compile_model: bool, out_dir: str, device: torch.device):
     """train.loop's Trainer on random batches: its train_step is exactly what train.pretrain runs."""
-    from train.config import build_run_config
-    from train.loop import Trainer
-
     config = build_run_config({
         "model": model_values,
         "train": {"batch_size": batch, "max_steps": 10**6, "warmup_steps": 10, "compile": compile_model,
-                  "log_interval": 10**6, "eval_interval": 10**6},
+                  "log_interval": 10**6, "eval_interval": 10**6, "device": device.type},
         "out": {"dir": out_dir, "overwrite": True},
     })
     batches = RandomBatches(config.model.vocab_size, batch, config.model.max_seq_len)
@@ -112,15 +122,13 @@ def our_trainer(model_values: dict, batch: int, compile_model: bool, out_dir: st
     return lambda: trainer.train_step(next(step)), trainer
 
 
-def hf_trainer(model: Transformer, batch: int, amp: torch.dtype | None, compile_model: bool):
-    """transformers' Llama with the same weights, trained by the textbook loop (fused AdamW, clipping)."""
-    from scripts.hf_convert import llama_model_from
-
-    hf_model = llama_model_from(model).train()
+def hf_trainer(model: Transformer, batch: int, amp: torch.dtype | None, compile_model: bool, device: torch.device):
+    """transformers' Llama with the same weights, trained by the textbook loop (fused AdamW, clipping), on the
+    device our model trains on. Returns (step, the model)."""
+    hf_model = llama_model_from(model).to(device).train()  # load_state_dict copies across devices
     optimizer = torch.optim.AdamW(hf_model.parameters(), lr=1e-4, fused=True)
     forward = torch.compile(hf_model) if compile_model else hf_model
-    inputs = RandomBatches(model.config.vocab_size, batch, model.config.max_seq_len).tokens[:, :-1]
-    device = torch.device("cpu")
+    inputs = RandomBatches(model.config.vocab_size, batch, model.config.max_seq_len).tokens[:, :-1].to(device)
 
     def step() -> None:
         with autocast(device, amp):
@@ -130,45 +138,56 @@ def hf_trainer(model: Transformer, batch: int, amp: torch.dtype | None, compile_
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return step
+    return step, hf_model
 
 
-def bench_training(shape: dict, args: argparse.Namespace, peaks: dict[str, float]) -> dict:
+def device_of(module: torch.nn.Module) -> str:
+    return str(next(module.parameters()).device)
+
+
+def bench_training(shape: dict, args: argparse.Namespace, peaks: dict[str, float], device: torch.device) -> dict:
     model_values, batch = shape["model"], shape["batch"]
     tokens_per_step = batch * model_values["max_seq_len"]
     with tempfile.TemporaryDirectory() as out_dir:
-        ours_step, trainer = our_trainer(model_values, batch, False, out_dir + "/ours")
+        ours_step, trainer = our_trainer(model_values, batch, False, out_dir + "/ours", device)
         reference = trainer.model
         our_amp = trainer.amp
-        modes: dict[str, tuple[Callable[[], None], str]] = {
-            "ours (default)": (ours_step, "bf16" if our_amp == torch.bfloat16 else "fp32"),
-            "hf eager fp32": (hf_trainer(reference, batch, None, False), "fp32"),
-            "hf eager bf16": (hf_trainer(reference, batch, torch.bfloat16, False), "bf16"),
-        }
+        our_precision = "bf16" if our_amp == torch.bfloat16 else "fp32"
+        modes: dict[str, tuple[Callable[[], None], str, str]] = {
+            "ours (default)": (ours_step, our_precision, device_of(reference))}
+        for name, amp in (("hf eager fp32", None), ("hf eager bf16", torch.bfloat16)):
+            step, hf_model = hf_trainer(reference, batch, amp, False, device)
+            modes[name] = (step, "fp32" if amp is None else "bf16", device_of(hf_model))
         if args.compile:
-            compiled_step, _ = our_trainer(model_values, batch, True, out_dir + "/ours_compiled")
-            modes["ours compiled"] = (compiled_step, modes["ours (default)"][1])
-            modes["hf compiled bf16"] = (hf_trainer(reference, batch, torch.bfloat16, True), "bf16")
+            compiled_step, compiled = our_trainer(model_values, batch, True, out_dir + "/ours_compiled", device)
+            modes["ours compiled"] = (compiled_step, our_precision, device_of(compiled.model))
+            step, hf_model = hf_trainer(reference, batch, torch.bfloat16, True, device)
+            modes["hf compiled bf16"] = (step, "bf16", device_of(hf_model))
         first_step = {}
-        for name, (step, _) in modes.items():
+        for name, (step, _, _) in modes.items():
+            synchronize(device)
             start = time.perf_counter()
             step()  # compilation happens here for the compiled modes
+            synchronize(device)
             first_step[name] = time.perf_counter() - start
             step()
         samples: dict[str, list[float]] = {name: [] for name in modes}
         for repeat in range(args.repeats):
             for name in rotated(list(modes), repeat):
                 step = modes[name][0]
+                synchronize(device)
                 start = time.perf_counter()
                 for _ in range(args.train_steps):
                     step()
+                synchronize(device)
                 samples[name].append(args.train_steps * tokens_per_step / (time.perf_counter() - start))
     flops = training_flops_per_token(reference)
     baseline = statistics.median(samples["hf eager fp32"])
     results = {}
-    for name, (_, precision) in modes.items():
+    for name, (_, precision, where) in modes.items():
         tokens_per_s = statistics.median(samples[name])
         results[name] = {
+            "device": where,
             "tokens_per_s": tokens_per_s,
             "runs": samples[name],
             "vs_hf_eager_fp32": tokens_per_s / baseline,
@@ -182,14 +201,12 @@ def bench_training(shape: dict, args: argparse.Namespace, peaks: dict[str, float
             "bf16_peak_tokens_per_s": ceiling, "bf16_peak_vs_hf_eager_fp32": ceiling / baseline}
 
 
-def bench_generation(shape: dict, args: argparse.Namespace) -> dict:
-    from scripts.generate import generate_tokens
-    from scripts.hf_convert import llama_model_from
-
+def bench_generation(shape: dict, args: argparse.Namespace, device: torch.device) -> dict:
     torch.manual_seed(0)
     model = Transformer(ModelConfig(**shape["model"])).eval()
+    hf_models = {dtype: llama_model_from(model).to(device, dtype) for dtype in (torch.float32, torch.bfloat16)}
+    model.to(device)
     model_bf16 = copy.deepcopy(model).to(torch.bfloat16)
-    hf_models = {dtype: llama_model_from(model).to(dtype) for dtype in (torch.float32, torch.bfloat16)}
     for hf_model in hf_models.values():
         hf_model.generation_config.eos_token_id = None
     prompt = torch.randint(4, model.config.vocab_size, (args.prompt_tokens,)).tolist()
@@ -204,7 +221,8 @@ def bench_generation(shape: dict, args: argparse.Namespace) -> dict:
     def hf(dtype: torch.dtype) -> Callable[[], None]:
         @torch.inference_mode()
         def run() -> None:
-            output = hf_models[dtype].generate(torch.tensor([prompt]), max_new_tokens=new, min_new_tokens=new,
+            output = hf_models[dtype].generate(torch.tensor([prompt], device=device), max_new_tokens=new,
+                                               min_new_tokens=new,
                                                do_sample=True, pad_token_id=0, **SAMPLING)
             assert output.shape[1] == len(prompt) + new
         return run
@@ -212,27 +230,33 @@ def bench_generation(shape: dict, args: argparse.Namespace) -> dict:
     modes = {"ours (default fp32)": ours(model, False), "ours bf16": ours(model_bf16, False),
              "ours bf16 compiled": ours(model_bf16, True), "hf generate fp32": hf(torch.float32),
              "hf generate bf16": hf(torch.bfloat16)}
+    devices = {"ours (default fp32)": device_of(model), "ours bf16": device_of(model_bf16),
+               "ours bf16 compiled": device_of(model_bf16), "hf generate fp32": device_of(hf_models[torch.float32]),
+               "hf generate bf16": device_of(hf_models[torch.bfloat16])}
     first_run = {}
     for name, run in modes.items():
+        synchronize(device)
         start = time.perf_counter()
         run()  # warm-up (compilation for the compiled mode)
+        synchronize(device)
         first_run[name] = time.perf_counter() - start
     samples: dict[str, list[float]] = {name: [] for name in modes}
     for repeat in range(args.repeats):
         for name in rotated(list(modes), repeat):
+            synchronize(device)
             start = time.perf_counter()
             modes[name]()
+            synchronize(device)
             samples[name].append(new / (time.perf_counter() - start))
     baseline = statistics.median(samples["hf generate fp32"])
-    results = {name: {"tokens_per_s": statistics.median(values), "runs": values, "first_run_s": first_run[name],
-                      "vs_hf_fp32": statistics.median(values) / baseline} for name, values in samples.items()}
+    results = {name: {"device": devices[name], "tokens_per_s": statistics.median(values), "runs": values,
+                      "first_run_s": first_run[name], "vs_hf_fp32": statistics.median(values) / baseline}
+               for name, values in samples.items()}
     return {"batch": 1, "prompt_tokens": len(prompt), "new_tokens": new, "sampling": SAMPLING, "modes": results}
 
 
 def long_eval_child(shape_name: str, position: str, length: int) -> None:
     """One perplexity window of `length` tokens through eval.perplexity; prints JSON with peak RSS and time."""
-    from eval.perplexity import evaluate_stream
-
     values = {**SHAPES[shape_name]["model"], "position": position}
     torch.manual_seed(0)
     model = Transformer(ModelConfig(**values)).eval()
@@ -326,24 +350,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long-positions", nargs="*", default=["rope", "alibi"],
                         help="encodings of the long evaluation (default rope alibi; none to skip)")
     parser.add_argument("--skip", nargs="*", default=[], choices=["training", "generation", "long_eval"])
+    parser.add_argument("--device", default="cpu",
+                        help="cpu (default) | cuda | auto: every contestant runs there (the long evaluation, which "
+                             "measures peak RSS, always on the CPU)")
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.train_steps < 1 or args.new_tokens < 1:
         parser.error("--repeats, --train-steps and --new-tokens must be positive")
-    if resolve_device("auto").type != "cpu":
-        print("note: the benchmark runs on the CPU (the transformers baselines are CPU runs)")
+    device = resolve_device(args.device)
     out = Path(args.out or f"runs/bench/bench-{args.shape}.json")
     shape = SHAPES[args.shape]
     torch.manual_seed(0)
     results = {
-        "shape": args.shape, "model": shape["model"], "batch": shape["batch"], "device": "cpu",
+        "shape": args.shape, "model": shape["model"], "batch": shape["batch"], "device": str(device),
         "threads": torch.get_num_threads(), "torch": torch.__version__, "repeats": args.repeats,
         "parameters": Transformer(ModelConfig(**shape["model"])).num_parameters(),
-        "default_autocast": str(autocast_dtype(torch.device("cpu"), "auto")),
+        "default_autocast": str(autocast_dtype(device, "auto")), "long_eval_device": "cpu",
     }
-    peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
+    peaks = {"fp32": matmul_peak(torch.float32, device), "bf16": matmul_peak(torch.bfloat16, device)}
     results["matmul_peak_gflops"] = peaks
-    results["training"] = bench_training(shape, args, peaks) if "training" not in args.skip else None
-    results["generation"] = bench_generation(shape, args) if "generation" not in args.skip else None
+    results["training"] = bench_training(shape, args, peaks, device) if "training" not in args.skip else None
+    results["generation"] = bench_generation(shape, args, device) if "generation" not in args.skip else None
     positions = [position for position in args.long_positions if position != "none"]
     results["long_eval"] = bench_long_eval(args.shape, argparse.Namespace(**{**vars(args), "long_positions": positions})) \
         if "long_eval" not in args.skip else []

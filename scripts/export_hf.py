@@ -21,8 +21,8 @@ from transformers import GenerationConfig
 
 from data.tokenizer import ENDOFTEXT, IM_END, load_tokenizer
 from errors import ConversionError, cli_command
+from infer.hf_convert import to_hf_state_dict, to_llama_config
 from model.checkpoint import load_model, model_state_dict, write_atomically
-from scripts.hf_convert import to_hf_state_dict, to_llama_config
 
 
 def export(checkpoint: str | Path, out: str | Path, overwrite: bool = False) -> None:

@@ -21,9 +21,9 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from errors import ConversionError, cli_command
+from infer.hf_convert import from_hf_state_dict, from_llama_config
 from model.checkpoint import load_state_into, save_checkpoint
 from model.transformer import Transformer
-from scripts.hf_convert import from_hf_state_dict, from_llama_config
 
 
 def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:

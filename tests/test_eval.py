@@ -142,7 +142,9 @@ def test_passkey_cli_and_training_data(tiny_checkpoints, tmp_path):
                  "--out", str(tmp_path / "pk")]) == 0
     result = json.loads((tmp_path / "pk" / "results.json").read_text())
     assert [(row["length"], row["depth"]) for row in result["rows"]] == [(256, 0.0), (256, 1.0), (512, 0.0), (512, 1.0)]
-    assert all(0 <= row["accuracy"] <= 1 and row["prompt_tokens"] <= row["length"] for row in result["rows"])
+    for row in result["rows"]:
+        assert row["prompt_tokens"] <= row["length"] and len(row["answers"]) == row["trials"] == 2
+        assert row["accuracy"] == sum(a["answer"] == a["key"] for a in row["answers"]) / row["trials"]
     assert (tmp_path / "pk" / "passkey.png").exists()
     assert main(["--make-data", str(tmp_path / "pk.jsonl"), "--tokenizer", tiny_checkpoints[0], "--lengths", "256",
                  "--samples", "5"]) == 0
@@ -162,3 +164,27 @@ def test_dynamic_check_command(tiny_checkpoints, prepared_data, capsys):
     assert line.startswith("2x, 2 windows, 32 tokens at positions >= L: plain") and "cached - exact" in line
     assert main(["--checkpoint", tiny_checkpoints[1], "--data", str(prepared_data)]) == 2  # alibi: refused
     assert "needs a RoPE checkpoint" in capsys.readouterr().err
+
+
+def test_passkey_scores_an_oracle_as_right_and_a_fixed_answer_as_wrong(tiny_checkpoints, monkeypatch):
+    """The scoring can tell: a model that reads the key from the prompt gets 100%, one that always answers
+    12345 gets 0% (the keys drawn here are not 12345)."""
+    import re
+
+    import eval.passkey as passkey
+    from data.tokenizer import load_tokenizer
+    from model.checkpoint import load_model
+
+    model, tokenizer = load_model(tiny_checkpoints[0]), load_tokenizer(tiny_checkpoints[0])
+
+    def oracle(model, ids, new_tokens, **kwargs):
+        key = re.search(r"The pass key is (\d+)", tokenizer.decode(ids)).group(1)
+        return iter(tokenizer.encode(f" {key}.", add_special_tokens=False))
+
+    monkeypatch.setattr(passkey, "generate_tokens", oracle)
+    rows = passkey.evaluate_passkey(model, tokenizer, [256, 512], [0.0, 0.5, 1.0], 3, seed=0)
+    assert [row["accuracy"] for row in rows] == [1.0] * 6
+    monkeypatch.setattr(passkey, "generate_tokens",
+                        lambda *a, **k: iter(tokenizer.encode(" 12345.", add_special_tokens=False)))
+    rows = passkey.evaluate_passkey(model, tokenizer, [256], [0.5], 3, seed=0)
+    assert all(a["key"] != 12345 for a in rows[0]["answers"]) and rows[0]["accuracy"] == 0.0

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from data.tokenizer import load_tokenizer
+from infer.generate import StreamPrinter, generate_tokens, sample_next
 from model import Transformer
-from scripts.generate import StreamPrinter, generate_tokens, sample_next
 from tests.conftest import ROOT, micro_config
 
 

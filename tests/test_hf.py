@@ -8,12 +8,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from data.sft import encode_conversation
 from data.tokenizer import load_tokenizer
 from errors import ConversionError
+from infer.generate import generate_tokens
+from infer.hf_convert import from_llama_config
 from model import Transformer
 from model.checkpoint import load_model, save_checkpoint
 from scripts.export_hf import export
 from scripts.export_hf import main as export_main
-from scripts.generate import generate_tokens
-from scripts.hf_convert import from_llama_config
 from scripts.import_hf import import_hf
 from scripts.import_hf import main as import_main
 from tests.conftest import micro_config
@@ -21,13 +21,15 @@ from tests.conftest import micro_config
 SCALINGS = [None, {"rope_type": "linear", "factor": 2.0}, {"rope_type": "dynamic", "factor": 2.0},
             {"rope_type": "yarn", "factor": 4.0}, {"rope_type": "llama3", "factor": 4.0},
             {"rope_type": "ntk", "factor": 2.0}]
+YARN_VARIANTS = [{"rope_type": "yarn", "factor": 8.0, "beta_fast": 16, "beta_slow": 2, "truncate": False},
+                 {"rope_type": "yarn", "factor": 4.0, "mscale": 0.707, "mscale_all_dim": 1.0}]
 CASES = [dict(n_kv_heads=kv, rope_layout=layout) for kv in (4, 2) for layout in ("half", "interleaved")] + [
-    dict(n_kv_heads=2, rope_layout="interleaved", rope_scaling=scaling) for scaling in SCALINGS[1:]]
+    dict(n_kv_heads=2, rope_layout="interleaved", rope_scaling=scaling) for scaling in SCALINGS[1:] + YARN_VARIANTS]
 
 
 def case_id(case):
-    scaling = case.get("rope_scaling")
-    return f"kv{case['n_kv_heads']}-{case['rope_layout']}-{scaling['rope_type'] if scaling else 'plain'}"
+    scaling = case.get("rope_scaling") or {"rope_type": "plain"}
+    return f"kv{case['n_kv_heads']}-{case['rope_layout']}-" + "-".join(str(value) for value in scaling.values())
 
 
 def make_checkpoint(folder, tokenizer, **overrides):
@@ -52,9 +54,12 @@ def test_exported_model_matches_ours(case, tokenizer, tmp_path):
     hf_model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     assert type(hf_model).__name__ == "LlamaForCausalLM"
     idx = torch.randint(0, len(tokenizer), (2, 48))  # 3x the trained length
+    positions = (100 + 3 * torch.arange(48))[None].expand(2, -1)  # explicit, spread-out, far beyond it
     with torch.no_grad():
         ours, theirs = model(idx)[0], hf_model(idx).logits
+        ours_far, theirs_far = model(idx, positions=positions)[0], hf_model(idx, position_ids=positions).logits
     assert (ours - theirs).abs().max() < 1e-4
+    assert (ours_far - theirs_far).abs().max() < 1e-4
     prompt = tokenizer.encode("def add(a, b):", add_special_tokens=False)
     eos = (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>"))
     ours_tokens = list(generate_tokens(model, prompt, 30, temperature=0, stop_ids=eos))

@@ -1,5 +1,6 @@
 """Failures say what to do and lose nothing: non-finite losses, learned-table limits, over-long prompts."""
 import json
+import math
 
 import pytest
 import torch
@@ -38,9 +39,10 @@ def test_nonfinite_step_is_skipped_and_logged(prepared_data, tmp_path):
     batches = PretrainBatches(prepared_data, 64, 4, config.train.seed, 2)
     result = run_training(config, lambda: poisoned_model(config, {3}), batches, load_tokenizer(prepared_data))
     records = [json.loads(line) for line in (tmp_path / "skip" / "metrics.jsonl").read_text().splitlines()]
-    assert {"step": 3, "nonfinite_loss": float("nan"), "action": "skip"}.keys() <= records[3].keys()
-    assert [r["action"] for r in records if "action" in r] == ["skip"]
-    assert result.final_val_loss == result.final_val_loss  # finite: the NaN step never touched the weights
+    skipped = [r for r in records if "action" in r]
+    assert len(skipped) == 1 and skipped[0]["step"] == 3 and skipped[0]["action"] == "skip"
+    assert math.isnan(skipped[0]["nonfinite_loss"])
+    assert math.isfinite(result.final_val_loss)  # the NaN step never touched the weights
     model = load_model(tmp_path / "skip")
     assert all(bool(p.isfinite().all()) for p in model.parameters())
     assert load_trainer_state(tmp_path / "skip")["nonfinite_steps"] == 1

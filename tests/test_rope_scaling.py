@@ -16,7 +16,6 @@ from model.rope import (
     yarn_attention_factor,
     yarn_correction_range,
 )
-from scripts.hf_convert import llama_model_from, rope_parameters
 from tests.conftest import micro_config
 
 GRID = list(itertools.product([32, 64, 128], [1e4, 1e6], [2.0, 4.0, 8.0, 16.0], [128, 256, 2048, 4096], [True, False]))
@@ -92,30 +91,6 @@ def test_attention_factor_is_applied_exactly_once():
     cos, sin = rope_cos_sin(inv_freq, torch.tensor([[7, 7, 7, 7, 7]]), "half", factor)
     scores = (apply_rope(q, cos, sin, "half") * apply_rope(k, cos, sin, "half")).sum(-1)
     assert torch.allclose(scores, factor**2 * (q * k).sum(-1), rtol=1e-5)
-
-
-SCALINGS = [
-    {"rope_type": "linear", "factor": 4.0},
-    {"rope_type": "dynamic", "factor": 4.0},
-    {"rope_type": "yarn", "factor": 4.0},
-    {"rope_type": "yarn", "factor": 8.0, "beta_fast": 16, "beta_slow": 2, "truncate": False},
-    {"rope_type": "yarn", "factor": 4.0, "mscale": 0.707, "mscale_all_dim": 1.0},
-    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
-]
-
-
-@pytest.mark.parametrize("scaling", SCALINGS, ids=lambda s: "-".join(str(v) for v in s.values()))
-def test_scaled_model_logits_match_transformers(scaling):
-    config = micro_config(max_seq_len=16, rope_theta=500.0, rope_scaling=scaling)
-    model = Transformer(config).eval()
-    hf_model = llama_model_from(model)
-    assert rope_parameters(config)["rope_type"] == scaling["rope_type"]
-    for length in (12, 64):  # within and 4x beyond the trained context
-        idx = torch.randint(0, config.vocab_size, (2, length))
-        with torch.no_grad():
-            ours = model(idx)[0]
-            theirs = hf_model(idx).logits
-        assert (ours - theirs).abs().max() < 1e-4, length
 
 
 def test_original_length_defaults_to_trained_context():

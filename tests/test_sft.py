@@ -9,8 +9,8 @@ import torch
 from data.sft import check_conversation, encode_conversation, pad_batch, stdlib_conversations
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, ConversationError
+from infer.generate import fit_conversation
 from model import IGNORE_INDEX, Transformer
-from scripts.generate import fit_conversation
 from tests.conftest import micro_config
 
 SINGLE = [{"role": "user", "content": "Write add."}, {"role": "assistant", "content": "def add(a, b):\n    return a + b"}]
@@ -125,7 +125,7 @@ def write_conversations(path, count):
 
 
 def test_sft_end_to_end_learns_the_format(prepared_data, tmp_path):
-    from scripts.generate import chat_reply
+    from infer.generate import chat_reply
     from train.pretrain import main as pretrain
     from train.sft import main as sft
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from errors import ConfigError
-from model.config import ModelConfig, build_dataclass, check_field_types
+from model.config import ModelConfig, build_dataclass, check_field_types, parse_override_value
 
 
 @dataclass
@@ -106,14 +106,6 @@ class RunConfig:
 
 SECTIONS = {field.name: field.type for field in dataclasses.fields(RunConfig)}
 SECTION_CLASSES = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "out": OutConfig}
-
-
-def parse_override_value(text: str) -> Any:
-    """A CLI value as TOML (so 3e-4, true, 12 and [1, 2] have their types); anything else is a string."""
-    try:
-        return tomllib.loads(f"value = {text}")["value"]
-    except tomllib.TOMLDecodeError:
-        return text
 
 
 def apply_overrides(values: dict[str, dict[str, Any]], overrides: list[str]) -> None:

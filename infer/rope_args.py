@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 
 from errors import ConfigError
+from model.config import parse_override_value
 from model.rope import ROPE_SCALINGS
 from model.transformer import Transformer
-from train.config import parse_override_value
 
 NO_SCALING = "none"
 

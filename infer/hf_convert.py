@@ -13,6 +13,7 @@ import torch
 import transformers
 
 from errors import ConversionError
+from model.checkpoint import model_state_dict
 from model.config import ModelConfig
 
 RENAMES = [
@@ -180,8 +181,6 @@ def from_llama_config(values: dict[str, Any]) -> tuple[ModelConfig, int]:
 def llama_model_from(model) -> "transformers.LlamaForCausalLM":
     """transformers' LlamaForCausalLM holding `model`'s weights (eval mode): the parity tests' reference and
     the benchmark's baseline."""
-    from model.checkpoint import model_state_dict
-
     hf_model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**to_llama_config(model.config))).eval()
     missing, unexpected = hf_model.load_state_dict(to_hf_state_dict(model_state_dict(model), model.config), strict=False)
     if unexpected or not set(missing) <= {"lm_head.weight"}:

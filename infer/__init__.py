@@ -1,0 +1,1 @@
+"""Inference helpers shared by eval/ and scripts/: generation, the --rope-scaling flags, the transformers mapping."""

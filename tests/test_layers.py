@@ -1,0 +1,117 @@
+"""The import graph, parsed from the source: layers import one way and no module imports itself in a circle.
+
+Layers, bottom first (README, "Layout"): errors, data, model, then train and infer side by side, eval, scripts.
+A module may import its own package and the layers below it, at the top of the file: an import inside a function
+(the usual way to dodge a cycle) of another project package is refused too. Imports under `if TYPE_CHECKING:`
+are annotations only and do not count.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+RANK = {"errors": 0, "data": 1, "model": 2, "train": 3, "infer": 3, "eval": 4, "scripts": 5}
+
+
+def project_modules() -> dict[str, Path]:
+    modules = {"errors": ROOT / "errors.py"}
+    for package in RANK:
+        folder = ROOT / package
+        if folder.is_dir():
+            for path in sorted(folder.glob("*.py")):
+                name = package if path.stem == "__init__" else f"{package}.{path.stem}"
+                modules[name] = path
+    return modules
+
+
+def is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imports(path: Path) -> list[tuple[str, int, bool]]:
+    """(imported project module, line, inside a function) for every runtime import of a project module."""
+    found: list[tuple[str, int, bool]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and is_type_checking(child):
+                continue
+            nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            names: list[str] = []
+            if isinstance(child, ast.Import):
+                names = [alias.name for alias in child.names]
+            elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
+                names = [child.module] + [f"{child.module}.{alias.name}" for alias in child.names]
+            for name in names:
+                if name.split(".")[0] in RANK:
+                    found.append((name, child.lineno, in_function))
+            visit(child, nested)
+
+    visit(ast.parse(path.read_text()), False)
+    return found
+
+
+def graph() -> tuple[dict[str, set[str]], list[str]]:
+    modules = project_modules()
+    edges: dict[str, set[str]] = {name: set() for name in modules}
+    problems: list[str] = []
+    for name, path in modules.items():
+        layer = name.split(".")[0]
+        for imported, line, in_function in imports(path):
+            target = imported if imported in modules else imported.rsplit(".", 1)[0]
+            if target not in modules or target == name:
+                continue
+            edges[name].add(target)
+            other = target.split(".")[0]
+            where = f"{path.relative_to(ROOT)}:{line} imports {target}"
+            if other != layer and RANK[other] >= RANK[layer]:
+                problems.append(f"{where}: {layer} (rank {RANK[layer]}) may not import {other} (rank {RANK[other]})")
+            if in_function and other != layer:
+                problems.append(f"{where} inside a function: import it at the top of the file")
+    return edges, sorted(set(problems))
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    found, state, stack = [], {}, []
+
+    def walk(node: str) -> None:
+        state[node] = "open"
+        stack.append(node)
+        for target in sorted(edges.get(node, ())):
+            if state.get(target) == "open":
+                found.append(stack[stack.index(target):] + [target])
+            elif target not in state:
+                walk(target)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(edges):
+        if node not in state:
+            walk(node)
+    return found
+
+
+def test_layers_import_one_way():
+    edges, problems = graph()
+    assert len(edges) > 40  # the parser sees the project
+    assert not problems, "\n".join(problems)
+
+
+def test_the_import_graph_has_no_cycles():
+    edges, _ = graph()
+    assert not cycles(edges), cycles(edges)
+
+
+def test_the_checker_catches_what_it_forbids(tmp_path):
+    """The checks can fail: an upward import, one inside a function and a cycle are each reported."""
+    source = tmp_path / "m.py"
+    source.write_text("from eval.perplexity import main\n\ndef f():\n    from data import sources\n"
+                      "if TYPE_CHECKING:\n    from scripts.generate import main\n")
+    assert imports(source) == [("eval.perplexity", 1, False), ("eval.perplexity.main", 1, False),
+                               ("data", 4, True), ("data.sources", 4, True)]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
