@@ -22,7 +22,7 @@ install: .installed
 # The main job on the offline default corpus (the Python standard library of this machine):
 # build the corpus + BPE tokenizer, pretrain a tiny RoPE model for a few minutes, print a sample.
 demo: install
-	$(PYTHON) -m data.prepare --source stdlib --out $(DATA)
+	$(PYTHON) -m data.prepare --data stdlib --out $(DATA)
 	$(PYTHON) -m train.pretrain --config configs/tiny.toml --data.dir=$(DATA) --out.dir=$(RUN) --out.overwrite=true
 	$(PYTHON) -m scripts.generate --checkpoint $(RUN) --prompt "def " --max-new-tokens 200 --temperature 0.8 --top-k 50 --seed 0
 

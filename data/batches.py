@@ -40,7 +40,7 @@ def read_meta(data_dir: str | Path) -> dict:
     if not path.exists():
         raise DataError(
             f"{path} not found: {data_dir} is not a prepared data folder; "
-            f"create it with `python -m data.prepare --source stdlib --out {data_dir}`"
+            f"create it with `python -m data.prepare --data stdlib --out {data_dir}`"
         )
     return json.loads(path.read_text())
 

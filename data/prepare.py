@@ -1,7 +1,7 @@
 """Tokenize a text source into packed token files.
 
-    python -m data.prepare --source stdlib --out runs/data/stdlib
-    python -m data.prepare --source ../shared/data/books --out runs/data/books --vocab-size 8192
+    python -m data.prepare --data stdlib --out runs/data/stdlib
+    python -m data.prepare --data ../shared/data/books --out runs/data/books --vocab-size 8192
 
 Writes OUT/tokenizer.json (+ tokenizer_config.json, chat template), train.bin and val.bin (token ids,
 uint16 when the vocabulary fits, each document followed by <|endoftext|>) and meta.json.
@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from commands import add_out, command_parser, deprecated
 from data.sources import ENCODING_ERRORS, HUB_SOURCES, TextSource, load_source
 from data.tokenizer import ENDOFTEXT, batched, load_tokenizer, train_bpe, wrap_tokenizer
 from errors import ConfigError, cli_command
@@ -162,26 +163,31 @@ def prepare(
     return meta
 
 
-@cli_command
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--source", default="stdlib",
-                        help=f"stdlib (default, offline), {', '.join(HUB_SOURCES)} (hub), or a local path")
-    parser.add_argument("--out", required=True, type=Path, help="output folder")
-    parser.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary size (default 4096)")
+def build_parser() -> argparse.ArgumentParser:
+    parser = command_parser("data.prepare", __doc__)
+    parser.add_argument("--data", default="stdlib", metavar="SOURCE",
+                        help=f"stdlib (offline), {', '.join(HUB_SOURCES)} (hub), or a local file or folder")
+    deprecated(parser, "--source", "--data", "data")
+    add_out(parser, "output folder (tokenizer, train.bin, val.bin, meta.json)", required=True, type=Path)
+    parser.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary size")
     parser.add_argument("--tokenizer", help="reuse this tokenizer.json or tokenizer folder instead of training one")
     parser.add_argument("--val-fraction", type=float, default=DEFAULT_VAL_FRACTION,
-                        help=f"share of documents held out (default {DEFAULT_VAL_FRACTION}; a source with its own "
-                             "validation split uses that)")
+                        help="share of documents held out (a source with its own validation split uses that)")
     parser.add_argument("--max-documents", type=int, help="hub sources: training documents to stream (default: the "
                                                           "source's own cap)")
     parser.add_argument("--num-proc", type=int, default=None, help="tokenizer processes (default: CPU count)")
     parser.add_argument("--errors", choices=ENCODING_ERRORS, default="strict",
-                        help="bytes that are not UTF-8: strict (default) refuses the file naming byte and line; "
+                        help="bytes that are not UTF-8: strict refuses the file naming byte and line; "
                              "replace reads them as U+FFFD")
+    return parser
+
+
+@cli_command
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    meta = prepare(args.source, args.out, args.vocab_size, args.tokenizer, args.val_fraction, args.num_proc,
+    meta = prepare(args.data, args.out, args.vocab_size, args.tokenizer, args.val_fraction, args.num_proc,
                    args.errors, args.max_documents)
     print(
         f"wrote {args.out}: {meta['train_tokens']:,} train tokens, {meta['val_tokens']:,} val tokens, "

@@ -227,7 +227,7 @@ class HubSource:
         if not _hub_is_reachable():
             raise SourceError(
                 f"source {self.repo!r} is on the Hugging Face hub, which cannot be reached (offline). "
-                "Offline alternatives: --source stdlib (the default), a local .txt/.jsonl/.parquet file or folder "
+                "Offline alternatives: --data stdlib (the default), a local .txt/.jsonl/.parquet file or folder "
                 f"(e.g. Gutenberg books as .txt files), or a downloaded copy of the dataset via {HUB_MIRROR_ENV}"
             )
         return self.repo

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from commands import add_out, comma_list, command_parser
 from data.batches import PretrainBatches, TokenFile, read_meta
 from data.prepare import prepare
 from data.tokenizer import load_tokenizer
@@ -43,7 +44,7 @@ from errors import ConfigError, cli_command
 from eval.compare_report import eval_path, run_dir, write_outputs
 from eval.extrapolation import CheckpointEvaluation, evaluate_checkpoint, make_plan, parse_lengths, resolve_length
 from eval.methods import check_methods
-from model.checkpoint import WEIGHTS, has_checkpoint, load_model, load_trainer_state
+from model.checkpoint import WEIGHTS, has_checkpoint, load_model, load_trainer_state, trained_length
 from model.config import build_dataclass, check_field_types
 from model.position import POSITION_ENCODINGS
 from model.runtime import autocast_dtype, resolve_device
@@ -117,7 +118,12 @@ def load_compare_config(path: Path, preset: str | None, overrides: list[str]) ->
         if not override.startswith("--") or "=" not in override:
             raise ConfigError(f"override {override!r} must look like --section.key=value")
         dotted, text = override[2:].split("=", 1)
-        set_dotted(values, dotted, parse_override_value(text), "override")
+        value = parse_override_value(text)
+        if dotted.startswith("compare.") and isinstance(value, (str, int, float)) and not isinstance(value, bool) \
+                and isinstance(getattr(CompareConfig(), dotted.split(".", 1)[1].replace("scalings", "methods"),
+                                       None), list):
+            value = [parse_override_value(item) for item in comma_list(str(text))]  # --compare.seeds=1,2,3
+        set_dotted(values, dotted, value, "override")
     compare = build_dataclass(CompareConfig, values.pop("compare", {}), "compare")
     for section in ("data", "out"):
         if section in values:
@@ -207,7 +213,7 @@ def evaluate_cached(checkpoint: Path, path: Path, compare: CompareConfig, method
     ids = np.asarray(TokenFile(Path(compare.out) / "data" / "val.bin", meta["dtype"]).tokens)
     device = resolve_device("auto")
     model = load_model(checkpoint, device)
-    trained = int(load_trainer_state(checkpoint)["trained_seq_len"])
+    trained = trained_length(checkpoint)
     plan = make_plan(len(ids), trained, lengths or compare.lengths, compare.eval_tokens, compare.reference_stride,
                      probe, segment_lengths=compare.lengths)
     key = {**plan.key(), "weights": weights_digest(checkpoint), "methods": sorted(methods)}
@@ -329,13 +335,20 @@ def record_invocation(out: Path, command: str, wall_s: float, workers: int, thre
         handle.write(json.dumps(record) + "\n")
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = command_parser("eval.compare", __doc__, epilog="Overrides: --compare.key=value (lists comma-separated, "
+                                                            "e.g. --compare.encodings=rope,alibi --compare.seeds=1,2), "
+                                                            "--model.key=value, --train.key=value")
+    parser.add_argument("--config", type=Path, default=Path("configs/compare.toml"), metavar="FILE",
+                        help="TOML compare config")
+    parser.add_argument("--preset", help="a [presets.NAME] table of the config: quick, full or wikitext103")
+    add_out(parser, "output folder (default: compare.out of the config)")
+    return parser
+
+
 @cli_command
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="Overrides: --compare.key=value, --model.key=value, --train.key=value")
-    parser.add_argument("--config", type=Path, default=Path("configs/compare.toml"))
-    parser.add_argument("--preset", help="a [presets.NAME] table of the config: quick, full or wikitext103")
-    parser.add_argument("--out", help="output folder (default: compare.out of the config)")
+    parser = build_parser()
     args, overrides = parser.parse_known_args(argv)
     command = " ".join(["python -m eval.compare", *map(shlex.quote, (argv if argv is not None else sys.argv[1:]))])
     if args.out:

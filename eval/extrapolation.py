@@ -35,8 +35,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, deprecated, require
 from data.tokenizer import load_tokenizer
-from errors import CheckpointError, ConfigError, PositionRangeError, cli_command
+from errors import ConfigError, PositionRangeError, cli_command
 from eval.data import describe_eval_data, load_eval_tokens, training_data_dir, training_val_fraction
 from eval.methods import METHODS, NONE, applies, check_methods, label
 from eval.scoring import score_incremental, score_windows
@@ -49,19 +50,12 @@ from eval.segments import (
     tiled_windows,
 )
 from eval.stats import crossed_bootstrap
-from model.checkpoint import load_model, load_trainer_state
+from model.checkpoint import load_model, trained_length
 from model.runtime import autocast_dtype, resolve_device
 from model.transformer import Transformer
 
 DEFAULT_METHODS = "linear,ntk,dynamic,yarn,clamp"
 PROBE_MULTIPLES = (0, 1, 3, 15)  # position offsets of the shift probe, in units of L
-
-
-def trained_length(checkpoint: str | Path, max_seq_len: int) -> int:
-    try:
-        return int(load_trainer_state(checkpoint).get("trained_seq_len", max_seq_len))
-    except CheckpointError:
-        return max_seq_len
 
 
 def parse_lengths(text: str) -> list[str]:
@@ -314,36 +308,43 @@ def plot_results(rows: list[dict[str, Any]], path: Path, title: str = "Perplexit
     plt.close(figure)
 
 
-@cli_command
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", nargs="+", required=True, help="one or more checkpoint folders")
+def build_parser() -> argparse.ArgumentParser:
+    parser = command_parser("eval.extrapolation", __doc__)
+    add_checkpoint(parser, "one or more checkpoint folders (required)", nargs="+")
     parser.add_argument("--lengths", default="1x,2x,4x,8x,16x",
-                        help="multiples (4x) or token counts (1024); default 1x,2x,4x,8x,16x")
-    parser.add_argument("--methods", "--scalings", dest="methods", default=DEFAULT_METHODS,
-                        help=f"inference-time methods, each where it applies (default {DEFAULT_METHODS}; 'none' is "
-                             f"always evaluated); valid: {', '.join(sorted(METHODS))}")
+                        help="comma-separated multiples of the trained length (4x) or token counts (1024)")
+    parser.add_argument("--methods", default=DEFAULT_METHODS,
+                        help=f"inference-time methods, each where it applies ('none' is always evaluated); valid: "
+                             f"{', '.join(sorted(METHODS))}")
+    deprecated(parser, "--scalings", "--methods", "methods")
     parser.add_argument("--data", help="prepared folder, source or path (default: each checkpoint's own held-out "
                                        "val.bin); of a raw source only its held-out documents are scored")
     parser.add_argument("--val-fraction", type=float, default=None,
                         help="raw --data: the held-out share used to split it (default: the checkpoint's, else 0.05)")
     parser.add_argument("--all-documents", action="store_true",
                         help="raw --data: score every document, training documents included")
-    parser.add_argument("--tokens", type=int, default=65536, help="tokens scored per length (default 65536)")
+    parser.add_argument("--tokens", type=int, default=65536, help="tokens scored per length")
     parser.add_argument("--reference-stride", type=int, default=0,
-                        help="stride S of the L-window reference (default L / 8)")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--out", type=Path, required=True)
+                        help="stride S of the L-window reference (0: L / 8)")
+    add_device(parser)
+    parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | auto")
+    add_out(parser, "output folder: results.json, table.md, plot.png (required)", type=Path)
+    return parser
+
+
+@cli_command
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
+    require(parser, args, "checkpoint", "out")
     rows: list[dict[str, Any]] = []
     lengths = parse_lengths(args.lengths)
-    methods = check_methods([item.strip() for item in args.methods.split(",") if item.strip()])
+    methods = check_methods(comma_list(args.methods))
     device = resolve_device(args.device)
     amp = autocast_dtype(device, args.dtype)
     for checkpoint in args.checkpoint:
         model = load_model(checkpoint, device)
-        trained = trained_length(checkpoint, model.config.max_seq_len)
+        trained = trained_length(checkpoint)
         tokenizer = load_tokenizer(checkpoint)
         data = args.data or training_data_dir(checkpoint)
         val_fraction = args.val_fraction or training_val_fraction(checkpoint)

@@ -4,8 +4,10 @@ Each method names the encodings it applies to and how it sets the model up for a
 `incremental` methods are scored token by token through the KV cache (as generation uses them), the rest with
 one forward per window. "none" is the checkpoint as it is (its own scaling, if it was trained with one).
 
-    linear, ntk, yarn, llama3   RoPE frequency scalings with factor = length / trained length (static: the whole
-                                window uses that factor, which is how such a scaling is configured for a length)
+    linear, ntk, yarn, llama3   RoPE frequency scalings with factor = length / the length the frequencies were
+                                set for (config.original_length: the trained length, or for a checkpoint extended
+                                with a scaling, the length before extension), static: the whole window uses that
+                                factor, which is how such a scaling is configured for a length
     dynamic                     dynamic NTK with its own factor (1): the base grows with the current length,
                                 so each token is scored under the base of its own prefix (incremental)
     clamp                       a learned table: positions past it reuse its last row
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from errors import ConfigError
+from model.config import ModelConfig
 from model.rope import NEEDS_ORIGINAL_LENGTH
 from model.transformer import Transformer
 
@@ -40,9 +43,10 @@ def _as_trained(model: Transformer, own: dict, length: int, trained: int) -> Non
 
 def _rope_scaling(name: str) -> Callable[[Transformer, dict, int, int], None]:
     def setup(model: Transformer, own: dict, length: int, trained: int) -> None:
-        scaling = {"rope_type": name, "factor": max(1.0, length / trained)}
+        original = ModelConfig.from_dict(own).original_length  # the checkpoint's own, not the current setting
+        scaling = {"rope_type": name, "factor": max(1.0, length / original)}
         if name in NEEDS_ORIGINAL_LENGTH:
-            scaling["original_max_position_embeddings"] = trained
+            scaling["original_max_position_embeddings"] = original
         model.reconfigure_position(rope_scaling=scaling)
 
     return setup

@@ -2,7 +2,7 @@
 
     python -m eval.passkey --checkpoint runs/passkey_ft --lengths 1x,2x,4x --depths 0,0.5,1 --trials 5 \\
         --out runs/passkey
-    python -m eval.passkey --make-data runs/passkey_data/train.jsonl --tokenizer runs/tiny --lengths 64,128,256 \\
+    python -m eval.passkey --make-data runs/passkey_data/train.jsonl --checkpoint runs/tiny --lengths 64,128,256 \\
         --samples 4000          # training documents for the passkey fine-tune recipe (see README)
 
 The prompt is the landmark-attention / YaRN template, lines joined by newlines: the task description,
@@ -22,12 +22,13 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, deprecated, require
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, cli_command
-from eval.extrapolation import parse_lengths, resolve_length, trained_length
+from eval.extrapolation import parse_lengths, resolve_length
 from infer.generate import generate_tokens
 from infer.rope_args import add_rope_scaling_args, apply_rope_scaling_args
-from model.checkpoint import load_model
+from model.checkpoint import load_model, trained_length
 from model.runtime import resolve_device
 
 INTRO = (
@@ -133,37 +134,49 @@ def make_training_data(path: Path, tokenizer, lengths: list[int], samples: int, 
             handle.write(json.dumps({"text": f"{prompt} {key}."}) + "\n")
 
 
-@cli_command
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", help="checkpoint folder to evaluate")
-    parser.add_argument("--lengths", default="1x,2x,4x", help="multiples of the trained length (2x) or token counts")
+def build_parser() -> argparse.ArgumentParser:
+    parser = command_parser("eval.passkey", __doc__)
+    add_checkpoint(parser, "the checkpoint to evaluate; with --make-data, the one whose tokenizer sizes the "
+                           "prompts (required)")
+    deprecated(parser, "--tokenizer", "--checkpoint", "checkpoint")
+    parser.add_argument("--lengths", default="1x,2x,4x",
+                        help="comma-separated multiples of the trained length (2x) or token counts")
     parser.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="key positions as fractions of the filler")
     parser.add_argument("--trials", type=int, default=5, help="random keys per (length, depth)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--out", type=Path, help="output folder for results.json and passkey.png")
-    parser.add_argument("--make-data", type=Path, help="write passkey training documents (jsonl) here instead")
-    parser.add_argument("--tokenizer", help="with --make-data: tokenizer folder used to size the prompts")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the keys and depths")
+    add_device(parser)
+    add_out(parser, "output folder for results.json and passkey.png (required to evaluate)", type=Path)
+    parser.add_argument("--make-data", type=Path, metavar="FILE",
+                        help="write passkey training documents (jsonl) here instead of evaluating")
     parser.add_argument("--samples", type=int, default=4000, help="with --make-data: number of documents")
     add_rope_scaling_args(parser)
+    return parser
+
+
+@cli_command
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
+    require(parser, args, "checkpoint")
     length_items = parse_lengths(args.lengths)
-    depths = [float(item) for item in args.depths.split(",")]
+    try:
+        depths = [float(item) for item in comma_list(args.depths)]
+    except ValueError:
+        parser.error(f"--depths must be comma-separated numbers in [0, 1], got {args.depths!r}")
     if args.make_data:
-        if not args.tokenizer or any(item.endswith("x") for item in length_items):
-            parser.error("--make-data needs --tokenizer and absolute --lengths (token counts)")
-        make_training_data(args.make_data, load_tokenizer(args.tokenizer), [int(i) for i in length_items],
+        if any(item.endswith("x") for item in length_items):
+            parser.error("--make-data needs absolute --lengths (token counts)")
+        make_training_data(args.make_data, load_tokenizer(args.checkpoint), [int(i) for i in length_items],
                            args.samples, args.seed)
         print(f"wrote {args.samples} passkey documents to {args.make_data}")
         return 0
-    if not args.checkpoint or not args.out:
-        parser.error("evaluation needs --checkpoint and --out")
+    if not args.out:
+        parser.error("evaluation needs --out")
     device = resolve_device(args.device)
     model = load_model(args.checkpoint, device)
     apply_rope_scaling_args(model, args)
     tokenizer = load_tokenizer(args.checkpoint)
-    trained = trained_length(args.checkpoint, model.config.max_seq_len)
+    trained = trained_length(args.checkpoint)
     lengths = [resolve_length(item, trained) for item in length_items]
     rows = evaluate_passkey(model, tokenizer, lengths, depths, args.trials, args.seed)
     args.out.mkdir(parents=True, exist_ok=True)

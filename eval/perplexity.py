@@ -1,14 +1,14 @@
 """Perplexity and bits-per-byte of a checkpoint on a text, in nonoverlapping or sliding windows.
 
-    python -m eval.perplexity --checkpoint runs/tiny --data runs/data/stdlib --seq-len 256
+    python -m eval.perplexity --checkpoint runs/tiny --data runs/data/stdlib --length 256
     python -m eval.perplexity --checkpoint runs/tiny --data ../shared/data/tinyshakespeare/input.txt \\
-        --seq-len 1024 --stride 256 --rope-scaling yarn --rope-factor 4 --json ppl.json
+        --length 1024 --stride 256 --rope-scaling yarn --rope-factor 4 --out runs/ppl
 
 --data is a prepared data folder (its val.bin is read), a named source (stdlib) or a local file/folder,
 tokenized with the checkpoint's tokenizer; of a raw source only the documents data.prepare holds out are scored
 (the same document-hash rule, with the checkpoint's val_fraction), unless --all-documents. Nonoverlapping mode scores every token of each window; with
 --stride S each window advances by S tokens and scores only its last S tokens (the first window scores all),
-so every token is scored exactly once, with at least seq_len - S tokens of context after the first window.
+so every token is scored exactly once, with at least length - S tokens of context after the first window.
 Bits-per-byte = total NLL / ln 2 / UTF-8 bytes of the scored tokens: comparable across tokenizers.
 """
 from __future__ import annotations
@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from commands import add_checkpoint, add_device, add_out, command_parser, deprecated, require
 from data.tokenizer import load_tokenizer, token_byte_lengths
 from errors import ConfigError, DataError, cli_command
 from eval.data import describe_eval_data, load_eval_tokens, training_val_fraction
@@ -58,7 +59,7 @@ def window_plan(n_tokens: int, seq_len: int, stride: int | None) -> list[tuple[i
     if stride is None:
         return [(start, 0) for start in range(0, n_tokens - seq_len, seq_len)]
     if not 1 <= stride <= seq_len:
-        raise ConfigError(f"--stride must be between 1 and --seq-len ({seq_len}), got {stride}")
+        raise ConfigError(f"--stride must be between 1 and --length ({seq_len}), got {stride}")
     plan = [(0, 0)]
     start = stride
     while start + seq_len < n_tokens:
@@ -116,44 +117,56 @@ def evaluate_stream(
     )
 
 
-@cli_command
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", required=True, help="checkpoint folder")
-    parser.add_argument("--data", required=True, help="prepared data folder (val.bin), source name, or text path")
-    parser.add_argument("--seq-len", type=int, required=True, help="window length in tokens")
+def build_parser() -> argparse.ArgumentParser:
+    parser = command_parser("eval.perplexity", __doc__)
+    add_checkpoint(parser, "the checkpoint to evaluate (required)")
+    parser.add_argument("--data", help="a prepared data folder (its val.bin), a source name, or a text path "
+                                       "(required)")
+    parser.add_argument("--length", type=int, help="window length in tokens (required)")
+    deprecated(parser, "--seq-len", "--length", "length", type=int)
     parser.add_argument("--stride", type=int, default=None, help="sliding-window stride (default: nonoverlapping)")
-    parser.add_argument("--max-tokens", type=int, default=None, help="evaluate only the first N tokens")
+    parser.add_argument("--tokens", type=int, default=None, help="score only the first N tokens (default: all)")
+    deprecated(parser, "--max-tokens", "--tokens", "tokens", type=int)
     parser.add_argument("--val-fraction", type=float, default=None,
                         help="raw --data: the held-out share used to split it (default: the checkpoint's, else 0.05)")
     parser.add_argument("--all-documents", action="store_true",
                         help="raw --data: score every document, training documents included")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="float32", help="float32 (default) | bfloat16 | auto")
-    parser.add_argument("--json", type=Path, help="also write the result, with the per-position loss curve, here")
+    add_device(parser)
+    parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | auto")
+    add_out(parser, "also write OUT/results.json: the result with the per-position loss curve")
+    deprecated(parser, "--json", "--out DIR (writes DIR/results.json)", "json", type=Path)
     add_rope_scaling_args(parser)
+    return parser
+
+
+@cli_command
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
+    require(parser, args, "checkpoint", "data", "length")
     device = resolve_device(args.device)
     model = load_model(args.checkpoint, device)
     apply_rope_scaling_args(model, args)
     tokenizer = load_tokenizer(args.checkpoint)
     val_fraction = args.val_fraction or training_val_fraction(args.checkpoint)
     print(f"evaluating on {describe_eval_data(args.data, args.all_documents, val_fraction)}")
-    ids = load_eval_tokens(args.data, tokenizer, args.max_tokens, val_fraction, args.all_documents)
-    result = evaluate_stream(model, ids, token_byte_lengths(tokenizer), args.seq_len, args.stride,
+    ids = load_eval_tokens(args.data, tokenizer, args.tokens, val_fraction, args.all_documents)
+    result = evaluate_stream(model, ids, token_byte_lengths(tokenizer), args.length, args.stride,
                              autocast_dtype(device, args.dtype))
     mode = f"sliding, stride {args.stride}" if args.stride else "nonoverlapping"
     print(
-        f"{args.checkpoint} @ {args.seq_len} ({mode}): nll {result.nll:.4f} | ppl {result.ppl:.3f} | "
+        f"{args.checkpoint} @ {args.length} ({mode}): nll {result.nll:.4f} | ppl {result.ppl:.3f} | "
         f"bpb {result.bpb:.4f} | {result.tokens:,} tokens, {result.bytes:,} bytes"
     )
-    if args.json:
-        record = {"checkpoint": str(args.checkpoint), "data": args.data, "rope_scaling": model.config.rope_scaling,
-                  **asdict(result)}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(record, indent=2) + "\n")
+    paths = [Path(args.out) / "results.json"] if args.out else []
+    paths += [args.json] if getattr(args, "json", None) else []
+    record = {"checkpoint": str(args.checkpoint), "data": args.data, "rope_scaling": model.config.rope_scaling,
+              **asdict(result)}
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"wrote {path}")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,6 +1,6 @@
 """How RoPE works, measured: the properties its derivation claims, computed with the project's own code.
 
-    python -m eval.rope_analysis --out docs/rope [--head-dim 64] [--base 10000] [--train-len 256] [--factor 4]
+    python -m eval.rope_analysis --out docs/rope [--head-dim 64] [--base 10000] [--length 256] [--factor 4]
 
 Writes summary.md (every number below) and relative.png, decay.png, frequency_map.png, precision.png:
   1. permutation: attention without positions (and without a causal mask) is permutation-equivariant,
@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from commands import add_out, command_parser, deprecated, require
+from errors import cli_command
 from model.attention import Attention
 from model.config import ModelConfig
 from model.position import build_position_encoding
@@ -313,20 +315,28 @@ def write_summary(out: Path, head_dim: int, base: float, train_len: int, factor:
     return text
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = command_parser("eval.rope_analysis", __doc__)
+    add_out(parser, "output folder: summary.md and the figures (required)", type=Path)
+    parser.add_argument("--head-dim", type=int, default=64, help="head dimension d (even)")
+    parser.add_argument("--base", type=float, default=10000.0, help="RoPE base (theta)")
+    parser.add_argument("--length", type=int, default=256, help="the training length L the scalings refer to")
+    deprecated(parser, "--train-len", "--length", "length", type=int)
+    parser.add_argument("--factor", type=float, default=4.0, help="scaling factor of the frequency map")
+    return parser
+
+
+@cli_command
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--base", type=float, default=10000.0)
-    parser.add_argument("--train-len", type=int, default=256)
-    parser.add_argument("--factor", type=float, default=4.0)
+    parser = build_parser()
     args = parser.parse_args(argv)
-    if args.head_dim % 2 or args.head_dim < 4 or args.base <= 1 or args.train_len < 1 or args.factor < 1:
-        parser.error("need an even --head-dim >= 4, --base > 1, --train-len >= 1 and --factor >= 1")
+    require(parser, args, "out")
+    if args.head_dim % 2 or args.head_dim < 4 or args.base <= 1 or args.length < 1 or args.factor < 1:
+        parser.error("need an even --head-dim >= 4, --base > 1, --length >= 1 and --factor >= 1")
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
-    save_figures(args.out, args.head_dim, args.base, args.train_len, args.factor)
-    print(write_summary(args.out, args.head_dim, args.base, args.train_len, args.factor))
+    save_figures(args.out, args.head_dim, args.base, args.length, args.factor)
+    print(write_summary(args.out, args.head_dim, args.base, args.length, args.factor))
     print(f"wrote {args.out} in {time.perf_counter() - started:.1f}s")
     return 0
 

@@ -7,10 +7,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from errors import ConfigError
 from model.config import parse_override_value
-from model.rope import ROPE_SCALINGS
+from model.rope import ROPE_SCALINGS, SCALING_KEYS
 from model.transformer import Transformer
 
 NO_SCALING = "none"
@@ -42,6 +43,9 @@ def rope_scaling_from_args(args: argparse.Namespace) -> dict | None:
     scaling = {"rope_type": args.rope_scaling}
     if args.rope_factor is not None:
         scaling["factor"] = args.rope_factor
+    elif "factor" in SCALING_KEYS[args.rope_scaling] and not any(p.startswith("factor=") for p in args.rope_param):
+        raise ConfigError(f"--rope-scaling {args.rope_scaling} needs --rope-factor S (e.g. the evaluation length / "
+                          "the trained length)")
     for item in args.rope_param:
         if "=" not in item:
             raise ConfigError(f"--rope-param {item!r} must look like KEY=VALUE")
@@ -54,4 +58,8 @@ def apply_rope_scaling_args(model: Transformer, args: argparse.Namespace) -> Non
     """Switch the model to the scaling the flags ask for; without --rope-scaling it keeps its own."""
     if args.rope_scaling is None and args.rope_factor is None and not args.rope_param:
         return
+    own = model.config.rope_scaling
     model.set_rope_scaling(rope_scaling_from_args(args))
+    if own is not None:
+        print(f"note: --rope-scaling replaces the checkpoint's own scaling {own}; the length it refers to stays "
+              f"{model.config.original_length} (the length before extension)", file=sys.stderr)

@@ -240,3 +240,16 @@ def load_training_state(folder: str | Path) -> dict:
         return torch.load(path / TRAINING_STATE, map_location="cpu", weights_only=True)
 
     return read_consistently(folder, read)
+
+
+def trained_length(folder: str | Path) -> int:
+    """The context length the checkpoint was last trained at: the one accessor for this fact.
+
+    Recorded by every trainer as trainer_state["trained_seq_len"] (after context extension, the extended
+    length); a checkpoint without a trainer state (written before this was recorded) was trained at its
+    max_seq_len. The length a RoPE scaling refers to is ModelConfig.original_length."""
+    try:
+        state = load_trainer_state(folder)
+    except CheckpointError:
+        state = {}
+    return int(state["trained_seq_len"]) if "trained_seq_len" in state else load_config(folder).max_seq_len

@@ -153,6 +153,13 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.dim // self.n_heads
 
+    @property
+    def original_length(self) -> int:
+        """The context length the RoPE frequencies were set for: a scaling's original_max_position_embeddings
+        (for an extended checkpoint, the length before extension), else max_seq_len. The one accessor for it."""
+        scaling = self.rope_scaling or {}
+        return int(scaling.get("original_max_position_embeddings", self.max_seq_len))
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

@@ -15,6 +15,7 @@ from model.config import ModelConfig
 from model.kv_cache import KVCache
 from model.layers import RMSNorm, SwiGLU
 from model.position import PositionEncoding, build_position_encoding
+from model.rope import NEEDS_ORIGINAL_LENGTH
 
 
 class Block(nn.Module):
@@ -63,12 +64,15 @@ class Transformer(nn.Module):
     def set_rope_scaling(self, scaling: dict | None) -> None:
         """Switch this RoPE model to another inference-time scaling (no retraining; None = plain RoPE).
 
-        `original_max_position_embeddings` defaults to the context the model was trained at (max_seq_len).
+        `original_max_position_embeddings` defaults to config.original_length: the length the frequencies were
+        set for (for a checkpoint extended with a scaling, the length before extension, not the extended one).
         """
         if self.config.position != "rope":
             raise ConfigError(
                 f"rope scaling applies to RoPE checkpoints; this one uses position = {self.config.position!r}"
             )
+        if scaling is not None and scaling.get("rope_type", scaling.get("type")) in NEEDS_ORIGINAL_LENGTH:
+            scaling = {"original_max_position_embeddings": self.config.original_length, **scaling}
         self.reconfigure_position(rope_scaling=scaling)
 
     def reconfigure_position(self, **changes: Any) -> None:

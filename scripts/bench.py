@@ -1,7 +1,7 @@
 """Speed and memory, side by side with transformers' LlamaForCausalLM of the identical shape and weights.
 
     python -m scripts.bench                      # tiny shape, writes runs/bench/bench-tiny.json
-    python -m scripts.bench --shape small --out bench.json
+    python -m scripts.bench --shape small --out runs/bench   # writes runs/bench/bench-small.json
     python -m scripts.bench --compile            # adds torch.compile modes (compile time reported)
 
 Both models run in this one process, alternating mode by mode in every repeat (the order rotates from repeat
@@ -34,6 +34,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from commands import add_device, add_out, comma_list, command_parser
+from errors import cli_command
 from eval.perplexity import evaluate_stream
 from infer.generate import generate_tokens
 from infer.hf_convert import llama_model_from
@@ -332,32 +334,49 @@ def generation_lines(gen: dict) -> list[str]:
     return lines
 
 
+SECTIONS = ["training", "generation", "long_eval"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = command_parser("scripts.bench", __doc__)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny",
+                        help="tiny (configs/tiny.toml's 4.0M model), small (26M), micro (smoke tests)")
+    add_out(parser, "output folder; writes OUT/bench-SHAPE.json (default: runs/bench)")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per mode; the median is reported")
+    parser.add_argument("--train-steps", type=int, default=5, help="optimizer steps per timed training run")
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile'd training (ours and HF)")
+    parser.add_argument("--prompt-tokens", type=int, default=16, help="prompt length of the generation benchmark")
+    parser.add_argument("--new-tokens", type=int, default=200, help="tokens generated per timed run")
+    parser.add_argument("--long-tokens", type=int, default=16384, help="window of the long evaluation")
+    parser.add_argument("--long-positions", nargs="*", default=["rope", "alibi"],
+                        help="comma-separated encodings of the long evaluation (none to skip)")
+    parser.add_argument("--skip", nargs="*", default=[], help=f"comma-separated sections to skip: {','.join(SECTIONS)}")
+    add_device(parser, default="cpu")
+    return parser
+
+
+@cli_command
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--long-eval-child"]:
         long_eval_child(argv[1], argv[2], int(argv[3]))
         return 0
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny",
-                        help="tiny (default: configs/tiny.toml's 4.0M model), small (26M), micro (smoke tests)")
-    parser.add_argument("--out", help="JSON file to write (default runs/bench/bench-SHAPE.json)")
-    parser.add_argument("--repeats", type=int, default=5, help="runs per mode; the median is reported (default 5)")
-    parser.add_argument("--train-steps", type=int, default=5, help="optimizer steps per timed training run")
-    parser.add_argument("--compile", action="store_true", help="also time torch.compile'd training (ours and HF)")
-    parser.add_argument("--prompt-tokens", type=int, default=16)
-    parser.add_argument("--new-tokens", type=int, default=200)
-    parser.add_argument("--long-tokens", type=int, default=16384, help="window of the long evaluation")
-    parser.add_argument("--long-positions", nargs="*", default=["rope", "alibi"],
-                        help="encodings of the long evaluation (default rope alibi; none to skip)")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["training", "generation", "long_eval"])
-    parser.add_argument("--device", default="cpu",
-                        help="cpu (default) | cuda | auto: every contestant runs there (the long evaluation, which "
-                             "measures peak RSS, always on the CPU)")
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.train_steps < 1 or args.new_tokens < 1:
         parser.error("--repeats, --train-steps and --new-tokens must be positive")
+    args.long_positions = comma_list(args.long_positions)
+    args.skip = comma_list(args.skip)
+    unknown = sorted(set(args.skip) - set(SECTIONS))
+    if unknown:
+        parser.error(f"--skip takes {','.join(SECTIONS)}, got {unknown}")
     device = resolve_device(args.device)
-    out = Path(args.out or f"runs/bench/bench-{args.shape}.json")
+    out = Path(args.out or "runs/bench")
+    if out.suffix == ".json":  # the old spelling, --out FILE
+        print(f"note: --out FILE.json is deprecated and will be removed in the next release; --out takes a folder "
+              f"(writing {out} this time)", file=sys.stderr)
+    else:
+        out = out / f"bench-{args.shape}.json"
     shape = SHAPES[args.shape]
     torch.manual_seed(0)
     results = {

@@ -1,6 +1,7 @@
 """Dynamic NTK on a trained RoPE checkpoint: three ways to score the same held-out tokens beyond L.
 
-    python -m scripts.dynamic_check --checkpoint runs/compare_full/runs/rope/seed1 --data runs/compare_full/data
+    python -m scripts.dynamic_check --checkpoint runs/compare_full/runs/rope/seed1 --data runs/compare_full/data \
+        --lengths 2x,4x
 
   before  factor = k, one forward per k*L window (how eval.extrapolation scored "rope+dynamic" before)
   cached  factor 1, token by token through the KV cache (eval.compare now, and cached generation)
@@ -17,21 +18,21 @@ import sys
 import numpy as np
 import torch
 
+from commands import add_checkpoint, comma_list, command_parser, deprecated, require
 from data.tokenizer import load_tokenizer
 from errors import CheckpointError, cli_command
 from eval.data import load_eval_tokens
-from eval.extrapolation import trained_length
 from eval.methods import METHODS
 from eval.scoring import score_incremental, score_prefixes, score_windows
 from eval.segments import choose_segments, tiled_windows
-from model.checkpoint import load_model
+from model.checkpoint import load_model, trained_length
 
 
 def compare_dynamic(checkpoint: str, data: str, multiples: list[int], windows: int) -> list[dict]:
     model = load_model(checkpoint)
     if model.config.position != "rope":
         raise CheckpointError(f"{checkpoint} uses position = {model.config.position!r}; dynamic NTK needs a RoPE checkpoint")
-    trained = trained_length(checkpoint, model.config.max_seq_len)
+    trained = trained_length(checkpoint)
     ids = load_eval_tokens(data, load_tokenizer(checkpoint))
     own = model.config.to_dict()
     rows = []
@@ -52,17 +53,28 @@ def compare_dynamic(checkpoint: str, data: str, multiples: list[int], windows: i
     return rows
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = command_parser("scripts.dynamic_check", __doc__)
+    add_checkpoint(parser, "a RoPE checkpoint folder (required)")
+    parser.add_argument("--data", help="a prepared folder (its val.bin) or a raw source (required)")
+    parser.add_argument("--lengths", default="2x,4x", help="comma-separated multiples of the trained length")
+    deprecated(parser, "--multiples", "--lengths 2x,4x", "multiples")
+    parser.add_argument("--windows", type=int, default=4, help="windows per length (exact scoring is quadratic)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    return parser
+
+
 @cli_command
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", required=True, help="a RoPE checkpoint folder")
-    parser.add_argument("--data", required=True, help="a prepared folder (its val.bin) or a raw source")
-    parser.add_argument("--multiples", default="2,4", help="lengths as multiples of L (default 2,4)")
-    parser.add_argument("--windows", type=int, default=4, help="windows per length (default 4; exact is quadratic)")
-    parser.add_argument("--threads", type=int, default=1)
+    parser = build_parser()
     args = parser.parse_args(argv)
+    require(parser, args, "checkpoint", "data")
     torch.set_num_threads(args.threads)
-    multiples = [int(item) for item in args.multiples.split(",") if item.strip()]
+    items = [f"{item}x" for item in comma_list(args.multiples)] if getattr(args, "multiples", None) else \
+        comma_list(args.lengths)
+    if not all(item.endswith("x") and item[:-1].isdigit() and int(item[:-1]) >= 2 for item in items):
+        parser.error(f"--lengths must be whole multiples of the trained length, at least 2x (e.g. 2x,4x), got {items}")
+    multiples = [int(item[:-1]) for item in items]
     rows = compare_dynamic(args.checkpoint, args.data, multiples, args.windows)
     for row in rows:
         shown = ", ".join(f"{name} {row[name]:.4f} (ppl {math.exp(row[name]):.1f})"

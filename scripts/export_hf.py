@@ -19,6 +19,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 from transformers import GenerationConfig
 
+from commands import add_checkpoint, add_out, command_parser
 from data.tokenizer import ENDOFTEXT, IM_END, load_tokenizer
 from errors import ConversionError, cli_command
 from infer.hf_convert import to_hf_state_dict, to_llama_config
@@ -44,13 +45,17 @@ def export(checkpoint: str | Path, out: str | Path, overwrite: bool = False) -> 
     })
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = command_parser("scripts.export_hf", __doc__)
+    add_checkpoint(parser, "our checkpoint folder, a RoPE model (required)", required=True)
+    add_out(parser, "folder for the transformers model (required)", required=True)
+    parser.add_argument("--overwrite", action="store_true", help="replace files in a non-empty --out")
+    return parser
+
+
 @cli_command
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", required=True, help="our checkpoint folder (a rope model)")
-    parser.add_argument("--out", required=True, help="folder for the transformers model")
-    parser.add_argument("--overwrite", action="store_true", help="replace files in a non-empty --out")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     export(args.checkpoint, args.out, args.overwrite)
     print(f"wrote {args.out}: load it with transformers.AutoModelForCausalLM.from_pretrained({str(args.out)!r})")
     return 0

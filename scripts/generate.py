@@ -18,8 +18,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from commands import add_checkpoint, add_device, command_parser
 from data.tokenizer import ENDOFTEXT, load_tokenizer
-from errors import cli_command
+from errors import ConfigError, cli_command
 from infer.generate import StreamPrinter, chat_reply, generate_tokens
 from infer.rope_args import add_rope_scaling_args, apply_rope_scaling_args
 from model.checkpoint import load_model
@@ -54,27 +55,32 @@ def run_chat(model: Transformer, tokenizer, args: argparse.Namespace) -> None:
         messages.append({"role": "assistant", "content": reply})
 
 
-@cli_command
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", required=True, help="checkpoint folder (written by train.pretrain)")
+def build_parser() -> argparse.ArgumentParser:
+    parser = command_parser("scripts.generate", __doc__)
+    add_checkpoint(parser, "checkpoint folder (required)", required=True)
     parser.add_argument("--prompt", help="text to continue (with --chat: a single user message)")
     parser.add_argument("--chat", action="store_true", help="chat with the ChatML template (an SFT checkpoint)")
     parser.add_argument("--system", help="with --chat: a system message")
-    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate")
     parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy decoding")
     parser.add_argument("--top-k", type=int, default=0, help="keep only the k most likely tokens (0 = off)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
     parser.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | mps")
+    add_device(parser)
     parser.add_argument("--dtype", default="float32",
-                        help="float32 (default) | bfloat16 | auto: bfloat16 converts the weights (halves the memory "
-                             "read per token)")
+                        help="float32 | bfloat16 | auto: bfloat16 converts the weights (halves the memory read per "
+                             "token)")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile the one-token decoding step (static-shape KV cache; compiles once, "
                              "seconds); fastest with --dtype bfloat16")
     parser.add_argument("--extrapolate", action="store_true", help="allow a prompt longer than the trained context")
     add_rope_scaling_args(parser)
+    return parser
+
+
+@cli_command
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.prompt is None and not args.chat:
         parser.error("--prompt is required (or --chat for an interactive chat)")
@@ -92,13 +98,14 @@ def main(argv: list[str] | None = None) -> int:
         run_chat(model, tokenizer, args)
         return 0
     prompt_ids = tokenizer.encode(args.prompt, add_special_tokens=False)
-    if len(prompt_ids) > model.config.max_seq_len and model.config.rope_scaling is None and not args.extrapolate:
-        print(
-            f"error: the prompt has {len(prompt_ids)} tokens, more than the {model.config.max_seq_len} the model was "
-            "trained on; shorten it, pass --rope-scaling yarn --rope-factor S (RoPE), or --extrapolate to run anyway",
-            file=sys.stderr,
-        )
-        return 2
+    total = len(prompt_ids) + args.max_new_tokens
+    if total > model.config.max_seq_len and model.config.rope_scaling is None and not args.extrapolate:
+        raise ConfigError(
+            f"the prompt ({len(prompt_ids)} tokens) plus --max-new-tokens {args.max_new_tokens} is {total} tokens, more "
+            f"than the {model.config.max_seq_len} the model was trained on; lower --max-new-tokens, shorten the "
+            "prompt, pass --rope-scaling yarn --rope-factor S (RoPE), or --extrapolate to run past it anyway")
+    if args.compile:
+        print("compiling the decoding step (once; this can take tens of seconds)...", file=sys.stderr, flush=True)
     printer = StreamPrinter(tokenizer)
     sys.stdout.write(args.prompt)
     eos = tokenizer.convert_tokens_to_ids(ENDOFTEXT)

@@ -1,6 +1,6 @@
 """Import a local transformers Llama folder (safetensors) as our checkpoint.
 
-    python -m scripts.import_hf --model path/to/llama-folder --out runs/imported
+    python -m scripts.import_hf --checkpoint path/to/llama-folder --out runs/imported
     python -m scripts.generate --checkpoint runs/imported --prompt "Hello"
 
 Supported: Llama architecture with SwiGLU/silu, no biases, grouped-query attention, tied or untied head,
@@ -20,6 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
+from commands import add_checkpoint, add_out, command_parser, deprecated, require
 from errors import ConversionError, cli_command
 from infer.hf_convert import from_hf_state_dict, from_llama_config
 from model.checkpoint import load_state_into, save_checkpoint
@@ -43,7 +44,11 @@ def read_llama_config(folder: Path) -> tuple:
     if not (folder / "config.json").exists():
         raise ConversionError(f"{folder}: no config.json; expected a local transformers model folder")
     try:
-        return from_llama_config(json.loads((folder / "config.json").read_text()))
+        values = json.loads((folder / "config.json").read_text())
+        if "model_type" not in values and "position" in values and "dim" in values:
+            raise ConversionError(f"{folder} is already a pelab checkpoint: use it as it is (--checkpoint {folder}); "
+                                  "import_hf converts transformers Llama folders")
+        return from_llama_config(values)
     except json.JSONDecodeError as error:
         raise ConversionError(f"{folder / 'config.json'} is not valid JSON ({error})") from error
     except KeyError as error:
@@ -73,16 +78,26 @@ def import_hf(model_dir: str | Path, out: str | Path) -> Transformer:
     return model
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = command_parser("scripts.import_hf", __doc__)
+    add_checkpoint(parser, "a local transformers Llama folder (required)")
+    deprecated(parser, "--model", "--checkpoint", "checkpoint")
+    add_out(parser, "our checkpoint folder to write (required)", required=True)
+    parser.add_argument("--overwrite", action="store_true", help="replace files in a non-empty --out")
+    return parser
+
+
 @cli_command
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="local transformers Llama folder")
-    parser.add_argument("--out", required=True, help="our checkpoint folder to write")
+    parser = build_parser()
     args = parser.parse_args(argv)
-    model = import_hf(args.model, args.out)
-    print(f"wrote {args.out}: {model.num_parameters():,} parameters")
+    require(parser, args, "checkpoint")
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()) and not args.overwrite:
+        raise ConversionError(f"{out} is not empty; pass --overwrite to replace its files, or choose another --out")
+    model = import_hf(args.checkpoint, out)
+    print(f"wrote {out}: {model.num_parameters():,} parameters")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -119,7 +119,7 @@ def test_a_bug_inside_a_command_keeps_its_traceback_and_a_user_error_is_one_line
     import eval.perplexity as perplexity
     from tests.conftest import ROOT
 
-    args = ["--checkpoint", str(good_run), "--data", str(good_run.parent / "missing"), "--seq-len", "8"]
+    args = ["--checkpoint", str(good_run), "--data", str(good_run.parent / "missing"), "--length", "8"]
     assert perplexity.main(args) == 2
     assert "missing" in one_line_error(capsys)
 
@@ -129,10 +129,10 @@ def test_a_bug_inside_a_command_keeps_its_traceback_and_a_user_error_is_one_line
     monkeypatch.setattr(perplexity, "evaluate_stream", bug)
     data = json.loads((good_run / "trainer_state.json").read_text())["run_config"]["data"]["dir"]
     with pytest.raises(KeyError, match="run_config"):
-        perplexity.main(["--checkpoint", str(good_run), "--data", data, "--seq-len", "8"])
+        perplexity.main(["--checkpoint", str(good_run), "--data", data, "--length", "8"])
     script = ("import sys, eval.perplexity as p\n"
               "p.evaluate_stream = lambda *a, **k: {}['run_config']\n"
-              f"sys.exit(p.main(['--checkpoint', {str(good_run)!r}, '--data', {data!r}, '--seq-len', '8']))\n")
+              f"sys.exit(p.main(['--checkpoint', {str(good_run)!r}, '--data', {data!r}, '--length', '8']))\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 1 and "Traceback" in done.stderr and "KeyError: 'run_config'" in done.stderr
     assert "error: " not in done.stderr

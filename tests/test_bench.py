@@ -7,9 +7,9 @@ from scripts.bench import main as bench
 
 
 def test_bench_writes_every_section(tmp_path, capsys):
-    out = tmp_path / "bench.json"
+    out = tmp_path / "bench-micro.json"
     assert bench(["--shape", "micro", "--repeats", "1", "--train-steps", "1", "--new-tokens", "4",
-                  "--long-tokens", "128", "--long-positions", "rope", "--device", "cpu", "--out", str(out)]) == 0
+                  "--long-tokens", "128", "--long-positions", "rope", "--device", "cpu", "--out", str(tmp_path)]) == 0
     results = json.loads(out.read_text())
     assert set(results["training"]["modes"]) == {"ours (default)", "hf eager fp32", "hf eager bf16"}
     training, generation = results["training"]["modes"], results["generation"]["modes"]

@@ -57,7 +57,7 @@ def test_sliding_window_scores_every_token_exactly_once(n_tokens, seq_len, strid
 def test_window_plan_errors():
     with pytest.raises(DataError, match="need more than seq_len"):
         window_plan(10, 10, None)
-    with pytest.raises(ConfigError, match="--stride must be between 1 and --seq-len"):
+    with pytest.raises(ConfigError, match="--stride must be between 1 and --length"):
         window_plan(100, 10, 11)
 
 
@@ -146,7 +146,7 @@ def test_passkey_cli_and_training_data(tiny_checkpoints, tmp_path):
         assert row["prompt_tokens"] <= row["length"] and len(row["answers"]) == row["trials"] == 2
         assert row["accuracy"] == sum(a["answer"] == a["key"] for a in row["answers"]) / row["trials"]
     assert (tmp_path / "pk" / "passkey.png").exists()
-    assert main(["--make-data", str(tmp_path / "pk.jsonl"), "--tokenizer", tiny_checkpoints[0], "--lengths", "256",
+    assert main(["--make-data", str(tmp_path / "pk.jsonl"), "--checkpoint", tiny_checkpoints[0], "--lengths", "256",
                  "--samples", "5"]) == 0
     documents = [json.loads(line)["text"] for line in (tmp_path / "pk.jsonl").read_text().splitlines()]
     assert len(documents) == 5
@@ -158,7 +158,7 @@ def test_passkey_cli_and_training_data(tiny_checkpoints, tmp_path):
 def test_dynamic_check_command(tiny_checkpoints, prepared_data, capsys):
     from scripts.dynamic_check import main
 
-    assert main(["--checkpoint", tiny_checkpoints[0], "--data", str(prepared_data), "--multiples", "2",
+    assert main(["--checkpoint", tiny_checkpoints[0], "--data", str(prepared_data), "--lengths", "2x",
                  "--windows", "2"]) == 0
     line = capsys.readouterr().out
     assert line.startswith("2x, 2 windows, 32 tokens at positions >= L: plain") and "cached - exact" in line

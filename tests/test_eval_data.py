@@ -28,7 +28,7 @@ def marked_corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def marked_checkpoint(marked_corpus, tmp_path_factory):
     data = tmp_path_factory.mktemp("marked_data") / "prepared"
-    assert prepare_main(["--source", str(marked_corpus), "--out", str(data), "--vocab-size", "400",
+    assert prepare_main(["--data", str(marked_corpus), "--out", str(data), "--vocab-size", "400",
                          "--val-fraction", "0.25", "--num-proc", "1"]) == 0
     run = tmp_path_factory.mktemp("marked_run") / "run"
     assert pretrain_main(["--config", "configs/tiny.toml", f"--data.dir={data}", f"--out.dir={run}",
@@ -62,12 +62,12 @@ def test_eval_commands_score_held_out_documents_of_a_raw_source(marked_corpus, m
 
     data, run = marked_checkpoint
     val_tokens = json.loads((data / "meta.json").read_text())["val_tokens"]
-    assert perplexity_main(["--checkpoint", str(run), "--data", str(marked_corpus), "--seq-len", "32"]) == 0
+    assert perplexity_main(["--checkpoint", str(run), "--data", str(marked_corpus), "--length", "32"]) == 0
     printed = capsys.readouterr().out
     assert "held-out documents only: val_fraction 0.25" in printed
     scored = int(printed.split(" tokens,")[0].split("| ")[-1].replace(",", ""))
     assert scored == (val_tokens - 1) // 32 * 32
-    assert perplexity_main(["--checkpoint", str(run), "--data", str(marked_corpus), "--seq-len", "32",
+    assert perplexity_main(["--checkpoint", str(run), "--data", str(marked_corpus), "--length", "32",
                             "--all-documents"]) == 0
     assert "training documents included" in capsys.readouterr().out
 
@@ -107,7 +107,7 @@ def test_hub_sources_stream_a_capped_train_split_and_their_own_validation_split(
     assert wiki.heldout[1]["text"].startswith("= wikitext-103-raw-v1 validation article 1 =")
     assert "= = A section = =" in wiki.heldout[1]["text"]  # sections stay inside their article
     out = tmp_path / "prepared"
-    assert prepare_main(["--source", "pg19", "--max-documents", "4", "--out", str(out), "--vocab-size", "300",
+    assert prepare_main(["--data", "pg19", "--max-documents", "4", "--out", str(out), "--vocab-size", "300",
                          "--num-proc", "1"]) == 0
     meta = json.loads((out / "meta.json").read_text())
     assert (meta["train_documents"], meta["val_documents"]) == (4, 3)
@@ -119,7 +119,7 @@ def test_hub_sources_stream_a_capped_train_split_and_their_own_validation_split(
 def test_hub_sources_offline_fail_at_once_naming_the_alternatives(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("PELAB_HUB_MIRROR", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert prepare_main(["--source", "pg19", "--out", str(tmp_path / "x")]) == 2
+    assert prepare_main(["--data", "pg19", "--out", str(tmp_path / "x")]) == 2
     error = capsys.readouterr().err
     assert "cannot be reached (offline)" in error and "local .txt" in error and "PELAB_HUB_MIRROR" in error
     monkeypatch.setenv("PELAB_HUB_MIRROR", str(tmp_path))

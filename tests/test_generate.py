@@ -114,7 +114,7 @@ def test_generate_cli_rope_scaling_flags(prepared_data, tmp_path):
     assert result.returncode == 0, result.stderr
     common = ("scripts.generate", "--checkpoint", str(out), "--prompt", "def ", "--max-new-tokens", "40",
               "--temperature", "0")
-    plain, scaled = run(*common), run(*common, "--rope-scaling", "yarn", "--rope-factor", "4",
+    plain, scaled = run(*common, "--extrapolate"), run(*common, "--rope-scaling", "yarn", "--rope-factor", "4",
                                       "--rope-param", "beta_fast=16")
     assert plain.returncode == scaled.returncode == 0, scaled.stderr
     bad = run(*common, "--rope-scaling", "yarn", "--rope-factor", "0.5")

@@ -132,9 +132,24 @@ def test_unsupported_imports_are_refused(change, message, tokenizer, tmp_path, c
     with pytest.raises(ConversionError, match=message):
         from_llama_config({**config, **change})
     (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **change}))
-    assert import_main(["--model", str(tmp_path / "hf"), "--out", str(tmp_path / "back")]) == 2
+    assert import_main(["--checkpoint", str(tmp_path / "hf"), "--out", str(tmp_path / "back")]) == 2
     assert message.split("'")[0] in capsys.readouterr().err
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     (tmp_path / "hf" / "model.safetensors").rename(tmp_path / "hf" / "pytorch_model.bin")
     with pytest.raises(ConversionError, match="pickled .bin weights are not loaded"):
         import_hf(tmp_path / "hf", tmp_path / "back2")
+
+
+def test_import_refuses_our_own_checkpoints_and_a_non_empty_out(tokenizer, tmp_path, capsys):
+    make_checkpoint(tmp_path / "ours", tokenizer)
+    assert import_main(["--checkpoint", str(tmp_path / "ours"), "--out", str(tmp_path / "back")]) == 2
+    assert "is already a pelab checkpoint" in capsys.readouterr().err
+    export(tmp_path / "ours", tmp_path / "hf")
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("keep me")
+    assert import_main(["--checkpoint", str(tmp_path / "hf"), "--out", str(tmp_path / "taken")]) == 2
+    assert "is not empty; pass --overwrite" in capsys.readouterr().err
+    assert (tmp_path / "taken" / "notes.txt").read_text() == "keep me"
+    # the old spelling still works, with a note naming the new one
+    assert import_main(["--model", str(tmp_path / "hf"), "--out", str(tmp_path / "taken"), "--overwrite"]) == 0
+    assert "--model is deprecated" in capsys.readouterr().err and (tmp_path / "taken" / "config.json").exists()

@@ -1,6 +1,6 @@
 """The import graph, parsed from the source: layers import one way and no module imports itself in a circle.
 
-Layers, bottom first (README, "Layout"): errors, data, model, then train and infer side by side, eval, scripts.
+Layers, bottom first (README, "Layout"): errors and commands, data, model, then train and infer side by side, eval, scripts.
 A module may import its own package and the layers below it, at the top of the file: an import inside a function
 (the usual way to dodge a cycle) of another project package is refused too. Imports under `if TYPE_CHECKING:`
 are annotations only and do not count.
@@ -12,11 +12,11 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
-RANK = {"errors": 0, "data": 1, "model": 2, "train": 3, "infer": 3, "eval": 4, "scripts": 5}
+RANK = {"errors": 0, "commands": 0, "data": 1, "model": 2, "train": 3, "infer": 3, "eval": 4, "scripts": 5}
 
 
 def project_modules() -> dict[str, Path]:
-    modules = {"errors": ROOT / "errors.py"}
+    modules = {"errors": ROOT / "errors.py", "commands": ROOT / "commands.py"}
     for package in RANK:
         folder = ROOT / package
         if folder.is_dir():

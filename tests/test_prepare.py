@@ -82,13 +82,13 @@ def test_stdlib_source_records_python_version_and_file_count():
 def test_hub_source_offline_fails_fast_with_alternatives(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     started = time.perf_counter()
-    with pytest.raises(SourceError, match="Offline alternatives: --source stdlib"):
+    with pytest.raises(SourceError, match="Offline alternatives: --data stdlib"):
         load_source("tinystories")
     assert time.perf_counter() - started < 5
 
 
 def test_unknown_source_cli_error(tmp_path, capsys):
-    assert prepare_main(["--source", "no_such_source", "--out", str(tmp_path / "x")]) == 2
+    assert prepare_main(["--data", "no_such_source", "--out", str(tmp_path / "x")]) == 2
     assert "unknown source 'no_such_source'" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
@@ -116,7 +116,7 @@ def test_bad_data_files_fail_clearly_and_keep_the_good_output(case, prepared_dat
     path = tmp_path / name
     if content is not None:
         path.write_bytes(content)
-    assert prepare_main(["--source", str(path), "--out", str(prepared_data), "--vocab-size", "300"]) == 2
+    assert prepare_main(["--data", str(path), "--out", str(prepared_data), "--vocab-size", "300"]) == 2
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and str(path) in error
     expected = {
@@ -144,7 +144,7 @@ def test_errors_replace_reads_undecodable_bytes_as_replacement_characters(suffix
         load_source(str(path))
     texts = load_source(str(path), errors="replace").dataset["text"]
     assert any("caf\ufffd au lait" in text for text in texts)
-    assert prepare_main(["--source", str(path), "--out", str(tmp_path / "out"), "--vocab-size", "300",
+    assert prepare_main(["--data", str(path), "--out", str(tmp_path / "out"), "--vocab-size", "300",
                          "--errors", "replace", "--val-fraction", "0.5"]) == 0
 
 

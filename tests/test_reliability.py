@@ -99,6 +99,12 @@ def test_prompt_longer_than_the_context_is_refused(prepared_data, tmp_path):
     long_prompt = "def f(x):\n    return x\n" * 10
     refused = run("scripts.generate", "--checkpoint", str(tmp_path / "run"), "--prompt", long_prompt, "--max-new-tokens", "2")
     assert refused.returncode == 2 and "more than the 16 the model was trained on" in refused.stderr
+    # A short prompt whose continuation would run past the context is refused the same way (as --chat does).
+    past = run("scripts.generate", "--checkpoint", str(tmp_path / "run"), "--prompt", "def", "--max-new-tokens", "30")
+    assert past.returncode == 2 and "plus --max-new-tokens 30" in past.stderr
+    no_factor = run("scripts.generate", "--checkpoint", str(tmp_path / "run"), "--prompt", "def", "--max-new-tokens",
+                    "2", "--rope-scaling", "yarn")
+    assert no_factor.returncode == 2 and "--rope-scaling yarn needs --rope-factor" in no_factor.stderr
     for extra in (["--extrapolate"], ["--rope-scaling", "yarn", "--rope-factor", "8"]):
         allowed = run("scripts.generate", "--checkpoint", str(tmp_path / "run"), "--prompt", long_prompt,
                       "--max-new-tokens", "2", *extra)

@@ -82,7 +82,7 @@ def test_rope_in_linear_attention_stays_relative():
 
 
 def test_command_writes_summary_and_figures(tmp_path):
-    assert main(["--out", str(tmp_path), "--head-dim", "32", "--train-len", "128"]) == 0
+    assert main(["--out", str(tmp_path), "--head-dim", "32", "--length", "128"]) == 0
     summary = (tmp_path / "summary.md").read_text()
     for figure in ("relative.png", "decay.png", "frequency_map.png", "precision.png"):
         assert (tmp_path / figure).stat().st_size > 5000 and f"({figure})" in summary

@@ -147,3 +147,27 @@ def test_inference_time_scaling_switch():
     alibi = Transformer(micro_config(position="alibi"))
     with pytest.raises(ConfigError, match="rope scaling applies to RoPE checkpoints"):
         alibi.set_rope_scaling({"rope_type": "linear", "factor": 2.0})
+
+
+def test_an_extended_checkpoint_keeps_its_original_length_under_a_new_scaling():
+    """A model extended from 16 to 64 tokens with YaRN x4: config.original_length is 16 (not the extended 64), an
+    inference-time scaling given without an original length refers to 16, and the evaluation's yarn method at the
+    extended length reproduces the model as trained (factor 64 / 16 = 4 over the same original)."""
+    from eval.methods import METHODS
+
+    extended = micro_config(max_seq_len=64, rope_theta=500.0,
+                            rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16})
+    assert extended.original_length == 16 and micro_config(max_seq_len=64).original_length == 64
+    model = Transformer(extended).eval()
+    idx = torch.randint(0, extended.vocab_size, (1, 64))
+    with torch.no_grad():
+        as_trained = model(idx)[0]
+        own = model.config.to_dict()
+        METHODS["yarn"].setup(model, own, 64, 64)
+        assert model.config.rope_scaling == extended.rope_scaling
+        assert torch.allclose(model(idx)[0], as_trained, atol=1e-6)
+        METHODS["yarn"].setup(model, own, 256, 64)
+        assert model.config.rope_scaling["factor"] == 16.0
+        assert model.config.rope_scaling["original_max_position_embeddings"] == 16
+    model.set_rope_scaling({"rope_type": "yarn", "factor": 8.0})
+    assert model.config.rope_scaling["original_max_position_embeddings"] == 16

@@ -134,7 +134,7 @@ def test_sft_end_to_end_learns_the_format(prepared_data, tmp_path):
             "--train.dtype=float32"]
     assert pretrain([*base, "--train.max_steps=30", f"--data.dir={prepared_data}", f"--out.dir={tmp_path / 'pt'}"]) == 0
     write_conversations(tmp_path / "chat.jsonl", 300)
-    assert sft(["--init", str(tmp_path / "pt"), f"--data.source={tmp_path / 'chat.jsonl'}", "--data.val_fraction=0.1",
+    assert sft(["--checkpoint", str(tmp_path / "pt"), f"--data.source={tmp_path / 'chat.jsonl'}", "--data.val_fraction=0.1",
                 "--train.max_steps=150", "--train.lr=3e-3", "--train.warmup_steps=10", "--train.eval_interval=50",
                 "--train.batch_size=8", "--train.dtype=float32", f"--out.dir={tmp_path / 'sft'}"]) == 0
     state = json.loads((tmp_path / "sft" / "trainer_state.json").read_text())

@@ -123,19 +123,19 @@ def test_init_starts_from_the_checkpoint_weights(prepared_data, tmp_path):
     assert main([*base, "--train.max_steps=20", f"--out.dir={tmp_path / 'base'}"]) == 0
     finished = load_trainer_state(tmp_path / "base")
     # The fine-tune gives no [model] keys: shape comes from the checkpoint, and step 0 is its final state.
-    assert main(["--init", str(tmp_path / "base"), "--train.max_steps=2", "--train.eval_batches=2",
+    assert main(["--checkpoint", str(tmp_path / "base"), "--train.max_steps=2", "--train.eval_batches=2",
                  "--train.batch_size=4", "--train.dtype=float32", f"--data.dir={prepared_data}",
                  f"--out.dir={tmp_path / 'tuned'}"]) == 0
     tuned = load_trainer_state(tmp_path / "tuned")
     assert tuned["initial_val_loss"] == pytest.approx(finished["val_loss"], abs=1e-9)
     assert tuned["init"] == str(tmp_path / "base")
     assert tuned["run_config"]["model"]["dim"] == 64
-    assert main(["--init", str(tmp_path / "base"), "--model.dim=128", f"--data.dir={prepared_data}",
+    assert main(["--checkpoint", str(tmp_path / "base"), "--model.dim=128", f"--data.dir={prepared_data}",
                  f"--out.dir={tmp_path / 'wrong'}"]) == 2
 
 
 def test_extend_records_the_scaling_and_original_length(prepared_data, tmp_path):
-    from eval.extrapolation import trained_length
+    from model.checkpoint import trained_length
     from train.extend import main as extend
     from train.pretrain import main as pretrain
 
@@ -144,14 +144,14 @@ def test_extend_records_the_scaling_and_original_length(prepared_data, tmp_path)
             "--train.dtype=float32", f"--data.dir={prepared_data}"]
     assert pretrain([*base, "--train.max_steps=10", f"--out.dir={tmp_path / 'short'}"]) == 0
     out = tmp_path / "long"
-    assert extend(["--init", str(tmp_path / "short"), "--rope-scaling", "yarn", "--rope-factor", "4", "--steps", "4",
+    assert extend(["--checkpoint", str(tmp_path / "short"), "--rope-scaling", "yarn", "--rope-factor", "4", "--train.max_steps=4",
                    "--train.dtype=float32", "--train.eval_batches=1", f"--out.dir={out}"]) == 0
     model = load_model(out)
     assert model.config.max_seq_len == 64
     assert model.config.rope_scaling["rope_type"] == "yarn" and model.config.rope_scaling["factor"] == 4.0
     assert model.config.rope_scaling["original_max_position_embeddings"] == 16
     state = load_trainer_state(out)
-    assert state["task"] == "extend" and state["extended_from"] == 16 and trained_length(out, 0) == 64
+    assert state["task"] == "extend" and state["extended_from"] == 16 and trained_length(out) == 64
     assert state["tokens_seen"] == 4 * 4 * 64
     # Step 0 of the extension is the short model with YaRN at inference time, at the new length.
     short = load_model(tmp_path / "short")
@@ -162,7 +162,7 @@ def test_extend_records_the_scaling_and_original_length(prepared_data, tmp_path)
     assert evaluate_loss(short, batches, torch.device("cpu"), None) == pytest.approx(state["initial_val_loss"], abs=1e-6)
     alibi = tmp_path / "alibi"
     assert pretrain([*base, "--model.position=alibi", "--train.max_steps=1", f"--out.dir={alibi}"]) == 0
-    assert extend(["--init", str(alibi), "--rope-scaling", "yarn", "--rope-factor", "2"]) == 2
+    assert extend(["--checkpoint", str(alibi), "--rope-scaling", "yarn", "--rope-factor", "2"]) == 2
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -5,35 +5,52 @@ import argparse
 import sys
 from typing import Callable
 
+from commands import add_checkpoint, add_out, command_parser, deprecated
 from errors import ConfigError, UserError
 from model.checkpoint import load_config, load_weights_into
 from model.transformer import Transformer
-from train.config import RunConfig, load_run_config
+from train.config import RunConfig, load_run_config, toml_value
 from train.loop import NonFiniteLoss, TrainingInterrupted
 
 
-def parse_args(argv: list[str] | None, description: str, init_required: bool = False):
-    """(args, overrides): --config, --resume, --init; every --section.key=value is left as an override."""
-    parser = argparse.ArgumentParser(
-        description=description,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Any config key can be overridden as --section.key=value, e.g. --train.lr=1e-3 --model.position=none",
-    )
-    parser.add_argument("--config", help="TOML run config (see configs/)")
-    parser.add_argument("--resume", action="store_true", help="continue the run saved in out.dir")
-    parser.add_argument("--init", required=init_required,
-                        help="start from this checkpoint's weights; its config.json is the base of [model]")
-    return parser.parse_known_args(argv)
+def build_parser(module: str, description: str | None, data_key: str = "data.dir",
+                 data_help: str = "a prepared data folder") -> argparse.ArgumentParser:
+    """The options every training command shares: --config, --checkpoint, --data, --out, --overwrite, --resume.
+    --data, --out and --overwrite are shorthands for the config keys they name."""
+    parser = command_parser(module, description, epilog="Any config key can be set as --section.key=value, e.g. "
+                                                        "--train.lr=1e-3 --model.position=none")
+    parser.add_argument("--config", metavar="FILE", help="TOML run config (see configs/)")
+    add_checkpoint(parser, "start from this checkpoint's weights; its config.json is the base of [model]")
+    deprecated(parser, "--init", "--checkpoint", "checkpoint")
+    parser.add_argument("--data", metavar="PATH", help=f"{data_help}: shorthand for --{data_key}=PATH")
+    add_out(parser, "the run folder: shorthand for --out.dir=DIR")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a run already in the run folder: shorthand for --out.overwrite=true")
+    parser.add_argument("--resume", action="store_true", help="continue the run saved in the run folder")
+    parser.set_defaults(data_key=data_key)
+    return parser
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """(args, overrides): the shorthands become overrides after those given as --section.key=value."""
+    args, overrides = parser.parse_known_args(argv)
+    if args.data is not None:
+        overrides.append(f"--{args.data_key}={toml_value(args.data)}")
+    if args.out is not None:
+        overrides.append(f"--out.dir={toml_value(args.out)}")
+    if args.overwrite:
+        overrides.append("--out.overwrite=true")
+    return args, overrides
 
 
 def load_config_with_init(args: argparse.Namespace, overrides: list[str]) -> RunConfig:
-    """Defaults, then the --init checkpoint's model config, then the TOML file, then the overrides."""
-    model_base = load_config(args.init).to_dict() if args.init else None
+    """Defaults, then the --checkpoint's model config, then the TOML file, then the overrides."""
+    model_base = load_config(args.checkpoint).to_dict() if args.checkpoint else None
     return load_run_config(args.config, overrides, model_base)
 
 
 def model_factory(config: RunConfig, init: str | None) -> Callable[[], Transformer]:
-    """Fresh weights, or the weights of the --init checkpoint (shapes checked against config.model)."""
+    """Fresh weights, or the weights of the --checkpoint (shapes checked against config.model)."""
     if init is None:
         return lambda: Transformer(config.model)
     return lambda: load_weights_into(Transformer(config.model), init)

@@ -133,9 +133,11 @@ def build_run_config(values: dict[str, Any], where: str = "config") -> RunConfig
 
 
 def load_run_config(
-    path: str | Path | None, overrides: list[str] = (), model_base: dict[str, Any] | None = None
+    path: str | Path | None, overrides: list[str] = (), model_base: dict[str, Any] | None = None,
+    base: dict[str, dict[str, Any]] | None = None,
 ) -> RunConfig:
-    """Defaults -> `model_base` (an initial checkpoint's model config) -> TOML file -> overrides."""
+    """Defaults -> `base` (a command's own defaults, by section) and `model_base` (an initial checkpoint's model
+    config) -> TOML file -> overrides."""
     values: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -145,13 +147,16 @@ def load_run_config(
             values = tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as error:
             raise ConfigError(f"{path}: invalid TOML ({error})") from error
+    for section, defaults in (base or {}).items():
+        if isinstance(values.get(section, {}), dict):
+            values[section] = {**defaults, **values.get(section, {})}
     apply_overrides(values, list(overrides))
     if model_base is not None:
         values["model"] = {**model_base, **values.get("model", {})}
     return build_run_config(values, str(path or "config"))
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -159,9 +164,9 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{key} = {_toml_value(item)}" for key, item in value.items()) + " }"
+        return "{ " + ", ".join(f"{key} = {toml_value(item)}" for key, item in value.items()) + " }"
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
 
 
@@ -170,6 +175,6 @@ def to_toml(config: RunConfig) -> str:
     lines = []
     for section, values in config.to_dict().items():
         lines.append(f"[{section}]")
-        lines.extend(f"{key} = {_toml_value(value)}" for key, value in values.items() if value is not None)
+        lines.extend(f"{key} = {toml_value(value)}" for key, value in values.items() if value is not None)
         lines.append("")
     return "\n".join(lines)

@@ -222,7 +222,7 @@ class Trainer:
             except ValueError as error:  # e.g. a run saved before position parameters had their own group
                 raise CheckpointError(
                     f"{self.out}: the saved optimizer state does not fit this optimizer ({error}); it was saved by "
-                    "another pelab version or with other settings: start a new run, or --init from this checkpoint"
+                    "another pelab version or with other settings: start a new run, or --checkpoint it in a new one"
                 ) from error
             torch.set_rng_state(training_state["torch_rng"])
         self.ddp = self.dist.wrap(self.model, self.device)

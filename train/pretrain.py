@@ -1,27 +1,33 @@
 """Pretrain a model from scratch on a prepared data folder.
 
-    python -m data.prepare --source stdlib --out runs/data/stdlib
+    python -m data.prepare --data stdlib --out runs/data/stdlib
     python -m train.pretrain --config configs/tiny.toml
-    python -m train.pretrain --config configs/tiny.toml --train.max_steps=200 --out.dir=runs/short
+    python -m train.pretrain --config configs/tiny.toml --train.max_steps=200 --out runs/short
     python -m train.pretrain --config configs/tiny.toml --resume        # continue the run in out.dir
-    python -m train.pretrain --config configs/passkey_finetune.toml --init runs/tiny   # fine-tune a checkpoint
+    python -m train.pretrain --config configs/passkey_finetune.toml --checkpoint runs/tiny   # fine-tune it
     torchrun --nproc_per_node 2 -m train.pretrain --config configs/tiny.toml   # data-parallel (DDP), same global batch
 
-With --init the model starts from that checkpoint's weights, and its config.json is the base of [model]
+With --checkpoint the model starts from that checkpoint's weights, and its config.json is the base of [model]
 (keys set in the file or on the command line still apply; shapes must match the weights).
 """
 from __future__ import annotations
 
+import argparse
 import sys
 
 from data.batches import PretrainBatches, read_meta
 from data.tokenizer import load_tokenizer
+from train.cli import build_parser as training_parser
 from train.cli import check_vocab, load_config_with_init, model_factory, parse_args, run_cli
 from train.loop import run_training
 
 
+def build_parser() -> argparse.ArgumentParser:
+    return training_parser("train.pretrain", __doc__)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args, overrides = parse_args(argv, __doc__)
+    args, overrides = parse_args(build_parser(), argv)
 
     def body() -> None:
         config = load_config_with_init(args, overrides)
@@ -31,8 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         train = config.train
         batches = PretrainBatches(config.data.dir, config.model.max_seq_len, train.batch_size, train.seed,
                                   train.eval_batches)
-        extra_state = {"data": meta, "init": args.init}
-        run_training(config, model_factory(config, args.init), batches, tokenizer, args.resume, extra_state=extra_state)
+        extra_state = {"data": meta, "init": args.checkpoint}
+        run_training(config, model_factory(config, args.checkpoint), batches, tokenizer, args.resume, extra_state=extra_state)
 
     return run_cli(body)
 

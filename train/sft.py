@@ -1,7 +1,7 @@
 """Supervised fine-tuning for chat: continue a pretrained checkpoint on conversations, with the loss on the
 assistant turns only (see data/sft.py).
 
-    python -m train.sft --config configs/sft_stdlib.toml --init runs/tiny
+    python -m train.sft --config configs/sft_stdlib.toml --checkpoint runs/tiny
     python -m scripts.generate --checkpoint runs/sft_stdlib --chat --prompt "Write the function ..."
 
 data.source is `stdlib` (offline: standard-library functions from their signature and docstring), a
@@ -10,22 +10,32 @@ model.max_seq_len are cut after the last whole assistant turn that fits, or drop
 """
 from __future__ import annotations
 
+import argparse
 import sys
 
+from commands import require
 from data.sft import SFTBatches, build_sft_data
 from data.tokenizer import load_tokenizer
 from errors import ConfigError
+from train.cli import build_parser as training_parser
 from train.cli import check_vocab, load_config_with_init, model_factory, parse_args, run_cli
 from train.loop import run_training
 
 
+def build_parser() -> argparse.ArgumentParser:
+    return training_parser("train.sft", __doc__, data_key="data.source",
+                           data_help="conversations: stdlib, minimind or a .jsonl path")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args, overrides = parse_args(argv, __doc__, init_required=True)
+    parser = build_parser()
+    args, overrides = parse_args(parser, argv)
+    require(parser, args, "checkpoint")
 
     def body() -> None:
         config = load_config_with_init(args, overrides)
-        tokenizer = load_tokenizer(args.init)
-        check_vocab(config, len(tokenizer), args.init)
+        tokenizer = load_tokenizer(args.checkpoint)
+        check_vocab(config, len(tokenizer), args.checkpoint)
         if not config.data.source:
             raise ConfigError("train.sft needs data.source: stdlib, minimind, or a conversations .jsonl path")
         data = build_sft_data(config.data.source, tokenizer, config.model.max_seq_len + 1, config.data.val_fraction)
@@ -35,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
               f"(limit {config.model.max_seq_len} tokens)")
         batches = SFTBatches(data, config.train.batch_size, config.train.seed, tokenizer.pad_token_id,
                              config.train.eval_batches)
-        run_training(config, model_factory(config, args.init), batches, tokenizer, args.resume, task="sft",
-                     extra_state={"sft": stats, "init": args.init})
+        run_training(config, model_factory(config, args.checkpoint), batches, tokenizer, args.resume, task="sft",
+                     extra_state={"sft": stats, "init": args.checkpoint})
 
     return run_cli(body)
 

@@ -1,0 +1,80 @@
+"""The command-line convention every entry point follows (README, "Command line").
+
+One name for one thing in every command: --checkpoint (a checkpoint folder to read), --data (data to read: a
+prepared folder, a named source or a text path), --out (the output folder), --length / --lengths (token counts,
+or multiples of the trained length like 4x), --tokens (how many tokens to score), --device, --dtype, --seed,
+--overwrite, and for commands that train, --config FILE plus --section.key=value overrides. Lists are
+comma-separated. --help shows every default. Old spellings still work for one release and say what replaces
+them.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The module docstring as written, and "(default: ...)" after every option that has a default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "%(default)" in text or default in (None, False, argparse.SUPPRESS) or default == [] or \
+                not action.option_strings:
+            return text
+        shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else "%(default)s"
+        return f"{text} (default: {shown})"
+
+
+def command_parser(module: str, description: str | None, epilog: str | None = None) -> argparse.ArgumentParser:
+    """The parser of `python -m MODULE` (its usage line names the command as it is typed)."""
+    return argparse.ArgumentParser(prog=f"python -m {module}", description=description, epilog=epilog,
+                                   formatter_class=HelpFormatter)
+
+
+class Deprecated(argparse.Action):
+    """An old spelling of an option: it still works for one release and prints what replaces it."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str, **kwargs: Any) -> None:
+        self.new = new
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"note: {option_string} is deprecated and will be removed in the next release; use {self.new}",
+              file=sys.stderr)
+        setattr(namespace, self.dest, True if self.nargs == 0 else values)
+
+
+def deprecated(parser: argparse.ArgumentParser, old: str, new: str, dest: str, **kwargs: Any) -> None:
+    """Accept `old` as a hidden alias that fills `dest` (the new option's) and names `new`."""
+    parser.add_argument(old, dest=dest, action=Deprecated, new=new, help=argparse.SUPPRESS,
+                        default=argparse.SUPPRESS, **kwargs)
+
+
+def require(parser: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
+    """argparse's `required`, for options that also have a deprecated spelling."""
+    missing = [f"--{name.replace('_', '-')}" for name in names if getattr(args, name, None) is None]
+    if missing:
+        parser.error(f"the following arguments are required: {', '.join(missing)}")
+
+
+def comma_list(values: str | list[str] | None) -> list[str]:
+    """'a,b' (or, for options that took space-separated values before, ['a', 'b,c']) -> ['a', 'b', 'c']."""
+    if values is None:
+        return []
+    parts = [values] if isinstance(values, str) else list(values)
+    return [item.strip() for part in parts for item in part.split(",") if item.strip()]
+
+
+def add_checkpoint(parser: argparse.ArgumentParser, help: str, **kwargs: Any) -> None:
+    parser.add_argument("--checkpoint", metavar="DIR", help=help, **kwargs)
+
+
+def add_out(parser: argparse.ArgumentParser, help: str = "output folder", **kwargs: Any) -> None:
+    parser.add_argument("--out", metavar="DIR", help=help, **kwargs)
+
+
+def add_device(parser: argparse.ArgumentParser, default: str = "auto") -> None:
+    parser.add_argument("--device", default=default, help="auto | cpu | cuda | mps")
