@@ -29,8 +29,9 @@ from model.transformer import Transformer
 from train.loop import METRICS, position_group_settings
 
 ENCODING_ORDER = ["none", "sinusoidal", "learned", "shaw", "t5", "alibi", "rope"]
-METHOD_STYLES = {NONE: "-", "linear": (0, (1, 1)), "ntk": (0, (3, 1, 1, 1)), "dynamic": "--", "yarn": "-.",
-                 "llama3": (0, (5, 2)), "clamp": "--"}
+# One line style per method, in the registry's order ("none" solid), so a new method needs no entry here.
+LINE_STYLES = ["-", (0, (1, 1)), (0, (3, 1, 1, 1)), "-.", (0, (5, 2)), "--", (0, (3, 3)), (0, (1, 3))]
+METHOD_STYLES = {name: LINE_STYLES[index % len(LINE_STYLES)] for index, name in enumerate(METHODS)}
 PAPER = "the ALiBi paper (Press et al. 2022; WikiText-103, 247M parameters, L = 512)"
 
 

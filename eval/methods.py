@@ -19,7 +19,7 @@ from typing import Callable
 
 from errors import ConfigError
 from model.config import ModelConfig
-from model.rope import NEEDS_ORIGINAL_LENGTH
+from model.rope import LENGTH_DEPENDENT_SCALINGS, NEEDS_ORIGINAL_LENGTH, ROPE_SCALINGS
 from model.transformer import Transformer
 
 NONE = "none"
@@ -52,23 +52,31 @@ def _rope_scaling(name: str) -> Callable[[Transformer, dict, int, int], None]:
     return setup
 
 
-def _dynamic(model: Transformer, own: dict, length: int, trained: int) -> None:
-    model.reconfigure_position(rope_scaling={"rope_type": "dynamic", "factor": 1.0,
-                                             "original_max_position_embeddings": trained})
+def _dynamic(name: str) -> Callable[[Transformer, dict, int, int], None]:
+    def setup(model: Transformer, own: dict, length: int, trained: int) -> None:
+        model.reconfigure_position(rope_scaling={"rope_type": name, "factor": 1.0,
+                                                 "original_max_position_embeddings": trained})
+
+    return setup
 
 
 def _clamp(model: Transformer, own: dict, length: int, trained: int) -> None:
     model.reconfigure_position(learned_clamp=True)
 
 
+def _summary(name: str) -> str:
+    return (ROPE_SCALINGS[name].__doc__ or name).split(":")[0].split("(")[0].strip()
+
+
+# Every RoPE scaling of model.rope's registry is a method: the static ones with factor = length / L, the
+# length-dependent one (dynamic NTK) with its own factor, scored incrementally.
 METHODS: dict[str, InferenceMethod] = {
     NONE: InferenceMethod(None, _as_trained, summary="the checkpoint as trained", shift_probe=True),
-    "linear": InferenceMethod(("rope",), _rope_scaling("linear"), summary="position interpolation, factor = length / L"),
-    "ntk": InferenceMethod(("rope",), _rope_scaling("ntk"), summary="static NTK-aware base, factor = length / L"),
-    "yarn": InferenceMethod(("rope",), _rope_scaling("yarn"), summary="YaRN, factor = length / L"),
-    "llama3": InferenceMethod(("rope",), _rope_scaling("llama3"), summary="Llama 3 smoothing, factor = length / L"),
-    "dynamic": InferenceMethod(("rope",), _dynamic, incremental=True,
-                               summary="dynamic NTK, factor 1, each token under the base of its own prefix"),
+    **{name: InferenceMethod(("rope",), _rope_scaling(name), summary=f"{_summary(name)}, factor = length / L")
+       for name in ROPE_SCALINGS if name != "default" and name not in LENGTH_DEPENDENT_SCALINGS},
+    **{name: InferenceMethod(("rope",), _dynamic(name), incremental=True,
+                             summary=f"{_summary(name)}, factor 1, each token under the base of its own prefix")
+       for name in sorted(LENGTH_DEPENDENT_SCALINGS)},
     "clamp": InferenceMethod(("learned",), _clamp, summary="positions past the learned table reuse its last row",
                              shift_probe=True),
 }

@@ -15,6 +15,7 @@ import transformers
 from errors import ConversionError
 from model.checkpoint import model_state_dict
 from model.config import ModelConfig
+from model.rope import ROPE_SCALINGS, scaling_type
 
 RENAMES = [
     ("tok_embeddings.", "model.embed_tokens."),
@@ -125,7 +126,9 @@ def to_llama_config(config: ModelConfig, generation: dict[str, Any] | None = Non
     return values
 
 
-SUPPORTED_ROPE = {"default", "linear", "dynamic", "yarn", "llama3"}
+# transformers' Llama reads every scaling of ours except static NTK (which export writes as plain RoPE with the
+# enlarged base, and import never sees).
+SUPPORTED_ROPE = set(ROPE_SCALINGS) - {"ntk"}
 
 
 def from_llama_config(values: dict[str, Any]) -> tuple[ModelConfig, int]:
@@ -143,11 +146,10 @@ def from_llama_config(values: dict[str, Any]) -> tuple[ModelConfig, int]:
     head_dim = values.get("head_dim") or hidden // heads
     if head_dim * heads != hidden:
         problems.append(f"head_dim {head_dim} x {heads} heads != hidden_size {hidden}")
-    params = dict(values.get("rope_parameters") or values.get("rope_scaling") or {})
-    if "type" in params:
-        params.setdefault("rope_type", params.pop("type"))
+    raw = dict(values.get("rope_parameters") or values.get("rope_scaling") or {})
+    rope_type = scaling_type(raw)
+    params = {key: value for key, value in raw.items() if key != "type"} | {"rope_type": rope_type}
     theta = float(params.pop("rope_theta", values.get("rope_theta", 10000.0)))
-    rope_type = params.setdefault("rope_type", "default")
     if rope_type not in SUPPORTED_ROPE:
         problems.append(f"rope_type {rope_type!r} (supported: {sorted(SUPPORTED_ROPE)})")
     params.pop("partial_rotary_factor", None) if params.get("partial_rotary_factor", 1.0) == 1.0 else problems.append(

@@ -20,42 +20,53 @@ def default_inv_freq(head_dim: int, theta: float, dtype: torch.dtype = torch.flo
     return 1.0 / (theta**exponents)
 
 
-SCALING_KEYS = {
-    "default": set(),
-    "linear": {"factor"},
-    "ntk": {"factor"},
-    "dynamic": {"factor", "original_max_position_embeddings"},
-    "yarn": {
-        "factor",
-        "original_max_position_embeddings",
-        "attention_factor",
-        "beta_fast",
-        "beta_slow",
-        "mscale",
-        "mscale_all_dim",
-        "truncate",
-    },
-    "llama3": {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"},
-}
-# Every scaling with an `original_max_position_embeddings` key gets the trained context length when it is absent.
-NEEDS_ORIGINAL_LENGTH = {name for name, keys in SCALING_KEYS.items() if "original_max_position_embeddings" in keys}
+# The scalings, registered once each by @scaling below: name -> function(head_dim, theta, params, seq_len) ->
+# (inv_freq, attention_factor), and name -> the keys its params may hold (transformers' rope_parameters names).
+ROPE_SCALINGS: dict[str, Callable[..., tuple[torch.Tensor, float]]] = {}
+SCALING_KEYS: dict[str, set[str]] = {}
+LENGTH_DEPENDENT_SCALINGS: set[str] = set()  # those that depend on seq_len (the current length)
+ORIGINAL = "original_max_position_embeddings"
 
 
+SCALING_DEFAULTS: dict[str, dict] = {}  # values filled in when a config leaves them out
+
+
+def scaling(name: str, keys: set[str], length_dependent: bool = False, defaults: dict | None = None) -> Callable:
+    """Register a scaling function under `name` with the keys its params may hold (and their defaults)."""
+
+    def register(function: Callable[..., tuple[torch.Tensor, float]]) -> Callable[..., tuple[torch.Tensor, float]]:
+        ROPE_SCALINGS[name], SCALING_KEYS[name], SCALING_DEFAULTS[name] = function, set(keys), dict(defaults or {})
+        if length_dependent:
+            LENGTH_DEPENDENT_SCALINGS.add(name)
+        return function
+
+    return register
+
+
+def scaling_type(params: dict) -> str:
+    """The scaling's name: transformers' `rope_type`, or the legacy `type` key, or "default" (no scaling)."""
+    return params.get("rope_type", params.get("type", "default"))
+
+
+@scaling("default", set())
 def default_rope(head_dim: int, theta: float, params: dict, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
     return default_inv_freq(head_dim, theta), 1.0
 
 
+@scaling("linear", {"factor"})
 def linear_rope(head_dim: int, theta: float, params: dict, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
     """Position interpolation (Chen et al. 2023): positions divided by the factor, i.e. inv_freq / s."""
     return default_inv_freq(head_dim, theta) / params["factor"], 1.0
 
 
+@scaling("ntk", {"factor"})
 def ntk_rope(head_dim: int, theta: float, params: dict, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
     """Static NTK-aware scaling: the base grows to theta * s^(d / (d - 2))."""
     factor = params["factor"]
     return default_inv_freq(head_dim, theta * factor ** (head_dim / (head_dim - 2))), 1.0
 
 
+@scaling("dynamic", {"factor", ORIGINAL}, length_dependent=True)
 def dynamic_rope(head_dim: int, theta: float, params: dict, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
     """Dynamic NTK: the NTK base is recomputed from the current length; unchanged up to the trained length L.
 
@@ -108,6 +119,8 @@ def yarn_ramp(head_dim: int, theta: float, params: dict) -> torch.Tensor:
     return ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
 
 
+@scaling("yarn", {"factor", ORIGINAL, "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+                 "truncate"})
 def yarn_rope(head_dim: int, theta: float, params: dict, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
     """YaRN (Peng et al. 2023): NTK-by-parts interpolation plus the attention temperature."""
     factor = params["factor"]
@@ -119,6 +132,9 @@ def yarn_rope(head_dim: int, theta: float, params: dict, seq_len: int | None = N
     return inv_freq, yarn_attention_factor(params)
 
 
+# the smoothing bounds are written out, so configs read the same here and in transformers (which requires them)
+@scaling("llama3", {"factor", ORIGINAL, "low_freq_factor", "high_freq_factor"},
+         defaults={"low_freq_factor": 1.0, "high_freq_factor": 4.0})
 def llama3_rope(head_dim: int, theta: float, params: dict, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
     """Llama 3.1: long wavelengths divided by the factor, short ones kept, a smooth blend in between."""
     factor = params["factor"]
@@ -136,32 +152,21 @@ def llama3_rope(head_dim: int, theta: float, params: dict, seq_len: int | None =
     return torch.where(is_medium, smoothed, scaled), 1.0
 
 
-# name -> function(head_dim, theta, params, seq_len) -> (inv_freq, attention_factor).
-# Only "dynamic" depends on seq_len (the current length: the largest key position + 1).
-ROPE_SCALINGS: dict[str, Callable[..., tuple[torch.Tensor, float]]] = {
-    "default": default_rope,
-    "linear": linear_rope,
-    "ntk": ntk_rope,
-    "dynamic": dynamic_rope,
-    "yarn": yarn_rope,
-    "llama3": llama3_rope,
-}
-LENGTH_DEPENDENT_SCALINGS = {"dynamic"}
+# Every scaling with an `original_max_position_embeddings` key gets the trained context length when it is absent.
+NEEDS_ORIGINAL_LENGTH = {name for name, keys in SCALING_KEYS.items() if ORIGINAL in keys}
 
 
 def normalize_rope_scaling(scaling: dict | None, trained_length: int) -> dict | None:
     """Check a rope_scaling dict (transformers' rope_parameters keys) and fill in its defaults.
 
     Accepts the legacy "type" key. `original_max_position_embeddings` defaults to `trained_length`, the context
-    the checkpoint was trained at. Raises ValueError naming the key and the valid choices.
+    the checkpoint was trained at. Raises ConfigError naming the key and the valid choices.
     """
     if scaling is None:
         return None
-    params = dict(scaling)
-    if "type" in params:
-        params.setdefault("rope_type", params.pop("type"))
+    name = scaling_type(scaling)
+    params = {key: value for key, value in scaling.items() if key != "type"}
     params.pop("rope_theta", None)  # lives in ModelConfig.rope_theta
-    name = params.get("rope_type", "default")
     if name not in ROPE_SCALINGS:
         raise ConfigError(f"unknown rope scaling {name!r}; valid names are {sorted(ROPE_SCALINGS)}")
     params["rope_type"] = name
@@ -173,9 +178,8 @@ def normalize_rope_scaling(scaling: dict | None, trained_length: int) -> dict | 
         if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor < 1:
             raise ConfigError(f"rope scaling {name!r} needs a numeric factor >= 1, got {factor!r}")
         params["factor"] = float(factor)
-    if name == "llama3":  # explicit, so configs read the same here and in transformers (which requires them)
-        params.setdefault("low_freq_factor", 1.0)
-        params.setdefault("high_freq_factor", 4.0)
+    for key, value in SCALING_DEFAULTS[name].items():
+        params.setdefault(key, value)
     if name in NEEDS_ORIGINAL_LENGTH:
         params.setdefault("original_max_position_embeddings", trained_length)
         if params["original_max_position_embeddings"] <= 0:

@@ -15,7 +15,7 @@ from model.config import ModelConfig
 from model.kv_cache import KVCache
 from model.layers import RMSNorm, SwiGLU
 from model.position import PositionEncoding, build_position_encoding
-from model.rope import NEEDS_ORIGINAL_LENGTH
+from model.rope import NEEDS_ORIGINAL_LENGTH, scaling_type
 
 
 class Block(nn.Module):
@@ -71,7 +71,7 @@ class Transformer(nn.Module):
             raise ConfigError(
                 f"rope scaling applies to RoPE checkpoints; this one uses position = {self.config.position!r}"
             )
-        if scaling is not None and scaling.get("rope_type", scaling.get("type")) in NEEDS_ORIGINAL_LENGTH:
+        if scaling is not None and scaling_type(scaling) in NEEDS_ORIGINAL_LENGTH:
             scaling = {"original_max_position_embeddings": self.config.original_length, **scaling}
         self.reconfigure_position(rope_scaling=scaling)
 

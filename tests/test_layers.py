@@ -115,3 +115,36 @@ def test_the_checker_catches_what_it_forbids(tmp_path):
                                ("data", 4, True), ("data.sources", 4, True)]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def project_sources() -> dict[str, str]:
+    return {name: path.read_text() for name, path in project_modules().items()}
+
+
+def test_each_rope_scaling_is_defined_once_in_the_registry():
+    """A scaling name is defined by one @scaling("name", ...) in model/rope.py; the rest derive from the registry
+    (its keys, defaults, the CLI choices, the evaluation methods, transformers' supported set)."""
+    from model.rope import ROPE_SCALINGS
+
+    sources = project_sources()
+    assert set(ROPE_SCALINGS) >= {"default", "linear", "ntk", "dynamic", "yarn", "llama3"}
+    for name in ROPE_SCALINGS:
+        places = [module for module, text in sources.items() if f'@scaling("{name}"' in text]
+        assert places == ["model.rope"], (name, places)
+    from eval.methods import METHODS
+    from infer.rope_args import add_rope_scaling_args
+
+    assert set(ROPE_SCALINGS) - {"default"} <= set(METHODS)
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_rope_scaling_args(parser)
+    choices = next(action.choices for action in parser._actions if "--rope-scaling" in action.option_strings)
+    assert set(choices) == (set(ROPE_SCALINGS) - {"default"}) | {"none"}
+
+
+def test_the_trained_length_is_read_through_one_accessor():
+    """Only model.checkpoint.trained_length reads trainer_state["trained_seq_len"]; the trainer and import_hf
+    write it."""
+    readers = [module for module, text in project_sources().items() if '"trained_seq_len"' in text]
+    assert sorted(readers) == ["model.checkpoint", "scripts.import_hf", "train.loop"], readers
