@@ -81,3 +81,23 @@ def test_broken_folders_give_clear_errors(tmp_path):
     (tmp_path / "config.json").unlink()
     with pytest.raises(CheckpointError, match="missing config.json"):
         load_model(tmp_path)
+
+
+@pytest.mark.parametrize("position", ["rope", "alibi", "t5", "sinusoidal"])
+def test_a_checkpoint_written_before_the_architecture_changes_loads_with_identical_logits(position):
+    """tests/fixtures/checkpoint_da164b0: written by commit da164b0 (see the README there), with its logits."""
+    import numpy as np
+
+    from model.checkpoint import trained_length
+    from tests.conftest import ROOT
+
+    folder = ROOT / "tests" / "fixtures" / "checkpoint_da164b0" / position
+    model = load_model(folder).eval()
+    idx = torch.arange(24).remainder(97)[None] * 3 % 97
+    with torch.no_grad():
+        logits = model(idx)[0]
+    expected = torch.from_numpy(np.load(folder / "logits.npy"))
+    assert (logits - expected).abs().max() < 1e-6
+    assert trained_length(folder) == 16
+    if position == "rope":
+        assert model.config.original_length == 16 and model.config.rope_scaling["rope_type"] == "yarn"
