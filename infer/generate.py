@@ -94,9 +94,9 @@ def generate_tokens(
 class StreamPrinter:
     """Prints decoded text as tokens arrive, holding back bytes that do not yet form whole UTF-8 characters."""
 
-    def __init__(self, tokenizer, stream: TextIO = sys.stdout) -> None:
+    def __init__(self, tokenizer, stream: TextIO | None = None) -> None:
         self.tokenizer = tokenizer
-        self.stream = stream
+        self.stream = stream or sys.stdout  # looked up when printing starts, so a redirected stdout is used
         self.ids: list[int] = []
         self.printed = 0
 
@@ -136,7 +136,7 @@ def fit_conversation(tokenizer, messages: list[dict], budget: int) -> tuple[list
         del kept[droppable[0]]
 
 
-def chat_reply(model: Transformer, tokenizer, messages: list[dict], max_new_tokens: int, stream: TextIO = sys.stdout,
+def chat_reply(model: Transformer, tokenizer, messages: list[dict], max_new_tokens: int, stream: TextIO | None = None,
                **sampling) -> tuple[str, bool]:
     """Stream the assistant's reply to `messages`; returns (reply, whether it ended with <|im_end|>)."""
     budget = model.config.max_seq_len - max_new_tokens

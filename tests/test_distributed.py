@@ -63,3 +63,31 @@ def test_global_batch_must_divide_over_the_processes(monkeypatch):
 
     with pytest.raises(ConfigError, match=r"train.batch_size \(3\) is the global micro-batch .* multiple of 2"):
         Distributed().start(torch.device("cpu"), 3)
+
+
+def test_sft_under_two_gloo_processes_matches_one_process(prepared_data, tmp_path):
+    """train.sft under torchrun: the same losses and weights as one process with the same global batch."""
+    from tests.test_sft import write_conversations
+
+    pretrain(prepared_data, tmp_path / "base")
+    write_conversations(tmp_path / "chat.jsonl", 60)
+    runs = {}
+    for name, processes in (("single", 1), ("ddp", 2)):
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] \
+            if processes > 1 else [sys.executable]
+        command = [*launcher, "-m", "train.sft", "--checkpoint", str(tmp_path / "base"),
+                   f"--data.source={tmp_path / 'chat.jsonl'}", f"--out.dir={tmp_path / name}", "--train.batch_size=4",
+                   "--train.max_steps=4", "--train.warmup_steps=1", "--train.log_interval=1", "--train.eval_interval=2",
+                   "--train.eval_batches=2", "--train.dtype=float32"]
+        finished = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                                  env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+        assert finished.returncode == 0, finished.stderr[-3000:]
+        runs[name] = records(tmp_path / name)
+    assert len(runs["single"]) == len(runs["ddp"]) > 0
+    for a, b in zip(runs["single"], runs["ddp"]):
+        for key in ("loss", "val_loss"):
+            if key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), (a, b)
+    reference, parallel = load_model(tmp_path / "single"), load_model(tmp_path / "ddp")
+    for (name, p), q in zip(reference.named_parameters(), parallel.parameters()):
+        assert torch.allclose(p, q, atol=2e-5, rtol=1e-4), name

@@ -124,7 +124,7 @@ def write_conversations(path, count):
     path.write_text("\n".join(json.dumps(row) for row in rows))
 
 
-def test_sft_end_to_end_learns_the_format(prepared_data, tmp_path):
+def test_sft_end_to_end_learns_the_format(prepared_data, tmp_path, capsys):
     from infer.generate import chat_reply
     from train.pretrain import main as pretrain
     from train.sft import main as sft
@@ -146,6 +146,23 @@ def test_sft_end_to_end_learns_the_format(prepared_data, tmp_path):
     reply, ended = chat_reply(model, load_tokenizer(tmp_path / "sft"), [{"role": "user", "content": "Write f1000."}],
                               max_new_tokens=30, temperature=0, stream=open("/dev/null", "w"))
     assert ended and reply.startswith("def f")
+    # The same through the command line: one turn with --prompt, and an interactive chat on stdin.
+    import subprocess
+    import sys
+
+    from scripts.generate import main as generate
+    from tests.conftest import ROOT
+
+    capsys.readouterr()
+    assert generate(["--checkpoint", str(tmp_path / "sft"), "--chat", "--prompt", "Write f1000.", "--temperature", "0",
+                     "--max-new-tokens", "30"]) == 0
+    assert capsys.readouterr().out.strip() == reply.strip()
+    chat = subprocess.run([sys.executable, "-m", "scripts.generate", "--checkpoint", str(tmp_path / "sft"), "--chat",
+                           "--temperature", "0", "--max-new-tokens", "30"], cwd=ROOT, capture_output=True, text=True,
+                          input="Write f1000.\n/reset\nWrite f1001.\n\n", timeout=120)
+    assert chat.returncode == 0, chat.stderr[-2000:]
+    replies = [part.split("user>")[0].strip() for part in chat.stdout.split("assistant> ")[1:]]  # drop the prompts
+    assert len(replies) == 2 and replies[0].strip() == reply.strip() and replies[1].startswith("def f")
     # Without --init, train.sft refuses to start.
     with pytest.raises(SystemExit):
         sft(["--data.source=stdlib"])

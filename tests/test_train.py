@@ -160,6 +160,12 @@ def test_extend_records_the_scaling_and_original_length(prepared_data, tmp_path)
     from train.loop import evaluate_loss
 
     assert evaluate_loss(short, batches, torch.device("cpu"), None) == pytest.approx(state["initial_val_loss"], abs=1e-6)
+    # --resume continues the extension where it stopped (here: asked for 2 more steps after the first 4).
+    assert extend(["--checkpoint", str(tmp_path / "short"), "--rope-scaling", "yarn", "--rope-factor", "4",
+                   "--train.max_steps=6", "--train.dtype=float32", "--train.eval_batches=1", f"--out.dir={out}",
+                   "--resume"]) == 0
+    resumed = load_trainer_state(out)
+    assert resumed["step"] == 6 and resumed["tokens_seen"] == 6 * 4 * 64 and resumed["extended_from"] == 16
     alibi = tmp_path / "alibi"
     assert pretrain([*base, "--model.position=alibi", "--train.max_steps=1", f"--out.dir={alibi}"]) == 0
     assert extend(["--checkpoint", str(alibi), "--rope-scaling", "yarn", "--rope-factor", "2"]) == 2
@@ -203,3 +209,13 @@ def test_position_parameters_get_their_own_optimizer_group(prepared_data, tmp_pa
 
     saved = load_training_state(tmp_path / "d")["optimizer"]["param_groups"]
     assert saved[2]["lr"] == pytest.approx(10 * saved[0]["lr"])
+
+
+def test_warmup_longer_than_training_is_pointed_out(prepared_data, tmp_path, capsys):
+    from train.pretrain import main as pretrain
+
+    assert pretrain(["--model.vocab_size=512", "--model.dim=32", "--model.n_layers=1", "--model.n_heads=2",
+                     "--model.n_kv_heads=1", "--model.max_seq_len=16", "--train.batch_size=2", "--train.eval_batches=1",
+                     "--train.max_steps=3", "--train.warmup_steps=10", f"--data.dir={prepared_data}",
+                     f"--out.dir={tmp_path / 'run'}"]) == 0
+    assert "train.warmup_steps (10) >= train.max_steps (3)" in capsys.readouterr().err

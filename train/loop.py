@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,6 +203,10 @@ class Trainer:
             (self.out / RUN_CONFIG).write_text(to_toml(config))
         self.dist.barrier()
         self.say(f"# resolved config ({task})\n{to_toml(config)}")
+        if train.warmup_steps >= train.max_steps and self.dist.is_main:
+            print(f"note: train.warmup_steps ({train.warmup_steps}) >= train.max_steps ({train.max_steps}): the "
+                  "learning rate never reaches its peak and never decays; lower --train.warmup_steps",
+                  file=sys.stderr)
         torch.manual_seed(train.seed)
         self.amp = autocast_dtype(self.device, train.dtype)
         self.start_step = 0
