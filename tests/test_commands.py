@@ -82,3 +82,40 @@ def test_lists_are_comma_separated(tmp_path):
     config.write_text("[compare]\nencodings = ['rope']\n")
     compare, _, _ = load_compare_config(config, None, ["--compare.encodings=rope,alibi", "--compare.seeds=1,2"])
     assert compare.encodings == ["rope", "alibi"] and compare.seeds == [1, 2]
+
+
+def readme_commands() -> list[str]:
+    """Every `python -m ...` command in README: in bash blocks and in inline code."""
+    text = (ROOT / "README.md").read_text()
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.strip()
+            if line.startswith("python -m "):
+                commands.append(line.split("  #")[0].split(" # ")[0])
+    commands += [match for match in re.findall(r"`(python -m [^`]+)`", text)]
+    return commands
+
+
+def test_every_readme_command_parses_with_its_command_and_uses_no_old_spelling(capsys):
+    import shlex
+
+    commands = readme_commands()
+    assert len(commands) >= 20
+    for command in commands:
+        text = re.sub(r"\[(?!--)[^\]]*\]", "", command).replace("[", "").replace("]", "")
+        text = re.sub(r"(\S+)\|\S+", r"\1", text)  # "--shape tiny|small": one of the alternatives
+        words: list[str] = []
+        for word in shlex.split(text):  # "..." stands for a value after an option, else for more arguments
+            if word != "...":
+                words.append(word)
+            elif words[-1].startswith("--") and "=" not in words[-1]:
+                words.append("x")
+        module = words[2]
+        if module not in COMMANDS:
+            continue
+        args, unknown = importlib.import_module(module).build_parser().parse_known_args(words[3:])
+        overrides_allowed = module.startswith("train.") or module == "eval.compare"
+        stray = [word for word in unknown if not (overrides_allowed and re.match(r"--\w+\.\w+=", word))]
+        assert not stray, (command, stray)
+        assert "deprecated" not in capsys.readouterr().err, command
