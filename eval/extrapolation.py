@@ -260,7 +260,8 @@ def tables_markdown(rows: list[dict[str, Any]]) -> str:
     multiples = sorted({row["multiple"] for row in rows})
     labels = list(dict.fromkeys(row["label"] for row in rows))
     by_key = {(row["label"], row["multiple"]): row for row in rows}
-    header = "| variant | " + " | ".join(f"{m:g}x" for m in multiples) + " |\n|---|" + "---:|" * len(multiples)
+    trained = {row["label"]: row["trained_length"] for row in rows}  # each variant's own L
+    header = "| variant | L | " + " | ".join(f"{m:g}x" for m in multiples) + " |\n|---|---:|" + "---:|" * len(multiples)
     ppl_lines, penalty_lines = [header], [header]
     for name in labels:
         cells, penalties = [], []
@@ -271,11 +272,12 @@ def tables_markdown(rows: list[dict[str, Any]]) -> str:
                 penalties.append("n/a" if row.get("ppl") is None or multiple > 1 else "")
             else:
                 penalties.append(f"{row['penalty']:+.3f} [{row['penalty_low']:+.3f}, {row['penalty_high']:+.3f}]")
-        ppl_lines.append(f"| {name} | " + " | ".join(cells) + " |")
-        penalty_lines.append(f"| {name} | " + " | ".join(penalties) + " |")
+        ppl_lines.append(f"| {name} | {trained[name]} | " + " | ".join(cells) + " |")
+        penalty_lines.append(f"| {name} | {trained[name]} | " + " | ".join(penalties) + " |")
     tokens = sorted({row["tokens"] for row in rows if row.get("tokens")})
-    lengths = sorted({(row["multiple"], row["length"]) for row in rows})
-    note = (f"Lengths: {', '.join(f'{m:g}x = {n}' for m, n in lengths)} tokens. Scored tokens per cell: "
+    lengths = "; ".join(f"L = {length}: " + ", ".join(f"{m:g}x = {m * length:g}" for m in multiples)
+                        for length in sorted(set(trained.values())))
+    note = (f"Columns are multiples of each variant's own trained length L (tokens: {lengths}). Scored tokens per cell: "
             f"{', '.join(f'{t:,}' for t in tokens)} (nonoverlapping windows over segments spread across the "
             "held-out text).")
     return ("### Perplexity\n\n" + "\n".join(ppl_lines) + "\n\n"

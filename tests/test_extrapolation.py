@@ -182,3 +182,17 @@ def test_reference_stride_must_divide_the_trained_length():
     plan = make_plan(10_000, 8, ["1x", "2x", "4x"], 256)
     assert plan.segments.length == 32 and plan.reference_stride == 1 and plan.probe_offsets == (0, 8, 24, 120)
     assert math.isclose(plan.segments.tokens, 256)
+
+
+def test_tables_name_each_variants_trained_length():
+    """Checkpoints trained at different lengths in one table: each row states its L, the note both scales."""
+    from eval.extrapolation import tables_markdown
+
+    rows = [{"label": label, "trained_length": trained, "length": trained * multiple, "multiple": multiple,
+             "ppl": 10.0 * multiple, "tokens": 64, "penalty": None if multiple == 1 else 0.01,
+             "penalty_low": 0.0, "penalty_high": 0.02}
+            for label, trained in (("short", 256), ("extended", 1024)) for multiple in (1, 2)]
+    table = tables_markdown(rows)
+    assert "| variant | L | 1x | 2x |" in table
+    assert "| short | 256 |" in table and "| extended | 1024 |" in table
+    assert "L = 256: 1x = 256, 2x = 512; L = 1024: 1x = 1024, 2x = 2048" in table
