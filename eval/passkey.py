@@ -27,9 +27,8 @@ from data.tokenizer import load_tokenizer
 from errors import ConfigError, cli_command
 from eval.extrapolation import parse_lengths, resolve_length
 from infer.generate import generate_tokens
-from infer.rope_args import add_rope_scaling_args, apply_rope_scaling_args
-from model.checkpoint import load_model, trained_length
-from model.runtime import resolve_device
+from infer.rope_args import add_rope_scaling_args, load_for_inference
+from model.checkpoint import trained_length
 
 INTRO = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
@@ -172,10 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.out:
         parser.error("evaluation needs --out")
-    device = resolve_device(args.device)
-    model = load_model(args.checkpoint, device)
-    apply_rope_scaling_args(model, args)
-    tokenizer = load_tokenizer(args.checkpoint)
+    model, tokenizer, device = load_for_inference(args)
     trained = trained_length(args.checkpoint)
     lengths = [resolve_length(item, trained) for item in length_items]
     rows = evaluate_passkey(model, tokenizer, lengths, depths, args.trials, args.seed)

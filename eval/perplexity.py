@@ -25,12 +25,11 @@ import torch
 from tqdm import tqdm
 
 from commands import add_checkpoint, add_device, add_out, command_parser, deprecated, require
-from data.tokenizer import load_tokenizer, token_byte_lengths
+from data.tokenizer import token_byte_lengths
 from errors import ConfigError, DataError, cli_command
 from eval.data import describe_eval_data, load_eval_tokens, training_val_fraction
-from infer.rope_args import add_rope_scaling_args, apply_rope_scaling_args
-from model.checkpoint import load_model
-from model.runtime import autocast, autocast_dtype, resolve_device
+from infer.rope_args import add_rope_scaling_args, load_for_inference
+from model.runtime import autocast, autocast_dtype
 from model.transformer import Transformer
 
 # Windows per forward are chosen so that a batch holds about this many tokens.
@@ -144,10 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     require(parser, args, "checkpoint", "data", "length")
-    device = resolve_device(args.device)
-    model = load_model(args.checkpoint, device)
-    apply_rope_scaling_args(model, args)
-    tokenizer = load_tokenizer(args.checkpoint)
+    model, tokenizer, device = load_for_inference(args)
     val_fraction = args.val_fraction or training_val_fraction(args.checkpoint)
     print(f"evaluating on {describe_eval_data(args.data, args.all_documents, val_fraction)}")
     ids = load_eval_tokens(args.data, tokenizer, args.tokens, val_fraction, args.all_documents)

@@ -1,4 +1,5 @@
-"""Command-line flags for inference-time RoPE scaling, shared by generate and the eval commands.
+"""Command-line flags for inference-time RoPE scaling, and loading a checkpoint for inference with them; shared
+by generate and the eval commands.
 
     --rope-scaling yarn --rope-factor 4 [--rope-param beta_fast=16 --rope-param truncate=false]
 
@@ -9,9 +10,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+import torch
+from transformers import PreTrainedTokenizerFast
+
+from data.tokenizer import load_tokenizer
 from errors import ConfigError
+from model.checkpoint import load_model
 from model.config import parse_override_value
 from model.rope import ROPE_SCALINGS, SCALING_KEYS
+from model.runtime import resolve_device
 from model.transformer import Transformer
 
 NO_SCALING = "none"
@@ -63,3 +70,12 @@ def apply_rope_scaling_args(model: Transformer, args: argparse.Namespace) -> Non
     if own is not None:
         print(f"note: --rope-scaling replaces the checkpoint's own scaling {own}; the length it refers to stays "
               f"{model.config.original_length} (the length before extension)", file=sys.stderr)
+
+
+def load_for_inference(args: argparse.Namespace) -> tuple[Transformer, PreTrainedTokenizerFast, torch.device]:
+    """What generate and the eval commands do first: the model of --checkpoint on --device, with the
+    --rope-scaling flags applied, and its tokenizer."""
+    device = resolve_device(args.device)
+    model = load_model(args.checkpoint, device)
+    apply_rope_scaling_args(model, args)
+    return model, load_tokenizer(args.checkpoint), device

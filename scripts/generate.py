@@ -19,12 +19,11 @@ import argparse
 import sys
 
 from commands import add_checkpoint, add_device, command_parser
-from data.tokenizer import ENDOFTEXT, load_tokenizer
+from data.tokenizer import ENDOFTEXT
 from errors import ConfigError, cli_command
 from infer.generate import StreamPrinter, chat_reply, generate_tokens
-from infer.rope_args import add_rope_scaling_args, apply_rope_scaling_args
-from model.checkpoint import load_model
-from model.runtime import autocast_dtype, resolve_device
+from infer.rope_args import add_rope_scaling_args, load_for_inference
+from model.runtime import autocast_dtype
 from model.transformer import Transformer
 
 
@@ -86,10 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--prompt is required (or --chat for an interactive chat)")
     if args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0 or args.max_new_tokens <= 0:
         parser.error("need --temperature >= 0, 0 < --top-p <= 1, --top-k >= 0 and --max-new-tokens > 0")
-    device = resolve_device(args.device)
-    model = load_model(args.checkpoint, device)
-    apply_rope_scaling_args(model, args)
-    tokenizer = load_tokenizer(args.checkpoint)
+    model, tokenizer, device = load_for_inference(args)
     # Inference converts the weights rather than autocasting them (autocast would re-cast every weight per token).
     dtype = autocast_dtype(device, args.dtype)
     if dtype is not None:
