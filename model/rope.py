@@ -169,15 +169,16 @@ def normalize_rope_scaling(scaling: dict | None, trained_length: int) -> dict | 
     params.pop("rope_theta", None)  # lives in ModelConfig.rope_theta
     if name not in ROPE_SCALINGS:
         raise ConfigError(f"unknown rope scaling {name!r}; valid names are {sorted(ROPE_SCALINGS)}")
+    if name == "default":  # transformers' name for plain RoPE: in pelab that is no scaling (None; "none" on the CLI)
+        return None
     params["rope_type"] = name
     unknown = sorted(set(params) - SCALING_KEYS[name] - {"rope_type"})
     if unknown:
         raise ConfigError(f"rope scaling {name!r}: unknown key(s) {unknown}; valid keys are {sorted(SCALING_KEYS[name])}")
-    if name != "default":
-        factor = params.get("factor")
-        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor < 1:
-            raise ConfigError(f"rope scaling {name!r} needs a numeric factor >= 1, got {factor!r}")
-        params["factor"] = float(factor)
+    factor = params.get("factor")
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor < 1:
+        raise ConfigError(f"rope scaling {name!r} needs a numeric factor >= 1, got {factor!r}")
+    params["factor"] = float(factor)
     for key, value in SCALING_DEFAULTS[name].items():
         params.setdefault(key, value)
     if name in NEEDS_ORIGINAL_LENGTH:

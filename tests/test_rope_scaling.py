@@ -171,3 +171,10 @@ def test_an_extended_checkpoint_keeps_its_original_length_under_a_new_scaling():
         assert model.config.rope_scaling["original_max_position_embeddings"] == 16
     model.set_rope_scaling({"rope_type": "yarn", "factor": 8.0})
     assert model.config.rope_scaling["original_max_position_embeddings"] == 16
+
+
+def test_transformers_default_is_no_scaling_in_pelab():
+    """'default' (transformers' name for plain RoPE) normalises to None, the one spelling of no scaling in a config;
+    the command line calls it 'none'."""
+    assert ModelConfig(rope_scaling={"rope_type": "default"}).rope_scaling is None
+    assert ModelConfig(rope_scaling={"type": "default"}).rope_scaling is None
