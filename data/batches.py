@@ -30,9 +30,15 @@ class TokenFile:
 
     def windows(self, starts: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and next-token targets, each (len(starts), seq_len) int64, for windows starting at `starts`."""
-        rows = np.stack([np.asarray(self.tokens[start : start + seq_len + 1], dtype=np.int64) for start in starts])
-        rows = torch.from_numpy(rows)
-        return rows[:, :-1], rows[:, 1:]
+        return windows_at(self.tokens, starts, seq_len)
+
+
+def windows_at(tokens: np.ndarray, starts, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and next-token targets, each (len(starts), seq_len) int64: the windows tokens[start : start + seq_len
+    + 1] (the one place token windows are cut: training batches and the perplexity evaluation)."""
+    rows = torch.from_numpy(np.stack([np.asarray(tokens[start : start + seq_len + 1], dtype=np.int64)
+                                      for start in starts]))
+    return rows[:, :-1], rows[:, 1:]
 
 
 def read_meta(data_dir: str | Path) -> dict:

@@ -13,7 +13,6 @@ assistant answers with its source (methods dedented out of their class)), a loca
 from __future__ import annotations
 
 import ast
-import hashlib
 import sysconfig
 import textwrap
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 
 from data.batches import IGNORE_INDEX
+from data.prepare import is_validation
 from data.sources import _hub_is_reachable, check_utf8, stdlib_files
 from data.tokenizer import IM_END
 from errors import ConversationError, SourceError
@@ -161,8 +161,7 @@ def build_sft_data(source: str, tokenizer, max_tokens: int, val_fraction: float 
             stats["dropped"] += 1
             continue
         stats["truncated"] += int(example.truncated)
-        digest = hashlib.sha256(messages[0]["content"].encode()).hexdigest()
-        if int(digest[:8], 16) % 10_000 < val_fraction * 10_000:
+        if is_validation(messages[0]["content"], val_fraction):  # data.prepare's document-hash rule
             val.append(example)
             val_conversations.append(messages)
         else:

@@ -25,6 +25,7 @@ import torch
 from tqdm import tqdm
 
 from commands import add_checkpoint, add_device, add_out, command_parser, deprecated, require
+from data.batches import windows_at
 from data.tokenizer import token_byte_lengths
 from errors import ConfigError, DataError, cli_command
 from eval.data import describe_eval_data, load_eval_tokens, training_val_fraction
@@ -90,9 +91,8 @@ def evaluate_stream(
     offsets = torch.arange(seq_len)
     for first in tqdm(range(0, len(plan), batch_size), desc=f"ppl @ {seq_len}", disable=not progress, leave=False):
         windows = plan[first : first + batch_size]
-        rows = np.stack([np.asarray(ids[start : start + seq_len + 1], dtype=np.int64) for start, _ in windows])
-        rows = torch.from_numpy(rows)
-        inputs, targets = rows[:, :-1].to(device), rows[:, 1:]
+        inputs, targets = windows_at(ids, [start for start, _ in windows], seq_len)
+        inputs = inputs.to(device)
         with autocast(device, amp):
             _, losses = model(inputs, targets.to(device), loss_reduction="none")
         losses = losses.double().cpu()  # (windows, seq_len)
