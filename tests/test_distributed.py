@@ -16,14 +16,19 @@ MICRO = ["--model.vocab_size=512", "--model.dim=64", "--model.n_layers=2", "--mo
          "--train.dtype=float32"]
 
 
-def pretrain(prepared_data, out, *extra, processes=1):
+def launch(module, *args, processes=1):
+    """`python -m MODULE ARGS`, under torchrun with `processes` > 1; asserts it succeeded."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] \
         if processes > 1 else [sys.executable]
-    command = [*launcher, "-m", "train.pretrain", f"--data.dir={prepared_data}", f"--out.dir={out}", *MICRO, *extra]
-    finished = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
+    finished = subprocess.run([*launcher, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
                               env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
     assert finished.returncode == 0, finished.stderr[-3000:]
     return finished
+
+
+def pretrain(prepared_data, out, *extra, processes=1):
+    return launch("train.pretrain", f"--data.dir={prepared_data}", f"--out.dir={out}", *MICRO, *extra,
+                  processes=processes)
 
 
 def records(out):
@@ -73,15 +78,10 @@ def test_sft_under_two_gloo_processes_matches_one_process(prepared_data, tmp_pat
     write_conversations(tmp_path / "chat.jsonl", 60)
     runs = {}
     for name, processes in (("single", 1), ("ddp", 2)):
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] \
-            if processes > 1 else [sys.executable]
-        command = [*launcher, "-m", "train.sft", "--checkpoint", str(tmp_path / "base"),
-                   f"--data.source={tmp_path / 'chat.jsonl'}", f"--out.dir={tmp_path / name}", "--train.batch_size=4",
-                   "--train.max_steps=4", "--train.warmup_steps=1", "--train.log_interval=1", "--train.eval_interval=2",
-                   "--train.eval_batches=2", "--train.dtype=float32"]
-        finished = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                                  env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
-        assert finished.returncode == 0, finished.stderr[-3000:]
+        launch("train.sft", "--checkpoint", str(tmp_path / "base"), f"--data.source={tmp_path / 'chat.jsonl'}",
+               f"--out.dir={tmp_path / name}", "--train.batch_size=4", "--train.max_steps=4", "--train.warmup_steps=1",
+               "--train.log_interval=1", "--train.eval_interval=2", "--train.eval_batches=2", "--train.dtype=float32",
+               processes=processes)
         runs[name] = records(tmp_path / name)
     assert len(runs["single"]) == len(runs["ddp"]) > 0
     for a, b in zip(runs["single"], runs["ddp"]):
