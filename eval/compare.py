@@ -6,7 +6,8 @@
     python -m eval.compare --config configs/compare.toml --preset full --compare.source=PATH   # local books
 
 Every variant shares the data, token budget, shape and context length L; for each seed in compare.seeds it also
-shares the initialisation seed and the data order; only model.position differs. Each trained model is evaluated
+shares the initialisation seed and the data order; only the position settings differ (model.position, or
+the model settings of a variant in compare.variants, e.g. a RoPE/NoPE layer hybrid). Each trained model is evaluated
 as trained and under each inference-time method in compare.methods that applies to it (eval/methods.py), on the
 same held-out tokens at every length, with the L-window reference and the position-shift probe
 (eval/extrapolation.py); compare.snapshots also evaluates the models kept at those fractions of training.
@@ -60,6 +61,9 @@ class CompareConfig:
     vocab_size: int = 4096
     val_fraction: float = 0.05
     encodings: list = field(default_factory=lambda: ["none", "sinusoidal", "learned", "shaw", "t5", "alibi", "rope"])
+    # Named model variants that compare.encodings may list besides the registered encodings: name -> the model
+    # settings that define it, e.g. {"p-rope" = {position = "rope", rope_p = 0.75}} ([compare.variants] in TOML).
+    variants: dict = field(default_factory=dict)
     methods: list = field(default_factory=lambda: ["linear", "ntk", "dynamic", "yarn", "clamp"])
     lengths: list = field(default_factory=lambda: ["1x", "2x", "4x", "8x", "16x"])
     eval_tokens: int = 16384
@@ -74,9 +78,17 @@ class CompareConfig:
         check_field_types(self, "compare")
         parse_lengths(",".join(self.lengths))
         check_methods(self.methods)
-        unknown = [name for name in self.encodings if name not in POSITION_ENCODINGS]
+        for name, settings in self.variants.items():
+            if name in POSITION_ENCODINGS or not isinstance(settings, dict) or "position" not in settings:
+                raise ConfigError(f"compare.variants.{name}: a variant is a table of model settings that sets "
+                                  f"model.position, under a name that is not an encoding's; got {settings!r}")
+        valid = sorted(POSITION_ENCODINGS) + sorted(self.variants)
+        unknown = [name for name in self.encodings if name not in valid]
         if unknown or not self.encodings:
-            raise ConfigError(f"compare.encodings: unknown {unknown}; valid names are {sorted(POSITION_ENCODINGS)}")
+            raise ConfigError(f"compare.encodings: unknown {unknown}; valid names are the encodings "
+                              f"{sorted(POSITION_ENCODINGS)} and the variants {sorted(self.variants)}")
+        if len(set(self.encodings)) != len(self.encodings):
+            raise ConfigError(f"compare.encodings lists a name twice: {self.encodings}")
         if self.eval_tokens <= 0 or not 0 < self.val_fraction < 1:
             raise ConfigError("compare.eval_tokens must be positive and compare.val_fraction in (0, 1)")
         if not self.seeds or any(not isinstance(s, int) or isinstance(s, bool) for s in self.seeds) \
@@ -86,6 +98,14 @@ class CompareConfig:
             raise ConfigError(f"compare.snapshots must be fractions of training in (0, 1), got {self.snapshots}")
         if min(self.workers, self.threads, self.max_documents, self.reference_stride) < 0:
             raise ConfigError("compare.workers, threads, max_documents and reference_stride must be >= 0")
+
+
+    def model_settings(self, name: str) -> dict[str, Any]:
+        """The model settings that make `name` (an encoding or a variant) differ from the shared [model]."""
+        return copy.deepcopy(self.variants.get(name, {"position": name}))
+
+    def position_of(self, name: str) -> str:
+        return self.model_settings(name)["position"]
 
 
 def set_dotted(values: dict[str, Any], dotted: str, value: Any, where: str) -> None:
@@ -129,8 +149,9 @@ def load_compare_config(path: Path, preset: str | None, overrides: list[str]) ->
         if section in values:
             raise ConfigError(f"{path}: [{section}] is set by eval.compare itself; use [compare] source/out instead")
     for encoding in compare.encodings:  # every variant's config is valid before anything trains
-        build_run_config({**copy.deepcopy(values), "model": {**values.get("model", {}), "position": encoding}},
-                         f"{path} (position = {encoding})")
+        build_run_config({**copy.deepcopy(values), "model": {**values.get("model", {}),
+                                                             **compare.model_settings(encoding)}},
+                         f"{path} ({encoding}: {compare.model_settings(encoding)})")
     return compare, values, preset or "default"
 
 
@@ -169,7 +190,7 @@ def snapshot_steps(compare: CompareConfig, max_steps: int) -> list[int]:
 
 def variant_config(shared: dict, encoding: str, seed: int, data_dir: Path, compare: CompareConfig) -> RunConfig:
     values = copy.deepcopy(shared)
-    values.setdefault("model", {})["position"] = encoding
+    values.setdefault("model", {}).update(compare.model_settings(encoding))
     values["model"]["vocab_size"] = int(read_meta(data_dir)["vocab_size"])
     values["data"] = {"dir": str(data_dir)}
     values["out"] = {"dir": str(run_dir(compare.out, encoding, seed))}
@@ -185,7 +206,12 @@ def train_variant(config: RunConfig) -> str:
     resume = False
     if has_checkpoint(out):
         state = load_trainer_state(out)
-        if state.get("run_config") != config.to_dict():
+        saved = state.get("run_config")
+        try:  # through the dataclasses, so settings added since the save take their defaults
+            saved = build_run_config(copy.deepcopy(saved), str(out)).to_dict() if saved is not None else None
+        except ConfigError:
+            saved = None
+        if saved != config.to_dict():
             raise ConfigError(f"{out} holds a run with other settings; delete it or set another compare.out")
         if int(state["step"]) >= config.train.max_steps:
             return "skipped (already trained)"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,13 +23,14 @@ import numpy as np
 
 from data.batches import read_meta
 from eval.extrapolation import CheckpointEvaluation, resolve_length
-from eval.methods import METHODS, NONE, applies, label
+from eval.methods import METHODS, NONE, applies, label, method_spec
 from eval.stats import Estimate, crossed_bootstrap, separated, t_interval
 from model.checkpoint import has_checkpoint, load_trainer_state
 from model.transformer import Transformer
 from train.loop import METRICS, position_group_settings
 
-ENCODING_ORDER = ["none", "sinusoidal", "learned", "shaw", "t5", "alibi", "rope"]
+ENCODING_ORDER = ["none", "sinusoidal", "learned", "shaw", "t5", "alibi", "rope", "kerple", "fire", "xpos", "cope",
+                  "partial-rope", "p-rope", "irope", "rnope-swa"]
 # One line style per method, in the registry's order ("none" solid), so a new method needs no entry here.
 LINE_STYLES = ["-", (0, (1, 1)), (0, (3, 1, 1, 1)), "-.", (0, (5, 2)), "--", (0, (3, 3)), (0, (1, 3))]
 METHOD_STYLES = {name: LINE_STYLES[index % len(LINE_STYLES)] for index, name in enumerate(METHODS)}
@@ -39,8 +41,9 @@ def colour(encoding: str) -> str:
     """One fixed colour per encoding in every figure."""
     import matplotlib
 
-    palette = matplotlib.colormaps["tab10"].colors
-    index = ENCODING_ORDER.index(encoding) if encoding in ENCODING_ORDER else len(ENCODING_ORDER) + hash(encoding) % 3
+    # tab10, then the ten lighter shades of tab20: the first ten encodings keep their colours in older figures.
+    palette = list(matplotlib.colormaps["tab10"].colors) + list(matplotlib.colormaps["tab20"].colors[1::2])
+    index = ENCODING_ORDER.index(encoding) if encoding in ENCODING_ORDER else zlib.crc32(encoding.encode())
     return matplotlib.colors.to_hex(palette[index % len(palette)])
 
 
@@ -103,7 +106,7 @@ def collect(out: Path, compare: Any, lengths: list[int], trained: int) -> dict[s
     variants: dict[str, Variant] = {}
     longest = max(lengths)
     for encoding in compare.encodings:
-        methods = [NONE] + [m for m in compare.methods if m != NONE and applies(m, encoding)]
+        methods = [NONE] + [m for m in compare.methods if m != NONE and applies(m, compare.position_of(encoding))]
         for method in methods:
             variants[label(encoding, method)] = Variant(encoding, method, label(encoding, method))
         for seed in compare.seeds:
@@ -254,6 +257,7 @@ def findings(variants: dict[str, Variant], lengths: list[int], trained: int, pro
                  f"Gain from the longer context (interval below 0): {names['below']}. "
                  f"Within noise of 0: {names['noise']}.")
     lines += probe_findings(variants, probe_offsets, trained)
+    lines += method_findings(variants, lengths, trained)
     lines.append(f"- Against {PAPER} (the paper reports nonoverlapping perplexity, so these use the ratio to each "
                  "model's own 1x perplexity, per seed, with a t interval):")
     checks = [
@@ -296,6 +300,52 @@ def snapshot_findings(snapshots: dict, budget: int, longest_multiple: float) -> 
         return []
     return [f"- Penalty at {longest_multiple:g}x from the model kept at {rows[0][0]:g} of the {budget:,}-token budget "
             "to the final one: " + "; ".join(moves) + "."]
+
+
+def paired_change(variant: Variant, baseline: Variant, length: int) -> Estimate | None:
+    """Perplexity ratio variant / baseline at `length`, paired by seed (the same trained model under two methods),
+    with a t interval over seeds."""
+    here, there = variant.nll.get(length, {}), baseline.nll.get(length, {})
+    return t_interval([math.exp(here[s] - there[s]) for s in here if s in there])
+
+
+def method_findings(variants: dict[str, Variant], lengths: list[int], trained: int) -> list[str]:
+    """For each inference-time method other than the RoPE scalings: whether it beats the model as trained ("plain
+    extrapolation") and the same model under YaRN, at 4x and at the longest length, paired by seed."""
+    targets = sorted({length for length in lengths if length in (4 * trained, max(lengths)) and length > trained})
+    lines = []
+    for variant in variants.values():
+        if variant.method in (NONE, "yarn") or "+" not in variant.label:
+            continue
+        plain = variants.get(variant.encoding)
+        yarn = variants.get(label(variant.encoding, "yarn"))
+        parts = []
+        for length in targets:
+            for name, baseline in (("plain", plain), ("yarn", yarn)):
+                if baseline is None or baseline is variant:
+                    continue
+                change = paired_change(variant, baseline, length)
+                if change is None:
+                    continue
+                side = verdict_word(change)
+                parts.append(f"{length / trained:g}x vs {name}: {change.format(3)}x perplexity, {side}")
+        if parts:
+            lines.append(f"  - {variant.label}: " + "; ".join(parts) + ".")
+    if not lines:
+        return []
+    return ["- Inference-time methods against the same trained models as trained (plain) and under YaRN, as a "
+            "perplexity ratio paired by seed (< 1: the method helps; 'better' / 'worse' where the 95% interval "
+            "excludes 1, else 'within noise'):", *lines]
+
+
+def verdict_word(ratio: Estimate) -> str:
+    if ratio.low is None or ratio.high is None:
+        return "one seed, no interval"
+    if ratio.high < 1:
+        return "better"
+    if ratio.low > 1:
+        return "worse"
+    return "within noise"
 
 
 def probe_findings(variants: dict[str, Variant], offsets: list[int], trained: int) -> list[str]:
@@ -562,14 +612,17 @@ def report_markdown(compare, shared, data_dir, configs, results, training, varia
         f"{meta.get('split', 'document hash')}) never trained on; byte-level BPE with {meta['vocab_size']} tokens."
         + (f" Held out: {', '.join(meta['val_names'][:12])}." if meta.get("val_names") else ""),
         f"- Every variant: {json.dumps(model)}; training {json.dumps(train)}; "
-        f"{first_config.train.max_steps * tokens_per_step:,} training tokens each; only `model.position` differs. "
+        f"{first_config.train.max_steps * tokens_per_step:,} training tokens each; only `model.position` differs"
+        + ("" if not compare.variants else " (and, for the variants, the settings listed here: " + "; ".join(
+            f"{name}: {json.dumps(settings)}" for name, settings in compare.variants.items()
+            if name in compare.encodings) + ")") + ". "
         f"Seeds {compare.seeds}: each seed sets the initialisation and the data order, shared by all encodings.",
         f"- Evaluation: {compare.eval_tokens:,} held-out tokens requested per cell, in segments of "
         f"{longest:,} tokens spread evenly over all held-out documents; every length "
         f"({', '.join(compare.lengths)} of L = {trained}) scores the same tokens with nonoverlapping windows. "
         f"The L-window reference scores them again with windows of L tokens advancing by "
         f"{compare.reference_stride or max(1, trained // 8)} (context between 7/8 L and L, all positions < L). "
-        f"Inference-time methods: {', '.join(f'{m} ({METHODS[m].summary})' for m in methods) or 'none'}.",
+        f"Inference-time methods: {', '.join(f'{m} ({method_spec(m).summary})' for m in methods) or 'none'}.",
         "",
         "| encoding | parameters | position parameters: lr scale, weight decay | training tokens | wall time per run "
         "| tokens/s | val loss (step 0 -> end) | status |",
@@ -581,8 +634,9 @@ def report_markdown(compare, shared, data_dir, configs, results, training, varia
         config = configs[(encoding, compare.seeds[0])]
         model_ = Transformer(config.model)
         optimiser = "none (no parameters)"
-        if any(True for _ in model_.position.parameters()):
-            settings = position_group_settings(model_, config)
+        learned = [e for e in model_.position_encodings() if any(True for _ in e.parameters())]
+        if learned:
+            settings = position_group_settings(model_, config, learned[0])
             optimiser = f"x{settings['lr_scale']:g}, {settings['weight_decay']:g}"
         if summaries:
             speed = [s["tok_per_s"] for s in summaries if s["tok_per_s"]]

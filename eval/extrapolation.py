@@ -39,7 +39,7 @@ from commands import add_checkpoint, add_device, add_out, comma_list, command_pa
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, PositionRangeError, cli_command
 from eval.data import describe_eval_data, load_eval_tokens, training_data_dir, training_val_fraction
-from eval.methods import METHODS, NONE, applies, check_methods, label
+from eval.methods import METHODS, NONE, applies, check_methods, label, method_spec
 from eval.scoring import score_incremental, score_windows
 from eval.segments import (
     Segments,
@@ -198,7 +198,7 @@ def evaluate_checkpoint(model: Transformer, ids: np.ndarray, plan: EvalPlan, met
     evaluation = CheckpointEvaluation(plan.key(), reference_layout(reference, segments, plan.reference_stride))
     chosen = [NONE] + [method for method in methods if method != NONE and applies(method, model.config.position)]
     for method in chosen:
-        spec = METHODS[method]
+        spec = method_spec(method)
         for length in plan.lengths:
             key = key_for(method, length)
             spec.setup(model, own, length, trained)
@@ -317,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="comma-separated multiples of the trained length (4x) or token counts (1024)")
     parser.add_argument("--methods", default=DEFAULT_METHODS,
                         help=f"inference-time methods, each where it applies ('none' is always evaluated); valid: "
-                             f"{', '.join(sorted(METHODS))}")
+                             f"{', '.join(sorted(METHODS))}, or compositions such as yarn+logn")
     deprecated(parser, "--scalings", "--methods", "methods")
     parser.add_argument("--data", help="prepared folder, source or path (default: each checkpoint's own held-out "
                                        "val.bin); of a raw source only its held-out documents are scored")

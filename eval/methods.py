@@ -11,57 +11,94 @@ one forward per window. "none" is the checkpoint as it is (its own scaling, if i
     dynamic                     dynamic NTK with its own factor (1): the base grows with the current length,
                                 so each token is scored under the base of its own prefix (incremental)
     clamp                       a learned table: positions past it reuse its last row
+    logn, temperature           attention methods (model/attention_methods.py) with their parameters set for the
+    rerope, leaky_rerope        evaluation length: logn and temperature scale queries past L; rerope keeps
+    selfextend, sinks, window   distances below L / 2 exact and clamps the rest (leaky: k chosen so that the longest
+                                distance maps below L); selfextend groups distances past L / 2 by the smallest G
+                                that keeps every position below L; sinks keeps 4 sink tokens and the last L - 4;
+                                window the last L tokens
+    a+b                         a composition (e.g. yarn+logn): each part's settings together, where the rules of
+                                model/attention_methods.py allow them
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
 from errors import ConfigError
+from model.attention_methods import ATTENTION_METHODS, applicable_encodings
 from model.config import ModelConfig
 from model.rope import LENGTH_DEPENDENT_SCALINGS, NEEDS_ORIGINAL_LENGTH, ROPE_SCALINGS
 from model.transformer import Transformer
 
 NONE = "none"
 
+# (the checkpoint's own config, length, trained length) -> the inference-time settings a method changes.
+Changes = Callable[[dict, int, int], dict]
+
 
 @dataclass(frozen=True)
 class InferenceMethod:
     encodings: tuple[str, ...] | None  # None: every encoding
-    setup: Callable[[Transformer, dict, int, int], None]  # (model, its own config, length, trained length)
+    changes: Changes
     incremental: bool = False
     summary: str = ""
     shift_probe: bool = False  # also run the position-shift probe under this method (length-independent methods)
 
+    def setup(self, model: Transformer, own: dict, length: int, trained: int) -> None:
+        """Put `model` in this method's settings for `length`: its own inference-time settings, then the changes."""
+        wanted = {**own, **self.changes(own, length, trained)}
+        current = model.config.to_dict()
+        differ = {key: value for key, value in wanted.items() if current[key] != value}
+        if differ:
+            model.reconfigure_position(**differ)
 
-def _as_trained(model: Transformer, own: dict, length: int, trained: int) -> None:
-    current = model.config.to_dict()
-    changes = {key: value for key, value in own.items() if current[key] != value}
-    if changes:
-        model.reconfigure_position(**changes)
+
+def _as_trained(own: dict, length: int, trained: int) -> dict:
+    return {}
 
 
-def _rope_scaling(name: str) -> Callable[[Transformer, dict, int, int], None]:
-    def setup(model: Transformer, own: dict, length: int, trained: int) -> None:
-        original = ModelConfig.from_dict(own).original_length  # the checkpoint's own, not the current setting
+def _original(own: dict) -> int:
+    return ModelConfig.from_dict(own).original_length  # the checkpoint's own, not the current setting
+
+
+def _rope_scaling(name: str) -> Changes:
+    def changes(own: dict, length: int, trained: int) -> dict:
+        original = _original(own)
         scaling = {"rope_type": name, "factor": max(1.0, length / original)}
         if name in NEEDS_ORIGINAL_LENGTH:
             scaling["original_max_position_embeddings"] = original
-        model.reconfigure_position(rope_scaling=scaling)
+        return {"rope_scaling": scaling}
 
-    return setup
-
-
-def _dynamic(name: str) -> Callable[[Transformer, dict, int, int], None]:
-    def setup(model: Transformer, own: dict, length: int, trained: int) -> None:
-        model.reconfigure_position(rope_scaling={"rope_type": name, "factor": 1.0,
-                                                 "original_max_position_embeddings": trained})
-
-    return setup
+    return changes
 
 
-def _clamp(model: Transformer, own: dict, length: int, trained: int) -> None:
-    model.reconfigure_position(learned_clamp=True)
+def _dynamic(name: str) -> Changes:
+    def changes(own: dict, length: int, trained: int) -> dict:
+        return {"rope_scaling": {"rope_type": name, "factor": 1.0, "original_max_position_embeddings": trained}}
+
+    return changes
+
+
+def _clamp(own: dict, length: int, trained: int) -> dict:
+    return {"learned_clamp": True}
+
+
+def _attention(name: str) -> Changes:
+    """An attention method with its parameters set for the evaluation length (module docstring)."""
+
+    def changes(own: dict, length: int, trained: int) -> dict:
+        original = _original(own)
+        half = max(1, original // 2)
+        params: dict = {}
+        if name == "leaky_rerope":
+            params = {"window": half, "k": max(1.0, (length - half) / max(1, original - half))}
+        elif name == "selfextend":
+            params = {"neighbors": half, "group": max(1, math.ceil((length - half) / max(1, original - half)))}
+        return {"attention_methods": [*own.get("attention_methods", []), {"method": name, **params}]}
+
+    return changes
 
 
 def _summary(name: str) -> str:
@@ -79,18 +116,70 @@ METHODS: dict[str, InferenceMethod] = {
        for name in sorted(LENGTH_DEPENDENT_SCALINGS)},
     "clamp": InferenceMethod(("learned",), _clamp, summary="positions past the learned table reuse its last row",
                              shift_probe=True),
+    **{name: InferenceMethod(applicable_encodings(cls), _attention(name),
+                             summary=(cls.__doc__ or name).strip().split("\n")[0].rstrip("."))
+       for name, cls in ATTENTION_METHODS.items()},
 }
 
 
+def method_spec(name: str) -> InferenceMethod:
+    """The method `name`, or the composition "a+b" of registered methods (their changes together; attention methods
+    appended in order; the model's config then checks that they combine)."""
+    if name in METHODS:
+        return METHODS[name]
+    parts = [METHODS[part] for part in name.split("+")]
+    allowed = [set(part.encodings) for part in parts if part.encodings is not None]
+
+    def changes(own: dict, length: int, trained: int) -> dict:
+        own_methods = list(own.get("attention_methods", []))
+        merged: dict = {}
+        added: list = []
+        for part in parts:
+            for key, value in part.changes(own, length, trained).items():
+                if key == "attention_methods":
+                    added += value[len(own_methods):]
+                else:
+                    merged[key] = value
+        if added:
+            merged["attention_methods"] = own_methods + added
+        return merged
+
+    return InferenceMethod(tuple(sorted(set.intersection(*allowed))) if allowed else None, changes,
+                           incremental=any(part.incremental for part in parts),
+                           summary=" + ".join(part.summary for part in parts))
+
+
 def check_methods(names: list[str]) -> list[str]:
-    unknown = [name for name in names if name not in METHODS]
+    unknown = [name for name in names
+               if name != NONE and any(part not in METHODS or part == NONE for part in name.split("+"))]
     if unknown:
-        raise ConfigError(f"unknown inference-time method(s) {unknown}; valid names are {sorted(METHODS)}")
+        raise ConfigError(f"unknown inference-time method(s) {unknown}; valid names are {sorted(METHODS)}, "
+                          "or compositions such as yarn+logn")
+    for name in names:
+        if "+" in name:
+            check_composition(name)
     return names
 
 
+def check_composition(name: str) -> None:
+    """Refuse a composition no model could take: two scalings, a part twice, parts with no common encoding, or
+    attention methods that do not combine (with each other or with the scaling)."""
+    parts = name.split("+")
+    scalings = [part for part in parts if part in ROPE_SCALINGS]
+    if len(scalings) > 1 or len(set(parts)) != len(parts):
+        raise ConfigError(f"method {name!r}: give each part once, with at most one RoPE scaling")
+    if method_spec(name).encodings == ():
+        raise ConfigError(f"method {name!r}: its parts apply to no common encoding")
+    attention = [part for part in parts if part in ATTENTION_METHODS]
+    scaling = {"rope_type": scalings[0], "factor": 2.0} if scalings else None
+    try:
+        ModelConfig(rope_scaling=scaling, attention_methods=[{"method": part} for part in attention])
+    except ConfigError as error:
+        raise ConfigError(f"method {name!r}: {error}") from error
+
+
 def applies(name: str, encoding: str) -> bool:
-    encodings = METHODS[name].encodings
+    encodings = method_spec(name).encodings
     return encodings is None or encoding in encodings
 
 

@@ -32,7 +32,19 @@ NOT_EXPORTABLE = {
     "sinusoidal": "Llama adds no absolute position signal to the embeddings",
     "learned": "Llama has no learned absolute position table",
     "none": "Llama always applies rotary embeddings, so a NoPE model would change meaning",
+    "fire": "Llama has no learned functional position bias",
+    "kerple": "Llama has no attention-bias kernel",
+    "xpos": "Llama's rotary embedding has no exponential decay",
+    "cope": "Llama has no contextual position embeddings",
 }
+# Model settings Llama cannot express, with their Llama value: (setting, value, why).
+LLAMA_DEFAULTS = [
+    ("rope_fraction", 1.0, "LlamaAttention rotates every dimension of a head (partial rotary is GPT-NeoX's)"),
+    ("rope_p", 1.0, "Llama has no p-RoPE (dropped frequencies)"),
+    ("position_layers", [], "Llama uses one encoding in every layer"),
+    ("attention_window", [], "Llama has no sliding-window attention"),
+    ("attention_methods", [], "Llama's attention has no inference-time methods (logn, ReRoPE, SelfExtend, ...)"),
+]
 TRANSFORMERS_V5 = int(transformers.__version__.split(".")[0]) >= 5
 
 
@@ -92,9 +104,12 @@ def to_llama_config(config: ModelConfig, generation: dict[str, Any] | None = Non
     """A LlamaConfig dict for `config`, with RoPE keys in the installed transformers' names."""
     if config.position != "rope":
         raise ConversionError(
-            f"cannot export position = {config.position!r} to Llama: {NOT_EXPORTABLE[config.position]}; "
-            "only rope checkpoints can be exported"
+            f"cannot export position = {config.position!r} to Llama: "
+            f"{NOT_EXPORTABLE.get(config.position, 'Llama has no such encoding')}; only rope checkpoints can be exported"
         )
+    for setting, llama_value, why in LLAMA_DEFAULTS:
+        if getattr(config, setting) != llama_value:
+            raise ConversionError(f"cannot export model.{setting} = {getattr(config, setting)!r} to Llama: {why}")
     params = rope_parameters(config)
     # transformers' dynamic NTK measures growth against max_position_embeddings, i.e. the original length.
     max_positions = params.get("original_max_position_embeddings", config.max_seq_len)

@@ -1,9 +1,11 @@
-"""Command-line flags for inference-time RoPE scaling, and loading a checkpoint for inference with them; shared
-by generate and the eval commands.
+"""Command-line flags for inference-time RoPE scaling and attention methods, and loading a checkpoint for
+inference with them; shared by generate and the eval commands.
 
     --rope-scaling yarn --rope-factor 4 [--rope-param beta_fast=16 --rope-param truncate=false]
+    --attention-method logn --attention-method rerope:window=64      (model/attention_methods.py)
 
-`original_max_position_embeddings` defaults to the context the checkpoint was trained at.
+`original_max_position_embeddings` defaults to the context the checkpoint was trained at; an attention method's
+parameters left out take their defaults from it.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from transformers import PreTrainedTokenizerFast
 
 from data.tokenizer import load_tokenizer
 from errors import ConfigError
+from model.attention_methods import ATTENTION_METHODS
 from model.checkpoint import load_model
 from model.config import parse_override_value
 from model.rope import ROPE_SCALINGS, SCALING_KEYS
@@ -25,6 +28,8 @@ NO_SCALING = "none"
 
 
 def add_rope_scaling_args(parser: argparse.ArgumentParser) -> None:
+    """The --rope-scaling flags and the --attention-method flag."""
+    add_attention_method_args(parser)
     group = parser.add_argument_group("inference-time RoPE scaling (RoPE checkpoints only)")
     group.add_argument(
         "--rope-scaling",
@@ -39,6 +44,28 @@ def add_rope_scaling_args(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="extra scaling key in transformers' names, e.g. beta_fast=16, truncate=false, attention_factor=1.0",
     )
+
+
+def add_attention_method_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument_group("inference-time attention methods").add_argument(
+        "--attention-method", action="append", default=[], metavar="NAME[:KEY=VALUE,...]",
+        help=f"an attention method, repeatable: {', '.join(sorted(ATTENTION_METHODS))}; e.g. logn, "
+             "rerope:window=64, selfextend:neighbors=128,group=4 (they replace the checkpoint's own)")
+
+
+def attention_methods_from_args(items: list[str]) -> list[dict]:
+    """[{"method": NAME, KEY: VALUE, ...}] from --attention-method NAME[:KEY=VALUE,...] flags."""
+    methods = []
+    for item in items:
+        name, _, params = item.partition(":")
+        entry: dict = {"method": name}
+        for pair in filter(None, params.split(",")):
+            if "=" not in pair:
+                raise ConfigError(f"--attention-method {item!r}: parameters look like NAME:KEY=VALUE,KEY=VALUE")
+            key, value = pair.split("=", 1)
+            entry[key] = parse_override_value(value)
+        methods.append(entry)
+    return methods
 
 
 def rope_scaling_from_args(args: argparse.Namespace) -> dict | None:
@@ -78,4 +105,6 @@ def load_for_inference(args: argparse.Namespace) -> tuple[Transformer, PreTraine
     device = resolve_device(args.device)
     model = load_model(args.checkpoint, device)
     apply_rope_scaling_args(model, args)
+    if getattr(args, "attention_method", None):
+        model.reconfigure_position(attention_methods=attention_methods_from_args(args.attention_method))
     return model, load_tokenizer(args.checkpoint), device

@@ -1,8 +1,10 @@
-"""Grouped-query causal self-attention through F.scaled_dot_product_attention.
+"""Grouped-query causal self-attention through F.scaled_dot_product_attention, with optional sliding windows.
 
 Encodings without a score bias take the fused SDPA path with no (time x time) mask. Encodings with a bias
-(ALiBi, T5, Shaw) are computed in chunks of query rows, so the (heads x rows x keys) bias stays bounded
-at long lengths; an encoding with a value term (Shaw) needs the attention probabilities explicitly.
+(ALiBi, T5, Shaw, KERPLE, FIRE, CoPE), and layers with a sliding window, are computed in chunks of query rows,
+each against only the keys it can see (the causal prefix, or the window), so the (heads x rows x keys) bias and
+mask stay bounded at long lengths and a window costs O(time x window). An encoding with a value term (Shaw) or
+whose bias depends on the scores (CoPE) needs the attention logits explicitly.
 """
 from __future__ import annotations
 
@@ -13,11 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.attention_methods import MethodContext
 from model.config import ModelConfig
 from model.kv_cache import KVCache
 from model.position import PositionEncoding
 
-# Bias-path chunks hold at most this many (batch x heads x rows x keys) elements (2^24 floats = 64 MiB).
+# Chunks hold at most this many (batch x heads x rows x keys) elements (2^24 floats = 64 MiB).
 BIAS_CHUNK_ELEMENTS = 2**24
 
 
@@ -29,11 +32,31 @@ def causal_mask(q_len: int, k_len: int, device: torch.device, rows: slice | None
 
 
 def visible_keys(q_len: int, k_len: int, device: torch.device, kv_cache: KVCache | None,
-                 rows: slice | None = None) -> torch.Tensor:
-    """(rows, k_len) True where a query may attend a key: causal, and only filled slots of a static cache."""
+                 rows: slice | None = None, keys: slice | None = None, window: int = 0) -> torch.Tensor:
+    """(rows, keys) True where a query may attend a key: causal, only filled slots of a static cache, and within
+    `window` slots of the query (itself and the window - 1 before it) when window > 0."""
+    rows = rows if rows is not None else slice(None)
+    keys = keys if keys is not None else slice(None)
     if kv_cache is not None and kv_cache.static:
-        return kv_cache.visible(q_len, device)[rows if rows is not None else slice(None)]
-    return causal_mask(q_len, k_len, device, rows)
+        query_slot = kv_cache.start(device) + torch.arange(q_len, device=device)
+        key_slot = torch.arange(kv_cache.max_len, device=device)
+    else:
+        query_slot = torch.arange(k_len - q_len, k_len, device=device)
+        key_slot = torch.arange(k_len, device=device)
+    distance = query_slot[rows, None] - key_slot[None, keys]  # >= 0 for keys at or before the query
+    visible = distance >= 0
+    if window:
+        visible = visible & (distance < window)
+    return visible
+
+
+def key_range(q_len: int, k_len: int, rows: slice, causal: bool, window: int, static: bool) -> slice:
+    """The keys a chunk of query rows can see: from the window's start (or 0) to the last row's own key."""
+    if static or not causal:
+        return slice(0, k_len)
+    offset = k_len - q_len  # queries are the last q_len of the k_len positions
+    start = max(0, offset + rows.start - window + 1) if window else 0
+    return slice(start, offset + rows.stop)
 
 
 class Attention(nn.Module):
@@ -44,6 +67,7 @@ class Attention(nn.Module):
         self.n_kv_heads = config.n_kv_heads
         self.head_dim = config.head_dim
         self.dropout = config.dropout
+        self.window = config.layer_windows()[layer_index]
         self.q_proj = nn.Linear(config.dim, config.n_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(config.dim, config.n_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.dim, config.n_kv_heads * self.head_dim, bias=False)
@@ -56,23 +80,34 @@ class Attention(nn.Module):
         position_state: Any,
         kv_cache: KVCache | None,
         causal: bool = True,
+        methods: MethodContext | None = None,
+        pass_states: list[Any] | None = None,
     ) -> torch.Tensor:
         batch, time, _ = x.shape
         # (batch, time, heads * head_dim) -> (batch, heads, time, head_dim)
         q = self.q_proj(x).view(batch, time, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, time, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, time, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q = position.rotate_queries(q, position_state)
-        if position.caches_rotated_keys:
-            k = position.rotate_keys(k, position_state)
-        if kv_cache is not None:
-            k, v = kv_cache.update(self.layer_index, k, v)
-        if not position.caches_rotated_keys:
-            k = position.rotate_keys(k, position_state)
-        if position.has_score_bias or position.has_value_term:
-            y = self.biased_attention(q, k, v, position, position_state, causal, kv_cache)
+        if methods is not None and methods.query_scale is not None:
+            q = q * methods.query_scale.to(q.dtype)  # logn / temperature: a factor per query position
+        if methods is not None and methods.passes:
+            # Positions are encoded per pass at score time: the cache holds raw keys.
+            if kv_cache is not None:
+                k, v = kv_cache.update(self.layer_index, k, v)
+            y = self.chunked_attention(q, k, v, position, position_state, causal, kv_cache, methods, pass_states)
         else:
-            y = self.fused_attention(q, k, v, causal, kv_cache)
+            q = position.rotate_queries(q, position_state)
+            if position.caches_rotated_keys:
+                k = position.rotate_keys(k, position_state)
+            if kv_cache is not None:
+                k, v = kv_cache.update(self.layer_index, k, v)
+            if not position.caches_rotated_keys:
+                k = position.rotate_keys(k, position_state)
+            if position.has_score_bias or position.has_value_term or self.window or \
+                    (methods is not None and methods.visible is not None):
+                y = self.chunked_attention(q, k, v, position, position_state, causal, kv_cache, methods)
+            else:
+                y = self.fused_attention(q, k, v, causal, kv_cache)
         # (batch, heads, time, head_dim) -> (batch, time, heads * head_dim)
         y = y.transpose(1, 2).reshape(batch, time, self.n_heads * self.head_dim)
         return self.o_proj(y)
@@ -96,7 +131,7 @@ class Attention(nn.Module):
             enable_gqa=self.n_kv_heads != self.n_heads,
         )
 
-    def biased_attention(
+    def chunked_attention(
         self,
         q: torch.Tensor,
         k: torch.Tensor,
@@ -105,34 +140,79 @@ class Attention(nn.Module):
         state: Any,
         causal: bool,
         kv_cache: KVCache | None = None,
+        methods: MethodContext | None = None,
+        pass_states: list[Any] | None = None,
     ) -> torch.Tensor:
+        """Attention in chunks of query rows, each against the keys it can see, with the encoding's bias; with an
+        attention method's passes (q and k raw here), each pass encodes positions its own way and the pairs it
+        selects take their scores from it."""
         batch, heads, q_len, _ = q.shape
         k_len = k.shape[2]
-        rows_per_chunk = max(1, BIAS_CHUNK_ELEMENTS // (batch * heads * k_len))
-        if position.has_value_term and self.n_kv_heads != self.n_heads:
+        static = kv_cache is not None and kv_cache.static
+        passes = methods.passes if methods is not None else None
+        window = min(w for w in (self.window, methods.window if methods is not None else 0, k_len + 1) if w)
+        window = 0 if window > k_len else window
+        explicit = position.has_value_term or position.bias_needs_scores or bool(passes)
+        span = min(k_len, 2 * window) if window and not static else k_len
+        rows_per_chunk = max(1, BIAS_CHUNK_ELEMENTS // (batch * heads * span))
+        if window:
+            rows_per_chunk = min(rows_per_chunk, window)
+        if explicit and self.n_kv_heads != self.n_heads:
             k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
             v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+        encoded = None
+        if passes:  # (queries, keys) encoded for each pass, once for all chunks
+            encoded = [(position.rotate_queries(q, pass_state), position.rotate_keys(k, pass_state))
+                       for pass_state in pass_states]
+        dropout = self.dropout if self.training else 0.0
         outputs = []
         for start in range(0, q_len, rows_per_chunk):
             rows = slice(start, min(q_len, start + rows_per_chunk))
-            q_rows = q[:, :, rows]
-            bias = position.score_bias(q_rows, state, self.layer_index, rows)  # (batch|1, heads, rows, keys)
-            if causal:
-                bias = bias.masked_fill(~visible_keys(q_len, k_len, q.device, kv_cache, rows), float("-inf"))
-            if not position.has_value_term:
-                outputs.append(
-                    F.scaled_dot_product_attention(
-                        q_rows,
-                        k,
-                        v,
-                        attn_mask=bias.to(q.dtype),
-                        dropout_p=self.dropout if self.training else 0.0,
-                        enable_gqa=self.n_kv_heads != self.n_heads,
-                    )
-                )
+            keys = key_range(q_len, k_len, rows, causal, window, static)
+            q_rows, k_keys, v_keys = q[:, :, rows], k[:, :, keys], v[:, :, keys]
+            visible = visible_keys(q_len, k_len, q.device, kv_cache, rows, keys, window) if causal else None
+            if methods is not None:
+                i = methods.q_positions[:, rows, None]  # true positions (batch|1, rows, 1) and (batch|1, 1, keys)
+                j = methods.k_positions[:, None, keys]
+                if methods.visible is not None:
+                    seen = methods.visible(i, j)[:, None]
+                    visible = seen if visible is None else visible & seen
+            if explicit:
+                if passes:
+                    scores = None
+                    for one_pass, pass_state, (q_pass, k_pass) in zip(passes, pass_states, encoded):
+                        pass_scores = self.logits(q_pass[:, :, rows], k_pass[:, :, keys], position, pass_state,
+                                                  rows, keys)
+                        scores = pass_scores if one_pass.select is None else \
+                            torch.where(one_pass.select(i, j)[:, None], pass_scores, scores)
+                    if visible is not None:
+                        scores = scores.masked_fill(~visible, float("-inf"))
+                else:
+                    scores = (q_rows @ k_keys.transpose(-1, -2)).float() / math.sqrt(self.head_dim)
+                    if visible is not None:
+                        scores = scores.masked_fill(~visible, float("-inf"))
+                    bias = position.score_bias(q_rows, state, self.layer_index, rows, keys,
+                                               scores if position.bias_needs_scores else None)
+                    if bias is not None:
+                        scores = scores + bias
+                probs = F.dropout(torch.softmax(scores, dim=-1), dropout, self.training).to(v.dtype)
+                output = probs @ v_keys
+                value = position.value_term(probs, state, self.layer_index, rows, keys)
+                outputs.append(output if value is None else output + value)
                 continue
-            scores = (q_rows @ k.transpose(-1, -2)) / math.sqrt(self.head_dim) + bias
-            probs = F.dropout(torch.softmax(scores.float(), dim=-1), self.dropout, self.training)
-            output = probs.to(v.dtype) @ v + position.value_term(probs.to(v.dtype), state, self.layer_index, rows)
-            outputs.append(output)
+            bias = position.score_bias(q_rows, state, self.layer_index, rows, keys)  # (batch|1, heads, rows, keys)
+            if bias is None:
+                mask = visible
+            else:
+                mask = bias if visible is None else bias.masked_fill(~visible, float("-inf"))
+                mask = mask.to(q.dtype)
+            outputs.append(F.scaled_dot_product_attention(q_rows, k_keys, v_keys, attn_mask=mask, dropout_p=dropout,
+                                                          enable_gqa=self.n_kv_heads != self.n_heads))
         return torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]
+
+    def logits(self, q: torch.Tensor, k: torch.Tensor, position: PositionEncoding, state: Any, rows: slice,
+               keys: slice) -> torch.Tensor:
+        """Scaled q.k logits (float32) plus the encoding's bias for this state."""
+        scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(self.head_dim)
+        bias = position.score_bias(q, state, self.layer_index, rows, keys)
+        return scores if bias is None else scores + bias

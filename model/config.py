@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from errors import ConfigError
+from model.attention_methods import ATTENTION_METHODS, check_applies, normalize_methods
 from model.position import POSITION_ENCODINGS, SINUSOIDAL_RECIPES
+from model.position_rotary import RoPE
 from model.rope import normalize_rope_scaling
 
 
@@ -107,6 +109,28 @@ class ModelConfig:
     #   "unscaled": added as they are, std init_std (GPT-2 / transformers style);
     #   "legacy": scaled by sqrt(dim) with std init_std (pelab before 0.2: the sinusoid dominates the input).
     sinusoidal_embedding: str = "fairseq"
+    # Rotary variants (rope, xpos). rope_fraction < 1: partial rotary, only the first fraction of each head rotates
+    # (GPT-NeoX rotary_pct); rope_p < 1: p-RoPE, the lowest-frequency fraction 1 - p carries no position.
+    rope_fraction: float = 1.0
+    rope_p: float = 1.0
+    # xpos: the decay's scale base gamma (torchscale's scale_base).
+    xpos_scale_base: float = 512.0
+    # fire: the MLP's hidden width, and the threshold T's initial value (0 = max_seq_len; the public code uses 512).
+    fire_mlp_width: int = 32
+    fire_threshold: int = 0
+    # cope: the number of position embeddings (0 = max_seq_len + 1, the reference's default).
+    cope_positions: int = 0
+    # Per-layer choices, each a list repeated over the layers (its length must divide n_layers; [] = uniform):
+    #   position_layers: the encoding of each layer (e.g. ["rope", "rope", "rope", "none"], iRoPE); it must name
+    #     model.position, whose parameters keep their names; absolute encodings (sinusoidal, learned) act on the
+    #     whole model and cannot be mixed in;
+    #   attention_window: each layer's sliding window in tokens (a query sees itself and the window - 1 keys
+    #     before it; 0 = global), e.g. [64, 64, 64, 0] with the list above for RNoPE-SWA.
+    position_layers: list = dataclasses.field(default_factory=list)
+    attention_window: list = dataclasses.field(default_factory=list)
+    # Inference-time attention methods (model/attention_methods.py), e.g. [{method = "logn"}, {method = "rerope",
+    # window = 64}]; a parameter given as 0 is derived from the trained length. [] = attention as trained.
+    attention_methods: list = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         check_field_types(self, "model")
@@ -147,7 +171,53 @@ class ModelConfig:
             raise ConfigError(
                 f"model.position: unknown encoding {self.position!r}; valid names are {sorted(POSITION_ENCODINGS)}"
             )
-        POSITION_ENCODINGS[self.position].validate(self)
+        self.check_layer_lists()
+        for name in dict.fromkeys([self.position, *self.position_layers]):
+            POSITION_ENCODINGS[name].validate(self)
+        rotary = any(issubclass(POSITION_ENCODINGS[name], RoPE) for name in self.layer_positions())
+        if not 0 < self.rope_fraction <= 1 or not 0 <= self.rope_p <= 1:
+            raise ConfigError(f"model.rope_fraction must be in (0, 1] and model.rope_p in [0, 1], "
+                              f"got {self.rope_fraction} and {self.rope_p}")
+        if (self.rope_fraction, self.rope_p) != (1.0, 1.0) and not rotary:
+            raise ConfigError("model.rope_fraction and model.rope_p apply to rotary encodings (rope, xpos); "
+                              f"this model uses {sorted(set(self.layer_positions()))}")
+        self.attention_methods = normalize_methods(self.attention_methods, self.original_length)
+        for entry in self.attention_methods:
+            check_applies(ATTENTION_METHODS[entry["method"]], self)
+
+    def check_layer_lists(self) -> None:
+        for name in ("position_layers", "attention_window"):
+            values = getattr(self, name)
+            if values and self.n_layers % len(values):
+                raise ConfigError(f"model.{name} has {len(values)} entries, which does not divide model.n_layers "
+                                  f"({self.n_layers}); give one entry per layer or a pattern that repeats evenly")
+        if any(not isinstance(name, str) for name in self.position_layers):
+            raise ConfigError(f"model.position_layers must hold encoding names, got {self.position_layers}")
+        unknown = [name for name in self.position_layers if name not in POSITION_ENCODINGS]
+        if unknown:
+            raise ConfigError(f"model.position_layers: unknown encoding(s) {unknown}; "
+                              f"valid names are {sorted(POSITION_ENCODINGS)}")
+        if self.position_layers:
+            if self.position not in self.position_layers:
+                raise ConfigError(f"model.position_layers {self.position_layers} must include model.position "
+                                  f"({self.position!r}), the encoding whose parameters keep their names")
+            whole_model = sorted({name for name in self.position_layers if not POSITION_ENCODINGS[name].per_layer})
+            if whole_model:
+                raise ConfigError(f"model.position_layers: {whole_model} act on the token embeddings of the whole "
+                                  "model and cannot be chosen per layer; use relative or rotary encodings")
+        if any(not isinstance(w, int) or isinstance(w, bool) or w < 0 for w in self.attention_window):
+            raise ConfigError(f"model.attention_window must hold integers >= 0 (0 = global), "
+                              f"got {self.attention_window}")
+
+    def layer_positions(self) -> list[str]:
+        """The encoding of every layer: model.position_layers repeated over the layers, or model.position."""
+        pattern = self.position_layers or [self.position]
+        return [pattern[index % len(pattern)] for index in range(self.n_layers)]
+
+    def layer_windows(self) -> list[int]:
+        """The sliding window of every layer (0 = global attention)."""
+        pattern = self.attention_window or [0]
+        return [pattern[index % len(pattern)] for index in range(self.n_layers)]
 
     @property
     def head_dim(self) -> int:

@@ -11,6 +11,7 @@ from torch import nn
 from data.batches import IGNORE_INDEX
 from errors import ConfigError
 from model.attention import Attention
+from model.attention_methods import MethodContext, build_methods, method_context
 from model.config import ModelConfig
 from model.kv_cache import KVCache
 from model.layers import RMSNorm, SwiGLU
@@ -28,9 +29,11 @@ class Block(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(
-        self, x: torch.Tensor, position: PositionEncoding, position_state: Any, kv_cache: KVCache | None
+        self, x: torch.Tensor, position: PositionEncoding, position_state: Any, kv_cache: KVCache | None,
+        methods: MethodContext | None = None, pass_states: list[Any] | None = None,
     ) -> torch.Tensor:
-        x = x + self.dropout(self.attention(self.attention_norm(x), position, position_state, kv_cache))
+        x = x + self.dropout(self.attention(self.attention_norm(x), position, position_state, kv_cache,
+                                            methods=methods, pass_states=pass_states))
         return x + self.dropout(self.ffn(self.ffn_norm(x)))
 
 
@@ -39,7 +42,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
-        self.position = build_position_encoding(config)
+        self.build_positions(config)
         self.layers = nn.ModuleList(Block(config, index) for index in range(config.n_layers))
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
@@ -60,6 +63,28 @@ class Transformer(nn.Module):
         embedding_std = self.position.token_embedding_std()
         if embedding_std is not None:
             nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=embedding_std)
+        for encoding in self.position_encodings():
+            encoding.reset_parameters()
+
+    def build_positions(self, config: ModelConfig) -> None:
+        """`position`: the encoding named by model.position (its parameters keep the names `position.*`, so
+        checkpoints of single-encoding models are unchanged); `layer_positions`: the other encodings of a
+        per-layer pattern (model.position_layers), by name; absent when there are none."""
+        self.position = build_position_encoding(config)
+        self.attention_methods = build_methods(config)  # inference-time methods (model/attention_methods.py)
+        others = [name for name in dict.fromkeys(config.layer_positions()) if name != config.position]
+        if others:
+            self.layer_positions = nn.ModuleDict({name: build_position_encoding(config, name) for name in others})
+        elif "layer_positions" in self._modules:
+            del self.layer_positions
+
+    def position_encodings(self) -> list[PositionEncoding]:
+        """Every distinct encoding the model uses, model.position's first."""
+        others = self._modules.get("layer_positions")
+        return [self.position, *(others.values() if others is not None else [])]
+
+    def encoding_of(self, name: str) -> PositionEncoding:
+        return self.position if name == self.config.position else self.layer_positions[name]
 
     def set_rope_scaling(self, scaling: dict | None) -> None:
         """Switch this RoPE model to another inference-time scaling (no retraining; None = plain RoPE).
@@ -79,10 +104,13 @@ class Transformer(nn.Module):
         """Rebuild the position encoding from the config with `changes` (inference-time settings such as
         rope_scaling or learned_clamp), keeping its learned parameters."""
         config = ModelConfig.from_dict({**self.config.to_dict(), **changes})
-        position = build_position_encoding(config).to(self.tok_embeddings.weight.device)
-        position.load_state_dict(self.position.state_dict())
+        old = {name: self.encoding_of(name).state_dict() for name in dict.fromkeys(self.config.layer_positions())}
+        self.build_positions(config)
         self.config = config
-        self.position = position
+        for name, state in old.items():
+            self.encoding_of(name).load_state_dict(state)
+        for encoding in self.position_encodings():
+            encoding.to(self.tok_embeddings.weight.device)
 
     def num_parameters(self) -> int:
         return sum(parameter.numel() for parameter in self.parameters())
@@ -108,9 +136,15 @@ class Transformer(nn.Module):
         key_positions = kv_cache.add_positions(positions) if kv_cache is not None else positions
         x = self.tok_embeddings(idx)
         x = self.position.embed(x, positions)
-        position_state = self.position.prepare(positions, key_positions)
-        for layer in self.layers:
-            x = layer(x, self.position, position_state, kv_cache)
+        methods = method_context(self.attention_methods, positions, key_positions)
+        passes = methods.passes if methods is not None else None
+        states: dict[str, Any] = {}  # each encoding prepares once per forward, for all its layers
+        for layer, name in zip(self.layers, self.config.layer_positions()):
+            encoding = self.encoding_of(name)
+            if name not in states:
+                states[name] = (encoding.prepare(positions, key_positions), None if passes is None else
+                                [encoding.prepare(p.queries, p.keys, all_keys=True) for p in passes])
+            x = layer(x, encoding, states[name][0], kv_cache, methods, states[name][1])
         if kv_cache is not None:
             kv_cache.advance(time)
         logits = self.lm_head(self.norm(x))

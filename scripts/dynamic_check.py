@@ -22,7 +22,7 @@ from commands import add_checkpoint, comma_list, command_parser, deprecated, req
 from data.tokenizer import load_tokenizer
 from errors import CheckpointError, cli_command
 from eval.data import load_eval_tokens
-from eval.methods import METHODS
+from eval.methods import method_spec
 from eval.scoring import score_incremental, score_prefixes, score_windows
 from eval.segments import choose_segments, tiled_windows
 from model.checkpoint import load_model, trained_length
@@ -39,11 +39,11 @@ def compare_dynamic(checkpoint: str, data: str, multiples: list[int], windows: i
     for multiple in multiples:
         length = multiple * trained
         batch = tiled_windows(ids, choose_segments(len(ids), length, windows * length, margin=trained), length)
-        METHODS["none"].setup(model, own, length, trained)
+        method_spec("none").setup(model, own, length, trained)
         plain = score_windows(model, batch)[:, trained:]
         model.reconfigure_position(rope_scaling={"rope_type": "dynamic", "factor": float(multiple)})
         before = score_windows(model, batch)[:, trained:]
-        METHODS["dynamic"].setup(model, own, length, trained)
+        method_spec("dynamic").setup(model, own, length, trained)
         cached = score_incremental(model, batch, trained)[:, trained:]
         exact = score_prefixes(model, batch, trained)[:, trained:]
         rows.append({"multiple": multiple, "windows": len(batch), "tokens": int(cached.size),

@@ -95,11 +95,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     prompt_ids = tokenizer.encode(args.prompt, add_special_tokens=False)
     total = len(prompt_ids) + args.max_new_tokens
-    if total > model.config.max_seq_len and model.config.rope_scaling is None and not args.extrapolate:
+    if total > model.config.max_seq_len and model.config.rope_scaling is None and not args.extrapolate \
+            and not model.config.attention_methods:
         raise ConfigError(
             f"the prompt ({len(prompt_ids)} tokens) plus --max-new-tokens {args.max_new_tokens} is {total} tokens, more "
             f"than the {model.config.max_seq_len} the model was trained on; lower --max-new-tokens, shorten the "
-            "prompt, pass --rope-scaling yarn --rope-factor S (RoPE), or --extrapolate to run past it anyway")
+            "prompt, pass --rope-scaling yarn --rope-factor S (RoPE), an --attention-method (e.g. selfextend), or "
+            "--extrapolate to run past it anyway")
     if args.compile:
         print("compiling the decoding step (once; this can take tens of seconds)...", file=sys.stderr, flush=True)
     printer = StreamPrinter(tokenizer)

@@ -104,16 +104,47 @@ def test_a_failed_variant_is_reported_and_the_others_go_on(small_text_file, tmp_
     assert "failed: RuntimeError" in (out / "report.md").read_text()
 
 
+def test_the_newer_encodings_and_named_variants_run_through_compare(small_text_file, tmp_path):
+    """compare.variants from configs/compare.toml (a hybrid and p-RoPE) next to kerple: trained with their own
+    settings, evaluated, with the RoPE methods applied to the RoPE-based variants only; a run saved before newer
+    model settings existed is still recognised as the same run (skipped, not refused)."""
+    out = tmp_path / "cmp"
+    args = arguments(small_text_file, out, '--compare.encodings=["kerple", "p-rope", "irope"]', "--compare.workers=1",
+                     "--model.n_layers=4")
+    assert main(args) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert {cell["label"] for cell in results["cells"]} == {"kerple", "p-rope", "p-rope+yarn", "p-rope+dynamic",
+                                                            "irope", "irope+yarn", "irope+dynamic"}
+    state_path = out / "runs" / "irope" / "seed1" / "trainer_state.json"
+    state = json.loads(state_path.read_text())
+    assert state["run_config"]["model"]["position_layers"] == ["rope", "rope", "rope", "none"]
+    assert state["run_config"]["model"]["rope_p"] == 1.0
+    report = (out / "report.md").read_text()
+    assert 'irope: {"position": "rope", "position_layers": ["rope", "rope", "rope", "none"]}' in report
+    del state["run_config"]["model"]["cope_positions"]  # as written by code from before that setting
+    state_path.write_text(json.dumps(state))
+    assert main(args) == 0
+    assert json.loads((out / "results.json").read_text())["status"]["irope-seed1"]["status"] == \
+        "skipped (already trained)"
+
+
 @pytest.mark.parametrize("override, message", [
     ('--compare.encodings=["rope", "alibl"]', "compare.encodings: unknown ['alibl']"),
-    ('--compare.methods=["yarn", "rerope"]', "unknown inference-time method"),
+    ('--compare.encodings=["rope", "rope"]', "lists a name twice"),
+    ('--compare.variants={rope = {position = "alibi"}}', "compare.variants.rope"),
+    ('--compare.variants={mine = {rope_p = 0.5}}', "compare.variants.mine"),
+    (('--compare.variants={mine = {position = "rope", rope_p = 2.0}}', '--compare.encodings=["rope", "mine"]'),
+     "rope_p in [0, 1]"),
+    (('--compare.encodings=["rope", "partial-rope"]', "--model.n_heads=16"), "rotates 0 of the 2 dimensions"),
+    ('--compare.methods=["yarn", "rerope2"]', "unknown inference-time method"),
+    ('--compare.methods=["yarn+linear"]', "at most one RoPE scaling"),
     ("--compare.seeds=[1, 1]", "distinct integers"),
     ("--compare.snapshots=[1.5]", "fractions of training"),
     ("--model.learned_max_positions=8", "beyond the learned table of 8 positions"),
 ])
 def test_bad_settings_are_refused_before_anything_trains(small_text_file, tmp_path, capsys, override, message):
     out = tmp_path / "cmp"
-    assert main(arguments(small_text_file, out, override)) == 2
+    assert main(arguments(small_text_file, out, *([override] if isinstance(override, str) else override))) == 2
     error = capsys.readouterr().err
     assert error.startswith("error:") and message in error and "Traceback" not in error
     assert not (out / "runs").exists()
@@ -155,3 +186,24 @@ def test_findings_name_the_penalty_side_and_the_paper_checks():
     assert "ALiBi stays flat (within 10%) out to 4x: reproduced" in text
     assert "rotary degrades (more than 10%) by 4x: reproduced" in text
     assert "T5 bias holds (within 25%) to 4x: not measured here" in text
+
+
+def test_method_findings_pair_seeds_against_plain_and_yarn():
+    """Seeds differ a lot between themselves, but the method's change on each seed's model is consistent: paired by
+    seed it is 'better' than plain; against yarn the per-seed ratios straddle 1: 'within noise'."""
+    from eval.compare_report import method_findings
+
+    def with_method(encoding, method, by_length):
+        result = variant(encoding, by_length)
+        result.method, result.label = method, f"{encoding}+{method}" if method != "none" else encoding
+        return result
+
+    plain = with_method("rope", "none", {64: [20.0, 40.0, 80.0], 256: [50.0, 90.0, 200.0]})
+    yarn = with_method("rope", "yarn", {64: [15.0, 33.0, 60.0], 256: [30.0, 60.0, 100.0]})
+    rerope = with_method("rope", "rerope", {64: [16.0, 31.0, 63.0], 256: [29.0, 63.0, 98.0]})
+    variants = {v.label: v for v in (plain, yarn, rerope)}
+    lines = method_findings(variants, [16, 64, 256], 16)
+    text = "\n".join(lines)
+    assert "rope+rerope: 4x vs plain: 0.788 [" in text and "better" in text.split("4x vs yarn")[0]
+    assert "16x vs yarn" in text and "within noise" in text.split("16x vs yarn")[1]
+    assert "rope+yarn:" not in text  # YaRN is the baseline, not a finding

@@ -166,7 +166,45 @@ def test_methods_set_up_the_model_as_used_and_only_where_they_apply():
     assert applies("clamp", "learned") and not applies("clamp", "rope") and not applies("yarn", "alibi")
     assert label("rope", "none") == "rope" and label("learned", "clamp") == "learned+clamp"
     with pytest.raises(ConfigError, match="unknown inference-time method"):
-        check_methods(["yarn", "rerope"])
+        check_methods(["yarn", "rerope2"])
+
+
+def test_attention_methods_are_set_for_the_length_and_compose():
+    """selfextend's group is the smallest that keeps every position below L; leaky ReRoPE's k maps the longest
+    distance below L; yarn+logn sets both; the next method starts again from the checkpoint's own settings."""
+    from eval.methods import method_spec
+
+    model = sharp_model(position="rope", max_seq_len=8)
+    own = model.config.to_dict()
+    method_spec("selfextend").setup(model, own, 128, 8)
+    assert model.config.attention_methods == [{"method": "selfextend", "neighbors": 4, "group": 31}]
+    method_spec("leaky_rerope").setup(model, own, 128, 8)
+    (leaky,) = model.config.attention_methods
+    assert leaky["window"] == 4 and leaky["window"] + (128 - 1 - leaky["window"]) / leaky["k"] < 8
+    method_spec("yarn+logn").setup(model, own, 32, 8)
+    assert model.config.rope_scaling["factor"] == 4.0
+    assert model.config.attention_methods == [{"method": "logn", "base_length": 8}]
+    method_spec("yarn").setup(model, own, 32, 8)
+    assert model.config.attention_methods == []
+    assert applies("sinks", "alibi") and not applies("sinks", "shaw") and not applies("rerope", "alibi")
+    assert applies("yarn+logn", "rope") and not applies("yarn+logn", "alibi") and applies("logn", "cope")
+    for bad, message in [("yarn+linear", "at most one RoPE scaling"), ("rerope+selfextend", "each sets positions"),
+                         ("dynamic+rerope", "'dynamic' scaling"), ("clamp+rerope", "no common encoding")]:
+        with pytest.raises(ConfigError, match=message):
+            check_methods([bad])
+
+
+def test_evaluation_with_attention_methods_scores_every_length():
+    model = sharp_model(position="rope", max_seq_len=8)
+    ids = np.random.default_rng(5).integers(0, 97, 2000)
+    methods = ["rerope", "selfextend", "sinks", "window", "yarn+logn", "temperature"]
+    evaluation = evaluate_checkpoint(model, ids, make_plan(len(ids), 8, ["1x", "4x"], 256), methods)
+    assert set(evaluation.losses) == {f"{m}@{n}" for m in ["none", *methods] for n in (8, 32)}
+    # At 1x these change nothing: the window (L) and sinks + window (4 + L - 4) see every key, yarn's factor is 1
+    # and logn's factor is 1 below L.
+    for method in ("window", "sinks", "yarn+logn"):
+        assert np.allclose(evaluation.losses[f"{method}@8"], evaluation.losses["none@8"], atol=1e-5)
+    assert model.config.attention_methods == []  # left as trained
 
 
 def test_clamp_keeps_the_learned_table():

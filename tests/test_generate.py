@@ -121,3 +121,12 @@ def test_generate_cli_rope_scaling_flags(prepared_data, tmp_path):
     assert bad.returncode == 2 and "factor >= 1" in bad.stderr
     orphan = run(*common, "--rope-factor", "2")
     assert orphan.returncode == 2 and "need --rope-scaling" in orphan.stderr
+    # Attention methods: on the same command line, alone or with a scaling; refused with one line where inapplicable.
+    methods = run(*common, "--attention-method", "rerope:window=4", "--attention-method", "logn")
+    assert methods.returncode == 0, methods.stderr
+    combined = run(*common, "--attention-method", "logn", "--rope-scaling", "yarn", "--rope-factor", "4")
+    assert combined.returncode == 0, combined.stderr
+    conflict = run(*common, "--attention-method", "rerope", "--attention-method", "selfextend")
+    assert conflict.returncode == 2 and "each sets positions" in conflict.stderr and "Traceback" not in conflict.stderr
+    malformed = run(*common, "--attention-method", "rerope:window")
+    assert malformed.returncode == 2 and "NAME:KEY=VALUE" in malformed.stderr

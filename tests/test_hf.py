@@ -110,12 +110,23 @@ def test_interleaved_and_ntk_round_trip_to_equivalent_models(tokenizer, tmp_path
         assert (imported(idx)[0] - model(idx)[0]).abs().max() < 1e-4
 
 
-@pytest.mark.parametrize("position", ["alibi", "t5", "shaw", "sinusoidal", "learned", "none"])
+@pytest.mark.parametrize("position", ["alibi", "t5", "shaw", "sinusoidal", "learned", "none", "fire", "kerple",
+                                      "xpos", "cope"])
 def test_encodings_llama_cannot_express_are_refused(position, tokenizer, tmp_path, capsys):
     make_checkpoint(tmp_path / "ours", tokenizer, position=position)
     assert export_main(["--checkpoint", str(tmp_path / "ours"), "--out", str(tmp_path / "hf")]) == 2
     error = capsys.readouterr().err
     assert f"cannot export position = '{position}' to Llama" in error and "only rope checkpoints" in error
+    assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("setting", [dict(rope_fraction=0.5), dict(rope_p=0.5), dict(position_layers=["rope", "none"]),
+                                     dict(attention_window=[8]), dict(attention_methods=[{"method": "logn"}])])
+def test_rope_variants_llama_cannot_express_are_refused(setting, tokenizer, tmp_path, capsys):
+    make_checkpoint(tmp_path / "ours", tokenizer, **setting)
+    assert export_main(["--checkpoint", str(tmp_path / "ours"), "--out", str(tmp_path / "hf")]) == 2
+    name = next(iter(setting))
+    assert f"cannot export model.{name} = " in capsys.readouterr().err
     assert not (tmp_path / "hf").exists()
 
 

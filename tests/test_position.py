@@ -10,7 +10,16 @@ from model.attention import Attention
 from model.position import POSITION_ENCODINGS, alibi_slopes, t5_bucket
 from tests.conftest import micro_config
 
-ENCODINGS = ["rope", "alibi", "t5", "shaw", "sinusoidal", "learned", "none"]
+ENCODINGS = ["rope", "alibi", "t5", "shaw", "sinusoidal", "learned", "none", "fire", "kerple", "xpos", "cope"]
+# RoPE variants and layer hybrids (model.position_layers, model.attention_window) run the same battery.
+HYBRIDS = [
+    dict(position="rope", rope_fraction=0.5),  # partial rotary
+    dict(position="rope", rope_p=0.75),  # p-RoPE
+    dict(position="rope", position_layers=["rope", "none"]),  # iRoPE-style: every 2nd layer NoPE
+    dict(position="rope", position_layers=["rope", "none"], attention_window=[6, 0]),  # RNoPE-SWA
+    dict(position="alibi", attention_window=[5]),  # a sliding window on a bias encoding
+    dict(position="kerple", position_layers=["kerple", "xpos"]),  # two learned encodings in one model
+]
 SCALED_ROPE = [
     {"rope_type": "linear", "factor": 2.0},
     {"rope_type": "ntk", "factor": 2.0},
@@ -18,17 +27,21 @@ SCALED_ROPE = [
     {"rope_type": "yarn", "factor": 2.0},
     {"rope_type": "llama3", "factor": 2.0},
 ]
-VARIANTS = [dict(position=name) for name in ENCODINGS] + [dict(position="rope", rope_scaling=s) for s in SCALED_ROPE]
+VARIANTS = [dict(position=name) for name in ENCODINGS] + [dict(position="rope", rope_scaling=s) for s in SCALED_ROPE] \
+    + HYBRIDS
 
 
 def variant_id(variant):
-    return variant["position"] + ("-" + variant["rope_scaling"]["rope_type"] if "rope_scaling" in variant else "")
+    extras = [f"{key}={value}" for key, value in variant.items() if key not in ("position", "rope_scaling")]
+    return "-".join([variant["position"], *([variant["rope_scaling"]["rope_type"]] if "rope_scaling" in variant
+                                            else []), *extras]).replace(" ", "")
 
 
 def test_registry_holds_every_encoding_and_unknown_names_list_them():
     assert sorted(POSITION_ENCODINGS) == sorted(ENCODINGS)
-    with pytest.raises(ConfigError, match=r"valid names are \['alibi', 'learned', 'none', 'rope', 'shaw', 'sinusoidal', 't5'\]"):
-        micro_config(position="xpos")
+    with pytest.raises(ConfigError, match=r"valid names are \['alibi', 'cope', 'fire', 'kerple', 'learned', 'none', "
+                                          r"'rope', 'shaw', 'sinusoidal', 't5', 'xpos'\]"):
+        micro_config(position="nope")
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
@@ -82,9 +95,12 @@ def test_batch_equals_rows_alone(variant):
     assert (together - alone).abs().max() < 1e-5
 
 
-RELATIVE = [dict(position="rope"), dict(position="alibi"), dict(position="t5"), dict(position="shaw")] + [
+# FIRE is shift-invariant while every query is below its threshold T (a query past T is normalised by its own
+# position, by design): T = 4096 here, past the shifted positions.
+RELATIVE = [dict(position="rope"), dict(position="alibi"), dict(position="t5"), dict(position="shaw"),
+            dict(position="kerple"), dict(position="xpos"), dict(position="fire", fire_threshold=4096)] + [
     dict(position="rope", rope_scaling=s) for s in SCALED_ROPE if s["rope_type"] != "dynamic"
-]
+] + [variant for variant in HYBRIDS]
 
 
 @pytest.mark.parametrize("variant", RELATIVE, ids=variant_id)

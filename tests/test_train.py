@@ -219,3 +219,37 @@ def test_warmup_longer_than_training_is_pointed_out(prepared_data, tmp_path, cap
                      "--train.max_steps=3", "--train.warmup_steps=10", f"--data.dir={prepared_data}",
                      f"--out.dir={tmp_path / 'run'}"]) == 0
     assert "train.warmup_steps (10) >= train.max_steps (3)" in capsys.readouterr().err
+
+
+def test_each_encoding_of_a_hybrid_gets_its_own_group_and_constraints_hold(prepared_data, tmp_path):
+    """A T5 + KERPLE layer hybrid: two position groups, each with its encoding's settings; after real training steps
+    KERPLE's r1, r2 are still >= 0.01 although a large learning rate pushes some below it."""
+    from train.loop import build_optimizer
+
+    config = make_config(prepared_data, tmp_path / "run", "--model.position=t5",
+                         '--model.position_layers=["t5", "kerple"]', "--train.max_steps=6", "--train.lr=0.5")
+    model = Transformer(config.model)
+    groups = build_optimizer(model, config, torch.device("cpu")).param_groups
+    assert len(groups) == 4
+    assert groups[2]["params"] == [model.position.relative_attention_bias.weight]
+    assert groups[3]["params"] == [model.layer_positions["kerple"].r1, model.layer_positions["kerple"].r2]
+    assert (groups[2]["lr_scale"], groups[3]["lr_scale"]) == (10.0, 1.0)
+    train(config, prepared_data)
+    kerple = load_model(tmp_path / "run").layer_positions["kerple"]
+    assert kerple.r1.min() >= 0.01 and kerple.r2.min() >= 0.01
+    assert (kerple.r2 == 0.01).any()  # the projection did act: some r2 would be below 0.01 without it
+
+
+def test_a_run_saved_before_newer_model_settings_resumes(prepared_data, tmp_path):
+    """trainer_state.json written before model settings were added (here: rope_fraction ... attention_window)
+    still resumes: missing settings take their defaults."""
+    out = tmp_path / "run"
+    train(make_config(prepared_data, out, "--train.max_steps=2"), prepared_data)
+    state_path = out / "trainer_state.json"
+    state = json.loads(state_path.read_text())
+    for key in ("rope_fraction", "rope_p", "xpos_scale_base", "fire_mlp_width", "fire_threshold", "cope_positions",
+                "position_layers", "attention_window"):
+        del state["run_config"]["model"][key]
+    state_path.write_text(json.dumps(state))
+    train(make_config(prepared_data, out, "--train.max_steps=4"), prepared_data, resume=True)
+    assert load_trainer_state(out)["step"] == 4

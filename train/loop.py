@@ -31,6 +31,7 @@ from model.checkpoint import (
     recover,
     save_checkpoint,
 )
+from model.config import ModelConfig
 from model.runtime import autocast, autocast_dtype, resolve_device
 from model.transformer import IGNORE_INDEX, Transformer
 from train.config import RunConfig, to_toml
@@ -71,9 +72,11 @@ def learning_rate(step: int, config: RunConfig) -> float:
     return train.lr * (train.min_lr_ratio + (1.0 - train.min_lr_ratio) * cosine)
 
 
-def position_group_settings(model: Transformer, config: RunConfig) -> dict[str, float]:
-    """The position parameters' learning-rate scale and weight decay: the config's, else the encoding's defaults."""
-    defaults = {"lr_scale": 1.0, "weight_decay": config.train.weight_decay, **model.position.optimizer_defaults}
+def position_group_settings(model: Transformer, config: RunConfig, encoding: Any = None) -> dict[str, float]:
+    """A position encoding's (default: model.position's) learning-rate scale and weight decay: the config's, else
+    the encoding's defaults."""
+    encoding = encoding if encoding is not None else model.position
+    defaults = {"lr_scale": 1.0, "weight_decay": config.train.weight_decay, **encoding.optimizer_defaults}
     if config.train.position_lr_scale is not None:
         defaults["lr_scale"] = config.train.position_lr_scale
     if config.train.position_weight_decay is not None:
@@ -82,18 +85,20 @@ def position_group_settings(model: Transformer, config: RunConfig) -> dict[str, 
 
 
 def build_optimizer(model: Transformer, config: RunConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only; the position encoding's learned parameters in a group of their
+    """AdamW with weight decay on matrices only; each position encoding's learned parameters in a group of their
     own (train.position_lr_scale, train.position_weight_decay); the fused kernel where this torch build has one."""
     train = config.train
-    position = [p for p in model.position.parameters() if p.requires_grad]
-    owned = {id(p) for p in position}
+    encodings = [(encoding, [p for p in encoding.parameters() if p.requires_grad])
+                 for encoding in model.position_encodings()]
+    owned = {id(p) for _, parameters in encodings for p in parameters}
     rest = [p for p in model.parameters() if p.requires_grad and id(p) not in owned]
     groups = [
         {"params": [p for p in rest if p.dim() >= 2], "weight_decay": train.weight_decay, "lr_scale": 1.0},
         {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0, "lr_scale": 1.0},
     ]
-    if position:
-        groups.append({"params": position, **position_group_settings(model, config)})
+    for encoding, parameters in encodings:
+        if parameters:
+            groups.append({"params": parameters, **position_group_settings(model, config, encoding)})
     options: dict[str, Any] = {"lr": train.lr, "betas": (train.beta1, train.beta2)}
     try:
         return torch.optim.AdamW(groups, fused=device.type in ("cuda", "cpu", "mps"), **options)
@@ -126,6 +131,8 @@ def check_out_dir(config: RunConfig, resume: bool) -> Path:
         if not has_checkpoint(out):
             raise ConfigError(f"--resume: {out} holds no checkpoint to resume from")
         saved = load_trainer_state(out).get("run_config", {}).get("model")
+        if saved is not None:  # through the dataclass, so settings added since the save take their defaults
+            saved = ModelConfig.from_dict(saved).to_dict()
         if saved is not None and saved != config.model.to_dict():
             changed = sorted(key for key in saved if saved.get(key) != config.model.to_dict().get(key))
             raise ConfigError(
@@ -242,8 +249,9 @@ class Trainer:
         self.steps_since_log = 0
         self.tokens_since_log = 0
         processes = f", {self.dist.world_size} processes (DDP)" if self.dist.enabled else ""
-        if any(p.requires_grad for p in self.model.position.parameters()):
-            settings = position_group_settings(self.model, config)
+        learned = [e for e in self.model.position_encodings() if any(p.requires_grad for p in e.parameters())]
+        if learned:
+            settings = position_group_settings(self.model, config, learned[0])
             processes += (f", position parameters: lr x{settings['lr_scale']:g}, "
                           f"weight decay {settings['weight_decay']:g}")
         self.say(
@@ -328,6 +336,8 @@ class Trainer:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), train.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        for encoding in self.model.position_encodings():
+            encoding.constrain_()  # e.g. KERPLE's r1, r2 back to >= 0.01
         self.steps_since_log += 1
         if (step + 1) % train.log_interval == 0 or step + 1 == train.max_steps:
             self.log_interval(step + 1, lr)

@@ -1,0 +1,317 @@
+"""Inference-time attention methods: how a trained model's queries see keys, changed without retraining.
+
+A model's config lists the methods in use, `model.attention_methods = [{method = "rerope", window = 64}, ...]`;
+each is registered here by name with its parameters. Three kinds, composable in one way (`compose`):
+
+    query scale   logn, temperature: each query is multiplied by a factor of its own position, so the content
+                  logits q.k are scaled (an additive position bias is not)
+    positions     rerope, leaky_rerope, selfextend, sinks: the positions a (query, key) pair is encoded at, as
+                  passes (query positions, key positions, which pairs use them) whose scores are merged; keys are
+                  cached raw and encoded at score time, so a cached step equals the method's own full forward
+    visibility    window, sinks: which keys a query sees (sliding window; attention sinks + window)
+
+At most one method sets positions and at most one sets visibility; query scales multiply. A parameter given as 0
+takes its default from L = the length the model's positions were trained for (config.original_length).
+
+    logn          q_i *= max(1, log(i + 1) / log(L))                      (Su 2021, kexue.fm/archives/8823; Qwen)
+    temperature   q_i *= 1 + beta * log(floor((i + 1) / floor_scale) + 1)  (Llama 4 attn_temperature_tuning)
+    rerope        distance i - j kept below `window`, clamped to `window` beyond (Su 2023, kexue.fm/archives/9708)
+    leaky_rerope  ... beyond `window` it grows as window + (i - j - window) / k
+    selfextend    exact within `neighbors`; beyond, query at i // G + neighbors - neighbors // G and key at j // G
+                  (Jin et al., ICML 2024, datamllab/LongLM)
+    sinks         keys j < `sinks` and the last `window` keys; a sink is seen from position min(i, sinks + window - 1),
+                  the query's place in a cache of sinks + window slots (StreamingLLM, Xiao et al. 2023)
+    window        keys within the last `window` positions (the baseline the others are compared against)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from errors import ConfigError
+from model.position_base import POSITION_ENCODINGS
+from model.rope import LENGTH_DEPENDENT_SCALINGS
+
+if TYPE_CHECKING:
+    from model.config import ModelConfig
+
+
+@dataclass
+class Pass:
+    """Positions at which queries (batch|1, q_time) and keys (batch|1, k_time) are encoded in one scoring pass, and
+    which (query, key) pairs take their scores from it: select(i, j) on true positions (None: every pair, the
+    first pass)."""
+
+    queries: torch.Tensor
+    keys: torch.Tensor
+    select: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+
+
+class AttentionMethod:
+    """Base: changes nothing. Subclasses set the flags of their kind and override the matching hook."""
+
+    name = ""
+    encodings: tuple[str, ...] | None = None  # the encodings it applies to (None: all); NoPE layers may be mixed in
+    defaults: dict[str, float] = {}  # parameter -> default (0: derived from L)
+    sets_positions = False
+    sets_visibility = False
+    scales_queries = False
+    window = 0  # > 0: a query sees at most this many keys before it, plus sinks (lets attention skip the rest)
+
+    def __init__(self, params: dict[str, float], trained: int) -> None:
+        self.params = params
+        self.trained = trained
+
+    def query_scale(self, positions: torch.Tensor) -> torch.Tensor:
+        """Factor (batch|1, q_time) for each query."""
+        raise NotImplementedError
+
+    def passes(self, queries: torch.Tensor, keys: torch.Tensor) -> list[Pass]:
+        raise NotImplementedError
+
+    def visible(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        """True where a query at position i may see a key at position j (already causal)."""
+        raise NotImplementedError
+
+
+ATTENTION_METHODS: dict[str, type[AttentionMethod]] = {}
+
+
+def register(cls: type[AttentionMethod]) -> type[AttentionMethod]:
+    ATTENTION_METHODS[cls.name] = cls
+    return cls
+
+
+@register
+class LogN(AttentionMethod):
+    """log-n scaling: q_i times max(1, log(i + 1) / log(L))."""
+
+    name = "logn"
+    defaults = {"base_length": 0}
+    scales_queries = True
+
+    def query_scale(self, positions: torch.Tensor) -> torch.Tensor:
+        base = self.params["base_length"]
+        return torch.clamp(torch.log(positions.to(torch.float32) + 1) / math.log(base), min=1.0)
+
+
+@register
+class Temperature(AttentionMethod):
+    """Llama 4 temperature: q_i times 1 + beta log(floor((i + 1) / floor_scale) + 1)."""
+
+    name = "temperature"
+    defaults = {"beta": 0.1, "floor_scale": 0}
+    scales_queries = True
+
+    def query_scale(self, positions: torch.Tensor) -> torch.Tensor:
+        steps = torch.floor((positions.to(torch.float32) + 1) / self.params["floor_scale"])
+        return 1 + self.params["beta"] * torch.log(steps + 1)
+
+
+@register
+class ReRoPE(AttentionMethod):
+    """ReRoPE: distances past the window clamped to it."""
+
+    encodings = ("rope", "xpos")
+    name = "rerope"
+    defaults = {"window": 0}
+    sets_positions = True
+
+    def passes(self, queries: torch.Tensor, keys: torch.Tensor) -> list[Pass]:
+        window = self.params["window"]
+        far = Pass(torch.full_like(queries, window), torch.zeros_like(keys), lambda i, j: i - j >= window)
+        return [Pass(queries, keys), far]
+
+
+@register
+class LeakyReRoPE(AttentionMethod):
+    """leaky ReRoPE: distances past the window grow with slope 1 / k."""
+
+    encodings = ("rope", "xpos")
+    name = "leaky_rerope"
+    defaults = {"window": 0, "k": 16.0}
+    sets_positions = True
+
+    def passes(self, queries: torch.Tensor, keys: torch.Tensor) -> list[Pass]:
+        window, k = self.params["window"], self.params["k"]
+        # (i / k + window (1 - 1 / k)) - j / k = window + (i - j - window) / k
+        far = Pass(queries.to(torch.float32) / k + window * (1 - 1 / k), keys.to(torch.float32) / k,
+                   lambda i, j: i - j >= window)
+        return [Pass(queries, keys), far]
+
+
+@register
+class SelfExtend(AttentionMethod):
+    """SelfExtend: exact neighbours, grouped positions beyond."""
+
+    encodings = ("rope", "xpos")
+    name = "selfextend"
+    defaults = {"neighbors": 0, "group": 4}
+    sets_positions = True
+
+    def passes(self, queries: torch.Tensor, keys: torch.Tensor) -> list[Pass]:
+        neighbors, group = int(self.params["neighbors"]), int(self.params["group"])
+        grouped = Pass(torch.div(queries, group, rounding_mode="floor") + neighbors - neighbors // group,
+                       torch.div(keys, group, rounding_mode="floor"), lambda i, j: i - j >= neighbors)
+        return [Pass(queries, keys), grouped]
+
+
+@register
+class Sinks(AttentionMethod):
+    """attention sinks (StreamingLLM): the first tokens and a recent window, positions as in the cache."""
+
+    name = "sinks"
+    defaults = {"sinks": 4, "window": 0}
+    sets_positions = True
+    sets_visibility = True
+
+    def __init__(self, params: dict[str, float], trained: int) -> None:
+        super().__init__(params, trained)
+        self.window = int(params["window"])
+
+    def passes(self, queries: torch.Tensor, keys: torch.Tensor) -> list[Pass]:
+        sinks = int(self.params["sinks"])
+        last_slot = sinks + self.window - 1  # the query's place in a cache of sinks + window slots
+        seen_from_cache = Pass(torch.clamp(queries, max=last_slot), keys, lambda i, j: j < sinks)
+        return [Pass(queries, keys), seen_from_cache]
+
+    def visible(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        return (j < self.params["sinks"]) | (i - j < self.window)
+
+
+@register
+class Window(AttentionMethod):
+    """sliding window: the most recent keys only."""
+
+    name = "window"
+    defaults = {"window": 0}
+    sets_visibility = True
+
+    def __init__(self, params: dict[str, float], trained: int) -> None:
+        super().__init__(params, trained)
+        self.window = int(params["window"])
+
+    def visible(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        return i - j < self.window
+
+
+# Parameters given as 0 default to these functions of L.
+DERIVED = {
+    ("logn", "base_length"): lambda trained: trained,
+    ("temperature", "floor_scale"): lambda trained: trained,
+    ("rerope", "window"): lambda trained: trained // 2,
+    ("leaky_rerope", "window"): lambda trained: trained // 2,
+    ("selfextend", "neighbors"): lambda trained: trained // 2,
+    ("sinks", "window"): lambda trained: trained - 4,
+    ("window", "window"): lambda trained: trained,
+}
+
+
+def normalize_methods(methods: list, trained: int) -> list[dict]:
+    """Check `model.attention_methods` and fill in defaults; raise ConfigError naming the problem."""
+    normalized = []
+    for entry in methods:
+        if not isinstance(entry, dict) or entry.get("method") not in ATTENTION_METHODS:
+            raise ConfigError(f"model.attention_methods: each entry is a table {{method = NAME, ...}} with NAME in "
+                              f"{sorted(ATTENTION_METHODS)}; got {entry!r}")
+        cls = ATTENTION_METHODS[entry["method"]]
+        unknown = sorted(set(entry) - {"method"} - set(cls.defaults))
+        if unknown:
+            raise ConfigError(f"attention method {cls.name!r}: unknown parameter(s) {unknown}; "
+                              f"valid: {sorted(cls.defaults)}")
+        params = {**cls.defaults, **{key: value for key, value in entry.items() if key != "method"}}
+        for key, value in params.items():
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"attention method {cls.name!r}: {key} must be a number >= 0, got {value!r}")
+            if value == 0 and (cls.name, key) in DERIVED:
+                params[key] = DERIVED[(cls.name, key)](trained)
+        for key in ("window", "neighbors", "group", "base_length", "floor_scale", "k"):
+            if key in params and params[key] < (2 if key == "base_length" else 1):
+                raise ConfigError(f"attention method {cls.name!r}: {key} = {params[key]} is too small")
+        normalized.append({"method": cls.name, **params})
+    compose([ATTENTION_METHODS[entry["method"]] for entry in normalized])
+    return normalized
+
+
+def compose(classes: list[type[AttentionMethod]]) -> None:
+    """The combination rules, in one place: one method sets positions, one sets visibility, scales multiply."""
+    names = [cls.name for cls in classes]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"model.attention_methods lists a method twice: {names}")
+    for flag, what in (("sets_positions", "sets positions"), ("sets_visibility", "sets visibility")):
+        chosen = [cls.name for cls in classes if getattr(cls, flag)]
+        if len(chosen) > 1:
+            raise ConfigError(f"attention methods {chosen} each {what}; combine at most one of them with any of "
+                              f"the query scales ({sorted(n for n, c in ATTENTION_METHODS.items() if c.scales_queries)})")
+
+
+def refusal(cls: type[AttentionMethod], used: list[str], scaling: str | None = None) -> str | None:
+    """Why `cls` cannot run on a model whose layers use the encodings `used` (and this scaling), or None."""
+    if cls.encodings is not None:
+        outside = [name for name in used if name not in cls.encodings and name != "none"]
+        if outside or not set(used) & set(cls.encodings):
+            return f"attention method {cls.name!r} applies to {list(cls.encodings)} (with NoPE layers mixed in); " \
+                   f"this model uses {used}"
+    if cls.sets_positions:
+        explicit = [name for name in used if POSITION_ENCODINGS[name].has_value_term
+                    or POSITION_ENCODINGS[name].bias_needs_scores or not POSITION_ENCODINGS[name].per_layer]
+        if explicit:
+            return (f"attention method {cls.name!r} re-encodes relative positions in passes, which {explicit} "
+                    "cannot take (relative values, score-dependent or absolute positions)")
+        if scaling in LENGTH_DEPENDENT_SCALINGS:
+            return (f"attention method {cls.name!r} cannot be combined with the {scaling!r} scaling, whose "
+                    "frequencies depend on the largest position; use a static scaling")
+    return None
+
+
+def applicable_encodings(cls: type[AttentionMethod]) -> tuple[str, ...] | None:
+    """The single encodings `cls` applies to (None: all)."""
+    names = [name for name in POSITION_ENCODINGS if refusal(cls, [name]) is None]
+    return None if len(names) == len(POSITION_ENCODINGS) else tuple(names)
+
+
+def check_applies(cls: type[AttentionMethod], config: "ModelConfig") -> None:
+    """Refuse, naming why, a method that does not apply to this model's encodings or scaling."""
+    reason = refusal(cls, sorted(set(config.layer_positions())), (config.rope_scaling or {}).get("rope_type"))
+    if reason is not None:
+        raise ConfigError(reason)
+
+
+@dataclass
+class MethodContext:
+    """What the attention needs from the methods for one forward."""
+
+    query_scale: torch.Tensor | None  # (batch|1, 1, q_time, 1)
+    passes: list[Pass] | None
+    visible: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
+    window: int
+    q_positions: torch.Tensor
+    k_positions: torch.Tensor
+
+
+def build_methods(config: "ModelConfig") -> list[AttentionMethod]:
+    return [ATTENTION_METHODS[entry["method"]](entry, config.original_length) for entry in config.attention_methods]
+
+
+def method_context(methods: list[AttentionMethod], q_positions: torch.Tensor,
+                   k_positions: torch.Tensor) -> MethodContext | None:
+    if not methods:
+        return None
+    scale = None
+    for method in methods:
+        if method.scales_queries:
+            factor = method.query_scale(q_positions)
+            scale = factor if scale is None else scale * factor
+    positions = next((m for m in methods if m.sets_positions), None)
+    visibility = next((m for m in methods if m.sets_visibility), None)
+    return MethodContext(
+        query_scale=None if scale is None else scale[:, None, :, None],
+        passes=positions.passes(q_positions, k_positions) if positions is not None else None,
+        visible=visibility.visible if visibility is not None else None,
+        window=visibility.window if visibility is not None and not visibility.sets_positions else 0,
+        q_positions=q_positions,
+        k_positions=k_positions,
+    )

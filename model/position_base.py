@@ -1,0 +1,116 @@
+"""The position-encoding plug-in interface: the registry, the base class and its hooks.
+
+Hooks (each has a do-nothing default):
+  embed(x, positions)                       absolute encodings add to the token embeddings
+  prepare(q_positions, k_positions, all_keys)
+                                            per-forward state shared by all layers that use this encoding
+                                            (e.g. RoPE's cos/sin)
+  rotate_queries(q, state), rotate_keys(k, state)
+                                            rotary encodings; keys are rotated before caching, or, when
+                                            `caches_rotated_keys` is False (dynamic NTK), all cached raw keys
+                                            are rotated again at every step
+  score_bias(q, state, layer, rows, keys, scores)
+                                            additive logit bias (batch|1, heads, len(rows), len(keys)) for the
+                                            query rows `rows` of this forward and the key columns `keys` of all
+                                            keys attended to; `scores` (the scaled q.k logits, -inf where a key is
+                                            hidden) is given when `bias_needs_scores` (CoPE), else None
+  value_term(probs, state, layer, rows, keys)
+                                            a term added to the attention output (Shaw's relative values)
+  reset_parameters()                        re-initialises parameters the reference initialises differently
+  constrain_()                              projects the encoding's parameters back onto their domain; the
+                                            training loop calls it after every optimizer step (KERPLE's r1, r2 > 0)
+
+Capabilities the attention reads: `has_score_bias`, `bias_needs_scores`, `has_value_term`, `caches_rotated_keys`.
+`per_layer` is False for encodings that act on the whole model (absolute ones, through `embed`): those cannot be
+mixed with others layer by layer. New encodings register with `@register("name")`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from model.config import ModelConfig
+
+POSITION_ENCODINGS: dict[str, type["PositionEncoding"]] = {}
+
+ALL = slice(None)
+
+
+def register(name: str) -> Callable[[type["PositionEncoding"]], type["PositionEncoding"]]:
+    def decorator(cls: type["PositionEncoding"]) -> type["PositionEncoding"]:
+        POSITION_ENCODINGS[name] = cls
+        return cls
+
+    return decorator
+
+
+@dataclass
+class Positions:
+    """Query positions (batch|1, q_time) and the positions of all keys attended to (batch|1, k_time)."""
+
+    queries: torch.Tensor
+    keys: torch.Tensor
+
+    def relative(self, rows: slice, keys: slice = ALL) -> torch.Tensor:
+        """key position - query position, (batch|1, len(rows), len(keys))."""
+        return self.keys[:, None, keys] - self.queries[:, rows, None]
+
+
+class PositionEncoding(nn.Module):
+    """Base class: no position information at all."""
+
+    has_score_bias = False
+    bias_needs_scores = False
+    has_value_term = False
+    caches_rotated_keys = True
+    per_layer = True
+    # AdamW settings for this encoding's own parameters, if it has any (train/loop.py: position_group_settings):
+    # "lr_scale" multiplies train.lr, "weight_decay" replaces train.weight_decay. Chosen by measurement (README)
+    # where the README says so, else the reference implementation's.
+    optimizer_defaults: dict[str, float] = {}
+
+    def __init__(self, config: "ModelConfig") -> None:
+        super().__init__()
+        self.config = config
+
+    @classmethod
+    def validate(cls, config: "ModelConfig") -> None:
+        """Raise ConfigError for settings this encoding cannot work with."""
+
+    def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def token_embedding_std(self) -> float | None:
+        """The initial std of the token embeddings this encoding expects (None: model.init_std)."""
+        return None
+
+    def prepare(self, q_positions: torch.Tensor, k_positions: torch.Tensor, all_keys: bool = False) -> Any:
+        """State for queries at q_positions and keys at k_positions; all_keys: keys will be encoded at score time,
+        all of them (an attention method's pass), not before caching."""
+        return Positions(q_positions, k_positions)
+
+    def rotate_queries(self, q: torch.Tensor, state: Any) -> torch.Tensor:
+        return q
+
+    def rotate_keys(self, k: torch.Tensor, state: Any) -> torch.Tensor:
+        return k
+
+    def score_bias(self, q: torch.Tensor, state: Any, layer: int, rows: slice, keys: slice = ALL,
+                   scores: torch.Tensor | None = None) -> torch.Tensor | None:
+        return None
+
+    def value_term(self, probs: torch.Tensor, state: Any, layer: int, rows: slice,
+                   keys: slice = ALL) -> torch.Tensor | None:
+        return None
+
+    def reset_parameters(self) -> None:
+        """Initialise this encoding's own parameters where it differs from the model's (called after the model's
+        normal(0, init_std) initialisation of every matrix); nothing by default."""
+
+    @torch.no_grad()
+    def constrain_(self) -> None:
+        """Project parameters onto their domain (after an optimizer step); nothing to do by default."""

@@ -1,0 +1,163 @@
+"""Rotary encodings: RoPE (with partial rotary and p-RoPE) and xPos.
+
+    rope   Su et al. 2021, with an optional scaling from model.rope.ROPE_SCALINGS.
+           model.rope_fraction < 1: partial rotary (GPT-NeoX `rotary_pct`, transformers' `partial_rotary_factor`):
+           only the first round(fraction * head_dim) dimensions of each head rotate, with frequencies over that
+           many dimensions; the rest carry no position.
+           model.rope_p < 1: p-RoPE (Barbero et al., ICLR 2025): the lowest-frequency fraction 1 - p of the
+           frequencies is set to zero, so those dimensions carry no position (0-RoPE is NoPE, 1-RoPE is RoPE).
+    xpos   Sun et al. 2022: RoPE whose pair i is scaled by zeta_i^(n / gamma) on the query at position n and by
+           zeta_i^(-m / gamma) on the key at position m, so a score carries zeta_i^((n - m) / gamma), a decay with
+           distance; zeta_i = (2i + 0.4 d) / (1.4 d) and gamma = model.xpos_scale_base, as in torchscale's XPOS.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from errors import ConfigError, PositionRangeError
+from model.position_base import PositionEncoding, register
+from model.rope import LENGTH_DEPENDENT_SCALINGS, ROPE_SCALINGS, apply_rope, rope_cos_sin
+
+if TYPE_CHECKING:
+    from model.config import ModelConfig
+
+
+@dataclass
+class RopeState:
+    q_cos: torch.Tensor  # (batch|1, 1, q_time, rotary_dim)
+    q_sin: torch.Tensor
+    k_cos: torch.Tensor  # (batch|1, 1, k_time, rotary_dim): all keys (dynamic) or the new keys (static)
+    k_sin: torch.Tensor
+
+
+def rotary_dim(config: "ModelConfig") -> int:
+    """The number of dimensions of each head that rotate: round(rope_fraction * head_dim)."""
+    return int(round(config.rope_fraction * config.head_dim))
+
+
+def keep_highest_frequencies(inv_freq: torch.Tensor, p: float) -> torch.Tensor:
+    """p-RoPE: keep the round(p * n) highest of the n frequencies (inv_freq is in decreasing order), zero the rest."""
+    kept = int(round(p * inv_freq.numel()))
+    return torch.where(torch.arange(inv_freq.numel(), device=inv_freq.device) < kept, inv_freq,
+                       torch.zeros_like(inv_freq))
+
+
+@register("rope")
+class RoPE(PositionEncoding):
+    """Rotary embedding (Su et al. 2021) with an optional scaling from model.rope.ROPE_SCALINGS, partial rotary
+    (model.rope_fraction) and p-RoPE (model.rope_p).
+
+    transformers' convention: cos and sin are multiplied by the attention factor, so q and k are each
+    scaled by it and the logits by its square (YaRN's sqrt(1/t) on q and k). It is applied once, here.
+    """
+
+    key_tables_differ = False  # keys use the queries' tables at the same positions
+
+    def __init__(self, config: "ModelConfig") -> None:
+        super().__init__(config)
+        self.scaling = config.rope_scaling or {"rope_type": "default"}
+        self.scaling_name = self.scaling["rope_type"]
+        self.init_fn = ROPE_SCALINGS[self.scaling_name]
+        self.rotary_dim = rotary_dim(config)
+        # Dynamic NTK changes the base with the length, so keys are cached raw and rotated at every step.
+        self.caches_rotated_keys = self.scaling_name not in LENGTH_DEPENDENT_SCALINGS
+        inv_freq, attention_factor = self.init_fn(self.rotary_dim, config.rope_theta, self.scaling, None)
+        # Derived from the config, so not saved with the weights (rebuilt on load).
+        self.register_buffer("inv_freq", keep_highest_frequencies(inv_freq, config.rope_p), persistent=False)
+        self.attention_factor = attention_factor
+
+    @classmethod
+    def validate(cls, config: "ModelConfig") -> None:
+        if config.head_dim % 2:
+            raise ConfigError(f"rope needs an even head_dim, got {config.head_dim} (dim / n_heads)")
+        rotated = rotary_dim(config)
+        if rotated < 2 or rotated % 2:
+            raise ConfigError(f"model.rope_fraction = {config.rope_fraction} rotates {rotated} of the "
+                              f"{config.head_dim} dimensions of a head; it must give an even number >= 2")
+
+    def frequencies(self, k_positions: torch.Tensor) -> tuple[torch.Tensor, float]:
+        if self.caches_rotated_keys:
+            return self.inv_freq, self.attention_factor
+        seq_len = int(k_positions.max()) + 1
+        inv_freq, attention_factor = self.init_fn(self.rotary_dim, self.config.rope_theta, self.scaling, seq_len)
+        return keep_highest_frequencies(inv_freq, self.config.rope_p).to(k_positions.device), attention_factor
+
+    def tables(self, inv_freq: torch.Tensor, positions: torch.Tensor, attention_factor: float,
+               keys: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin (batch|1, 1, time, rotary_dim) for queries or keys at `positions`."""
+        cos, sin = rope_cos_sin(inv_freq, positions, self.config.rope_layout, attention_factor)
+        return cos[:, None], sin[:, None]
+
+    def prepare(self, q_positions: torch.Tensor, k_positions: torch.Tensor, all_keys: bool = False) -> RopeState:
+        inv_freq, attention_factor = self.frequencies(k_positions)
+        q_cos, q_sin = self.tables(inv_freq, q_positions, attention_factor, keys=False)
+        # Keys rotated before caching are the new ones, at the query positions; else all keys, rotated again.
+        k_positions = q_positions if self.caches_rotated_keys and not all_keys else k_positions
+        if k_positions is q_positions and not self.key_tables_differ:
+            return RopeState(q_cos, q_sin, q_cos, q_sin)
+        k_cos, k_sin = self.tables(inv_freq, k_positions, attention_factor, keys=True)
+        return RopeState(q_cos, q_sin, k_cos, k_sin)
+
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.rotary_dim == x.shape[-1]:
+            return apply_rope(x, cos, sin, self.config.rope_layout)
+        rotated = apply_rope(x[..., : self.rotary_dim], cos, sin, self.config.rope_layout)
+        return torch.cat((rotated, x[..., self.rotary_dim :]), dim=-1)
+
+    def rotate_queries(self, q: torch.Tensor, state: RopeState) -> torch.Tensor:
+        return self.rotate(q, state.q_cos, state.q_sin)
+
+    def rotate_keys(self, k: torch.Tensor, state: RopeState) -> torch.Tensor:
+        return self.rotate(k, state.k_cos, state.k_sin)
+
+
+def xpos_zeta(rotated: int) -> torch.Tensor:
+    """torchscale's XPOS decay rates, one per rotated pair: zeta_i = (2i + 0.4 d) / (1.4 d), in (0.28, 1)."""
+    return (torch.arange(0, rotated, 2, dtype=torch.float32) + 0.4 * rotated) / (1.4 * rotated)
+
+
+# |exponent| of the largest scale factor a table may hold: e^80 ~ 5.5e34 is still finite in float32 and bfloat16.
+XPOS_MAX_LOG_SCALE = 80.0
+
+
+@register("xpos")
+class XPos(RoPE):
+    """xPos (Sun et al. 2022): RoPE with an exponential decay; the scales are folded into the cos/sin tables, so
+    rotate_queries / rotate_keys are RoPE's. Positions are absolute (no centring), so the key scale grows as
+    zeta_min^(-m / gamma): positions beyond about 80 gamma / |ln zeta_min| (32,700 at gamma = 512) are an error."""
+
+    key_tables_differ = True
+
+    def __init__(self, config: "ModelConfig") -> None:
+        super().__init__(config)
+        self.register_buffer("log_zeta", torch.log(xpos_zeta(self.rotary_dim)), persistent=False)
+
+    @classmethod
+    def validate(cls, config: "ModelConfig") -> None:
+        super().validate(config)
+        if config.xpos_scale_base <= 0:
+            raise ConfigError(f"model.xpos_scale_base must be positive, got {config.xpos_scale_base}")
+
+    def tables(self, inv_freq: torch.Tensor, positions: torch.Tensor, attention_factor: float,
+               keys: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = super().tables(inv_freq, positions, attention_factor, keys)
+        gamma = self.config.xpos_scale_base
+        largest = float(positions.abs().max()) if positions.numel() else 0.0
+        if largest * -float(self.log_zeta.min()) / gamma > XPOS_MAX_LOG_SCALE:
+            limit = int(XPOS_MAX_LOG_SCALE * gamma / -float(self.log_zeta.min()))
+            raise PositionRangeError(f"xpos: position {int(largest)} overflows the decay scale (limit {limit} at "
+                                     f"model.xpos_scale_base = {gamma:g}); evaluate shorter sequences")
+        with torch.autocast(device_type=positions.device.type, enabled=False):
+            exponent = positions.to(torch.float32)[..., None] / gamma * self.log_zeta.to(positions.device)
+            if keys:
+                exponent = -exponent
+            scale = torch.exp(exponent)  # (batch|1, time, rotary_dim / 2)
+            if self.config.rope_layout == "half":
+                scale = torch.cat((scale, scale), dim=-1)
+            else:
+                scale = torch.repeat_interleave(scale, 2, dim=-1)
+            scale = scale[:, None]
+        return cos * scale, sin * scale

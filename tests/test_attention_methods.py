@@ -1,0 +1,214 @@
+"""Inference-time attention methods (model/attention_methods.py) against explicit loops of their formulas."""
+
+import math
+
+import pytest
+import torch
+
+from errors import ConfigError
+from model import KVCache, StaticKVCache, Transformer
+from model.attention_methods import ATTENTION_METHODS, method_context
+from model.position_rotary import RoPE
+from tests.conftest import micro_config
+
+
+def with_methods(model, methods):
+    """The same weights under other attention methods."""
+    model.reconfigure_position(attention_methods=methods)
+    return model
+
+
+def rope_score(encoding: RoPE, q: torch.Tensor, k: torch.Tensor, query_at: float, key_at: float) -> torch.Tensor:
+    """q.k with q encoded at position query_at and k at key_at, for single (head_dim,) vectors, as RoPE does it."""
+    qp, kp = torch.tensor([[query_at]]), torch.tensor([[key_at]])
+    state = encoding.prepare(qp, kp, all_keys=True)
+    return (encoding.rotate_queries(q[None, None, None], state) @ encoding.rotate_keys(k[None, None, None], state)
+            .transpose(-1, -2))[0, 0, 0, 0]
+
+
+def layer_by_loop(model, x, relative_at, visible=lambda i, j: True, query_factor=lambda i: 1.0):
+    """One attention layer computed pair by pair: the score of (i, j) is q_i.k_j with positions from relative_at(i, j)
+    (query position, key position), times query_factor(i), over keys visible(i, j), softmax, sum of values."""
+    layer = model.layers[0].attention
+    time = x.shape[1]
+    heads, head_dim = layer.n_heads, layer.head_dim
+    q = layer.q_proj(x).view(time, heads, head_dim).transpose(0, 1)
+    k = layer.k_proj(x).view(time, heads, head_dim).transpose(0, 1)
+    v = layer.v_proj(x).view(time, heads, head_dim).transpose(0, 1)
+    z = torch.zeros(heads, time, head_dim)
+    for h in range(heads):
+        for i in range(time):
+            seen = [j for j in range(i + 1) if visible(i, j)]
+            scores = torch.stack([query_factor(i) * rope_score(model.position, q[h, i], k[h, j], *relative_at(i, j))
+                                  for j in seen]) / math.sqrt(head_dim)
+            weights = scores.softmax(0)
+            z[h, i] = sum(w * v[h, j] for w, j in zip(weights, seen))
+    return layer.o_proj(z.transpose(0, 1).reshape(1, time, heads * head_dim))
+
+
+def one_layer(methods, **overrides):
+    config = micro_config(n_layers=1, n_kv_heads=4, max_seq_len=8, attention_methods=methods, **overrides)
+    model = Transformer(config).eval()
+    return model
+
+
+def layer_output(model, x):
+    positions = torch.arange(x.shape[1])[None]
+    context = method_context(model.attention_methods, positions, positions)
+    state = model.position.prepare(positions, positions)
+    passes = None if context is None or not context.passes else \
+        [model.position.prepare(p.queries, p.keys, all_keys=True) for p in context.passes]
+    return model.layers[0].attention(x, model.position, state, None, methods=context, pass_states=passes)
+
+
+@torch.no_grad()
+def test_logn_scales_logits_by_the_formula_and_is_a_no_op_within_l():
+    model = one_layer([{"method": "logn"}])  # L = 8
+    x = torch.randn(1, 20, 64)
+    expected = layer_by_loop(model, x, lambda i, j: (i, j), query_factor=lambda i: max(1.0, math.log(i + 1) / math.log(8)))
+    assert (layer_output(model, x) - expected).abs().max() < 1e-5
+    plain = with_methods(one_layer([]), [])
+    plain.load_state_dict(model.state_dict())
+    short = torch.randint(0, 97, (2, 8))
+    assert torch.equal(model(short)[0], plain(short)[0])
+
+
+@torch.no_grad()
+def test_temperature_is_llama4s_formula():
+    model = one_layer([{"method": "temperature", "beta": 0.5, "floor_scale": 3}])
+    x = torch.randn(1, 12, 64)
+    expected = layer_by_loop(model, x, lambda i, j: (i, j),
+                             query_factor=lambda i: 1 + 0.5 * math.log(math.floor((i + 1) / 3) + 1))
+    assert (layer_output(model, x) - expected).abs().max() < 1e-5
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("leaky", [False, True])
+def test_rerope_scores_are_the_clamped_distance(leaky):
+    window, k = 4, 3.0
+    methods = [{"method": "leaky_rerope", "window": window, "k": k}] if leaky else [{"method": "rerope", "window": window}]
+    model = one_layer(methods)
+    x = torch.randn(1, 14, 64)
+
+    def relative_at(i, j):
+        distance = i - j
+        if distance < window:
+            return (distance, 0)
+        return (window + (distance - window) / k, 0) if leaky else (window, 0)
+
+    assert (layer_output(model, x) - layer_by_loop(model, x, relative_at)).abs().max() < 1e-5
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("method", [{"method": "rerope", "window": 30}, {"method": "leaky_rerope", "window": 30},
+                                    {"method": "selfextend", "neighbors": 30, "group": 4}])
+def test_a_window_past_the_sequence_is_plain_rope(method):
+    model = Transformer(micro_config(attention_methods=[method])).eval()
+    plain = Transformer(micro_config()).eval()
+    plain.load_state_dict(model.state_dict())
+    idx = torch.randint(0, 97, (2, 30))
+    assert (model(idx)[0] - plain(idx)[0]).abs().max() < 1e-5
+
+
+def test_selfextend_grouped_positions_match_the_papers_formula():
+    """Jin et al. 2024: beyond the neighbour window W, the query is at floor(i / G) + W - floor(W / G) and the key at
+    floor(j / G). Hand-computed for W = 4, G = 3: query 10 -> 3 + 4 - 1 = 6; keys 0..6 -> 0 0 0 1 1 1 2."""
+    method = ATTENTION_METHODS["selfextend"]({"neighbors": 4, "group": 3}, 8)
+    positions = torch.arange(11)[None]
+    exact, grouped = method.passes(positions, positions)
+    assert grouped.queries[0, 10].item() == 6
+    assert grouped.keys[0, :7].tolist() == [0, 0, 0, 1, 1, 1, 2]
+    i, j = torch.tensor(10), torch.arange(11)
+    assert grouped.select(i, j).tolist() == [True] * 7 + [False] * 4  # i - j >= 4
+    assert exact.select is None
+
+
+@torch.no_grad()
+def test_selfextend_scores_are_the_grouped_distance():
+    model = one_layer([{"method": "selfextend", "neighbors": 4, "group": 3}])
+    x = torch.randn(1, 14, 64)
+
+    def relative_at(i, j):
+        return (i, j) if i - j < 4 else (i // 3 + 4 - 4 // 3, j // 3)
+
+    assert (layer_output(model, x) - layer_by_loop(model, x, relative_at)).abs().max() < 1e-5
+
+
+@torch.no_grad()
+def test_sinks_score_sinks_from_the_querys_cache_slot():
+    sinks, window = 2, 5
+    model = one_layer([{"method": "sinks", "sinks": sinks, "window": window}])
+    x = torch.randn(1, 16, 64)
+    expected = layer_by_loop(model, x, lambda i, j: (min(i, sinks + window - 1), j) if j < sinks else (i, j),
+                             visible=lambda i, j: j < sinks or i - j < window)
+    assert (layer_output(model, x) - expected).abs().max() < 1e-5
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("method, outside, inside", [
+    ({"method": "window", "window": 4}, [0, 5, 7], [9]),
+    ({"method": "sinks", "sinks": 2, "window": 4}, [2, 5, 7], [0, 9]),
+])
+def test_edits_outside_the_visible_set_change_nothing(method, outside, inside):
+    model = Transformer(micro_config(n_layers=1, attention_methods=[method])).eval()
+    idx = torch.randint(0, 97, (1, 12))
+    base = model(idx)[0][0, -1]
+    for where, should_change in [(w, False) for w in outside] + [(w, True) for w in inside]:
+        edited = idx.clone()
+        edited[0, where] = (edited[0, where] + 1) % 97
+        changed = (model(edited)[0][0, -1] - base).abs().max() > 1e-5
+        assert changed == should_change, where
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("cache_type", [KVCache, StaticKVCache])
+@pytest.mark.parametrize("methods", [
+    [{"method": "logn"}], [{"method": "temperature", "floor_scale": 4}], [{"method": "rerope", "window": 5}],
+    [{"method": "leaky_rerope", "window": 5}], [{"method": "selfextend", "neighbors": 6, "group": 3}],
+    [{"method": "sinks", "sinks": 2, "window": 6}], [{"method": "window", "window": 6}],
+    [{"method": "selfextend", "neighbors": 6, "group": 3}, {"method": "logn"}],
+], ids=lambda methods: "+".join(m["method"] for m in methods))
+@pytest.mark.parametrize("position", ["rope", "alibi"])
+def test_cached_decoding_equals_the_methods_own_full_forward(methods, position, cache_type):
+    if position == "alibi" and methods[0]["method"] in ("rerope", "leaky_rerope", "selfextend"):
+        pytest.skip("rope-only method")
+    model = Transformer(micro_config(position=position, max_seq_len=8, attention_methods=methods)).eval()
+    idx = torch.randint(0, 97, (2, 24))
+    full = model(idx)[0]
+    cache = cache_type.for_model(model.config, 2, 24)
+    steps = [model(idx[:, :9], kv_cache=cache)[0]] + [model(idx[:, t : t + 1], kv_cache=cache)[0]
+                                                      for t in range(9, 24)]
+    assert (torch.cat(steps, dim=1) - full).abs().max() < 1e-4
+    alone = torch.cat([model(idx[r : r + 1])[0] for r in range(2)])
+    assert (alone - full).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(position="alibi", attention_methods=[{"method": "rerope"}]), "applies to \\['rope', 'xpos'\\]"),
+    (dict(position="shaw", attention_methods=[{"method": "sinks"}]), "cannot take"),
+    (dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}, attention_methods=[{"method": "selfextend"}]),
+     "cannot be combined with the 'dynamic' scaling"),
+    (dict(attention_methods=[{"method": "rerope"}, {"method": "selfextend"}]), "each sets positions"),
+    (dict(attention_methods=[{"method": "window"}, {"method": "sinks"}]), "each sets visibility"),
+    (dict(attention_methods=[{"method": "logn"}, {"method": "logn"}]), "lists a method twice"),
+    (dict(attention_methods=[{"method": "rerope", "width": 3}]), "unknown parameter"),
+    (dict(attention_methods=[{"method": "ntk"}]), "with NAME in"),
+    (dict(attention_methods=[{"method": "window", "window": -2}]), "must be a number >= 0"),
+    (dict(attention_methods=["logn"]), "each entry is a table"),
+])
+def test_inapplicable_or_conflicting_methods_are_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        micro_config(**overrides)
+
+
+def test_yarn_and_logn_compose():
+    config = micro_config(rope_scaling={"rope_type": "yarn", "factor": 4.0}, attention_methods=[{"method": "logn"}])
+    assert config.attention_methods == [{"method": "logn", "base_length": 32}]
+    model = Transformer(config).eval()
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.randint(0, 97, (1, 128)))[0]).all()
+
+
+def test_defaults_derive_from_the_trained_length():
+    config = micro_config(max_seq_len=64, attention_methods=[{"method": "sinks"}])
+    assert config.attention_methods == [{"method": "sinks", "sinks": 4, "window": 60}]

@@ -1,0 +1,314 @@
+"""The newer encodings against their formulas, written as loops here, on random inputs; sliding windows; layer
+hybrids' configuration. The shared battery (training, KV cache, batching, shift invariance, 16x) is in
+tests/test_position.py."""
+
+import math
+
+import pytest
+import torch
+
+from errors import ConfigError
+from model import KVCache, StaticKVCache, Transformer
+from model.position_contextual import cope_positions
+from model.position_rotary import xpos_zeta
+from tests.conftest import micro_config
+
+
+def attention_logits(model, layer_index, x, positions):
+    """The (heads, time, time) pre-softmax logits of one layer, from its projections and encoding hooks."""
+    layer = model.layers[layer_index].attention
+    encoding = model.encoding_of(model.config.layer_positions()[layer_index])
+    state = encoding.prepare(positions, positions)
+    time = x.shape[1]
+    q = layer.q_proj(x).view(1, time, layer.n_heads, layer.head_dim).transpose(1, 2)
+    k = layer.k_proj(x).view(1, time, layer.n_kv_heads, layer.head_dim).transpose(1, 2)
+    k = k.repeat_interleave(layer.n_heads // layer.n_kv_heads, dim=1)
+    q, k = encoding.rotate_queries(q, state), encoding.rotate_keys(k, state)
+    return (q @ k.transpose(-1, -2))[0] / math.sqrt(layer.head_dim)
+
+
+def test_kerple_bias_is_the_formula():
+    model = Transformer(micro_config(position="kerple", n_heads=4))
+    with torch.no_grad():
+        model.position.r1.copy_(torch.tensor([0.5, 1.0, 1.5, 2.0]))
+        model.position.r2.copy_(torch.tensor([0.1, 0.2, 0.7, 0.01]))
+    positions = torch.arange(9)[None] * 3 + 5
+    bias = model.position.score_bias(None, model.position.prepare(positions, positions), 1, slice(None))
+    assert bias.shape == (1, 4, 9, 9)
+    for h in range(4):
+        for i in range(9):
+            for j in range(9):
+                r1, r2 = model.position.r1[h].item(), model.position.r2[h].item()
+                expected = -r1 * math.log(1 + r2 * abs(3 * i - 3 * j))
+                assert abs(bias[0, h, i, j].item() - expected) < 1e-5
+
+
+def test_kerple_parameters_stay_positive_after_a_training_step(tmp_path):
+    """The loop projects r1, r2 back to >= 0.01 after every optimizer step (the reference's clamp)."""
+    model = Transformer(micro_config(position="kerple"))
+    with torch.no_grad():
+        model.position.r1.fill_(-1.0)
+        model.position.r2.fill_(0.005)
+    model.position.constrain_()
+    assert torch.all(model.position.r1 == 0.01) and torch.all(model.position.r2 == 0.01)
+
+
+def test_kerple_is_shared_by_the_layers():
+    model = Transformer(micro_config(position="kerple", n_layers=3))
+    assert sorted(name for name, _ in model.named_parameters() if name.startswith("position.")) == [
+        "position.r1", "position.r2"]
+
+
+def test_fire_bias_for_hand_set_weights_is_the_formula():
+    config = micro_config(position="fire", n_heads=2, fire_mlp_width=3, fire_threshold=6)
+    model = Transformer(config)
+    fire = model.position
+    w1, b1 = torch.tensor([[1.5], [-2.0], [0.5]]), torch.tensor([0.1, 0.3, -0.2])
+    w2, b2 = torch.tensor([[1.0, -1.0, 2.0], [0.5, 0.25, -3.0]]), torch.tensor([0.05, -0.1])
+    c, multiplier = 0.3, 1.5  # T = 1.5 * 6 = 9
+    with torch.no_grad():
+        fire.mlps[1][0].weight.copy_(w1), fire.mlps[1][0].bias.copy_(b1)
+        fire.mlps[1][2].weight.copy_(w2), fire.mlps[1][2].bias.copy_(b2)
+        fire.c[1] = c
+        fire.threshold_multiplier[1] = multiplier
+        positions = torch.arange(14)[None]
+        bias = fire.score_bias(torch.zeros(1, 2, 14, 16), fire.prepare(positions, positions), 1, slice(None))
+    threshold = abs(multiplier * 6)
+
+    def psi(x):
+        return math.log(abs(c * x) + 1)
+
+    for i in range(14):
+        for j in range(i + 1):
+            u = psi(i - j) / (psi(max(threshold, i)) + 1e-6)
+            hidden = [max(0.0, w1[n, 0].item() * u + b1[n].item()) for n in range(3)]
+            for h in range(2):
+                expected = sum(w2[h, n].item() * hidden[n] for n in range(3)) + b2[h].item()
+                assert abs(bias[0, h, i, j].item() - expected) < 1e-5
+
+
+def test_fire_past_its_threshold_normalises_by_the_query_position():
+    """Below T a shift changes nothing (tests/test_position.py); past T the normaliser is the query's position, so
+    the same distance maps to a smaller input: the progressive interpolation."""
+    model = Transformer(micro_config(position="fire", fire_threshold=8))
+    fire = model.position
+    near, far = torch.tensor([[4, 6]]), torch.tensor([[100, 102]])
+    u_near = fire.normalized_distance(fire.prepare(near, near), 0, slice(None), slice(None))
+    u_far = fire.normalized_distance(fire.prepare(far, far), 0, slice(None), slice(None))
+    assert u_far[0, 1, 0] < u_near[0, 1, 0]
+    assert torch.allclose(u_near[0, 1, 0], torch.log(torch.tensor(1.2)) / (torch.log(torch.tensor(1.8)) + 1e-6))
+
+
+def test_fire_keeps_torch_default_mlp_initialisation():
+    """The reference keeps nn.Linear's default init; the model's normal(0, 0.02) would make f ~ 0."""
+    model = Transformer(micro_config(position="fire", fire_mlp_width=32))
+    first = model.position.mlps[0][0].weight  # Linear(1, 32): U(-1, 1)
+    assert first.abs().max() > 0.5 and first.abs().max() <= 1.0
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_xpos_scores_are_rope_scores_times_the_decay(layout):
+    """For every pair i alone: xpos score(n, m) = rope score(n, m) * zeta_i^((n - m) / gamma)."""
+    rope = Transformer(micro_config(position="rope", rope_layout=layout)).eval()
+    xpos = Transformer(micro_config(position="xpos", rope_layout=layout, xpos_scale_base=20.0)).eval()
+    head_dim = rope.config.head_dim
+    zeta = xpos_zeta(head_dim)
+    positions = torch.tensor([[0, 3, 7, 30, 31, 64]])
+    for pair in range(head_dim // 2):
+        dims = [pair, pair + head_dim // 2] if layout == "half" else [2 * pair, 2 * pair + 1]
+        q = torch.zeros(1, 1, 6, head_dim, dtype=torch.float64)
+        k = torch.zeros(1, 1, 6, head_dim, dtype=torch.float64)
+        q[..., dims] = torch.randn(1, 1, 6, 2, dtype=torch.float64)
+        k[..., dims] = torch.randn(1, 1, 6, 2, dtype=torch.float64)
+        scores = {}
+        for name, model in (("rope", rope), ("xpos", xpos)):
+            state = model.position.prepare(positions, positions)
+            scores[name] = model.position.rotate_queries(q, state)[0, 0] @ model.position.rotate_keys(k, state)[0, 0].T
+        for n in range(6):
+            for m in range(6):
+                distance = positions[0, n].item() - positions[0, m].item()
+                expected = scores["rope"][n, m].item() * zeta[pair].item() ** (distance / 20.0)
+                assert abs(scores["xpos"][n, m].item() - expected) < 1e-5 * max(1.0, abs(expected))
+
+
+def test_xpos_refuses_positions_whose_scale_would_overflow():
+    from errors import PositionRangeError
+
+    model = Transformer(micro_config(position="xpos", xpos_scale_base=8.0)).eval()
+    with pytest.raises(PositionRangeError, match="xpos_scale_base"):
+        model(torch.zeros(1, 2, dtype=torch.long), positions=torch.tensor([[10_000, 10_001]]))
+
+
+def test_cope_positions_on_a_hand_computed_example():
+    """Gates of one query (key 0..3, key 4 hidden): p_j = sum of the gates from key j to the query."""
+    gates = torch.tensor([[0.5, 1.0, 0.25, 0.75, 0.0]])
+    assert torch.allclose(cope_positions(gates, 100), torch.tensor([[2.5, 2.0, 1.0, 0.75, 0.0]]))
+    assert torch.allclose(cope_positions(gates, 1), torch.tensor([[1.0, 1.0, 1.0, 0.75, 0.0]]))
+
+
+def test_cope_attention_is_the_reference_formula():
+    """The layer's output equals the reference's computation written as loops: gates sigmoid(q.k/sqrt(d)),
+    positions summed from j to i, e interpolated between floor and ceil, logits (q.k + q.e[p]) / sqrt(d)."""
+    config = micro_config(position="cope", n_kv_heads=4, cope_positions=5)
+    model = Transformer(config).eval()
+    with torch.no_grad():
+        model.position.embeddings.normal_(0.0, 1.0)
+    layer = model.layers[0].attention
+    x = torch.randn(1, 7, config.dim)
+    positions = torch.arange(7)[None]
+    with torch.no_grad():
+        out = layer(x, model.position, model.position.prepare(positions, positions), None)
+        q = layer.q_proj(x).view(7, 4, 16).transpose(0, 1)
+        k = layer.k_proj(x).view(7, 4, 16).transpose(0, 1)
+        v = layer.v_proj(x).view(7, 4, 16).transpose(0, 1)
+        e = model.position.embeddings[0]  # (head_dim, npos)
+        z = torch.zeros(4, 7, 16)
+        for h in range(4):
+            for i in range(7):
+                gates = [torch.sigmoid(q[h, i] @ k[h, j] / 4.0) for j in range(i + 1)]
+                logits = []
+                for j in range(i + 1):
+                    p = min(float(sum(gates[j:])), 4.0)
+                    low, high = math.floor(p), math.ceil(p)
+                    embedding = e[:, low] * (1 - (p - low)) + e[:, high] * (p - low)
+                    logits.append((q[h, i] @ k[h, j] + q[h, i] @ embedding) / 4.0)
+                weights = torch.stack(logits).softmax(0)
+                z[h, i] = sum(weights[j] * v[h, j] for j in range(i + 1))
+        expected = layer.o_proj(z.transpose(0, 1).reshape(1, 7, config.dim))
+    assert (out - expected).abs().max() < 1e-5
+
+
+def test_cope_ignores_token_positions_entirely():
+    model = Transformer(micro_config(position="cope")).eval()
+    with torch.no_grad():
+        model.position.embeddings.normal_(0.0, 1.0)
+        idx = torch.randint(0, 97, (2, 16))
+        assert torch.equal(model(idx)[0], model(idx, positions=torch.arange(16)[None] * 7 + 3)[0])
+
+
+@pytest.mark.parametrize("variant", [dict(rope_fraction=0.5), dict(rope_p=0.5), dict(rope_fraction=0.5, rope_p=0.5)])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_non_rotated_dimensions_carry_no_position(variant, layout):
+    """Scores are invariant to any positions (not only shifts) when only the non-rotated dimensions are set."""
+    model = Transformer(micro_config(position="rope", rope_layout=layout, **variant)).eval()
+    encoding, head_dim = model.position, model.config.head_dim
+    rotated = torch.zeros(head_dim, dtype=torch.bool)
+    if "rope_fraction" in variant:
+        rotated[: encoding.rotary_dim] = True
+    frequencies = torch.cat((encoding.inv_freq, encoding.inv_freq)) if layout == "half" \
+        else encoding.inv_freq.repeat_interleave(2)
+    moving = torch.zeros(head_dim, dtype=torch.bool)
+    moving[: encoding.rotary_dim] = frequencies != 0
+    assert 0 < int(moving.sum()) < head_dim
+    q, k = torch.randn(1, 1, 5, head_dim), torch.randn(1, 1, 5, head_dim)
+    q[..., moving], k[..., moving] = 0.0, 0.0
+    results = []
+    for positions in (torch.arange(5)[None], torch.tensor([[3, 90, 17, 400, 1000]])):
+        state = encoding.prepare(positions, positions)
+        results.append(encoding.rotate_queries(q, state)[0, 0] @ encoding.rotate_keys(k, state)[0, 0].T)
+    assert torch.allclose(results[0], results[1], atol=1e-5)
+    # ... while the rotated ones do carry it.
+    q, k = torch.randn(1, 1, 5, head_dim), torch.randn(1, 1, 5, head_dim)
+    spread = [encoding.rotate_queries(q, encoding.prepare(p, p))[0, 0] @
+              encoding.rotate_keys(k, encoding.prepare(p, p))[0, 0].T
+              for p in (torch.arange(5)[None], torch.arange(5)[None] * 3)]
+    assert (spread[0] - spread[1]).abs().max() > 1e-3
+
+
+def test_p_rope_keeps_the_highest_frequencies():
+    model = Transformer(micro_config(position="rope", rope_p=0.25))  # head_dim 16: 8 frequencies, keep 2
+    plain = Transformer(micro_config(position="rope"))
+    assert torch.equal(model.position.inv_freq[:2], plain.position.inv_freq[:2])
+    assert torch.all(model.position.inv_freq[2:] == 0)
+
+
+def test_partial_rotary_matches_gpt_neox_in_transformers():
+    """Our rope_fraction against transformers' GPT-NeoX rotary (rotary_pct = partial_rotary_factor)."""
+    from transformers import GPTNeoXConfig
+    from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXRotaryEmbedding, apply_rotary_pos_emb
+
+    model = Transformer(micro_config(position="rope", rope_fraction=0.25, rope_theta=500.0))
+    neox = GPTNeoXConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=64, rope_parameters={
+        "rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.25})
+    rotary = GPTNeoXRotaryEmbedding(neox)
+    q, k = torch.randn(2, 4, 9, 16), torch.randn(2, 4, 9, 16)
+    positions = torch.arange(3, 12)[None].expand(2, -1)
+    cos, sin = rotary(q, positions)
+    theirs_q, theirs_k = apply_rotary_pos_emb(q, k, cos, sin)
+    state = model.position.prepare(positions, positions)
+    assert torch.allclose(model.position.rotate_queries(q, state), theirs_q, atol=1e-5)
+    assert torch.allclose(model.position.rotate_keys(k, state), theirs_k, atol=1e-5)
+
+
+@pytest.mark.parametrize("position", ["rope", "alibi", "cope"])
+def test_a_window_hides_tokens_more_than_w_back(position):
+    """With window w, the last token's output of a one-layer model does not change when tokens more than w - 1
+    before it change; it does change when a token inside the window changes."""
+    model = Transformer(micro_config(position=position, n_layers=1, attention_window=[4])).eval()
+    idx = torch.randint(0, 97, (1, 12))
+    far, near = idx.clone(), idx.clone()
+    far[0, :8] = (far[0, :8] + 1) % 97  # positions 0..7: outside the window of the last token (8..11)
+    near[0, 9] = (near[0, 9] + 1) % 97
+    with torch.no_grad():
+        base, changed_far, changed_near = (model(x)[0][0, -1] for x in (idx, far, near))
+    assert torch.equal(base, changed_far)
+    assert (base - changed_near).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("cache_type", [KVCache, StaticKVCache])
+def test_window_decoding_through_a_cache_equals_the_full_forward(cache_type):
+    model = Transformer(micro_config(position="rope", position_layers=["rope", "none"],
+                                     attention_window=[5, 0])).eval()
+    idx = torch.randint(0, 97, (2, 20))
+    with torch.no_grad():
+        full = model(idx)[0]
+        cache = cache_type.for_model(model.config, 2, 24)
+        steps = [model(idx[:, :7], kv_cache=cache)[0]]
+        steps += [model(idx[:, t : t + 1], kv_cache=cache)[0] for t in range(7, 20)]
+    assert (torch.cat(steps, dim=1) - full).abs().max() < 1e-4
+
+
+def test_windowed_attention_computes_only_the_band(monkeypatch):
+    """Each chunk of rows sees at most window + rows - 1 keys: the work is O(time x window)."""
+    import model.attention as attention_module
+
+    seen = []
+    original = attention_module.F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kwargs):
+        seen.append(k.shape[2])
+        return original(q, k, v, **kwargs)
+
+    monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention", spy)
+    model = Transformer(micro_config(position="rope", n_layers=1, attention_window=[8])).eval()
+    with torch.no_grad():
+        model(torch.randint(0, 97, (1, 256)))
+    assert seen and max(seen) <= 2 * 8 - 1
+
+
+def test_hybrid_keeps_the_primary_encodings_parameter_names():
+    model = Transformer(micro_config(position="t5", position_layers=["t5", "fire"]))
+    names = {name.split(".")[0] + "." + name.split(".")[1] for name, _ in model.named_parameters()
+             if name.startswith(("position.", "layer_positions."))}
+    assert names == {"position.relative_attention_bias", "layer_positions.fire"}
+    assert model.config.layer_positions() == ["t5", "fire"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(position_layers=["rope", "none", "rope"]), "does not divide model.n_layers"),
+    (dict(attention_window=[4, 0, 0]), "does not divide model.n_layers"),
+    (dict(position_layers=["none", "alibi"]), "must include model.position"),
+    (dict(position_layers=["rope", "sinusoidal"]), "cannot be chosen per layer"),
+    (dict(position_layers=["rope", "ropey"]), "unknown encoding"),
+    (dict(position_layers=["rope", 3]), "must hold encoding names"),
+    (dict(attention_window=[-1]), "integers >= 0"),
+    (dict(position="alibi", rope_fraction=0.5), "apply to rotary encodings"),
+    (dict(rope_fraction=0.01), "even number >= 2"),
+    (dict(rope_p=1.5), "rope_p in \\[0, 1\\]"),
+    (dict(position="xpos", xpos_scale_base=0.0), "xpos_scale_base must be positive"),
+    (dict(position="cope", cope_positions=1), "cope_positions >= 2"),
+    (dict(position="fire", fire_mlp_width=0), "fire_mlp_width >= 1"),
+])
+def test_bad_layer_and_variant_settings_are_named(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        micro_config(**{"n_layers": 2, **overrides})
