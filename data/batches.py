@@ -79,3 +79,53 @@ class PretrainBatches:
         starts = np.linspace(0, last_start, num=min(count, last_start + 1)).astype(np.int64)
         for first in range(0, len(starts), self.batch_size):
             yield self.val.windows(starts[first : first + self.batch_size], self.seq_len)
+
+
+def pose_positions_and_spans(rng: np.random.Generator, window: int, target: int) -> tuple[np.ndarray, int, int, int]:
+    """One PoSE row (Zhu et al., ICLR 2024; dwzhu-pku/PoSE, two chunks): the first chunk is tokens [0, cut) of a
+    text span at positions [0, cut); the second is `window - cut` tokens taken further on in the span (a content skip,
+    as the reference's lt2..rt2) at positions starting at cut + skip, skip ~ U{0 .. target - window}, so positions
+    stay below `target` while the window keeps its original length.
+
+    Returns (positions (window,), cut, the second chunk's start in the span, the span length needed)."""
+    cut = int(rng.integers(1, (window + 1) // 2 + 1))  # the reference's rt1 ~ U{1 .. (window + 1) // 2}
+    skip = int(rng.integers(0, target - window + 1))
+    span = target + 1
+    end = int(rng.integers(window, span + 1))  # the reference's rt2 ~ U{window .. span}
+    second = end - (window - cut)
+    positions = np.arange(window, dtype=np.int64)
+    positions[cut:] += skip
+    return positions, cut, second, span
+
+
+class PoseBatches(PretrainBatches):
+    """PoSE training batches: windows of the original length whose position ids cover the target length
+    (pose_positions_and_spans). A batch is (inputs, targets, positions); every target is its input's own next token
+    in the text (the reference's labels are the row shifted, so the first chunk's last token there predicts the
+    first token after the skip). Validation windows are plain windows of the target length, so the validation loss
+    measures the length the run extends to."""
+
+    def __init__(self, data_dir: str | Path, window: int, target: int, batch_size: int, seed: int,
+                 val_batches: int) -> None:
+        if not 2 <= window < target:
+            raise DataError(f"PoSE needs 2 <= the training window ({window}) < the target length ({target})")
+        super().__init__(data_dir, target, batch_size, seed, val_batches)
+        self.window = window
+        self.target = target
+
+    def train_batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        generator = np.random.default_rng([self.seed, step, micro_step])
+        rows, targets, positions = [], [], []
+        for _ in range(self.batch_size):
+            row_positions, cut, second, span = pose_positions_and_spans(generator, self.window, self.target)
+            start = int(generator.integers(0, len(self.train) - span - 1))
+            text = np.asarray(self.train.tokens[start : start + span + 1], dtype=np.int64)
+            first_chunk = text[: cut + 1]  # inputs 0..cut-1 and their next tokens
+            second_chunk = text[second : second + self.window - cut + 1]
+            inputs = np.concatenate([first_chunk[:-1], second_chunk[:-1]])
+            next_tokens = np.concatenate([first_chunk[1:], second_chunk[1:]])  # each token's own next token
+            rows.append(inputs)
+            targets.append(next_tokens)
+            positions.append(row_positions)
+        return (torch.from_numpy(np.stack(rows)), torch.from_numpy(np.stack(targets)),
+                torch.from_numpy(np.stack(positions)))

@@ -3,6 +3,11 @@ its config, following the YaRN paper's recipe at small scale (short run, small l
 
     python -m train.extend --checkpoint runs/tiny --rope-scaling yarn --rope-factor 4 --length 1024
     python -m train.extend --checkpoint runs/tiny --rope-scaling linear --rope-factor 2 --train.lr=1e-4
+    python -m train.extend --checkpoint runs/tiny --rope-scaling yarn --rope-factor 4 --method pose
+
+--method pose (PoSE, Zhu et al. 2024) trains on windows of the checkpoint's own length whose position ids are
+split into two chunks with a random skip between them, so they cover the target length (--length) without
+attending over it: the same steps cost a factor target / trained fewer tokens (data/batches.py, PoseBatches).
 
 The new checkpoint's config records the scaling with original_max_position_embeddings = the length the
 checkpoint was trained at, and max_seq_len = --length, so scripts.generate and the eval commands use
@@ -16,7 +21,7 @@ import argparse
 import sys
 
 from commands import deprecated, require
-from data.batches import PretrainBatches, read_meta
+from data.batches import PoseBatches, PretrainBatches, read_meta
 from data.tokenizer import load_tokenizer
 from errors import ConfigError
 from model.checkpoint import load_config, load_trainer_state, trained_length
@@ -38,7 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = training_parser("train.extend", __doc__, data_help="a prepared data folder (default: the checkpoint's)")
     parser.add_argument("--rope-scaling", choices=LENGTH_SCALINGS, help="the scaling to train with (required)")
     parser.add_argument("--rope-factor", type=float, help="scaling factor S >= 1 (required)")
-    parser.add_argument("--length", type=int, help="training length in tokens (default: S x the trained length)")
+    parser.add_argument("--length", type=int, help="target length in tokens (default: S x the trained length); with "
+                        "--method full also the training window")
+    parser.add_argument("--method", choices=["full", "pose"], default="full",
+                        help="full: train on windows of the target length; pose: windows of the trained length "
+                             "with skipped position ids covering the target length")
     deprecated(parser, "--seq-len", "--length", "length", type=int)
     deprecated(parser, "--steps", "--train.max_steps=N", "steps", type=int)
     return parser
@@ -64,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         defaults = {
             "train": DEFAULT_TRAIN,
             "data": {"dir": state.get("run_config", {}).get("data", {}).get("dir", "")},
-            "out": {"dir": f"{args.checkpoint.rstrip('/')}_{args.rope_scaling}{args.rope_factor:g}x"},
+            "out": {"dir": f"{args.checkpoint.rstrip('/')}_{args.rope_scaling}{args.rope_factor:g}x"
+                           f"{'_pose' if args.method == 'pose' else ''}"},
         }
         steps = load_run_config(args.config, overrides, model_base=model, base=defaults).train.max_steps
         defaults["train"] = {**DEFAULT_TRAIN, "eval_interval": max(1, steps // 4)}  # unless set otherwise
@@ -72,13 +82,20 @@ def main(argv: list[str] | None = None) -> int:
         meta = read_meta(config.data.dir)
         check_vocab(config, int(meta["vocab_size"]), config.data.dir)
         pretrain_tokens = int(state.get("tokens_seen", 0))
-        tokens = config.train.max_steps * config.train.batch_size * config.train.grad_accum * seq_len
+        window = trained if args.method == "pose" else seq_len
+        tokens = config.train.max_steps * config.train.batch_size * config.train.grad_accum * window
         share = f" ({100 * tokens / pretrain_tokens:.1f}% of its {pretrain_tokens:,} pretraining tokens)" if pretrain_tokens else ""
+        how = f", PoSE windows of {window} tokens" if args.method == "pose" else ""
         print(f"extending {args.checkpoint} from {trained} to {seq_len} tokens with {args.rope_scaling} "
-              f"x{args.rope_factor:g}: {tokens:,} fine-tuning tokens{share}")
-        batches = PretrainBatches(config.data.dir, seq_len, config.train.batch_size, config.train.seed,
+              f"x{args.rope_factor:g}{how}: {tokens:,} fine-tuning tokens{share}")
+        if args.method == "pose":
+            batches = PoseBatches(config.data.dir, window, seq_len, config.train.batch_size, config.train.seed,
                                   config.train.eval_batches)
-        extra = {"init": args.checkpoint, "extended_from": trained, "pretrain_tokens": pretrain_tokens}
+        else:
+            batches = PretrainBatches(config.data.dir, seq_len, config.train.batch_size, config.train.seed,
+                                      config.train.eval_batches)
+        extra = {"init": args.checkpoint, "extended_from": trained, "pretrain_tokens": pretrain_tokens,
+                 "extension_method": args.method, "training_window": window}
         run_training(config, model_factory(config, args.checkpoint), batches, load_tokenizer(args.checkpoint),
                      args.resume, task="extend", extra_state=extra)
 

@@ -48,7 +48,8 @@ class TrainingInterrupted(Exception):
 
 
 class BatchSource(Protocol):
-    def train_batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]: ...
+    # (inputs, targets), or (inputs, targets, positions) for batches with their own position ids (PoSE)
+    def train_batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, ...]: ...
 
     def val_batches_iter(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
 
@@ -308,7 +309,8 @@ class Trainer:
             group["lr"] = lr * group.get("lr_scale", 1.0)
         step_loss = torch.zeros((), device=self.device)
         for micro_step in range(train.grad_accum):
-            inputs, targets = self.batches.train_batch(step, micro_step)
+            inputs, targets, *rest = self.batches.train_batch(step, micro_step)
+            positions = rest[0] if rest else None  # PoSE batches carry their own position ids
             # Normalise by the scored tokens of the whole global micro-batch (counted on the host, no sync), so
             # each rank's share of the mean is exact even when ranks hold different numbers of scored tokens.
             scored = max(1, int((targets != IGNORE_INDEX).sum()))
@@ -319,9 +321,11 @@ class Trainer:
                 inputs, targets = inputs.pin_memory(), targets.pin_memory()
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
+            if positions is not None:
+                positions = self.dist.shard(positions).to(self.device, non_blocking=True)
             with self.dist.no_sync(self.ddp, sync=micro_step == train.grad_accum - 1):
                 with autocast(self.device, self.amp):
-                    _, loss_sum = self.forward(inputs, targets, loss_reduction="sum")
+                    _, loss_sum = self.forward(inputs, targets, positions=positions, loss_reduction="sum")
                 loss = loss_sum * (self.dist.world_size / scored)  # DDP averages gradients over ranks
                 (loss / train.grad_accum).backward()
             step_loss += loss.detach()
