@@ -47,6 +47,7 @@ from eval.extrapolation import CheckpointEvaluation, evaluate_checkpoint, make_p
 from eval.methods import check_methods
 from model.checkpoint import WEIGHTS, has_checkpoint, load_model, load_trainer_state, trained_length
 from model.config import build_dataclass, check_field_types
+from model.folder_lock import FolderLock
 from model.position import POSITION_ENCODINGS
 from model.runtime import autocast_dtype, resolve_device
 from model.transformer import Transformer
@@ -382,7 +383,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     compare, shared, preset = load_compare_config(args.config, args.preset, overrides)
     out = Path(compare.out)
-    out.mkdir(parents=True, exist_ok=True)
+    with FolderLock(out, "comparison"):  # one comparison per folder; its trainings lock their own run folders
+        return run_comparison(compare, shared, preset, out, command, started)
+
+
+def run_comparison(compare: CompareConfig, shared: dict, preset: str, out: Path, command: str,
+                   started: float) -> int:
     data_dir = prepared_data(compare)
     configs = {(encoding, seed): variant_config(shared, encoding, seed, data_dir, compare)
                for seed in compare.seeds for encoding in compare.encodings}

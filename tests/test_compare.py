@@ -207,3 +207,16 @@ def test_method_findings_pair_seeds_against_plain_and_yarn():
     assert "rope+rerope: 4x vs plain: 0.788 [" in text and "better" in text.split("4x vs yarn")[0]
     assert "16x vs yarn" in text and "within noise" in text.split("16x vs yarn")[1]
     assert "rope+yarn:" not in text  # YaRN is the baseline, not a finding
+
+
+def test_a_second_comparison_in_the_same_folder_is_refused(small_text_file, tmp_path, capsys):
+    import os
+
+    from model.folder_lock import FolderLock
+
+    out = tmp_path / "cmp"
+    with FolderLock(out, "comparison"):  # a flock conflicts across open files, also within one process
+        assert main(arguments(small_text_file, out, '--compare.encodings=["rope"]')) == 2
+    error = capsys.readouterr().err
+    assert f"being written by another comparison (process {os.getpid()})" in error and "Traceback" not in error
+    assert sorted(p.name for p in out.iterdir()) == [".writer.lock"]

@@ -109,3 +109,40 @@ def test_prompt_longer_than_the_context_is_refused(prepared_data, tmp_path):
         allowed = run("scripts.generate", "--checkpoint", str(tmp_path / "run"), "--prompt", long_prompt,
                       "--max-new-tokens", "2", *extra)
         assert allowed.returncode == 0, allowed.stderr
+
+
+def test_a_second_writer_is_refused_with_the_holders_pid_and_a_dead_holders_lock_is_taken_over(prepared_data,
+                                                                                                tmp_path, capsys):
+    """Two writers on one folder: while another process holds it, training there is refused at once naming that
+    process and nothing in the folder changes; after the holder is killed (SIGKILL, no clean-up), the next writer
+    takes the folder over and says from whom."""
+    import subprocess
+    import sys
+    import time
+
+    from model.folder_lock import LOCK_NAME
+
+    out = tmp_path / "run"
+    train = make_config(prepared_data, out, "--train.max_steps=2")
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; sys.path.insert(0, '.'); from model.folder_lock import FolderLock; "
+        f"lock = FolderLock({str(out)!r}).acquire(); print('held', flush=True); time.sleep(60)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = sorted(p.name for p in out.iterdir())
+        started = time.perf_counter()
+        with pytest.raises(ConfigError, match=f"being written by another training run \\(process {holder.pid}\\)"):
+            run_training(train, lambda: Transformer(train.model), PretrainBatches(prepared_data, 64, 4, 0, 2),
+                         load_tokenizer(prepared_data))
+        assert time.perf_counter() - started < 5  # refused at once, not after waiting
+        assert sorted(p.name for p in out.iterdir()) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (out / LOCK_NAME).read_text().strip() == str(holder.pid)  # left behind by the killed process
+    run_training(train, lambda: Transformer(train.model), PretrainBatches(prepared_data, 64, 4, 0, 2),
+                 load_tokenizer(prepared_data))
+    assert f"took over {out / LOCK_NAME} from process {holder.pid}" in capsys.readouterr().err
+    assert load_trainer_state(out)["step"] == 2
+    assert (out / LOCK_NAME).read_text() == ""  # released cleanly: nothing to report next time

@@ -6,6 +6,7 @@ validation, one log line per interval (also appended to metrics.jsonl), atomic c
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
@@ -32,6 +33,7 @@ from model.checkpoint import (
     save_checkpoint,
 )
 from model.config import ModelConfig
+from model.folder_lock import FolderLock
 from model.runtime import autocast, autocast_dtype, resolve_device
 from model.transformer import IGNORE_INDEX, Transformer
 from train.config import RunConfig, to_toml
@@ -424,11 +426,13 @@ def run_training(
 
     Under torchrun this is one rank of a data-parallel run (train/distributed.py).
     """
-    trainer = Trainer(config, build_model, batches, tokenizer, resume, task, extra_state)
-    try:
-        result = trainer.run()
-    except BaseException:
-        trainer.dist.close(wait=False)
-        raise
-    trainer.dist.close()
-    return result
+    # One writer per folder (rank 0 writes), taken before anything in it is read or changed, held to the end.
+    with FolderLock(config.out.dir, "training run") if Distributed().is_main else contextlib.nullcontext():
+        trainer = Trainer(config, build_model, batches, tokenizer, resume, task, extra_state)
+        try:
+            result = trainer.run()
+        except BaseException:
+            trainer.dist.close(wait=False)
+            raise
+        trainer.dist.close()
+        return result
