@@ -17,13 +17,35 @@ IGNORE_INDEX = -100
 class TokenFile:
     """A memory-mapped train.bin / val.bin written by data.prepare."""
 
-    def __init__(self, path: str | Path, dtype: str = "uint16") -> None:
+    def __init__(self, path: str | Path, dtype: str = "uint16", expected_tokens: int | None = None,
+                 vocab_size: int | None = None) -> None:
+        """Open and check: a whole number of `dtype` tokens, as many as meta.json says (when given), every id below
+        `vocab_size` (when given; one chunked pass over the memory map)."""
         self.path = Path(path)
         if not self.path.exists():
             raise DataError(f"{self.path} not found; create it with `python -m data.prepare --out {self.path.parent}`")
-        if self.path.stat().st_size == 0:
+        size = self.path.stat().st_size
+        if size == 0:
             raise DataError(f"{self.path} is empty; re-run data.prepare on a source with text")
+        itemsize = np.dtype(dtype).itemsize
+        redo = f"re-run `python -m data.prepare` into {self.path.parent}"
+        if size % itemsize:
+            raise DataError(f"{self.path} is {size:,} bytes, not a whole number of {dtype} tokens ({itemsize} bytes "
+                            f"each): it was cut short or written with another dtype; {redo}")
+        if expected_tokens is not None and size // itemsize != expected_tokens:
+            other = [name for name in ("uint16", "uint32") if name != dtype and size == expected_tokens *
+                     np.dtype(name).itemsize]
+            why = (f"it holds {other[0]} tokens but meta.json says {dtype}" if other else
+                   "it was cut short, or meta.json belongs to another preparation")
+            raise DataError(f"{self.path} holds {size // itemsize:,} {dtype} tokens, meta.json says "
+                            f"{expected_tokens:,}: {why}; {redo}")
         self.tokens = np.memmap(self.path, dtype=np.dtype(dtype), mode="r")
+        if vocab_size is not None:
+            largest = max(int(self.tokens[start : start + 2**22].max()) for start in range(0, len(self.tokens), 2**22))
+            if largest >= vocab_size:
+                raise DataError(f"{self.path} holds token id {largest}, but the vocabulary has {vocab_size} ids "
+                                f"(meta.json vocab_size): the file was written with another tokenizer; {redo}")
+
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -32,6 +54,13 @@ class TokenFile:
         """Inputs and next-token targets, each (len(starts), seq_len) int64, for windows starting at `starts`."""
         return windows_at(self.tokens, starts, seq_len)
 
+
+def open_split(data_dir: str | Path, split: str, meta: dict | None = None) -> TokenFile:
+    """DATA_DIR/SPLIT.bin ("train" or "val"), checked against its meta.json (dtype, token count, vocabulary)."""
+    meta = meta if meta is not None else read_meta(data_dir)
+    expected = meta.get(f"{split}_tokens")
+    return TokenFile(Path(data_dir) / f"{split}.bin", meta["dtype"], int(expected) if expected is not None else None,
+                     int(meta["vocab_size"]) if "vocab_size" in meta else None)
 
 def windows_at(tokens: np.ndarray, starts, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and next-token targets, each (len(starts), seq_len) int64: the windows tokens[start : start + seq_len
@@ -57,8 +86,8 @@ class PretrainBatches:
 
     def __init__(self, data_dir: str | Path, seq_len: int, batch_size: int, seed: int, val_batches: int) -> None:
         meta = read_meta(data_dir)
-        self.train = TokenFile(Path(data_dir) / "train.bin", meta["dtype"])
-        self.val = TokenFile(Path(data_dir) / "val.bin", meta["dtype"])
+        self.train = open_split(data_dir, "train", meta)
+        self.val = open_split(data_dir, "val", meta)
         for split in (self.train, self.val):
             if len(split) <= seq_len + 1:
                 raise DataError(f"{split.path} holds {len(split)} tokens, fewer than one window of {seq_len + 1}")

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from commands import add_out, comma_list, command_parser
-from data.batches import PretrainBatches, TokenFile, read_meta
+from data.batches import PretrainBatches, open_split, read_meta
 from data.prepare import prepare
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, cli_command
@@ -236,8 +236,7 @@ def weights_digest(checkpoint: Path) -> str:
 def evaluate_cached(checkpoint: Path, path: Path, compare: CompareConfig, methods: list[str], probe: bool,
                     lengths: list[str] | None = None) -> str:
     """Evaluate `checkpoint` into `path` unless an evaluation of the same weights under the same plan is there."""
-    meta = read_meta(Path(compare.out) / "data")
-    ids = np.asarray(TokenFile(Path(compare.out) / "data" / "val.bin", meta["dtype"]).tokens)
+    ids = np.asarray(open_split(Path(compare.out) / "data", "val").tokens)
     device = resolve_device("auto")
     model = load_model(checkpoint, device)
     trained = trained_length(checkpoint)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data.batches import TokenFile, read_meta
+from data.batches import open_split, read_meta
 from data.prepare import DEFAULT_VAL_FRACTION, encode_documents, split_documents
 from data.sources import load_source
 from data.tokenizer import ENDOFTEXT
@@ -72,7 +72,7 @@ def load_eval_tokens(
                 f"{path} was tokenized with a {meta['vocab_size']}-token vocabulary but the checkpoint's tokenizer "
                 f"has {len(tokenizer)}; pass the raw text instead so it is tokenized with the checkpoint's tokenizer"
             )
-        ids = np.asarray(TokenFile(path / "val.bin", meta["dtype"]).tokens)
+        ids = np.asarray(open_split(path, "val", meta).tokens)
     else:
         source = load_source(data)
         if all_documents:

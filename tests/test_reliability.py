@@ -146,3 +146,39 @@ def test_a_second_writer_is_refused_with_the_holders_pid_and_a_dead_holders_lock
     assert f"took over {out / LOCK_NAME} from process {holder.pid}" in capsys.readouterr().err
     assert load_trainer_state(out)["step"] == 2
     assert (out / LOCK_NAME).read_text() == ""  # released cleanly: nothing to report next time
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("truncate", "not a whole number of uint16 tokens"),
+    ("uint32", "it holds uint32 tokens but meta.json says uint16"),
+    ("short", "meta.json says"),
+    ("out_of_vocab", "holds token id 60000, but the vocabulary has 512 ids"),
+])
+def test_damaged_token_files_are_refused_on_open(prepared_data, tmp_path, damage, message):
+    """A truncated train.bin, one of another dtype, one shorter than meta.json says, and an id outside the
+    vocabulary: each is refused when opened, through the CLI with exit 2 and one line naming the file."""
+    import shutil
+
+    import numpy as np
+
+    data = tmp_path / "data"
+    shutil.copytree(prepared_data, data)
+    path = data / "train.bin"
+    tokens = np.fromfile(path, dtype=np.uint16)
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[:-1])
+    elif damage == "uint32":
+        tokens.astype(np.uint32).tofile(path)
+    elif damage == "short":
+        tokens[:-10].tofile(path)
+    else:
+        tokens[len(tokens) // 2] = 60000
+        tokens.tofile(path)
+    from errors import DataError
+
+    with pytest.raises(DataError, match=message):
+        PretrainBatches(data, 64, 4, 0, 2)
+    result = run("train.pretrain", f"--data.dir={data}", f"--out.dir={tmp_path / 'run'}", "--model.vocab_size=512",
+                 "--model.dim=64", "--model.n_layers=1", "--model.max_seq_len=16", "--train.max_steps=1")
+    assert result.returncode == 2 and str(path) in result.stderr and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error:")
