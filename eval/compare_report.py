@@ -101,12 +101,15 @@ def training_summary(run: Path) -> dict[str, Any] | None:
     }
 
 
-def collect(out: Path, compare: Any, lengths: list[int], trained: int) -> dict[str, Variant]:
-    """Every (encoding, method) variant with its per-seed numbers, from the cached evaluations."""
+def collect(out: Path, compare: Any, lengths: list[int], trained: int, configs: dict) -> dict[str, Variant]:
+    """Every (encoding, method) variant with its per-seed numbers, from the cached evaluations (a method is listed
+    where it applies to the variant's layers, as evaluate_checkpoint decides)."""
     variants: dict[str, Variant] = {}
     longest = max(lengths)
     for encoding in compare.encodings:
-        methods = [NONE] + [m for m in compare.methods if m != NONE and applies(m, compare.position_of(encoding))]
+        layers = configs[(encoding, compare.seeds[0])].model.layer_positions()
+        methods = [NONE] + [m for m in compare.methods
+                            if m != NONE and applies(m, compare.position_of(encoding), layers)]
         for method in methods:
             variants[label(encoding, method)] = Variant(encoding, method, label(encoding, method))
         for seed in compare.seeds:
@@ -523,7 +526,7 @@ def write_outputs(out: Path, compare: Any, shared: dict, data_dir: Path, configs
     trained = first_config.model.max_seq_len
     lengths = sorted({resolve_length(item, trained) for item in compare.lengths})
     longest = max(lengths)
-    variants = collect(out, compare, lengths, trained)
+    variants = collect(out, compare, lengths, trained, configs)
     probe_offsets = sorted({offset for v in variants.values() for offset in v.probe})
     steps = first_config.train.keep_steps
     max_steps = first_config.train.max_steps

@@ -196,7 +196,7 @@ def evaluate_checkpoint(model: Transformer, ids: np.ndarray, plan: EvalPlan, met
     reference = score_windows(model, reference_windows(ids, segments, trained, plan.reference_stride), amp,
                               progress=progress, desc=f"reference @ {trained}")
     evaluation = CheckpointEvaluation(plan.key(), reference_layout(reference, segments, plan.reference_stride))
-    chosen = [NONE] + [method for method in methods if method != NONE and applies(method, model.config.position)]
+    chosen = [NONE] + [method for method in methods if method != NONE and applies(method, model.config.position, model.config.layer_positions())]
     for method in chosen:
         spec = method_spec(method)
         for length in plan.lengths:

@@ -12,11 +12,11 @@ one forward per window. "none" is the checkpoint as it is (its own scaling, if i
                                 so each token is scored under the base of its own prefix (incremental)
     clamp                       a learned table: positions past it reuse its last row
     logn, temperature           attention methods (model/attention_methods.py) with their parameters set for the
-    rerope, leaky_rerope        evaluation length: logn and temperature scale queries past L; rerope keeps
-    selfextend, sinks, window   distances below L / 2 exact and clamps the rest (leaky: k chosen so that the longest
-                                distance maps below L); selfextend groups distances past L / 2 by the smallest G
-                                that keeps every position below L; sinks keeps 4 sink tokens and the last L - 4;
-                                window the last L tokens
+    rerope, leaky_rerope        evaluation length: logn and temperature (NoPE layers) scale queries past L; rerope
+    selfextend, sinks, window   keeps distances below L / 2 exact and clamps the rest (leaky: k chosen so that the
+                                longest distance maps below L); selfextend groups distances past L / 2 by the
+                                smallest G that keeps every distance below L; sinks keeps 4 sink tokens and the
+                                last L - 4; window the last L tokens
     a+b                         a composition (e.g. yarn+logn): each part's settings together, where the rules of
                                 model/attention_methods.py allow them
 """
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from errors import ConfigError
-from model.attention_methods import ATTENTION_METHODS, applicable_encodings
+from model.attention_methods import ATTENTION_METHODS, applicable_encodings, refusal
 from model.config import ModelConfig
 from model.rope import LENGTH_DEPENDENT_SCALINGS, NEEDS_ORIGINAL_LENGTH, ROPE_SCALINGS
 from model.transformer import Transformer
@@ -85,6 +85,14 @@ def _clamp(own: dict, length: int, trained: int) -> dict:
     return {"learned_clamp": True}
 
 
+def selfextend_group(length: int, trained: int, neighbors: int) -> int:
+    """The smallest group G whose largest grouped distance, (length - 1) // G + W - W // G, stays below L."""
+    group = 1
+    while (length - 1) // group + neighbors - neighbors // group > trained - 1:
+        group += 1
+    return group
+
+
 def _attention(name: str) -> Changes:
     """An attention method with its parameters set for the evaluation length (module docstring)."""
 
@@ -95,7 +103,7 @@ def _attention(name: str) -> Changes:
         if name == "leaky_rerope":
             params = {"window": half, "k": max(1.0, (length - half) / max(1, original - half))}
         elif name == "selfextend":
-            params = {"neighbors": half, "group": max(1, math.ceil((length - half) / max(1, original - half)))}
+            params = {"neighbors": half, "group": selfextend_group(length, original, half)}
         return {"attention_methods": [*own.get("attention_methods", []), {"method": name, **params}]}
 
     return changes
@@ -178,7 +186,15 @@ def check_composition(name: str) -> None:
         raise ConfigError(f"method {name!r}: {error}") from error
 
 
-def applies(name: str, encoding: str) -> bool:
+def applies(name: str, encoding: str, layers: list[str] | None = None) -> bool:
+    """Whether method `name` applies to a model whose model.position is `encoding` (and whose layers use the
+    encodings `layers`, for a hybrid: an attention method is checked against them all)."""
+    if layers is not None:
+        parts = name.split("+")
+        scalings = [part for part in parts if part not in ATTENTION_METHODS]
+        if any(refusal(ATTENTION_METHODS[part], sorted(set(layers))) for part in parts if part in ATTENTION_METHODS):
+            return False
+        return all(applies(part, encoding) for part in scalings)
     encodings = method_spec(name).encodings
     return encodings is None or encoding in encodings
 

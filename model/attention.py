@@ -88,8 +88,9 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(batch, time, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, time, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, time, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        if methods is not None and methods.query_scale is not None:
-            q = q * methods.query_scale.to(q.dtype)  # logn / temperature: a factor per query position
+        scale = methods.scale_for(position.encodes_positions) if methods is not None else None
+        if scale is not None:
+            q = q * scale.to(q.dtype)  # logn / temperature: a factor per query position
         if methods is not None and methods.passes:
             # Positions are encoded per pass at score time: the cache holds raw keys.
             if kv_cache is not None:

@@ -3,8 +3,8 @@
 A model's config lists the methods in use, `model.attention_methods = [{method = "rerope", window = 64}, ...]`;
 each is registered here by name with its parameters. Three kinds, composable in one way (`compose`):
 
-    query scale   logn, temperature: each query is multiplied by a factor of its own position, so the content
-                  logits q.k are scaled (an additive position bias is not)
+    query scale   logn, temperature: each query is multiplied by a factor of its own position, so the logits
+                  q.k are scaled, and so is a bias computed from q (Shaw's q.a, CoPE's q.e), not one that is not
     positions     rerope, leaky_rerope, selfextend, sinks: the positions a (query, key) pair is encoded at, as
                   passes (query positions, key positions, which pairs use them) whose scores are merged; keys are
                   cached raw and encoded at score time, so a cached step equals the method's own full forward
@@ -14,13 +14,17 @@ At most one method sets positions and at most one sets visibility; query scales 
 takes its default from L = the length the model's positions were trained for (config.original_length).
 
     logn          q_i *= max(1, log(i + 1) / log(L))                      (Su 2021, kexue.fm/archives/8823; Qwen)
-    temperature   q_i *= 1 + beta * log(floor((i + 1) / floor_scale) + 1)  (Llama 4 attn_temperature_tuning)
-    rerope        distance i - j kept below `window`, clamped to `window` beyond (Su 2023, kexue.fm/archives/9708)
+    temperature   q_i *= 1 + beta * log(floor((i + 1) / floor_scale) + 1)  in NoPE layers only, as Llama 4's
+                  attn_temperature_tuning; so it applies to models with NoPE layers (none, iRoPE-style hybrids)
+    rerope        distance i - j kept below `window`, clamped to `window` beyond (Su 2023, kexue.fm/archives/9708);
+                  bojone/rerope always adds log-n: that is `rerope` + `logn` here
     leaky_rerope  ... beyond `window` it grows as window + (i - j - window) / k
     selfextend    exact within `neighbors`; beyond, query at i // G + neighbors - neighbors // G and key at j // G
                   (Jin et al., ICML 2024, datamllab/LongLM)
-    sinks         keys j < `sinks` and the last `window` keys; a sink is seen from position min(i, sinks + window - 1),
-                  the query's place in a cache of sinks + window slots (StreamingLLM, Xiao et al. 2023)
+    sinks         keys j < `sinks` and the last `window` keys (default L - sinks); a sink is seen from position
+                  min(i, sinks + window - 1), the query's place in a cache of sinks + window slots (StreamingLLM,
+                  Xiao et al. 2023); the recent keys keep their relative distances, which is the same thing for
+                  shift-invariant encodings (FIRE, whose normaliser uses the query's position, is refused)
     window        keys within the last `window` positions (the baseline the others are compared against)
 """
 from __future__ import annotations
@@ -59,6 +63,7 @@ class AttentionMethod:
     sets_positions = False
     sets_visibility = False
     scales_queries = False
+    only_layers_without_positions = False  # a query scale that acts on NoPE layers only (Llama 4's temperature)
     window = 0  # > 0: a query sees at most this many keys before it, plus sinks (lets attention skip the rest)
 
     def __init__(self, params: dict[str, float], trained: int) -> None:
@@ -100,11 +105,12 @@ class LogN(AttentionMethod):
 
 @register
 class Temperature(AttentionMethod):
-    """Llama 4 temperature: q_i times 1 + beta log(floor((i + 1) / floor_scale) + 1)."""
+    """Llama 4 temperature: q_i times 1 + beta log(floor((i + 1) / floor_scale) + 1), in NoPE layers only."""
 
     name = "temperature"
     defaults = {"beta": 0.1, "floor_scale": 0}
     scales_queries = True
+    only_layers_without_positions = True  # transformers' Llama4TextAttention: attn_temperature_tuning and not use_rope
 
     def query_scale(self, positions: torch.Tensor) -> torch.Tensor:
         steps = torch.floor((positions.to(torch.float32) + 1) / self.params["floor_scale"])
@@ -198,15 +204,15 @@ class Window(AttentionMethod):
         return i - j < self.window
 
 
-# Parameters given as 0 default to these functions of L.
+# Parameters given as 0 default to these functions of L and the method's other parameters.
 DERIVED = {
-    ("logn", "base_length"): lambda trained: trained,
-    ("temperature", "floor_scale"): lambda trained: trained,
-    ("rerope", "window"): lambda trained: trained // 2,
-    ("leaky_rerope", "window"): lambda trained: trained // 2,
-    ("selfextend", "neighbors"): lambda trained: trained // 2,
-    ("sinks", "window"): lambda trained: trained - 4,
-    ("window", "window"): lambda trained: trained,
+    ("logn", "base_length"): lambda trained, params: trained,
+    ("temperature", "floor_scale"): lambda trained, params: trained,
+    ("rerope", "window"): lambda trained, params: trained // 2,
+    ("leaky_rerope", "window"): lambda trained, params: trained // 2,
+    ("selfextend", "neighbors"): lambda trained, params: trained // 2,
+    ("sinks", "window"): lambda trained, params: trained - int(params["sinks"]),  # a cache of L slots
+    ("window", "window"): lambda trained, params: trained,
 }
 
 
@@ -227,7 +233,7 @@ def normalize_methods(methods: list, trained: int) -> list[dict]:
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"attention method {cls.name!r}: {key} must be a number >= 0, got {value!r}")
             if value == 0 and (cls.name, key) in DERIVED:
-                params[key] = DERIVED[(cls.name, key)](trained)
+                params[key] = DERIVED[(cls.name, key)](trained, params)
         for key in ("window", "neighbors", "group", "base_length", "floor_scale", "k"):
             if key in params and params[key] < (2 if key == "base_length" else 1):
                 raise ConfigError(f"attention method {cls.name!r}: {key} = {params[key]} is too small")
@@ -255,12 +261,16 @@ def refusal(cls: type[AttentionMethod], used: list[str], scaling: str | None = N
         if outside or not set(used) & set(cls.encodings):
             return f"attention method {cls.name!r} applies to {list(cls.encodings)} (with NoPE layers mixed in); " \
                    f"this model uses {used}"
+    if cls.only_layers_without_positions and all(POSITION_ENCODINGS[name].encodes_positions for name in used):
+        return (f"attention method {cls.name!r} acts on layers without position encoding (NoPE, as Llama 4's "
+                f"temperature tuning); this model uses {used}")
     if cls.sets_positions:
         explicit = [name for name in used if POSITION_ENCODINGS[name].has_value_term
-                    or POSITION_ENCODINGS[name].bias_needs_scores or not POSITION_ENCODINGS[name].per_layer]
+                    or POSITION_ENCODINGS[name].bias_needs_scores or not POSITION_ENCODINGS[name].per_layer
+                    or not POSITION_ENCODINGS[name].relative_only]
         if explicit:
             return (f"attention method {cls.name!r} re-encodes relative positions in passes, which {explicit} "
-                    "cannot take (relative values, score-dependent or absolute positions)")
+                    "cannot take (relative values, score-dependent, absolute or query-normalised positions)")
         if scaling in LENGTH_DEPENDENT_SCALINGS:
             return (f"attention method {cls.name!r} cannot be combined with the {scaling!r} scaling, whose "
                     "frequencies depend on the largest position; use a static scaling")
@@ -284,12 +294,20 @@ def check_applies(cls: type[AttentionMethod], config: "ModelConfig") -> None:
 class MethodContext:
     """What the attention needs from the methods for one forward."""
 
-    query_scale: torch.Tensor | None  # (batch|1, 1, q_time, 1)
+    query_scale: torch.Tensor | None  # (batch|1, 1, q_time, 1): for every layer
+    unpositioned_scale: torch.Tensor | None  # (batch|1, 1, q_time, 1): also, for layers without positions (NoPE)
     passes: list[Pass] | None
     visible: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
     window: int
     q_positions: torch.Tensor
     k_positions: torch.Tensor
+
+    def scale_for(self, encodes_positions: bool) -> torch.Tensor | None:
+        """The query factor for a layer whose encoding does (or, NoPE, does not) encode positions."""
+        extra = None if encodes_positions else self.unpositioned_scale
+        if self.query_scale is None or extra is None:
+            return self.query_scale if extra is None else extra
+        return self.query_scale * extra
 
 
 def build_methods(config: "ModelConfig") -> list[AttentionMethod]:
@@ -300,15 +318,17 @@ def method_context(methods: list[AttentionMethod], q_positions: torch.Tensor,
                    k_positions: torch.Tensor) -> MethodContext | None:
     if not methods:
         return None
-    scale = None
+    scales: dict[bool, torch.Tensor | None] = {False: None, True: None}
     for method in methods:
         if method.scales_queries:
             factor = method.query_scale(q_positions)
-            scale = factor if scale is None else scale * factor
+            kind = method.only_layers_without_positions
+            scales[kind] = factor if scales[kind] is None else scales[kind] * factor
     positions = next((m for m in methods if m.sets_positions), None)
     visibility = next((m for m in methods if m.sets_visibility), None)
     return MethodContext(
-        query_scale=None if scale is None else scale[:, None, :, None],
+        query_scale=None if scales[False] is None else scales[False][:, None, :, None],
+        unpositioned_scale=None if scales[True] is None else scales[True][:, None, :, None],
         passes=positions.passes(q_positions, k_positions) if positions is not None else None,
         visible=visibility.visible if visibility is not None else None,
         window=visibility.window if visibility is not None and not visibility.sets_positions else 0,

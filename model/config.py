@@ -172,6 +172,12 @@ class ModelConfig:
                 f"model.position: unknown encoding {self.position!r}; valid names are {sorted(POSITION_ENCODINGS)}"
             )
         self.check_layer_lists()
+        used = set(self.layer_positions())
+        # Defaults that depend on L become numbers, so a later change of max_seq_len (an extension) cannot move them.
+        if "fire" in used and self.fire_threshold == 0:
+            self.fire_threshold = self.max_seq_len
+        if "cope" in used and self.cope_positions == 0:
+            self.cope_positions = self.max_seq_len + 1
         for name in dict.fromkeys([self.position, *self.position_layers]):
             POSITION_ENCODINGS[name].validate(self)
         rotary = any(issubclass(POSITION_ENCODINGS[name], RoPE) for name in self.layer_positions())

@@ -25,6 +25,8 @@ __all__ = ["POSITION_ENCODINGS", "PositionEncoding", "Positions", "register", "b
 class NoPE(PositionEncoding):
     """No position encoding (NoPE): only the causal mask tells tokens apart by order."""
 
+    encodes_positions = False
+
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
     """Head slopes of the ALiBi reference code: a geometric sequence from 2^(-8/n) for a power of two n;
@@ -46,6 +48,7 @@ class ALiBi(PositionEncoding):
     """Attention with linear biases (Press et al. 2022): logit bias -m_h * (i - j) for key j <= query i."""
 
     has_score_bias = True
+    exact_buffers = ("slopes",)
 
     def __init__(self, config: "ModelConfig") -> None:
         super().__init__(config)
@@ -106,8 +109,11 @@ class ShawRelative(PositionEncoding):
     def __init__(self, config: "ModelConfig") -> None:
         super().__init__(config)
         size = 2 * config.shaw_max_distance + 1
-        self.relative_keys = nn.ModuleList(nn.Embedding(size, config.head_dim) for _ in range(config.n_layers))
-        self.relative_values = nn.ModuleList(nn.Embedding(size, config.head_dim) for _ in range(config.n_layers))
+        # One table per layer that uses Shaw, keyed by the layer index ("0", "1", ...: the names a ModuleList gives,
+        # so single-encoding checkpoints keep theirs); a hybrid's other layers get none (no unused parameters).
+        layers = [str(index) for index in self.layers_using()]
+        self.relative_keys = nn.ModuleDict({index: nn.Embedding(size, config.head_dim) for index in layers})
+        self.relative_values = nn.ModuleDict({index: nn.Embedding(size, config.head_dim) for index in layers})
 
     @classmethod
     def validate(cls, config: "ModelConfig") -> None:
@@ -122,7 +128,7 @@ class ShawRelative(PositionEncoding):
     def score_bias(self, q: torch.Tensor, state: Positions, layer: int, rows: slice, keys: slice = ALL,
                    scores: torch.Tensor | None = None) -> torch.Tensor:
         batch, heads, time, _ = q.shape
-        per_distance = q @ self.relative_keys[layer].weight.to(q.dtype).T  # (batch, heads, rows, 2k+1)
+        per_distance = q @ self.relative_keys[str(layer)].weight.to(q.dtype).T  # (batch, heads, rows, 2k+1)
         index = self.index(state, rows, keys)[:, None].expand(batch, heads, time, -1)
         return torch.gather(per_distance, -1, index).float() / math.sqrt(self.config.head_dim)
 
@@ -132,7 +138,7 @@ class ShawRelative(PositionEncoding):
         index = self.index(state, rows, keys)[:, None].expand(batch, heads, time, -1)
         size = 2 * self.config.shaw_max_distance + 1
         weight_per_distance = probs.new_zeros(batch, heads, time, size).scatter_add_(-1, index, probs)
-        return weight_per_distance @ self.relative_values[layer].weight.to(probs.dtype)
+        return weight_per_distance @ self.relative_values[str(layer)].weight.to(probs.dtype)
 
 
 def sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:

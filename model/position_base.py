@@ -68,6 +68,9 @@ class PositionEncoding(nn.Module):
     has_value_term = False
     caches_rotated_keys = True
     per_layer = True
+    encodes_positions = True  # False: NoPE (Llama 4's temperature tuning acts on such layers only)
+    relative_only = True  # False: scores also depend on a query's absolute position (FIRE past its threshold)
+    exact_buffers: tuple[str, ...] = ()  # buffers kept in float32 when the model is cast (frequencies, slopes)
     # AdamW settings for this encoding's own parameters, if it has any (train/loop.py: position_group_settings):
     # "lr_scale" multiplies train.lr, "weight_decay" replaces train.weight_decay. Chosen by measurement (README)
     # where the README says so, else the reference implementation's.
@@ -76,6 +79,20 @@ class PositionEncoding(nn.Module):
     def __init__(self, config: "ModelConfig") -> None:
         super().__init__()
         self.config = config
+
+    def layers_using(self) -> list[int]:
+        """The indices of the layers that use this encoding (all layers, unless model.position_layers mixes)."""
+        return [index for index, name in enumerate(self.config.layer_positions())
+                if POSITION_ENCODINGS[name] is type(self)]
+
+    def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 (torch's signature)
+        """Moving or casting the model moves these buffers but keeps them float32: a bf16 inv_freq is a phase error
+        that grows with position."""
+        kept = {name: getattr(self, name) for name in self.exact_buffers}
+        module = super()._apply(fn, recurse)
+        for name, value in kept.items():
+            setattr(self, name, value.to(device=getattr(self, name).device, dtype=torch.float32))
+        return module
 
     @classmethod
     def validate(cls, config: "ModelConfig") -> None:

@@ -58,19 +58,21 @@ class Fire(PositionEncoding):
     """FIRE: a per-layer MLP of the log-transformed distance, normalised by the query's (thresholded) position."""
 
     has_score_bias = True
+    relative_only = False  # a query past T is normalised by its own position
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}
     eps = 1e-6  # as the reference: keeps the normaliser away from zero
 
     def __init__(self, config: "ModelConfig") -> None:
         super().__init__(config)
         width = config.fire_mlp_width
-        self.mlps = nn.ModuleList(
-            nn.Sequential(nn.Linear(1, width), nn.ReLU(), nn.Linear(width, config.n_heads))
-            for _ in range(config.n_layers)
-        )
+        # One MLP per layer that uses FIRE, keyed by layer index (a hybrid's other layers get none).
+        self.mlps = nn.ModuleDict({
+            str(index): nn.Sequential(nn.Linear(1, width), nn.ReLU(), nn.Linear(width, config.n_heads))
+            for index in self.layers_using()
+        })
         self.c = nn.Parameter(torch.full((config.n_layers,), 0.1))
         self.threshold_multiplier = nn.Parameter(torch.ones(config.n_layers))
-        self.initial_threshold = float(config.fire_threshold or config.max_seq_len)
+        self.initial_threshold = float(config.fire_threshold)  # resolved from 0 to L by ModelConfig
 
     @classmethod
     def validate(cls, config: "ModelConfig") -> None:
@@ -78,7 +80,7 @@ class Fire(PositionEncoding):
             raise ConfigError("fire needs model.fire_mlp_width >= 1 and model.fire_threshold >= 0 (0 = max_seq_len)")
 
     def reset_parameters(self) -> None:
-        for mlp in self.mlps:
+        for mlp in self.mlps.values():
             for module in mlp:
                 if isinstance(module, nn.Linear):
                     module.reset_parameters()
@@ -94,6 +96,8 @@ class Fire(PositionEncoding):
 
     def score_bias(self, q: torch.Tensor, state: Positions, layer: int, rows: slice, keys: slice = ALL,
                    scores: torch.Tensor | None = None) -> torch.Tensor:
+        mlp = self.mlps[str(layer)]
         with torch.autocast(device_type=q.device.type, enabled=False):
-            bias = self.mlps[layer](self.normalized_distance(state, layer, rows, keys)[..., None])
+            distance = self.normalized_distance(state, layer, rows, keys)[..., None]
+            bias = mlp(distance.to(mlp[0].weight.dtype)).float()
         return bias.permute(0, 3, 1, 2)  # (batch|1, heads, rows, keys)

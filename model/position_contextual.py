@@ -37,7 +37,7 @@ class CoPE(PositionEncoding):
 
     def __init__(self, config: "ModelConfig") -> None:
         super().__init__(config)
-        self.npos = config.cope_positions or config.max_seq_len + 1
+        self.npos = config.cope_positions  # resolved from 0 to L + 1 by ModelConfig
         self.embeddings = nn.Parameter(torch.zeros(config.n_layers, config.head_dim, self.npos))
 
     @classmethod
@@ -53,7 +53,8 @@ class CoPE(PositionEncoding):
                    scores: torch.Tensor | None = None) -> torch.Tensor:
         gates = torch.sigmoid(scores.float())  # sigmoid(-inf) = 0 for hidden keys
         positions = cope_positions(gates, self.npos - 1)  # (batch, heads, rows, keys)
-        per_position = q.float() @ self.embeddings[layer].float()  # (batch, heads, rows, npos)
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            per_position = q.float() @ self.embeddings[layer].float()  # (batch, heads, rows, npos)
         floor = positions.floor()
         weight = positions - floor  # differentiable, as in the reference
         low = per_position.gather(-1, floor.long())

@@ -9,6 +9,7 @@
     xpos   Sun et al. 2022: RoPE whose pair i is scaled by zeta_i^(n / gamma) on the query at position n and by
            zeta_i^(-m / gamma) on the key at position m, so a score carries zeta_i^((n - m) / gamma), a decay with
            distance; zeta_i = (2i + 0.4 d) / (1.4 d) and gamma = model.xpos_scale_base, as in torchscale's XPOS.
+           With rope_p < 1 the pairs that no longer rotate keep their decay (a distance signal, not a rotation).
 """
 from __future__ import annotations
 
@@ -34,13 +35,14 @@ class RopeState:
 
 
 def rotary_dim(config: "ModelConfig") -> int:
-    """The number of dimensions of each head that rotate: round(rope_fraction * head_dim)."""
-    return int(round(config.rope_fraction * config.head_dim))
+    """The number of dimensions of each head that rotate: int(rope_fraction * head_dim), as GPT-NeoX and
+    transformers round it."""
+    return int(config.rope_fraction * config.head_dim + 1e-9)
 
 
 def keep_highest_frequencies(inv_freq: torch.Tensor, p: float) -> torch.Tensor:
-    """p-RoPE: keep the round(p * n) highest of the n frequencies (inv_freq is in decreasing order), zero the rest."""
-    kept = int(round(p * inv_freq.numel()))
+    """p-RoPE: keep the int(p * n) highest of the n frequencies (inv_freq is in decreasing order), zero the rest."""
+    kept = int(p * inv_freq.numel() + 1e-9)
     return torch.where(torch.arange(inv_freq.numel(), device=inv_freq.device) < kept, inv_freq,
                        torch.zeros_like(inv_freq))
 
@@ -55,6 +57,7 @@ class RoPE(PositionEncoding):
     """
 
     key_tables_differ = False  # keys use the queries' tables at the same positions
+    exact_buffers = ("inv_freq",)
 
     def __init__(self, config: "ModelConfig") -> None:
         super().__init__(config)
@@ -130,6 +133,7 @@ class XPos(RoPE):
     zeta_min^(-m / gamma): positions beyond about 80 gamma / |ln zeta_min| (32,700 at gamma = 512) are an error."""
 
     key_tables_differ = True
+    exact_buffers = ("inv_freq", "log_zeta")
 
     def __init__(self, config: "ModelConfig") -> None:
         super().__init__(config)

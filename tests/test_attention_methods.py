@@ -74,12 +74,26 @@ def test_logn_scales_logits_by_the_formula_and_is_a_no_op_within_l():
 
 
 @torch.no_grad()
-def test_temperature_is_llama4s_formula():
-    model = one_layer([{"method": "temperature", "beta": 0.5, "floor_scale": 3}])
+def test_temperature_is_llama4s_formula_on_nope_layers_only():
+    """Llama 4 scales the queries of its NoPE layers only: in a rope/none hybrid the RoPE layer is unchanged."""
+    model = Transformer(micro_config(position="rope", position_layers=["rope", "none"], max_seq_len=8,
+                                     attention_methods=[{"method": "temperature", "beta": 0.5, "floor_scale": 3}]))
+    model.eval()
     x = torch.randn(1, 12, 64)
-    expected = layer_by_loop(model, x, lambda i, j: (i, j),
-                             query_factor=lambda i: 1 + 0.5 * math.log(math.floor((i + 1) / 3) + 1))
-    assert (layer_output(model, x) - expected).abs().max() < 1e-5
+    positions = torch.arange(12)[None]
+    context = method_context(model.attention_methods, positions, positions)
+    factor = 1 + 0.5 * torch.log(torch.floor((positions[0].float() + 1) / 3) + 1)
+    assert context.scale_for(encodes_positions=True) is None
+    assert torch.allclose(context.scale_for(encodes_positions=False)[0, 0, :, 0], factor)
+    nope, rope = model.layer_positions["none"], model.position
+    for index, encoding in ((0, rope), (1, nope)):
+        layer = model.layers[index].attention
+        state = encoding.prepare(positions, positions)
+        scaled = layer(x, encoding, state, None, methods=context)
+        plain = layer(x, encoding, state, None)
+        assert torch.equal(scaled, plain) == (index == 0)
+    with pytest.raises(ConfigError, match="acts on layers without position encoding"):
+        micro_config(attention_methods=[{"method": "temperature"}])
 
 
 @torch.no_grad()
@@ -124,6 +138,16 @@ def test_selfextend_grouped_positions_match_the_papers_formula():
 
 
 @torch.no_grad()
+def test_rerope_with_logn_is_bojones_rerope():
+    """bojone/rerope applies log-n to the queries and then the two passes: the loop with both."""
+    model = one_layer([{"method": "rerope", "window": 4}, {"method": "logn"}])  # L = 8
+    x = torch.randn(1, 14, 64)
+    expected = layer_by_loop(model, x, lambda i, j: (min(i - j, 4), 0),
+                             query_factor=lambda i: max(1.0, math.log(i + 1) / math.log(8)))
+    assert (layer_output(model, x) - expected).abs().max() < 1e-5
+
+
+@torch.no_grad()
 def test_selfextend_scores_are_the_grouped_distance():
     model = one_layer([{"method": "selfextend", "neighbors": 4, "group": 3}])
     x = torch.randn(1, 14, 64)
@@ -146,8 +170,8 @@ def test_sinks_score_sinks_from_the_querys_cache_slot():
 
 @torch.no_grad()
 @pytest.mark.parametrize("method, outside, inside", [
-    ({"method": "window", "window": 4}, [0, 5, 7], [9]),
-    ({"method": "sinks", "sinks": 2, "window": 4}, [2, 5, 7], [0, 9]),
+    ({"method": "window", "window": 4}, [0, 5, 7], [8, 9]),  # the last token (11) sees 8..11
+    ({"method": "sinks", "sinks": 2, "window": 4}, [2, 5, 7], [0, 1, 8]),
 ])
 def test_edits_outside_the_visible_set_change_nothing(method, outside, inside):
     model = Transformer(micro_config(n_layers=1, attention_methods=[method])).eval()
@@ -172,7 +196,8 @@ def test_edits_outside_the_visible_set_change_nothing(method, outside, inside):
 def test_cached_decoding_equals_the_methods_own_full_forward(methods, position, cache_type):
     if position == "alibi" and methods[0]["method"] in ("rerope", "leaky_rerope", "selfextend"):
         pytest.skip("rope-only method")
-    model = Transformer(micro_config(position=position, max_seq_len=8, attention_methods=methods)).eval()
+    hybrid = {"position_layers": [position, "none"]} if methods[0]["method"] == "temperature" else {}
+    model = Transformer(micro_config(position=position, max_seq_len=8, attention_methods=methods, **hybrid)).eval()
     idx = torch.randint(0, 97, (2, 24))
     full = model(idx)[0]
     cache = cache_type.for_model(model.config, 2, 24)
@@ -212,3 +237,23 @@ def test_yarn_and_logn_compose():
 def test_defaults_derive_from_the_trained_length():
     config = micro_config(max_seq_len=64, attention_methods=[{"method": "sinks"}])
     assert config.attention_methods == [{"method": "sinks", "sinks": 4, "window": 60}]
+    config = micro_config(max_seq_len=64, attention_methods=[{"method": "sinks", "sinks": 16}])
+    assert config.attention_methods == [{"method": "sinks", "sinks": 16, "window": 48}]  # a cache of L slots
+
+
+def test_sinks_refuse_fire_whose_normaliser_uses_the_query_position():
+    with pytest.raises(ConfigError, match="query-normalised"):
+        micro_config(position="fire", attention_methods=[{"method": "sinks"}])
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("methods", [[{"method": "rerope", "window": 5}, {"method": "logn"}],
+                                     [{"method": "selfextend", "neighbors": 6, "group": 3}],
+                                     [{"method": "sinks", "sinks": 2, "window": 6}]])
+def test_a_multi_token_chunk_after_a_cached_prefix_equals_the_full_forward(methods):
+    model = Transformer(micro_config(position="rope", max_seq_len=8, attention_methods=methods)).eval()
+    idx = torch.randint(0, 97, (2, 30))
+    cache = KVCache.for_model(model.config, 2, 30)
+    chunks = [model(idx[:, :7], kv_cache=cache)[0], model(idx[:, 7:19], kv_cache=cache)[0],
+              model(idx[:, 19:], kv_cache=cache)[0]]
+    assert (torch.cat(chunks, dim=1) - model(idx)[0]).abs().max() < 1e-4

@@ -177,7 +177,10 @@ def test_attention_methods_are_set_for_the_length_and_compose():
     model = sharp_model(position="rope", max_seq_len=8)
     own = model.config.to_dict()
     method_spec("selfextend").setup(model, own, 128, 8)
-    assert model.config.attention_methods == [{"method": "selfextend", "neighbors": 4, "group": 31}]
+    (selfextend,) = model.config.attention_methods
+    group = selfextend["group"]
+    assert selfextend["neighbors"] == 4 and 127 // group + 4 - 4 // group <= 7  # every distance below L
+    assert 127 // (group - 1) + 4 - 4 // (group - 1) > 7  # and the smallest such group
     method_spec("leaky_rerope").setup(model, own, 128, 8)
     (leaky,) = model.config.attention_methods
     assert leaky["window"] == 4 and leaky["window"] + (128 - 1 - leaky["window"]) / leaky["k"] < 8
@@ -187,6 +190,8 @@ def test_attention_methods_are_set_for_the_length_and_compose():
     method_spec("yarn").setup(model, own, 32, 8)
     assert model.config.attention_methods == []
     assert applies("sinks", "alibi") and not applies("sinks", "shaw") and not applies("rerope", "alibi")
+    assert not applies("temperature", "rope") and applies("temperature", "rope", ["rope", "none"])
+    assert not applies("sinks", "fire") and applies("yarn+logn", "rope", ["rope", "none"])
     assert applies("yarn+logn", "rope") and not applies("yarn+logn", "alibi") and applies("logn", "cope")
     for bad, message in [("yarn+linear", "at most one RoPE scaling"), ("rerope+selfextend", "each sets positions"),
                          ("dynamic+rerope", "'dynamic' scaling"), ("clamp+rerope", "no common encoding")]:
@@ -197,9 +202,10 @@ def test_attention_methods_are_set_for_the_length_and_compose():
 def test_evaluation_with_attention_methods_scores_every_length():
     model = sharp_model(position="rope", max_seq_len=8)
     ids = np.random.default_rng(5).integers(0, 97, 2000)
-    methods = ["rerope", "selfextend", "sinks", "window", "yarn+logn", "temperature"]
+    methods = ["rerope", "selfextend", "sinks", "window", "yarn+logn", "temperature", "rerope+logn"]
     evaluation = evaluate_checkpoint(model, ids, make_plan(len(ids), 8, ["1x", "4x"], 256), methods)
-    assert set(evaluation.losses) == {f"{m}@{n}" for m in ["none", *methods] for n in (8, 32)}
+    evaluated = ["none", *[m for m in methods if m != "temperature"]]  # temperature needs NoPE layers
+    assert set(evaluation.losses) == {f"{m}@{n}" for m in evaluated for n in (8, 32)}
     # At 1x these change nothing: the window (L) and sinks + window (4 + L - 4) see every key, yarn's factor is 1
     # and logn's factor is 1 below L.
     for method in ("window", "sinks", "yarn+logn"):

@@ -192,7 +192,7 @@ def test_shaw_matches_direct_formula():
         q = layer.q_proj(x).view(7, 4, 16).transpose(0, 1)
         k = layer.k_proj(x).view(7, 4, 16).transpose(0, 1)
         v = layer.v_proj(x).view(7, 4, 16).transpose(0, 1)
-        a_k, a_v = model.position.relative_keys[0].weight, model.position.relative_values[0].weight
+        a_k, a_v = model.position.relative_keys["0"].weight, model.position.relative_values["0"].weight
         z = torch.zeros(4, 7, 16)
         for h in range(4):
             for i in range(7):

@@ -67,8 +67,8 @@ def test_fire_bias_for_hand_set_weights_is_the_formula():
     w2, b2 = torch.tensor([[1.0, -1.0, 2.0], [0.5, 0.25, -3.0]]), torch.tensor([0.05, -0.1])
     c, multiplier = 0.3, 1.5  # T = 1.5 * 6 = 9
     with torch.no_grad():
-        fire.mlps[1][0].weight.copy_(w1), fire.mlps[1][0].bias.copy_(b1)
-        fire.mlps[1][2].weight.copy_(w2), fire.mlps[1][2].bias.copy_(b2)
+        fire.mlps["1"][0].weight.copy_(w1), fire.mlps["1"][0].bias.copy_(b1)
+        fire.mlps["1"][2].weight.copy_(w2), fire.mlps["1"][2].bias.copy_(b2)
         fire.c[1] = c
         fire.threshold_multiplier[1] = multiplier
         positions = torch.arange(14)[None]
@@ -102,7 +102,7 @@ def test_fire_past_its_threshold_normalises_by_the_query_position():
 def test_fire_keeps_torch_default_mlp_initialisation():
     """The reference keeps nn.Linear's default init; the model's normal(0, 0.02) would make f ~ 0."""
     model = Transformer(micro_config(position="fire", fire_mlp_width=32))
-    first = model.position.mlps[0][0].weight  # Linear(1, 32): U(-1, 1)
+    first = model.position.mlps["0"][0].weight  # Linear(1, 32): U(-1, 1)
     assert first.abs().max() > 0.5 and first.abs().max() <= 1.0
 
 
@@ -113,6 +113,8 @@ def test_xpos_scores_are_rope_scores_times_the_decay(layout):
     xpos = Transformer(micro_config(position="xpos", rope_layout=layout, xpos_scale_base=20.0)).eval()
     head_dim = rope.config.head_dim
     zeta = xpos_zeta(head_dim)
+    # torchscale's XPOS: scale = (arange(0, d, 2) + 0.4 d) / (1.4 d), here d = 16, written out.
+    assert torch.allclose(zeta, torch.tensor([6.4, 8.4, 10.4, 12.4, 14.4, 16.4, 18.4, 20.4]) / 22.4)
     positions = torch.tensor([[0, 3, 7, 30, 31, 64]])
     for pair in range(head_dim // 2):
         dims = [pair, pair + head_dim // 2] if layout == "half" else [2 * pair, 2 * pair + 1]
@@ -248,7 +250,7 @@ def test_a_window_hides_tokens_more_than_w_back(position):
     idx = torch.randint(0, 97, (1, 12))
     far, near = idx.clone(), idx.clone()
     far[0, :8] = (far[0, :8] + 1) % 97  # positions 0..7: outside the window of the last token (8..11)
-    near[0, 9] = (near[0, 9] + 1) % 97
+    near[0, 8] = (near[0, 8] + 1) % 97  # the oldest key the last token still sees
     with torch.no_grad():
         base, changed_far, changed_near = (model(x)[0][0, -1] for x in (idx, far, near))
     assert torch.equal(base, changed_far)
@@ -312,3 +314,31 @@ def test_hybrid_keeps_the_primary_encodings_parameter_names():
 def test_bad_layer_and_variant_settings_are_named(overrides, message):
     with pytest.raises(ConfigError, match=message):
         micro_config(**{"n_layers": 2, **overrides})
+
+
+@pytest.mark.parametrize("variant", [dict(position=name) for name in
+                                     ["rope", "xpos", "alibi", "t5", "shaw", "kerple", "fire", "cope", "none"]]
+                         + [dict(position="rope", position_layers=["rope", "fire"], attention_window=[4, 0])])
+def test_a_model_cast_to_bfloat16_runs_and_keeps_float32_frequencies(variant):
+    """model.to(bfloat16) (scripts.generate --dtype bfloat16) runs every encoding; RoPE's frequencies, xPos's decay
+    rates and ALiBi's slopes stay float32 (a bf16 inv_freq is a phase error that grows with position)."""
+    model = Transformer(micro_config(**variant)).eval()
+    exact = {name: getattr(model.position, name).clone() for name in model.position.exact_buffers}
+    model = model.to(torch.bfloat16)
+    with torch.no_grad():
+        logits = model(torch.randint(0, 97, (2, 40)))[0]
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(logits).all()
+    for name, value in exact.items():
+        kept = getattr(model.position, name)
+        assert kept.dtype == torch.float32 and torch.equal(kept, value)
+
+
+@pytest.mark.parametrize("layers", [["rope", "fire"], ["shaw", "none"], ["kerple", "t5"]])
+def test_every_parameter_of_a_hybrid_gets_a_gradient(layers):
+    """A hybrid builds per-layer tables only for the layers that use them: no parameter is left without a gradient
+    (DistributedDataParallel refuses unused parameters)."""
+    model = Transformer(micro_config(position=layers[0], position_layers=layers))
+    idx = torch.randint(0, 97, (2, 16))
+    model(idx[:, :-1], idx[:, 1:])[1].backward()
+    unused = [name for name, parameter in model.named_parameters() if parameter.grad is None]
+    assert unused == []
