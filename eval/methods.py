@@ -22,7 +22,6 @@ one forward per window. "none" is the checkpoint as it is (its own scaling, if i
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
