@@ -42,7 +42,7 @@ PRETRAIN_CASES = {
     "scaling factor below 1": (['--model.rope_scaling={rope_type="linear", factor=0.5}'], "factor"),
     "length beyond a learned table": (["--model.position=learned", "--model.learned_max_positions=8"],
                                       "beyond the learned table of 8 positions"),
-    "resume with another shape": (["--model.dim=64", "--resume"], "model config differs from the run"),
+    "resume with another shape": (["--model.dim=64", "--resume"], "cannot change in a run: model.dim"),
     "out dir holds a run": ([], "already holds a run; pass --resume"),
 }
 

@@ -182,3 +182,54 @@ def test_damaged_token_files_are_refused_on_open(prepared_data, tmp_path, damage
                  "--model.dim=64", "--model.n_layers=1", "--model.max_seq_len=16", "--train.max_steps=1")
     assert result.returncode == 2 and str(path) in result.stderr and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error:")
+
+
+def test_resume_continues_that_run_with_its_own_settings(prepared_data, tmp_path):
+    """The newcomer findings: --config with a longer run does not extend a short one on --resume (and its
+    run_config.toml is not rewritten from the file); --train.max_steps on the command line does, with a note; a
+    setting a run cannot change is refused; the metrics log keeps the short run's final evaluation."""
+    import json as jsonlib
+
+    out = tmp_path / "run"
+    toml = tmp_path / "long.toml"
+    toml.write_text("[train]\nmax_steps = 450\nlr = 0.01\n")
+    base = ["--data.dir=" + str(prepared_data), f"--out.dir={out}", "--model.vocab_size=512", "--model.dim=64",
+            "--model.n_layers=1", "--model.max_seq_len=16", "--train.batch_size=2", "--train.eval_batches=1",
+            "--train.eval_interval=3", "--train.warmup_steps=1"]
+    assert run("train.pretrain", *base, "--train.max_steps=4").returncode == 0
+    run_config = (out / "run_config.toml").read_text()
+    records = (out / "metrics.jsonl").read_text()
+    resumed = run("train.pretrain", "--config", str(toml), f"--out.dir={out}", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "keeps the run's own settings for" in resumed.stderr and "train.max_steps" in resumed.stderr
+    assert load_trainer_state(out)["step"] == 4 and (out / "run_config.toml").read_text() == run_config
+    assert (out / "metrics.jsonl").read_text() == records  # nothing dropped, nothing redone
+    further = run("train.pretrain", f"--out.dir={out}", "--resume", "--train.max_steps=7")
+    assert further.returncode == 0, further.stderr
+    assert "--resume changes train.max_steps = 7" in further.stderr and load_trainer_state(out)["step"] == 7
+    lines = [jsonlib.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evaluated = [record["step"] for record in lines if "val_loss" in record]
+    assert evaluated == [0, 3, 4, 6, 7]  # the short run's final evaluation at 4 is kept, and not run twice
+    refused = run("train.pretrain", f"--out.dir={out}", "--resume", "--train.lr=0.5", "--model.dim=32")
+    assert refused.returncode == 2 and "cannot change in a run: train.lr" in refused.stderr
+    assert "model.dim (64 in the run, 32 asked)" in refused.stderr and load_trainer_state(out)["step"] == 7
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_over(prepared_data, tmp_path):
+    """A run folder with run_config.toml and metrics.jsonl but no checkpoint (killed early): a fresh start and
+    --resume both start it from the beginning instead of refusing."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run_config.toml").write_text("[train]\nmax_steps = 2\n")
+    (out / "metrics.jsonl").write_text('{"step": 0, "val_loss": 6.2}\n')
+    base = ["--data.dir=" + str(prepared_data), f"--out.dir={out}", "--model.vocab_size=512", "--model.dim=64",
+            "--model.n_layers=1", "--model.max_seq_len=16", "--train.batch_size=2", "--train.eval_batches=1",
+            "--train.max_steps=2", "--train.warmup_steps=1"]
+    fresh = run("train.pretrain", *base)
+    assert fresh.returncode == 0 and "stopped before its first checkpoint; starting it over" in fresh.stderr
+    assert load_trainer_state(out)["step"] == 2
+    for name in ("model.safetensors", "trainer_state.json", "training_state.pt"):
+        (out / name).unlink(missing_ok=True)
+    again = run("train.pretrain", *base, "--resume")
+    assert again.returncode == 0 and "holds no checkpoint yet" in again.stderr
+    assert load_trainer_state(out)["step"] == 2

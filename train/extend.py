@@ -27,7 +27,7 @@ from errors import ConfigError
 from model.checkpoint import load_config, load_trainer_state, trained_length
 from model.rope import ROPE_SCALINGS
 from train.cli import build_parser as training_parser
-from train.cli import check_vocab, model_factory, parse_args, run_cli
+from train.cli import check_vocab, model_factory, parse_args, resolve_resume, run_cli
 from train.config import load_run_config
 from train.loop import run_training
 
@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         steps = load_run_config(args.config, overrides, model_base=model, base=defaults).train.max_steps
         defaults["train"] = {**DEFAULT_TRAIN, "eval_interval": max(1, steps // 4)}  # unless set otherwise
-        config = load_run_config(args.config, overrides, model_base=model, base=defaults)
+        config, resume = resolve_resume(load_run_config(args.config, overrides, model_base=model, base=defaults),
+                                        overrides, args.resume)
         meta = read_meta(config.data.dir)
         check_vocab(config, int(meta["vocab_size"]), config.data.dir)
         pretrain_tokens = int(state.get("tokens_seen", 0))
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = {"init": args.checkpoint, "extended_from": trained, "pretrain_tokens": pretrain_tokens,
                  "extension_method": args.method, "training_window": window}
         run_training(config, model_factory(config, args.checkpoint), batches, load_tokenizer(args.checkpoint),
-                     args.resume, task="extend", extra_state=extra)
+                     resume, task="extend", extra_state=extra)
 
     return run_cli(body)
 

@@ -143,12 +143,14 @@ def check_out_dir(config: RunConfig, resume: bool) -> Path:
                 "resume with the same [model] settings, or start a new run in another out.dir"
             )
         return out
+    if has_checkpoint(out) and not config.out.overwrite:
+        raise ConfigError(
+            f"out.dir {out} already holds a run; pass --resume to continue it, "
+            "--out.overwrite=true to replace it, or choose another --out.dir"
+        )
+    if not has_checkpoint(out) and (out / METRICS).exists():
+        print(f"note: {out} holds a run that stopped before its first checkpoint; starting it over", file=sys.stderr)
     if has_checkpoint(out) or (out / METRICS).exists():
-        if not config.out.overwrite:
-            raise ConfigError(
-                f"out.dir {out} already holds a run; pass --resume to continue it, "
-                "--out.overwrite=true to replace it, or choose another --out.dir"
-            )
         for name in (WEIGHTS, CONFIG, TRAINER_STATE, TRAINING_STATE, METRICS, RUN_CONFIG):
             (out / name).unlink(missing_ok=True)
         shutil.rmtree(out / SNAPSHOTS, ignore_errors=True)
@@ -168,22 +170,25 @@ class MetricsLog:
             with open(self.path, "a") as handle:
                 handle.write(json.dumps(record) + "\n")
 
-    def truncate_to(self, step: int) -> None:
-        """On resume from the checkpoint at `step`: keep what led up to it, drop what will be redone (records
-        after it, its own evaluation) and a line cut short by a kill; rewritten atomically."""
+    def truncate_to(self, step: int) -> bool:
+        """On resume from the checkpoint at `step`: keep every record up to it (its own evaluation included: the
+        checkpoint is saved after it), drop what will be redone (records after it) and a line cut short by a kill;
+        rewritten atomically. Returns whether the evaluation at `step` is there (then it is not run again)."""
         if not self.enabled or not self.path.exists():
-            return
-        kept = []
+            return False
+        kept, evaluated = [], False
         for line in self.path.read_text().splitlines():
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if record.get("step", 0) < step or (record.get("step") == step and "val_loss" not in record):
+            if record.get("step", 0) <= step:
                 kept.append(line + "\n")
+                evaluated = evaluated or (record.get("step") == step and "val_loss" in record)
         staging = self.path.with_suffix(".jsonl.tmp")
         staging.write_text("".join(kept))
         staging.replace(self.path)
+        return evaluated
 
 
 class Trainer:
@@ -243,8 +248,9 @@ class Trainer:
         self.ddp = self.dist.wrap(self.model, self.device)
         self.forward = torch.compile(self.ddp) if train.compile else self.ddp
         self.log = MetricsLog(self.out / METRICS, enabled=self.dist.is_main)
-        if resume:
-            self.log.truncate_to(self.start_step)
+        self.evaluated_step = None  # a step whose evaluation is already in the log (the resumed checkpoint's)
+        if resume and self.log.truncate_to(self.start_step):
+            self.evaluated_step = self.start_step
         self.nonfinite = NonFiniteGuard(train.nonfinite, train.max_nonfinite_skips, self.optimizer, self.device,
                                         int(self.state.get("nonfinite_steps", 0)), self.report, str(self.out))
         self.loss_sum = torch.zeros((), device=self.device)
@@ -382,7 +388,7 @@ class Trainer:
                 saving = step > self.start_step and step % (train.save_interval or train.eval_interval) == 0
                 if evaluating or saving:
                     self.nonfinite.reconcile()  # every rank: the same counts, the same decision
-                if evaluating and self.dist.is_main:
+                if evaluating and self.dist.is_main and step != self.evaluated_step:
                     self.evaluate(step)
                 if step in train.keep_steps:
                     self.save_snapshot(step)

@@ -18,7 +18,7 @@ import sys
 from data.batches import PretrainBatches, read_meta
 from data.tokenizer import load_tokenizer
 from train.cli import build_parser as training_parser
-from train.cli import check_vocab, load_config_with_init, model_factory, parse_args, run_cli
+from train.cli import check_vocab, load_config_with_init, model_factory, parse_args, resolve_resume, run_cli
 from train.loop import run_training
 
 
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(build_parser(), argv)
 
     def body() -> None:
-        config = load_config_with_init(args, overrides)
+        config, resume = resolve_resume(load_config_with_init(args, overrides), overrides, args.resume)
         meta = read_meta(config.data.dir)
         check_vocab(config, int(meta["vocab_size"]), config.data.dir)
         tokenizer = load_tokenizer(config.data.dir)
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         batches = PretrainBatches(config.data.dir, config.model.max_seq_len, train.batch_size, train.seed,
                                   train.eval_batches)
         extra_state = {"data": meta, "init": args.checkpoint}
-        run_training(config, model_factory(config, args.checkpoint), batches, tokenizer, args.resume, extra_state=extra_state)
+        run_training(config, model_factory(config, args.checkpoint), batches, tokenizer, resume, extra_state=extra_state)
 
     return run_cli(body)
 

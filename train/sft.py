@@ -18,7 +18,7 @@ from data.sft import SFTBatches, build_sft_data
 from data.tokenizer import load_tokenizer
 from errors import ConfigError
 from train.cli import build_parser as training_parser
-from train.cli import check_vocab, load_config_with_init, model_factory, parse_args, run_cli
+from train.cli import check_vocab, load_config_with_init, model_factory, parse_args, resolve_resume, run_cli
 from train.loop import run_training
 
 
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     require(parser, args, "checkpoint")
 
     def body() -> None:
-        config = load_config_with_init(args, overrides)
+        config, resume = resolve_resume(load_config_with_init(args, overrides), overrides, args.resume)
         tokenizer = load_tokenizer(args.checkpoint)
         check_vocab(config, len(tokenizer), args.checkpoint)
         if not config.data.source:
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(limit {config.model.max_seq_len} tokens)")
         batches = SFTBatches(data, config.train.batch_size, config.train.seed, tokenizer.pad_token_id,
                              config.train.eval_batches)
-        run_training(config, model_factory(config, args.checkpoint), batches, tokenizer, args.resume, task="sft",
+        run_training(config, model_factory(config, args.checkpoint), batches, tokenizer, resume, task="sft",
                      extra_state={"sft": stats, "init": args.checkpoint})
 
     return run_cli(body)
