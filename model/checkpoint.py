@@ -11,6 +11,7 @@ Loading never unpickles code: weights come from safetensors, state from JSON or 
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -21,7 +22,8 @@ from typing import Any, Callable, TypeVar
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as save_safetensors
 
 from errors import CheckpointError
 from model.config import ModelConfig
@@ -69,13 +71,28 @@ def write_atomically(folder: str | Path, writers: dict[str, Callable[[Path], Non
     folder.mkdir(parents=True, exist_ok=True)
     _roll_forward(folder)
     staging = folder / STAGING
-    staging.mkdir()
-    for name, write in writers.items():
-        write(staging / name if name else staging)
-    for path in staging.iterdir():
-        _fsync_file(path)
+    try:
+        staging.mkdir()
+        for name, write in writers.items():
+            write(staging / name if name else staging)
+        for path in staging.iterdir():
+            _fsync_file(path)
+    except BaseException as error:
+        shutil.rmtree(staging, ignore_errors=True)  # the previous checkpoint was never touched
+        if is_write_failure(error):
+            raise CheckpointError(f"could not write a checkpoint to {folder} ({error}); the last complete one there "
+                                  "is intact: free space (or fix the folder) and continue with --resume") from error
+        raise
     os.replace(staging, folder / READY)
     _roll_forward(folder)
+
+
+def is_write_failure(error: BaseException) -> bool:
+    """An error of the file system (a full disk, a quota, a read-only folder), also as torch and safetensors
+    report it, rather than a bug."""
+    if isinstance(error, OSError):
+        return True
+    return isinstance(error, SafetensorError) and "os error" in str(error)
 
 
 def _folder_state(folder: Path) -> tuple:
@@ -135,6 +152,12 @@ def model_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     return state
 
 
+def torch_bytes(value: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
 def save_checkpoint(
     folder: str | Path,
     model: Transformer,
@@ -142,14 +165,16 @@ def save_checkpoint(
     trainer_state: dict | None = None,
     training_state: dict | None = None,
 ) -> None:
+    # Tensors are serialised in memory and written by Python's file objects, so a full disk is an OSError
+    # (torch.save's C++ writer reports it as assorted RuntimeErrors).
     writers: dict[str, Callable[[Path], None]] = {
-        WEIGHTS: lambda path: save_file(model_state_dict(model), str(path), metadata={"format": "pt"}),
+        WEIGHTS: lambda path: path.write_bytes(save_safetensors(model_state_dict(model), metadata={"format": "pt"})),
         CONFIG: lambda path: model.config.save(path),
     }
     if trainer_state is not None:
         writers[TRAINER_STATE] = lambda path: path.write_text(json.dumps(trainer_state, indent=2) + "\n")
     if training_state is not None:
-        writers[TRAINING_STATE] = lambda path: torch.save(training_state, path)
+        writers[TRAINING_STATE] = lambda path: path.write_bytes(torch_bytes(training_state))
     if tokenizer is not None:
         writers[""] = lambda path: tokenizer.save_pretrained(str(path))
     write_atomically(folder, writers)

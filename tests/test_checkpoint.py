@@ -37,6 +37,9 @@ def test_interrupted_save_keeps_previous_checkpoint(tmp_path):
     with pytest.raises(RuntimeError):
         write_atomically(tmp_path, {"model.safetensors": crash})
     assert (tmp_path / "model.safetensors").read_bytes() == before
+    assert not (tmp_path / STAGING).exists()  # an error (unlike a kill) removes its own staging
+    (tmp_path / STAGING).mkdir()  # as a kill leaves it
+    (tmp_path / STAGING / "model.safetensors").write_text("partial")
     load_model(tmp_path)  # loads the old checkpoint and leaves the folder as it is
     assert (tmp_path / STAGING).exists()
     save_checkpoint(tmp_path, model)  # the next save (the writer) drops the unfinished one

@@ -233,3 +233,43 @@ def test_a_run_killed_before_its_first_checkpoint_starts_over(prepared_data, tmp
     again = run("train.pretrain", *base, "--resume")
     assert again.returncode == 0 and "holds no checkpoint yet" in again.stderr
     assert load_trainer_state(out)["step"] == 2
+
+
+def test_a_full_disk_during_a_checkpoint_keeps_the_last_one_and_stops_with_one_line(prepared_data, tmp_path):
+    """On a real size-limited file system (tmpfs; skipped where one cannot be mounted): the first checkpoint fits,
+    the second does not (a save stages a whole new checkpoint beside the old one). The run stops with exit 2 and
+    one error line, leaves no staging behind, and the first checkpoint loads."""
+    import shutil
+    import subprocess
+
+    common = ["--data.dir=" + str(prepared_data), "--model.vocab_size=512", "--model.dim=64", "--model.n_layers=2",
+              "--model.max_seq_len=16", "--train.batch_size=2", "--train.eval_batches=1", "--train.max_steps=4",
+              "--train.warmup_steps=1", "--train.save_interval=1", "--train.eval_interval=100"]
+    probe = tmp_path / "probe"
+    assert run("train.pretrain", *common, f"--out.dir={probe}", "--train.max_steps=1").returncode == 0
+    size = sum(path.stat().st_size for path in probe.rglob("*") if path.is_file())
+    mount = tmp_path / "small"
+    mount.mkdir()
+    kilobytes = int(size * 1.5 / 1024) + 16
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kilobytes}k", "tmpfs", str(mount)], check=True,
+                       capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as error:
+        pytest.skip(f"cannot mount a size-limited tmpfs here ({error}); the full-disk test needs root or a "
+                    "user namespace")
+    try:
+        out = mount / "run"
+        result = run("train.pretrain", *common, f"--out.dir={out}")
+        assert result.returncode == 2, result.stderr
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "could not write a checkpoint" in errors[0] and "Traceback" not in result.stderr
+        assert "No space left on device" in errors[0] or "os error 28" in errors[0]
+        assert not (out / ".staging").exists() and not (out / ".ready").exists()
+        assert load_trainer_state(out)["step"] == 1
+        load_model(out)
+        shutil.copytree(out, tmp_path / "rescued")  # the run goes on elsewhere from what was kept
+    finally:
+        subprocess.run(["umount", str(mount)], check=False, capture_output=True)
+    rescued = run("train.pretrain", *common, f"--out.dir={tmp_path / 'rescued'}", "--resume")
+    assert rescued.returncode == 0, rescued.stderr
+    assert load_trainer_state(tmp_path / "rescued")["step"] == 4

@@ -75,6 +75,7 @@ def resolve_resume(requested: RunConfig, overrides: list[str], resume: bool) -> 
         return requested, False
     saved = build_run_config(copy.deepcopy(load_trainer_state(out).get("run_config", {})), f"{out} (saved run)")
     values, wanted = saved.to_dict(), requested.to_dict()
+    values["out"]["dir"] = wanted["out"]["dir"]  # the folder resumed is the run, wherever it was first written
     explicit = dict.fromkeys(override[2:].split("=", 1)[0] for override in overrides if override.startswith("--"))
     refused, applied = [], []
     for dotted in explicit:

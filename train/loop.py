@@ -7,6 +7,7 @@ validation, one log line per interval (also appended to metrics.jsonl), atomic c
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import shutil
@@ -437,6 +438,13 @@ def run_training(
         trainer = Trainer(config, build_model, batches, tokenizer, resume, task, extra_state)
         try:
             result = trainer.run()
+        except OSError as error:
+            trainer.dist.close(wait=False)
+            if error.errno in (errno.ENOSPC, errno.EDQUOT):  # e.g. appending to metrics.jsonl on a full disk
+                raise CheckpointError(f"{config.out.dir}: {error.strerror} while writing {error.filename or 'a file'}; "
+                                      "the last complete checkpoint is intact: free space and continue with "
+                                      "--resume") from error
+            raise
         except BaseException:
             trainer.dist.close(wait=False)
             raise
