@@ -156,6 +156,51 @@ def load_compare_config(path: Path, preset: str | None, overrides: list[str]) ->
     return compare, values, preset or "default"
 
 
+def saved_run_config(out: Path) -> dict | None:
+    """The settings a run folder was trained with, through today's dataclasses (new keys take their defaults);
+    None when it holds no checkpoint or unreadable settings."""
+    if not has_checkpoint(out):
+        return None
+    try:
+        return build_run_config(copy.deepcopy(load_trainer_state(out).get("run_config")), str(out)).to_dict()
+    except (ConfigError, TypeError, AttributeError):
+        return None
+
+
+def check_existing_runs(configs: dict) -> None:
+    """Refuse, before anything trains, an out folder whose runs were trained with other settings (a mixed report
+    would compare unlike things)."""
+    differing = []
+    for (encoding, seed), config in configs.items():
+        saved = saved_run_config(Path(config.out.dir))
+        if saved is not None and saved != config.to_dict():
+            wanted = config.to_dict()
+            keys = sorted(f"{section}.{key}" for section in wanted for key in wanted[section]
+                          if saved.get(section, {}).get(key) != wanted[section][key])
+            differing.append(f"{encoding} seed {seed} ({', '.join(keys[:4])})")
+    if differing:
+        raise ConfigError(f"{Path(next(iter(configs.values())).out.dir).parents[2]} holds a comparison with other "
+                          f"settings: {'; '.join(differing[:5])}{' ...' if len(differing) > 5 else ''}; use another "
+                          "compare.out, or delete that folder to start over")
+
+
+def check_existing_data(compare: CompareConfig) -> None:
+    """Refuse to prepare the data again (other source, vocabulary or split) under runs trained on the old data."""
+    data_dir = Path(compare.out) / "data"
+    runs = Path(compare.out) / "runs"
+    if not (data_dir / "meta.json").exists() or not any(runs.glob("*/*/" + WEIGHTS)):
+        return
+    meta = read_meta(data_dir)
+    wanted = {"source": compare.source, "val_fraction": compare.val_fraction}
+    differ = {key: (meta.get(key), value) for key, value in wanted.items() if meta.get(key) != value}
+    if meta.get("vocab_size", 0) > compare.vocab_size:
+        differ["vocab_size"] = (meta.get("vocab_size"), compare.vocab_size)
+    if differ:
+        shown = "; ".join(f"compare.{key}: {old!r} there, {new!r} asked" for key, (old, new) in differ.items())
+        raise ConfigError(f"{compare.out} holds a comparison prepared from other data ({shown}); use another "
+                          "compare.out, or delete that folder to start over")
+
+
 def prepared_data(compare: CompareConfig) -> Path:
     """OUT/data, prepared from compare.source unless an identical preparation is already there."""
     data_dir = Path(compare.out) / "data"
@@ -207,12 +252,7 @@ def train_variant(config: RunConfig) -> str:
     resume = False
     if has_checkpoint(out):
         state = load_trainer_state(out)
-        saved = state.get("run_config")
-        try:  # through the dataclasses, so settings added since the save take their defaults
-            saved = build_run_config(copy.deepcopy(saved), str(out)).to_dict() if saved is not None else None
-        except ConfigError:
-            saved = None
-        if saved != config.to_dict():
+        if saved_run_config(out) != config.to_dict():
             raise ConfigError(f"{out} holds a run with other settings; delete it or set another compare.out")
         if int(state["step"]) >= config.train.max_steps:
             return "skipped (already trained)"
@@ -388,15 +428,20 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_comparison(compare: CompareConfig, shared: dict, preset: str, out: Path, command: str,
                    started: float) -> int:
+    check_existing_data(compare)
     data_dir = prepared_data(compare)
     configs = {(encoding, seed): variant_config(shared, encoding, seed, data_dir, compare)
                for seed in compare.seeds for encoding in compare.encodings}
+    check_existing_runs(configs)
     workers, threads = worker_layout(compare, len(configs))
     jobs = [Job(encoding, seed, config.to_dict(), asdict(compare), threads)
             for (encoding, seed), config in configs.items()]
     results = run_jobs(jobs, workers, out)
     wall = time.perf_counter() - started
     record_invocation(out, command, wall, workers, threads, results)
+    if all(str(result["status"]).startswith("failed") for result in results.values()) and (out / "report.md").exists():
+        print(f"\nevery job failed (see {out / 'logs'}); the previous report in {out} is kept", file=sys.stderr)
+        return 1
     write_outputs(out, compare, shared, data_dir, configs, results, command, wall, preset, workers, threads)
     print(f"\nwrote {out / 'report.md'} ({wall / 60:.1f} min)")
     return 0 if all(not r["status"].startswith("failed") for r in results.values()) else 1

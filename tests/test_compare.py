@@ -220,3 +220,41 @@ def test_a_second_comparison_in_the_same_folder_is_refused(small_text_file, tmp_
     error = capsys.readouterr().err
     assert f"being written by another comparison (process {os.getpid()})" in error and "Traceback" not in error
     assert sorted(p.name for p in out.iterdir()) == [".writer.lock"]
+
+
+def test_nothing_good_is_overwritten_by_a_failed_rerun(small_text_file, tmp_path, capsys):
+    """A typo in compare.encodings, other model settings, and other data in the same folder: each is refused up
+    front with exit 2 and one line, and the previous report, plots and runs stay byte-identical."""
+    out = tmp_path / "cmp"
+    assert main(arguments(small_text_file, out, '--compare.encodings=["rope", "alibi"]', "--compare.workers=1")) == 0
+    before = {path: path.read_bytes() for path in sorted(out.rglob("*")) if path.is_file()
+              and "logs" not in path.parts and path.name != "invocations.jsonl" and path.name != ".writer.lock"}
+    other_text = tmp_path / "other.txt"
+    other_text.write_text(small_text_file.read_text()[::-1])
+    for extra, message in [
+        (['--compare.encodings=["rope", "alibl"]'], "compare.encodings: unknown ['alibl']"),
+        (['--compare.encodings=["rope", "alibi"]', "--model.dim=48"], "holds a comparison with other settings"),
+        ([f"--compare.source={other_text}"], "holds a comparison prepared from other data"),
+    ]:
+        capsys.readouterr()
+        assert main(arguments(small_text_file, out, *extra)) == 2
+        error = capsys.readouterr().err
+        assert message in error and "Traceback" not in error
+        assert len([line for line in error.splitlines() if line.startswith("error:")]) == 1
+        after = {path: path.read_bytes() for path in before}
+        assert after == before, message
+
+
+def test_a_rerun_in_which_every_job_fails_keeps_the_previous_report(small_text_file, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "cmp"
+    args = arguments(small_text_file, out, '--compare.encodings=["rope"]', "--compare.workers=1")
+    assert main(args) == 0
+    report = (out / "report.md").read_bytes()
+
+    def failing(config):
+        raise RuntimeError("simulated failure")
+
+    monkeypatch.setattr(compare_module, "train_variant", failing)
+    assert main(args) == 1
+    assert (out / "report.md").read_bytes() == report
+    assert "the previous report" in capsys.readouterr().err
