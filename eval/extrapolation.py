@@ -58,21 +58,33 @@ DEFAULT_METHODS = "linear,ntk,dynamic,yarn,clamp"
 PROBE_MULTIPLES = (0, 1, 3, 15)  # position offsets of the shift probe, in units of L
 
 
+MAX_MULTIPLE = 10_000  # 10,000 x L: past any memory, but a bound that keeps the arithmetic finite
+MAX_TOKENS = 2**31 - 1
+
+
 def parse_lengths(text: str) -> list[str]:
+    """Comma-separated lengths: multiples of the trained length ("4x", "0.5x") or token counts ("1024")."""
     items = [item.strip() for item in text.split(",") if item.strip()]
     for item in items:
-        number = item[:-1] if item.endswith("x") else item
         try:
-            valid = float(number) > 0
+            if item.endswith("x"):
+                valid = 0 < float(item[:-1]) <= MAX_MULTIPLE  # also refuses nan and inf
+            else:
+                valid = 0 < int(item) <= MAX_TOKENS
         except ValueError:
             valid = False
         if not valid:
-            raise ConfigError(f"--lengths item {item!r} must be a multiple like 4x or a token count like 1024")
+            raise ConfigError(f"--lengths item {item!r} must be a multiple like 4x (at most {MAX_MULTIPLE}x) or a "
+                              "token count like 1024")
     return items
 
 
 def resolve_length(item: str, trained: int) -> int:
-    return int(round(float(item[:-1]) * trained)) if item.endswith("x") else int(item)
+    """The length in tokens of a --lengths item for a model trained at `trained` tokens (at least 1)."""
+    length = int(round(float(item[:-1]) * trained)) if item.endswith("x") else int(item)
+    if length < 1:
+        raise ConfigError(f"--lengths item {item!r} is less than one token at the trained length {trained}")
+    return length
 
 
 def default_reference_stride(trained: int) -> int:

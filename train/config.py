@@ -116,7 +116,11 @@ def apply_overrides(values: dict[str, dict[str, Any]], overrides: list[str]) -> 
         section, name = key.split(".", 1)
         if section not in SECTION_CLASSES:
             raise ConfigError(f"override {override!r}: unknown section {section!r}; valid: {list(SECTION_CLASSES)}")
-        values.setdefault(section, {})[name] = parse_override_value(text)
+        table = values.setdefault(section, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"[{section}] must be a table of keys (section.key = value), got {table!r}; "
+                              f"cannot apply {override!r}")
+        table[name] = parse_override_value(text)
 
 
 def build_run_config(values: dict[str, Any], where: str = "config") -> RunConfig:
