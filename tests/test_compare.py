@@ -258,3 +258,39 @@ def test_a_rerun_in_which_every_job_fails_keeps_the_previous_report(small_text_f
     assert main(args) == 1
     assert (out / "report.md").read_bytes() == report
     assert "the previous report" in capsys.readouterr().err
+
+
+def test_a_comparison_killed_at_random_moments_ends_as_an_uninterrupted_one(small_text_file, tmp_path):
+    """SIGKILL a small comparison (2 encodings x 2 seeds) at random moments three times, re-run it to the end: the
+    numbers equal those of an uninterrupted run and the report has each row once."""
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    extra = ['--compare.encodings=["alibi", "rope"]', "--compare.seeds=[1, 2]", "--compare.workers=1",
+             "--train.max_steps=12", "--train.eval_interval=2"]  # a checkpoint every 2 steps: kills land mid-run
+    straight = tmp_path / "straight"
+    assert main(arguments(small_text_file, straight, *extra)) == 0
+    killed = tmp_path / "killed"
+    command = [sys.executable, "-m", "eval.compare", *arguments(small_text_file, killed, *extra)]
+    rng = random.Random(7)
+    kills = 0
+    for _ in range(3):
+        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(3.0, 9.0))
+        if process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+            kills += 1
+        process.wait()
+    assert kills >= 2  # most attempts were cut short
+    finished = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    results = [json.loads((folder / "results.json").read_text()) for folder in (straight, killed)]
+    assert results[0]["cells"] == results[1]["cells"]
+    report = (killed / "report.md").read_text()
+    for label in ("alibi", "rope", "rope+yarn", "rope+dynamic"):
+        rows = [line for line in report.splitlines() if line.startswith(f"| {label} |")]
+        assert len(rows) == len([line for line in (straight / "report.md").read_text().splitlines()
+                                 if line.startswith(f"| {label} |")]) >= 1, label
