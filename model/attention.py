@@ -68,6 +68,9 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         self.dropout = config.dropout
         self.window = config.layer_windows()[layer_index]
+        # Diagnostics (eval/attention.py): when set, attention is computed explicitly in chunks and
+        # observer(layer, rows, keys, probs) sees each chunk's probabilities (batch, heads, rows, keys).
+        self.observer: Any = None
         self.q_proj = nn.Linear(config.dim, config.n_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(config.dim, config.n_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.dim, config.n_kv_heads * self.head_dim, bias=False)
@@ -104,7 +107,7 @@ class Attention(nn.Module):
                 k, v = kv_cache.update(self.layer_index, k, v)
             if not position.caches_rotated_keys:
                 k = position.rotate_keys(k, position_state)
-            if position.has_score_bias or position.has_value_term or self.window or \
+            if position.has_score_bias or position.has_value_term or self.window or self.observer is not None or \
                     (methods is not None and methods.visible is not None):
                 y = self.chunked_attention(q, k, v, position, position_state, causal, kv_cache, methods)
             else:
@@ -153,7 +156,7 @@ class Attention(nn.Module):
         passes = methods.passes if methods is not None else None
         window = min(w for w in (self.window, methods.window if methods is not None else 0, k_len + 1) if w)
         window = 0 if window > k_len else window
-        explicit = position.has_value_term or position.bias_needs_scores or bool(passes)
+        explicit = position.has_value_term or position.bias_needs_scores or bool(passes) or self.observer is not None
         span = min(k_len, 2 * window) if window and not static else k_len
         rows_per_chunk = max(1, BIAS_CHUNK_ELEMENTS // (batch * heads * span))
         if window:
@@ -196,7 +199,10 @@ class Attention(nn.Module):
                                                scores if position.bias_needs_scores else None)
                     if bias is not None:
                         scores = scores + bias
-                probs = F.dropout(torch.softmax(scores, dim=-1), dropout, self.training).to(v.dtype)
+                probs = torch.softmax(scores, dim=-1)
+                if self.observer is not None:
+                    self.observer(self.layer_index, rows, keys, probs)
+                probs = F.dropout(probs, dropout, self.training).to(v.dtype)
                 output = probs @ v_keys
                 value = position.value_term(probs, state, self.layer_index, rows, keys)
                 outputs.append(output if value is None else output + value)

@@ -1,0 +1,203 @@
+"""Attention diagnostics: why an encoding fails past its trained length, read from its attention.
+
+    python -m eval.attention --checkpoint runs/compare_full/runs/rope/seed1 runs/compare_full/runs/alibi/seed1 \\
+        --lengths 1x,4x --tokens 16384 --out runs/attention
+
+For each checkpoint and length, the held-out text is cut into windows of that length; every layer computes its
+attention explicitly in chunks of query rows (model/attention.py, `observer`), and these statistics are summed per
+layer, head and query position i without keeping any (time x time) matrix:
+
+    entropy    -sum_j p_ij ln p_ij (nats): how spread the attention is (ln(i + 1) is uniform over the prefix)
+    distance   sum_j p_ij (i - j): the mean distance attended, in tokens
+    sink       sum_{j < s} p_ij: the share on the first s tokens of the window (--sink-tokens, 4)
+    far        sum_{i - j >= L} p_ij: the share on keys farther back than the trained length L
+
+Writes OUT/results.json (per checkpoint and length: each statistic by position for every layer, averaged over
+heads, and per layer and head its mean over positions < L and >= L) and OUT/attention.png (the four statistics by
+query position, averaged over layers and heads, one line per checkpoint and length, L marked).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from commands import add_checkpoint, add_device, add_out, comma_list, command_parser
+from data.tokenizer import load_tokenizer
+from errors import ConfigError, DataError, cli_command
+from eval.data import load_eval_tokens, training_data_dir, training_val_fraction
+from eval.extrapolation import parse_lengths, resolve_length
+from model.checkpoint import load_model, trained_length
+from model.runtime import resolve_device
+from model.transformer import Transformer
+
+STATISTICS = ("entropy", "distance", "sink", "far")
+
+
+def pattern_statistics(probs: torch.Tensor, query_start: int, keys: slice, trained: int,
+                       sink_tokens: int) -> dict[str, torch.Tensor]:
+    """The statistics of attention probabilities `probs` (..., rows, keys) for queries at window positions
+    query_start.. and the keys `keys` of the window: each (..., rows), in float64."""
+    probs = probs.double()
+    rows = probs.shape[-2]
+    query = torch.arange(query_start, query_start + rows, device=probs.device)[:, None]
+    key = torch.arange(keys.start or 0, (keys.start or 0) + probs.shape[-1], device=probs.device)[None, :]
+    distance = (query - key).clamp(min=0).double()  # hidden keys (j > i) carry p = 0
+    logs = torch.where(probs > 0, torch.log(probs.clamp(min=1e-300)), torch.zeros_like(probs))
+    return {
+        "entropy": -(probs * logs).sum(-1),
+        "distance": (probs * distance).sum(-1),
+        "sink": (probs * (key < sink_tokens)).sum(-1),
+        "far": (probs * (distance >= trained)).sum(-1),
+    }
+
+
+class StatisticsObserver:
+    """Sums each statistic over windows, per (layer, head, query position)."""
+
+    def __init__(self, layers: int, heads: int, length: int, trained: int, sink_tokens: int) -> None:
+        self.sums = {name: torch.zeros(layers, heads, length, dtype=torch.float64) for name in STATISTICS}
+        self.trained = trained
+        self.sink_tokens = sink_tokens
+        self.windows = 0
+
+    def __call__(self, layer: int, rows: slice, keys: slice, probs: torch.Tensor) -> None:
+        for name, values in pattern_statistics(probs, rows.start, keys, self.trained, self.sink_tokens).items():
+            self.sums[name][layer, :, rows] += values.sum(0).cpu()  # (heads, rows), summed over the batch
+
+    def means(self) -> dict[str, np.ndarray]:
+        """(layers, heads, length) means over the windows seen."""
+        return {name: (values / max(1, self.windows)).numpy() for name, values in self.sums.items()}
+
+
+@torch.inference_mode()
+def attention_statistics(model: Transformer, ids: np.ndarray, length: int, max_tokens: int,
+                         sink_tokens: int = 4, batch_tokens: int = 8192) -> dict[str, np.ndarray]:
+    """The four statistics (layers, heads, length) of `model` on nonoverlapping windows of `length` tokens of
+    `ids` (at most max_tokens tokens in all)."""
+    count = min(len(ids) // length, max(1, max_tokens // length))
+    if count < 1:
+        raise DataError(f"{len(ids)} evaluation tokens are fewer than one window of {length}")
+    config = model.config
+    trained = config.max_seq_len
+    observer = StatisticsObserver(config.n_layers, config.n_heads, length, trained, sink_tokens)
+    for layer in model.layers:
+        layer.attention.observer = observer
+    device = next(model.parameters()).device
+    windows = torch.from_numpy(np.asarray(ids[: count * length], dtype=np.int64).reshape(count, length))
+    per_batch = max(1, batch_tokens // length)
+    model.eval()
+    try:
+        for first in range(0, count, per_batch):
+            rows = windows[first : first + per_batch].to(device)
+            model(rows)
+            observer.windows += rows.shape[0]
+    finally:
+        for layer in model.layers:
+            layer.attention.observer = None
+    return observer.means()
+
+
+def summarise(means: dict[str, np.ndarray], trained: int) -> dict[str, Any]:
+    """By position (per layer, averaged over heads), and per layer and head the mean within L and beyond it."""
+    summary: dict[str, Any] = {}
+    for name, values in means.items():
+        within, beyond = values[:, :, :trained], values[:, :, trained:]
+        summary[name] = {
+            "by_position": values.mean(axis=1).round(6).tolist(),
+            "within_L": within.mean(axis=2).round(6).tolist(),
+            "beyond_L": beyond.mean(axis=2).round(6).tolist() if beyond.shape[2] else None,
+        }
+    return summary
+
+
+def checkpoint_label(checkpoint: str) -> str:
+    """A checkpoint's name in tables and plots: its folder, or for a comparison's OUT/runs/ENCODING/seedS,
+    ENCODING/seedS."""
+    path = Path(checkpoint)
+    return f"{path.parent.name}/{path.name}" if path.name.startswith("seed") else path.name
+
+
+def plot(results: dict[str, Any], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 4, figsize=(18, 4))
+    titles = {"entropy": "entropy (nats)", "distance": "mean distance attended (tokens)",
+              "sink": "share on the first tokens", "far": "share on keys farther than L"}
+    for label, entry in results.items():
+        for length, row in entry["lengths"].items():
+            for axis, name in zip(axes, STATISTICS):
+                curve = np.asarray(row[name]["by_position"]).mean(axis=0)
+                axis.plot(np.arange(len(curve)), curve, linewidth=1, label=f"{label} @ {length}")
+    trained = {entry["trained"] for entry in results.values()}
+    for axis, name in zip(axes, STATISTICS):
+        for value in trained:
+            axis.axvline(value, color="grey", linestyle=":", linewidth=1)
+        axis.set_title(titles[name])
+        axis.set_xlabel("query position")
+    axes[0].legend(fontsize=7)
+    figure.tight_layout()
+    path = out / "attention.png"
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = command_parser("eval.attention", __doc__)
+    add_checkpoint(parser, "one or more checkpoint folders (required)", nargs="+")
+    parser.add_argument("--lengths", default="1x,4x", help="comma-separated multiples of the trained length (4x) or "
+                                                           "token counts (1024)")
+    parser.add_argument("--data", help="prepared folder, source or path (default: each checkpoint's own held-out "
+                                       "val.bin)")
+    parser.add_argument("--tokens", type=int, default=16384, help="tokens of held-out text per length")
+    parser.add_argument("--sink-tokens", type=int, default=4, help="how many first tokens count as the sink")
+    add_device(parser)
+    add_out(parser, "output folder: results.json, attention.png (required)", type=Path)
+    return parser
+
+
+@cli_command
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.out is None:
+        raise ConfigError("--out DIR is required")
+    if args.tokens < 1 or args.sink_tokens < 0:
+        raise ConfigError("--tokens must be positive and --sink-tokens >= 0")
+    lengths = parse_lengths(",".join(comma_list(args.lengths)))
+    device = resolve_device(args.device)
+    results: dict[str, Any] = {}
+    for checkpoint in args.checkpoint:
+        model = load_model(checkpoint, device)
+        trained = trained_length(checkpoint)
+        tokenizer = load_tokenizer(checkpoint)
+        data = args.data or training_data_dir(checkpoint)
+        ids = load_eval_tokens(data, tokenizer, None, training_val_fraction(checkpoint))
+        entry: dict[str, Any] = {"checkpoint": str(checkpoint), "position": model.config.position,
+                                 "trained": trained, "lengths": {}}
+        for item in lengths:
+            length = resolve_length(item, trained)
+            means = attention_statistics(model, ids, length, args.tokens, args.sink_tokens)
+            entry["lengths"][item] = summarise(means, trained)
+            entropy = means["entropy"].mean(axis=(0, 1))
+            shown = f", beyond L {entropy[trained:].mean():.3f}" if length > trained else ""
+            print(f"{checkpoint} @ {item} ({length} tokens): entropy within L {entropy[:trained].mean():.3f}{shown} "
+                  f"nats; far share {means['far'].mean():.3f}; sink share {means['sink'].mean():.3f}")
+        results[checkpoint_label(checkpoint)] = entry
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {args.out / 'results.json'} and {plot(results, args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

@@ -1,0 +1,93 @@
+"""eval.attention: the statistics against their closed forms, the observer path against the normal forward."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from eval.attention import attention_statistics, main, pattern_statistics
+from model import Transformer
+from tests.conftest import micro_config
+
+T, L, SINKS = 12, 5, 2
+
+
+def closed_forms(kind: str, i: int) -> dict[str, float]:
+    if kind == "uniform":  # over keys 0..i
+        return {"entropy": math.log(i + 1), "distance": i / 2, "sink": min(SINKS, i + 1) / (i + 1),
+                "far": max(0, i - L + 1) / (i + 1)}
+    if kind == "first":
+        return {"entropy": 0.0, "distance": float(i), "sink": 1.0, "far": float(i >= L)}
+    previous = max(i - 1, 0)  # the previous token (the first token attends to itself)
+    return {"entropy": 0.0, "distance": float(i - previous), "sink": float(previous < SINKS),
+            "far": float(i - previous >= L)}
+
+
+def pattern(kind: str) -> torch.Tensor:
+    probs = torch.zeros(T, T, dtype=torch.float64)
+    for i in range(T):
+        if kind == "uniform":
+            probs[i, : i + 1] = 1 / (i + 1)
+        elif kind == "first":
+            probs[i, 0] = 1.0
+        else:
+            probs[i, max(i - 1, 0)] = 1.0
+    return probs
+
+
+@pytest.mark.parametrize("kind", ["uniform", "first", "previous"])
+@pytest.mark.parametrize("chunk", [T, 5])
+def test_statistics_of_hand_built_patterns_equal_their_closed_forms(kind, chunk):
+    """Also when the rows arrive in chunks and each chunk sees only its causal prefix of keys."""
+    probs = pattern(kind)
+    for start in range(0, T, chunk):
+        stop = min(T, start + chunk)
+        keys = slice(0, stop)
+        got = pattern_statistics(probs[start:stop, :stop], start, keys, L, SINKS)
+        for offset, i in enumerate(range(start, stop)):
+            for name, expected in closed_forms(kind, i).items():
+                assert abs(got[name][offset].item() - expected) < 1e-9, (kind, name, i)
+
+
+def test_a_model_with_zero_queries_attends_uniformly_and_the_observer_changes_nothing():
+    """With q = 0 every score is 0, so a NoPE (or RoPE) model attends uniformly over its prefix: its statistics are
+    the uniform closed forms in every layer and head. The diagnostic forward gives the same logits as the normal
+    one."""
+    for position in ("none", "rope"):
+        model = Transformer(micro_config(position=position, max_seq_len=L)).eval()
+        with torch.no_grad():
+            for layer in model.layers:
+                layer.attention.q_proj.weight.zero_()
+        ids = np.random.default_rng(0).integers(0, 97, 10 * T)
+        means = attention_statistics(model, ids, T, 10 * T, SINKS)
+        for name in ("entropy", "distance", "sink", "far"):
+            expected = np.array([closed_forms("uniform", i)[name] for i in range(T)])
+            assert np.allclose(means[name], expected[None, None, :], atol=1e-6), (position, name)
+    model = Transformer(micro_config(position="alibi")).eval()
+    idx = torch.randint(0, 97, (2, 20))
+    with torch.no_grad():
+        plain = model(idx)[0]
+        attention_statistics(model, idx.flatten().numpy(), 20, 40, SINKS)
+        assert all(layer.attention.observer is None for layer in model.layers)  # removed afterwards
+        for layer in model.layers:
+            layer.attention.observer = lambda *args: None
+        observed = model(idx)[0]
+    assert (plain - observed).abs().max() < 1e-5
+
+
+def test_the_command_writes_results_and_a_plot(prepared_data, tmp_path):
+    from train.pretrain import main as pretrain
+
+    run = tmp_path / "run"
+    assert pretrain([f"--data.dir={prepared_data}", f"--out.dir={run}", "--model.vocab_size=512", "--model.dim=32",
+                     "--model.n_layers=1", "--model.n_heads=2", "--model.n_kv_heads=1", "--model.max_seq_len=16",
+                     "--train.max_steps=2", "--train.batch_size=2", "--train.eval_batches=1"]) == 0
+    out = tmp_path / "attention"
+    assert main(["--checkpoint", str(run), "--lengths", "1x,4x", "--tokens", "512", "--out", str(out)]) == 0
+    import json
+
+    results = json.loads((out / "results.json").read_text())
+    row = results["run"]["lengths"]["4x"]
+    assert len(row["entropy"]["by_position"][0]) == 64 and row["far"]["beyond_L"] is not None
+    assert results["run"]["lengths"]["1x"]["far"]["beyond_L"] is None
+    assert (out / "attention.png").stat().st_size > 0
