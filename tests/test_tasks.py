@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from errors import ConfigError
-from eval.tasks import BOS, READ, SEP, SPECIALS, TASKS, WRITE, ZERO, get_task, score
+from eval.tasks import BOS, READ, SEP, TASKS, WRITE, ZERO, get_task, score
 
 LENGTHS = [16, 33, 64, 257]
 
