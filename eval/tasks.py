@@ -1,142 +1,167 @@
-"""Length-generalisation tasks: synthetic sequences a tiny model learns in minutes at lengths <= L, then is tested
-on at 1x..8x L. Registered by name; each generates its data deterministically from a seed and marks which targets
-are answers (the loss and the score use only those).
+"""Length-generalisation tasks: train a small model per encoding and seed on a synthetic task at length L (loss on
+the answers only), then score exact match at 1x, 2x, 4x and 8x L on fresh sequences (eval/task_generators.py).
 
-    copy                 BOS s_1..s_k SEP s_1..s_k: repeat a random string (Kazemnejad et al. 2023)
-    associative_recall   k_1 v_1 ... k_n v_n SEP q_1 a_1 ... : for each queried key, its value (Zoology's MQAR)
-    flipflop             pairs (w|r|i, bit): after each r, the bit of the last w (Liu et al. 2023, flip-flop)
+    python -m eval.tasks --task copy --encodings rope,alibi,none,sinusoidal --length 64 --seeds 1,2,3 \\
+        --train.max_steps=600 --out runs/tasks
 
-Sequences are token ids of the task's own small vocabulary; a sequence of `length` tokens gives inputs [:-1] and
-targets [1:], and `answers` marks the targets that are scored. Exact match of a sequence: every answer target
-predicted (argmax, teacher-forced); token accuracy: the share of answer targets predicted.
+Every encoding and seed trains the same model shape on the same sequences (a function of the seed and the step);
+evaluation sequences come from a separate seed. Writes OUT/results.json (per encoding and length: exact match and
+token accuracy with a t interval over seeds) and OUT/TASK.png.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Iterator
 
-import numpy as np
 import torch
 
-from errors import ConfigError
+from commands import add_out, comma_list, command_parser
+from data.batches import IGNORE_INDEX
+from errors import ConfigError, cli_command
+from eval.stats import t_interval
+from eval.task_generators import TASKS, Task, TaskBatch, get_task, score
+from model.checkpoint import load_model
+from model.config import parse_override_value
+from model.position import POSITION_ENCODINGS
+from model.transformer import Transformer
+from train.config import build_run_config
+from train.loop import run_training
 
-BOS, SEP = 0, 1
-SPECIALS = 2
-
-
-@dataclass(frozen=True)
-class TaskBatch:
-    inputs: torch.Tensor  # (n, length - 1) int64
-    targets: torch.Tensor  # (n, length - 1) int64
-    answers: torch.Tensor  # (n, length - 1) bool: targets that are scored
-
-
-@dataclass(frozen=True)
-class Task:
-    name: str
-    vocab_size: int
-    make: Callable[[np.random.Generator, int], tuple[np.ndarray, np.ndarray]]  # (tokens, answer-token mask)
-    chance: float  # the token accuracy of a predictor that ignores the context (uniform over the answer symbols)
-
-    def batch(self, seed: int, count: int, length: int) -> TaskBatch:
-        """`count` sequences of `length` tokens, a function of (seed, count, length) only."""
-        if length < 4:
-            raise ConfigError(f"task {self.name}: sequences need at least 4 tokens, got {length}")
-        rng = np.random.default_rng([seed, length])
-        rows, marks = zip(*(self.make(rng, length) for _ in range(count)))
-        tokens, answer_tokens = np.stack(rows), np.stack(marks)
-        return TaskBatch(torch.from_numpy(tokens[:, :-1]).long(), torch.from_numpy(tokens[:, 1:]).long(),
-                         torch.from_numpy(answer_tokens[:, 1:]))
+EVAL_SEED = 10**6  # evaluation sequences: a seed no training batch uses
+DEFAULT_MODEL = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2}
+DEFAULT_TRAIN = {"batch_size": 32, "max_steps": 600, "lr": 3e-3, "warmup_steps": 30, "eval_interval": 200,
+                 "eval_batches": 4, "log_interval": 100, "dtype": "float32"}
 
 
-TASKS: dict[str, Task] = {}
+class TaskBatches:
+    """The training loop's batch source for a task: loss only on the answer targets."""
 
-COPY_SYMBOLS = 16
+    def __init__(self, task: Task, length: int, batch_size: int, seed: int, val_batches: int) -> None:
+        self.task, self.length, self.batch_size, self.seed, self.val_batches = task, length, batch_size, seed, val_batches
 
+    @staticmethod
+    def masked(batch: TaskBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        return batch.inputs, torch.where(batch.answers, batch.targets, torch.full_like(batch.targets, IGNORE_INDEX))
 
-def make_copy(rng: np.random.Generator, length: int) -> tuple[np.ndarray, np.ndarray]:
-    half = (length - 2) // 2
-    string = rng.integers(SPECIALS, SPECIALS + COPY_SYMBOLS, size=half)
-    tokens = np.full(length, SEP, dtype=np.int64)  # the padding after an odd length is SEP, not scored
-    tokens[0] = BOS
-    tokens[1 : 1 + half] = string
-    tokens[1 + half] = SEP
-    tokens[2 + half : 2 + 2 * half] = string
-    answers = np.zeros(length, dtype=bool)
-    answers[2 + half : 2 + 2 * half] = True
-    return tokens, answers
+    def train_batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.masked(self.task.batch([self.seed, step, micro_step], self.batch_size, self.length))
 
-
-RECALL_KEYS, RECALL_VALUES = 24, 24
-
-
-def make_associative_recall(rng: np.random.Generator, length: int) -> tuple[np.ndarray, np.ndarray]:
-    """n key-value pairs (distinct keys), SEP, then queries of n of the keys (with repeats) each followed by its
-    value: 2n + 1 + 2q tokens with q = n, padded with SEP."""
-    pairs = min(RECALL_KEYS, max(1, (length - 2) // 4))
-    keys = rng.choice(RECALL_KEYS, size=pairs, replace=False) + SPECIALS
-    values = rng.integers(0, RECALL_VALUES, size=pairs) + SPECIALS + RECALL_KEYS
-    queries = max(1, (length - 2 - 2 * pairs) // 2)
-    asked = rng.integers(0, pairs, size=queries)
-    tokens = np.full(length, SEP, dtype=np.int64)
-    answers = np.zeros(length, dtype=bool)
-    tokens[0] = BOS
-    tokens[1 : 1 + 2 * pairs : 2] = keys
-    tokens[2 : 2 + 2 * pairs : 2] = values
-    start = 2 + 2 * pairs  # tokens[1 + 2 * pairs] is SEP
-    for index, which in enumerate(asked):
-        at = start + 2 * index
-        if at + 1 >= length:
-            break
-        tokens[at], tokens[at + 1] = keys[which], values[which]
-        answers[at + 1] = True
-    return tokens, answers
-
-
-WRITE, READ, IGNORE, ZERO, ONE = 2, 3, 4, 5, 6
-
-
-def make_flipflop(rng: np.random.Generator, length: int) -> tuple[np.ndarray, np.ndarray]:
-    """BOS, then (instruction, bit) pairs: the first is a write; w writes, i is noise, r must repeat the last
-    written bit (the answer). Instructions: w with p = 0.1, r with p = 0.2, else i (flip-flop language's sparse
-    setting, FFL(0.8))."""
-    pairs = (length - 1) // 2
-    tokens = np.full(length, IGNORE, dtype=np.int64)
-    answers = np.zeros(length, dtype=bool)
-    tokens[0] = BOS
-    memory = 0
-    for index in range(pairs):
-        draw = rng.random()
-        instruction = WRITE if index == 0 or draw < 0.1 else READ if draw < 0.3 else IGNORE
-        bit = int(rng.integers(0, 2)) if instruction != READ else memory
-        if instruction == WRITE:
-            memory = bit
-        at = 1 + 2 * index
-        tokens[at], tokens[at + 1] = instruction, ZERO + bit
-        answers[at + 1] = instruction == READ
-    if length % 2 == 0:
-        tokens[-1] = IGNORE
-    return tokens, answers
-
-
-for task in (Task("copy", SPECIALS + COPY_SYMBOLS, make_copy, 1 / COPY_SYMBOLS),
-             Task("associative_recall", SPECIALS + RECALL_KEYS + RECALL_VALUES, make_associative_recall,
-                  1 / RECALL_VALUES),
-             Task("flipflop", ONE + 1, make_flipflop, 0.5)):
-    TASKS[task.name] = task
-
-
-def get_task(name: str) -> Task:
-    if name not in TASKS:
-        raise ConfigError(f"unknown task {name!r}; valid names are {sorted(TASKS)}")
-    return TASKS[name]
+    def val_batches_iter(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for index in range(self.val_batches):
+            yield self.masked(self.task.batch([EVAL_SEED - 1, index], self.batch_size, self.length))
 
 
 @torch.inference_mode()
-def score(logits: torch.Tensor, batch: TaskBatch) -> dict[str, float]:
-    """Exact match (every answer of a sequence right) and token accuracy over the answers, from teacher-forced
-    logits (n, length - 1, vocab)."""
-    right = (logits.argmax(-1) == batch.targets) | ~batch.answers
-    answered = batch.answers.sum()
-    token_accuracy = float(((logits.argmax(-1) == batch.targets) & batch.answers).sum() / answered.clamp(min=1))
-    return {"exact_match": float(right.all(dim=1).float().mean()), "token_accuracy": token_accuracy}
+def evaluate(model: Transformer, task: Task, length: int, count: int) -> dict[str, float]:
+    model.eval()
+    batch = task.batch(EVAL_SEED, count, length)
+    logits = torch.cat([model(batch.inputs[first : first + 64])[0] for first in range(0, count, 64)])
+    return score(logits, batch)
+
+
+def run_suite(task: Task, encodings: list[str], seeds: list[int], length: int, multiples: list[int], count: int,
+              shared: dict, out: Path) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for encoding in encodings:
+        per_length: dict[int, list[dict]] = {multiple: [] for multiple in multiples}
+        for seed in seeds:
+            values = {section: dict(shared.get(section, {})) for section in ("model", "train")}
+            values["model"].update(vocab_size=task.vocab_size, max_seq_len=length, position=encoding)
+            values["model"].setdefault("learned_clamp", encoding == "learned")
+            values["train"]["seed"] = seed
+            values["out"] = {"dir": str(out / "runs" / task.name / encoding / f"seed{seed}"), "overwrite": True}
+            config = build_run_config(values, f"task {task.name}, {encoding}, seed {seed}")
+            run_training(config, lambda: Transformer(config.model),
+                         TaskBatches(task, length, config.train.batch_size, seed, config.train.eval_batches),
+                         None, task=f"task:{task.name}")
+            model = load_model(config.out.dir)
+            for multiple in multiples:
+                per_length[multiple].append(evaluate(model, task, multiple * length, count))
+        results[encoding] = {
+            f"{multiple}x": {metric: t_interval([row[metric] for row in rows]).__dict__ for metric in rows[0]}
+            for multiple, rows in per_length.items()}
+    return results
+
+
+def plot(results: dict[str, Any], task: str, length: int, out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for encoding, by_length in results.items():
+        multiples = [int(key[:-1]) for key in by_length]
+        estimates = [by_length[key]["exact_match"] for key in by_length]
+        means = [e["mean"] for e in estimates]
+        errors = [[e["mean"] - (e["low"] if e["low"] is not None else e["mean"]) for e in estimates],
+                  [(e["high"] if e["high"] is not None else e["mean"]) - e["mean"] for e in estimates]]
+        axis.errorbar(multiples, means, yerr=errors, marker="o", capsize=3, label=encoding)
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel(f"evaluation length / L (L = {length})")
+    axis.set_ylabel("exact match")
+    axis.set_title(task)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    path = out / f"{task}.png"
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = command_parser("eval.tasks", __doc__, epilog="Overrides: --model.key=value, --train.key=value "
+                                                          f"(defaults: model {DEFAULT_MODEL}, train {DEFAULT_TRAIN})")
+    parser.add_argument("--task", required=True, help=f"one of {sorted(TASKS)}")
+    parser.add_argument("--encodings", default="rope,alibi,none,sinusoidal", help="comma-separated model.position names")
+    parser.add_argument("--length", type=int, default=64, help="training length L in tokens")
+    parser.add_argument("--multiples", default="1,2,4,8", help="evaluation lengths as multiples of L")
+    parser.add_argument("--seeds", default="1,2,3", help="comma-separated training seeds")
+    parser.add_argument("--count", type=int, default=256, help="evaluation sequences per length")
+    add_out(parser, "output folder: results.json, TASK.png, runs/ (required)", type=Path)
+    return parser
+
+
+@cli_command
+def main(argv: list[str] | None = None) -> int:
+    args, overrides = build_parser().parse_known_args(argv)
+    task = get_task(args.task)
+    if args.out is None:
+        raise ConfigError("--out DIR is required")
+    encodings = comma_list(args.encodings)
+    unknown = [name for name in encodings if name not in POSITION_ENCODINGS]
+    if unknown:
+        raise ConfigError(f"--encodings: unknown {unknown}; valid names are {sorted(POSITION_ENCODINGS)}")
+    try:
+        seeds = [int(seed) for seed in comma_list(args.seeds)]
+        multiples = [int(multiple) for multiple in comma_list(args.multiples)]
+    except ValueError as error:
+        raise ConfigError(f"--seeds and --multiples are comma-separated integers ({error})") from error
+    if not seeds or not multiples or min(multiples) < 1 or args.length < 4 or args.count < 1:
+        raise ConfigError("--seeds and --multiples need values (multiples >= 1), --length >= 4, --count >= 1")
+    shared = {"model": dict(DEFAULT_MODEL), "train": dict(DEFAULT_TRAIN)}
+    for override in overrides:
+        if not override.startswith(("--model.", "--train.")) or "=" not in override:
+            raise ConfigError(f"unexpected argument {override!r}: overrides look like --model.key=value or "
+                              "--train.key=value")
+        dotted, text = override[2:].split("=", 1)
+        section, key = dotted.split(".", 1)
+        shared[section][key] = parse_override_value(text)
+    build_run_config({**shared, "model": {**shared["model"], "vocab_size": task.vocab_size, "max_seq_len": args.length}},
+                     "eval.tasks settings")  # every setting is checked before anything trains
+    results = run_suite(task, encodings, seeds, args.length, multiples, args.count, shared, args.out)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps({"task": task.name, "length": args.length, "seeds": seeds,
+                                                       "results": results}, indent=1) + "\n")
+    for encoding, by_length in results.items():
+        shown = ", ".join(f"{key} {row['exact_match']['mean']:.2f}" for key, row in by_length.items())
+        print(f"{task.name} {encoding}: exact match {shown}")
+    print(f"wrote {args.out / 'results.json'} and {plot(results, task.name, args.length, args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

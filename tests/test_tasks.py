@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from errors import ConfigError
-from eval.tasks import BOS, READ, SEP, TASKS, WRITE, ZERO, get_task, score
+from eval.task_generators import BOS, READ, SEP, TASKS, WRITE, ZERO, get_task, score
 
 LENGTHS = [16, 33, 64, 257]
 
@@ -79,3 +79,25 @@ def test_unknown_tasks_and_too_short_sequences_are_refused():
         get_task("sort")
     with pytest.raises(ConfigError, match="at least 4 tokens"):
         TASKS["copy"].batch(0, 1, 3)
+
+
+def test_the_suite_trains_each_encoding_on_answers_only_and_scores_each_length(tmp_path, capsys):
+    """A micro run of eval.tasks (copy, 2 encodings, 2 seeds): one run per encoding and seed, results per length
+    with intervals over the seeds, and the training loss counts answer tokens only."""
+    import json
+
+    from eval.task_generators import TASKS as tasks
+    from eval.tasks import TaskBatches, main
+
+    inputs, targets = TaskBatches(tasks["copy"], 16, 4, 0, 1).train_batch(3)
+    assert ((targets != -100) == tasks["copy"].batch([0, 3, 0], 4, 16).answers).all()
+    out = tmp_path / "tasks"
+    assert main(["--task", "copy", "--encodings", "rope,none", "--length", "16", "--seeds", "1,2",
+                 "--multiples", "1,2", "--count", "32", "--out", str(out), "--train.max_steps=20",
+                 "--train.eval_interval=10", "--model.dim=32", "--model.n_layers=1"]) == 0
+    results = json.loads((out / "results.json").read_text())["results"]
+    assert set(results) == {"rope", "none"} and set(results["rope"]) == {"1x", "2x"}
+    assert results["rope"]["1x"]["exact_match"]["n"] == 2
+    assert (out / "copy.png").exists() and (out / "runs" / "copy" / "none" / "seed2" / "model.safetensors").exists()
+    assert main(["--task", "sort", "--out", str(out)]) == 2
+    assert main(["--task", "copy", "--out", str(out), "--model.dimm=3"]) == 2
