@@ -338,12 +338,16 @@ def method_findings(variants: dict[str, Variant], lengths: list[int], trained: i
         return []
     return ["- Inference-time methods against the same trained models as trained (plain) and under YaRN, as a "
             "perplexity ratio paired by seed (< 1: the method helps; 'better' / 'worse' where the 95% interval "
-            "excludes 1, else 'within noise'):", *lines]
+            "excludes 1, 'the same within 1%' where it lies within +-1%, else 'within noise'):", *lines]
 
 
 def verdict_word(ratio: Estimate) -> str:
+    """'better' / 'worse' where the interval excludes 1 and leaves +-1% (the report's flat band, 0.01 nats);
+    'the same within 1%' where the whole interval lies inside it; else 'within noise'."""
     if ratio.low is None or ratio.high is None:
         return "one seed, no interval"
+    if ratio.low >= math.exp(-FLAT) and ratio.high <= math.exp(FLAT):
+        return "the same within 1%"
     if ratio.high < 1:
         return "better"
     if ratio.low > 1:

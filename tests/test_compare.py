@@ -294,3 +294,12 @@ def test_a_comparison_killed_at_random_moments_ends_as_an_uninterrupted_one(smal
         rows = [line for line in report.splitlines() if line.startswith(f"| {label} |")]
         assert len(rows) == len([line for line in (straight / "report.md").read_text().splitlines()
                                  if line.startswith(f"| {label} |")]) >= 1, label
+
+
+def test_a_negligible_paired_change_is_not_called_better_or_worse():
+    from eval.compare_report import verdict_word
+
+    assert verdict_word(Estimate(1.0001, 1.00005, 1.00015, 3)) == "the same within 1%"
+    assert verdict_word(Estimate(0.95, 0.93, 0.97, 3)) == "better"
+    assert verdict_word(Estimate(1.05, 1.02, 1.08, 3)) == "worse"
+    assert verdict_word(Estimate(1.0, 0.97, 1.03, 3)) == "within noise"
