@@ -253,3 +253,13 @@ def test_a_run_saved_before_newer_model_settings_resumes(prepared_data, tmp_path
     state_path.write_text(json.dumps(state))
     train(make_config(prepared_data, out, "--train.max_steps=4"), prepared_data, resume=True)
     assert load_trainer_state(out)["step"] == 4
+
+
+def test_log_lines_show_the_step_out_of_the_total_and_an_eta(prepared_data, tmp_path, capsys):
+    import re
+
+    config = make_config(prepared_data, tmp_path / "run", "--train.max_steps=6", "--train.log_interval=2")
+    train(config, prepared_data)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "| loss " in line]
+    assert [line.split("|")[0].strip() for line in lines] == ["step     2/6", "step     4/6", "step     6/6"]
+    assert all(re.search(r"\| eta \d+m\d\ds$", line) for line in lines) and lines[-1].endswith("eta 0m00s")

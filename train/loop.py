@@ -371,17 +371,25 @@ class Trainer:
         self.tokens_since_log = 0
         if finite_steps:  # an interval of skipped steps only has no loss to show
             mean_loss = float(self.loss_sum) / (finite_steps * self.config.train.grad_accum)
-            self.say(f"step {step:5d} | loss {mean_loss:.4f} | lr {lr:.2e} | dt {dt * 1000:.0f}ms | tok/s {tokens_per_s:,.0f}")
+            self.say(f"step {step:5d}/{self.config.train.max_steps} | loss {mean_loss:.4f} | lr {lr:.2e} | "
+                     f"dt {dt * 1000:.0f}ms | tok/s {tokens_per_s:,.0f} | eta {self.eta(step, now)}")
             self.log.write({"step": step, "loss": mean_loss, "lr": lr, "dt": dt, "tok_per_s": tokens_per_s})
         self.last_log = now
         self.loss_sum.zero_()
         self.finite_steps.zero_()
         self.steps_since_log = 0
 
+    def eta(self, step: int, now: float) -> str:
+        """Time left at this run's pace so far (steps done in this process, evaluations and saves included)."""
+        done = step - self.start_step
+        seconds = (now - self.run_started) / max(1, done) * (self.config.train.max_steps - step)
+        minutes, seconds = divmod(int(round(seconds)), 60)
+        return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{seconds:02d}s"
+
     def run(self) -> TrainResult:
         train = self.config.train
         self.started = time.perf_counter() - float(self.state["elapsed_s"])
-        self.last_log = time.perf_counter()
+        self.last_log = self.run_started = time.perf_counter()
         for step in range(self.start_step, train.max_steps + 1):
             step_rng = torch.get_rng_state()
             try:
