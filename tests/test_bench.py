@@ -24,3 +24,15 @@ def test_bench_writes_every_section(tmp_path, capsys):
     assert results["long_eval"][0]["tokens"] == 128 and results["long_eval"][0]["peak_rss_mib"] > 0
     assert results["matmul_peak_gflops"]["fp32"] > 0
     assert "every FLOP at the bf16 peak" in capsys.readouterr().out
+
+
+def test_eval_memory_reports_each_variant_in_its_own_process(capsys):
+    import json
+
+    from scripts.eval_memory import main
+
+    assert main(["--length", "64", "--variants", '[{"position": "fire"}, {"position": "rope", "rope_p": 2}]']) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert lines[0]["settings"] == {"position": "fire"} and lines[0]["peak_rss_mib"] > 0 and lines[0]["length"] == 64
+    assert "rope_p" in lines[1]["error"][0]  # a bad variant is reported, the others still run
+    assert main(["--variants", "[1, 2]"]) == 2
