@@ -261,8 +261,9 @@ def test_a_rerun_in_which_every_job_fails_keeps_the_previous_report(small_text_f
 
 
 def test_a_comparison_killed_at_random_moments_ends_as_an_uninterrupted_one(small_text_file, tmp_path):
-    """SIGKILL a small comparison (2 encodings x 2 seeds) at random moments three times, re-run it to the end: the
-    numbers equal those of an uninterrupted run and the report has each row once."""
+    """SIGKILL a small comparison (2 encodings x 2 seeds) at random moments (fractions of an uninterrupted run's
+    time) three times, re-run it to the end: the numbers equal those of an uninterrupted run and the report has
+    each row once."""
     import random
     import signal
     import subprocess
@@ -271,15 +272,19 @@ def test_a_comparison_killed_at_random_moments_ends_as_an_uninterrupted_one(smal
 
     extra = ['--compare.encodings=["alibi", "rope"]', "--compare.seeds=[1, 2]", "--compare.workers=1",
              "--train.max_steps=12", "--train.eval_interval=2"]  # a checkpoint every 2 steps: kills land mid-run
-    straight = tmp_path / "straight"
-    assert main(arguments(small_text_file, straight, *extra)) == 0
-    killed = tmp_path / "killed"
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    started = time.perf_counter()
+    uninterrupted = subprocess.run([sys.executable, "-m", "eval.compare", *arguments(small_text_file, straight,
+                                                                                    *extra)],
+                                   cwd=ROOT, capture_output=True, text=True)
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-2000:]
+    duration = time.perf_counter() - started  # kills land at random fractions of it, on any machine's speed
     command = [sys.executable, "-m", "eval.compare", *arguments(small_text_file, killed, *extra)]
     rng = random.Random(7)
     kills = 0
     for _ in range(3):
         process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(3.0, 9.0))
+        time.sleep(rng.uniform(0.3, 0.7) * duration)
         if process.poll() is None:
             process.send_signal(signal.SIGKILL)
             kills += 1
