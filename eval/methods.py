@@ -84,25 +84,11 @@ def _clamp(own: dict, length: int, trained: int) -> dict:
     return {"learned_clamp": True}
 
 
-def selfextend_group(length: int, trained: int, neighbors: int) -> int:
-    """The smallest group G whose largest grouped distance, (length - 1) // G + W - W // G, stays below L."""
-    group = 1
-    while (length - 1) // group + neighbors - neighbors // group > trained - 1:
-        group += 1
-    return group
-
-
 def _attention(name: str) -> Changes:
     """An attention method with its parameters set for the evaluation length (module docstring)."""
 
     def changes(own: dict, length: int, trained: int) -> dict:
-        original = _original(own)
-        half = max(1, original // 2)
-        params: dict = {}
-        if name == "leaky_rerope":
-            params = {"window": half, "k": max(1.0, (length - half) / max(1, original - half))}
-        elif name == "selfextend":
-            params = {"neighbors": half, "group": selfextend_group(length, original, half)}
+        params = ATTENTION_METHODS[name].for_length(length, _original(own))
         return {"attention_methods": [*own.get("attention_methods", []), {"method": name, **params}]}
 
     return changes

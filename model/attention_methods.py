@@ -70,6 +70,12 @@ class AttentionMethod:
         self.params = params
         self.trained = trained
 
+    @classmethod
+    def for_length(cls, length: int, trained: int) -> dict:
+        """The parameters an evaluation at `length` of a model trained at `trained` uses (eval/methods.py); {}: the
+        defaults, which derive from the trained length."""
+        return {}
+
     def query_scale(self, positions: torch.Tensor) -> torch.Tensor:
         """Factor (batch|1, q_time) for each query."""
         raise NotImplementedError
@@ -117,52 +123,76 @@ class Temperature(AttentionMethod):
         return 1 + self.params["beta"] * torch.log(steps + 1)
 
 
+class TwoPass(AttentionMethod):
+    """Exact positions for distances below `limit()`; beyond it, queries and keys at the positions `far` gives."""
+
+    encodings = ("rope", "xpos")
+    sets_positions = True
+
+    def limit(self) -> int:
+        return int(self.params["window"])
+
+    def far(self, queries: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def passes(self, queries: torch.Tensor, keys: torch.Tensor) -> list[Pass]:
+        limit = self.limit()
+        return [Pass(queries, keys), Pass(*self.far(queries, keys), lambda i, j: i - j >= limit)]
+
+
 @register
-class ReRoPE(AttentionMethod):
+class ReRoPE(TwoPass):
     """ReRoPE: distances past the window clamped to it."""
 
-    encodings = ("rope", "xpos")
     name = "rerope"
     defaults = {"window": 0}
-    sets_positions = True
 
-    def passes(self, queries: torch.Tensor, keys: torch.Tensor) -> list[Pass]:
-        window = self.params["window"]
-        far = Pass(torch.full_like(queries, window), torch.zeros_like(keys), lambda i, j: i - j >= window)
-        return [Pass(queries, keys), far]
+    def far(self, queries: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.full_like(queries, self.limit()), torch.zeros_like(keys)
 
 
 @register
-class LeakyReRoPE(AttentionMethod):
+class LeakyReRoPE(TwoPass):
     """leaky ReRoPE: distances past the window grow with slope 1 / k."""
 
-    encodings = ("rope", "xpos")
     name = "leaky_rerope"
     defaults = {"window": 0, "k": 16.0}
-    sets_positions = True
 
-    def passes(self, queries: torch.Tensor, keys: torch.Tensor) -> list[Pass]:
+    def far(self, queries: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         window, k = self.params["window"], self.params["k"]
         # (i / k + window (1 - 1 / k)) - j / k = window + (i - j - window) / k
-        far = Pass(queries.to(torch.float32) / k + window * (1 - 1 / k), keys.to(torch.float32) / k,
-                   lambda i, j: i - j >= window)
-        return [Pass(queries, keys), far]
+        return queries.to(torch.float32) / k + window * (1 - 1 / k), keys.to(torch.float32) / k
+
+    @classmethod
+    def for_length(cls, length: int, trained: int) -> dict:
+        """Window L / 2 and the k that maps the longest distance below L."""
+        half = max(1, trained // 2)
+        return {"window": half, "k": max(1.0, (length - half) / max(1, trained - half))}
 
 
 @register
-class SelfExtend(AttentionMethod):
+class SelfExtend(TwoPass):
     """SelfExtend: exact neighbours, grouped positions beyond."""
 
-    encodings = ("rope", "xpos")
     name = "selfextend"
     defaults = {"neighbors": 0, "group": 4}
-    sets_positions = True
 
-    def passes(self, queries: torch.Tensor, keys: torch.Tensor) -> list[Pass]:
-        neighbors, group = int(self.params["neighbors"]), int(self.params["group"])
-        grouped = Pass(torch.div(queries, group, rounding_mode="floor") + neighbors - neighbors // group,
-                       torch.div(keys, group, rounding_mode="floor"), lambda i, j: i - j >= neighbors)
-        return [Pass(queries, keys), grouped]
+    def limit(self) -> int:
+        return int(self.params["neighbors"])
+
+    def far(self, queries: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        neighbors, group = self.limit(), int(self.params["group"])
+        return (torch.div(queries, group, rounding_mode="floor") + neighbors - neighbors // group,
+                torch.div(keys, group, rounding_mode="floor"))
+
+    @classmethod
+    def for_length(cls, length: int, trained: int) -> dict:
+        """Neighbours L / 2 and the smallest group whose largest distance, (length - 1) // G + W - W // G, stays
+        below L."""
+        neighbors, group = max(1, trained // 2), 1
+        while (length - 1) // group + neighbors - neighbors // group > trained - 1:
+            group += 1
+        return {"neighbors": neighbors, "group": group}
 
 
 @register
