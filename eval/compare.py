@@ -13,7 +13,9 @@ same held-out tokens at every length, with the L-window reference and the positi
 (eval/extrapolation.py); compare.snapshots also evaluates the models kept at those fractions of training.
 Jobs (one per encoding and seed) run in compare.workers processes; each writes OUT/logs/ENCODING-seedS.log.
 Re-running skips what is done (trainings resume, evaluations are cached); a job that fails is reported, not
-fatal. Writes OUT/report.md, results.json, table.md and the plots (eval/compare_report.py).
+fatal. Writes OUT/report.md, results.json, table.md and the plots (eval/compare_report.py). Optional sections beyond
+perplexity: compare.probes (attention diagnostics, the induction probe, passkey retrieval, on every model) and
+compare.tasks (the synthetic task suite, trained per encoding); see eval/compare_probes.py.
 """
 from __future__ import annotations
 
@@ -42,9 +44,11 @@ from data.batches import PretrainBatches, open_split, read_meta
 from data.prepare import prepare
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, cli_command
+from eval.compare_probes import PROBES, run_probes, run_tasks
 from eval.compare_report import eval_path, run_dir, write_outputs
 from eval.extrapolation import CheckpointEvaluation, evaluate_checkpoint, make_plan, parse_lengths, resolve_length
 from eval.methods import check_methods
+from eval.task_generators import TASKS
 from model.checkpoint import WEIGHTS, has_checkpoint, load_model, load_trainer_state, trained_length
 from model.config import build_dataclass, check_field_types
 from model.folder_lock import FolderLock
@@ -71,6 +75,12 @@ class CompareConfig:
     reference_stride: int = 0  # 0: L / 8
     seeds: list = field(default_factory=lambda: [1337])
     snapshots: list = field(default_factory=list)  # fractions of train.max_steps whose models are also evaluated
+    probes: list = field(default_factory=list)  # of "attention", "induction", "passkey" (eval/compare_probes.py)
+    probe_lengths: list = field(default_factory=lambda: ["1x", "4x"])
+    probe_tokens: int = 16384  # held-out tokens per length for the attention diagnostics
+    passkey_trials: int = 50  # per (length, depth) and seed
+    tasks: list = field(default_factory=list)  # synthetic tasks trained per encoding (eval/task_generators.py)
+    task_steps: int = 600  # training steps per task model
     workers: int = 0  # 0: one per CPU core (one per GPU on CUDA)
     threads: int = 0  # torch threads per worker; 0: CPU cores / workers
     out: str = "runs/compare"
@@ -97,6 +107,13 @@ class CompareConfig:
             raise ConfigError(f"compare.seeds must be a non-empty list of distinct integers, got {self.seeds}")
         if any(not isinstance(f, (int, float)) or not 0 < f < 1 for f in self.snapshots):
             raise ConfigError(f"compare.snapshots must be fractions of training in (0, 1), got {self.snapshots}")
+        unknown = [name for name in self.probes if name not in PROBES] + [n for n in self.tasks if n not in TASKS]
+        if unknown:
+            raise ConfigError(f"compare.probes / compare.tasks: unknown {unknown}; probes are {sorted(PROBES)}, "
+                              f"tasks are {sorted(TASKS)}")
+        parse_lengths(",".join(self.probe_lengths))
+        if min(self.probe_tokens, self.passkey_trials, self.task_steps) < 1:
+            raise ConfigError("compare.probe_tokens, passkey_trials and task_steps must be positive")
         if min(self.workers, self.threads, self.max_documents, self.reference_stride) < 0:
             raise ConfigError("compare.workers, threads, max_documents and reference_stride must be >= 0")
 
@@ -325,6 +342,12 @@ def run_job(job: Job, log_path: Path | None = None) -> dict[str, Any]:
                 notes.append(evaluate_cached(checkpoint, eval_path(compare.out, job.encoding, job.seed, step),
                                              compare, methods, probe=step is None, lengths=lengths))
             result["eval"] = notes[0]
+            if compare.probes:
+                ids = np.asarray(open_split(Path(compare.out) / "data", "val").tokens)
+                model = load_model(out, resolve_device("auto"))
+                probes = run_probes(model, out, ids, config.model.max_seq_len, compare, job.encoding, job.seed,
+                                    weights_digest(out))
+                result["eval"] += "; probes: " + ", ".join(probes)
         except Exception as error:  # a failed variant is reported, not fatal to the others
             traceback.print_exc()
             result["status"] = f"failed: {type(error).__name__}: {error}".replace("|", "/")[:300]
@@ -437,6 +460,13 @@ def run_comparison(compare: CompareConfig, shared: dict, preset: str, out: Path,
     jobs = [Job(encoding, seed, config.to_dict(), asdict(compare), threads)
             for (encoding, seed), config in configs.items()]
     results = run_jobs(jobs, workers, out)
+    if compare.tasks:
+        try:
+            run_tasks(compare, out)
+        except Exception as error:  # the perplexity report is still written
+            traceback.print_exc()
+            print(f"the task suite failed ({type(error).__name__}: {error}); the report leaves it out",
+                  file=sys.stderr)
     wall = time.perf_counter() - started
     record_invocation(out, command, wall, workers, threads, results)
     if all(str(result["status"]).startswith("failed") for result in results.values()) and (out / "report.md").exists():

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from data.batches import read_meta
+from eval.compare_probes import report_sections
 from eval.extrapolation import CheckpointEvaluation, resolve_length
 from eval.methods import METHODS, NONE, applies, label, method_spec
 from eval.stats import Estimate, crossed_bootstrap, separated, t_interval
@@ -678,6 +679,9 @@ def report_markdown(compare, shared, data_dir, configs, results, training, varia
                 lines.append(f"| {encoding} | {fraction * max_steps * tokens_per_step:,.0f} ({fraction:g}) | "
                              f"{cell(short)} | {cell(long)} | {cell(penalty, 3, signed=True)} |")
         lines += ["", "![penalty against training tokens](snapshots.png)", ""]
+    lines += report_sections(Path(compare.out), compare, trained,
+                             lambda name, length: variants[name].penalty_estimate(length) if name in variants else None,
+                             colour)
     lines += ["## Training curves", "", "![training curves](train_curves.png)", "", "## What this shows", ""]
     lines += findings(variants, lengths, trained, sorted({o for v in variants.values() for o in v.probe}))
     lines += snapshot_findings(snapshots, max_steps * tokens_per_step, longest / trained)

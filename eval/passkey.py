@@ -10,7 +10,8 @@ filler ("The grass is green. The sky is blue. The sun is yellow. Here we go. The
 repeated), "The pass key is K. Remember it. K is the pass key.", more filler, and
 "What is the pass key? The pass key is". The filler is sized so the prompt has at most LENGTH tokens,
 with the key line after DEPTH of it (0 = start, 1 = end). A trial scores 1 when the first integer in the
-greedy continuation (10 tokens) equals K. Writes OUT/results.json and the heatmap OUT/passkey.png.
+greedy continuation (10 tokens) equals K. Each cell's accuracy comes with its Wilson 95% interval over the trials
+(use --trials 50 or more for an interval narrower than about +-0.15). Writes OUT/results.json and the heatmap OUT/passkey.png.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from commands import add_checkpoint, add_device, add_out, comma_list, command_pa
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, cli_command
 from eval.extrapolation import parse_lengths, resolve_length
+from eval.stats import wilson_interval
 from infer.generate import generate_tokens
 from infer.rope_args import add_rope_scaling_args, load_for_inference
 from model.checkpoint import trained_length
@@ -89,9 +91,11 @@ def evaluate_passkey(model, tokenizer, lengths: list[int], depths: list[float], 
                 answer = parse_answer(tokenizer.decode(generated))
                 correct += int(answer == key)
                 answers.append({"key": key, "answer": answer})
+            interval = wilson_interval(correct, trials)
             rows.append({"length": length, "prompt_tokens": prompt_tokens, "depth": depth,
-                         "accuracy": correct / trials, "trials": trials, "answers": answers})
-            print(f"length {length:6d} depth {depth:4.2f}: {correct}/{trials}")
+                         "accuracy": correct / trials, "low": interval.low, "high": interval.high, "trials": trials,
+                         "answers": answers})
+            print(f"length {length:6d} depth {depth:4.2f}: {correct}/{trials} ({interval.format(2)}, Wilson 95%)")
     return rows
 
 

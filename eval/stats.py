@@ -3,6 +3,7 @@
     t_interval          a mean over seeds with Student's t 95% interval (mean +- t(0.975, n-1) * sd / sqrt(n))
     crossed_bootstrap   a mean over a (seeds x windows) matrix with a percentile bootstrap interval that resamples
                         seeds and windows independently, so both training noise and text sampling count
+    wilson_interval     a success rate (passkey trials, task accuracy) with the Wilson score 95% interval
     separated           whether two intervals do not overlap: the comparison's criterion for stating an order
 """
 from __future__ import annotations
@@ -79,6 +80,17 @@ def crossed_bootstrap(matrix: np.ndarray, resamples: int = 2000, seed: int = 0) 
     draws = np.einsum("bs,sw,bw->b", seed_counts, matrix, window_counts) / (seeds * windows)
     low, high = np.percentile(draws, [2.5, 97.5])
     return Estimate(mean, float(low), float(high), seeds)
+
+
+def wilson_interval(successes: int, trials: int) -> Estimate:
+    """The rate successes / trials with its Wilson score 95% interval (stays inside [0, 1], and is not empty at 0
+    or `trials` successes, unlike the normal approximation)."""
+    if trials < 1 or not 0 <= successes <= trials:
+        raise ValueError(f"need 0 <= successes <= trials and trials >= 1, got {successes} of {trials}")
+    rate, z2 = successes / trials, Z_975**2
+    centre = (rate + z2 / (2 * trials)) / (1 + z2 / trials)
+    half = Z_975 * math.sqrt(rate * (1 - rate) / trials + z2 / (4 * trials**2)) / (1 + z2 / trials)
+    return Estimate(rate, max(0.0, min(rate, centre - half)), min(1.0, max(rate, centre + half)), trials)
 
 
 def separated(a: Estimate, b: Estimate) -> bool:

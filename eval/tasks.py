@@ -62,15 +62,17 @@ def evaluate(model: Transformer, task: Task, length: int, count: int) -> dict[st
     return score(logits, batch)
 
 
-def run_suite(task: Task, encodings: list[str], seeds: list[int], length: int, multiples: list[int], count: int,
-              shared: dict, out: Path) -> dict[str, Any]:
+def run_suite(task: Task, encodings: dict[str, dict], seeds: list[int], length: int, multiples: list[int],
+              count: int, shared: dict, out: Path) -> dict[str, Any]:
+    """Train and score every encoding (name -> the model settings that make it, e.g. {"position": "rope"} or a
+    comparison's variant) for every seed; per encoding and length, each metric's mean and t interval over seeds."""
     results: dict[str, Any] = {}
-    for encoding in encodings:
+    for encoding, settings in encodings.items():
         per_length: dict[int, list[dict]] = {multiple: [] for multiple in multiples}
         for seed in seeds:
             values = {section: dict(shared.get(section, {})) for section in ("model", "train")}
-            values["model"].update(vocab_size=task.vocab_size, max_seq_len=length, position=encoding)
-            values["model"].setdefault("learned_clamp", encoding == "learned")
+            values["model"].update(settings, vocab_size=task.vocab_size, max_seq_len=length)
+            values["model"].setdefault("learned_clamp", settings["position"] == "learned")
             values["train"]["seed"] = seed
             values["out"] = {"dir": str(out / "runs" / task.name / encoding / f"seed{seed}"), "overwrite": True}
             config = build_run_config(values, f"task {task.name}, {encoding}, seed {seed}")
@@ -110,6 +112,18 @@ def plot(results: dict[str, Any], task: str, length: int, out: Path) -> Path:
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return path
+
+
+def write_suite(out: Path, task: str, length: int, seeds: list[int], results: dict[str, Any],
+                settings: dict | None = None) -> None:
+    """OUT/results.json and OUT/TASK.png, and one line per encoding."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"task": task, "length": length, "seeds": seeds,
+                                                  "settings": settings, "results": results}, indent=1) + "\n")
+    for encoding, by_length in results.items():
+        shown = ", ".join(f"{key} {row['exact_match']['mean']:.2f}" for key, row in by_length.items())
+        print(f"{task} {encoding}: exact match {shown}")
+    print(f"wrote {out / 'results.json'} and {plot(results, task, length, out)}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -152,14 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         shared[section][key] = parse_override_value(text)
     build_run_config({**shared, "model": {**shared["model"], "vocab_size": task.vocab_size, "max_seq_len": args.length}},
                      "eval.tasks settings")  # every setting is checked before anything trains
-    results = run_suite(task, encodings, seeds, args.length, multiples, args.count, shared, args.out)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps({"task": task.name, "length": args.length, "seeds": seeds,
-                                                       "results": results}, indent=1) + "\n")
-    for encoding, by_length in results.items():
-        shown = ", ".join(f"{key} {row['exact_match']['mean']:.2f}" for key, row in by_length.items())
-        print(f"{task.name} {encoding}: exact match {shown}")
-    print(f"wrote {args.out / 'results.json'} and {plot(results, task.name, args.length, args.out)}")
+    results = run_suite(task, {name: {"position": name} for name in encodings}, seeds, args.length, multiples,
+                        args.count, shared, args.out)
+    write_suite(args.out, task.name, args.length, seeds, results)
     return 0
 
 

@@ -308,3 +308,32 @@ def test_a_negligible_paired_change_is_not_called_better_or_worse():
     assert verdict_word(Estimate(0.95, 0.93, 0.97, 3)) == "better"
     assert verdict_word(Estimate(1.05, 1.02, 1.08, 3)) == "worse"
     assert verdict_word(Estimate(1.0, 0.97, 1.03, 3)) == "within noise"
+
+
+def test_probes_and_tasks_add_their_sections_and_are_cached(small_text_file, tmp_path, capsys):
+    """compare.probes run on every trained model (a length a learned table cannot run is recorded, not fatal),
+    compare.tasks trains the task suite per encoding, the report gets their sections, and a re-run reuses both."""
+    out = tmp_path / "cmp"
+    args = arguments(small_text_file, out, '--compare.encodings=["learned", "rope"]', "--compare.workers=1",
+                     '--compare.probes=["attention", "induction", "passkey"]', '--compare.probe_lengths=["1x", "16x"]',
+                     "--compare.probe_tokens=256", "--compare.passkey_trials=2", '--compare.tasks=["flipflop"]',
+                     "--compare.task_steps=3", "--compare.seeds=[1, 2]",
+                     '--compare.methods=["clamp"]', '--compare.lengths=["1x", "2x"]')
+    assert main(args) == 0
+    attention = json.loads((out / "probes" / "rope" / "seed1-attention.json").read_text())["rows"]
+    assert len(attention["16x"]["entropy"]["by_position"][0]) == 256 and attention["16x"]["far"]["beyond_L"]
+    learned = json.loads((out / "probes" / "learned" / "seed2-attention.json").read_text())["rows"]
+    assert "entropy" in learned["1x"] and "learned table" in learned["16x"]["error"]
+    passkey = json.loads((out / "probes" / "rope" / "seed2-passkey.json").read_text())["rows"]
+    assert "too short for the passkey template" in passkey["1x"]["error"]  # 16 tokens: recorded, not fatal
+    assert [row["trials"] for row in passkey["16x"]] == [2, 2, 2] and all("low" in row for row in passkey["16x"])
+    tasks = json.loads((out / "tasks" / "flipflop" / "results.json").read_text())
+    assert set(tasks["results"]) == {"learned", "rope"} and tasks["results"]["rope"]["8x"]["exact_match"]["n"] == 2
+    report = (out / "report.md").read_text()
+    for heading in ("### Attention diagnostics", "### Induction probe", "### Passkey retrieval", "### Task: flipflop"):
+        assert heading in report
+    assert "| rope @ 16x |" in report and (out / "attention.png").stat().st_size > 0
+    capsys.readouterr()
+    assert main(args) == 0
+    output = capsys.readouterr().out
+    assert "attention cached, induction cached, passkey cached" in output and "task flipflop: cached" in output

@@ -1,0 +1,307 @@
+"""The comparison's optional sections beyond perplexity: probes of each trained model (attention diagnostics, the
+induction probe, passkey retrieval) and the synthetic task suite trained per encoding.
+
+    [compare]
+    probes = ["attention", "induction", "passkey"]   # run on every variant and seed after its evaluation
+    probe_lengths = ["1x", "4x"]                      # lengths (attention, passkey) and copy distances (induction)
+    tasks = ["copy", "associative_recall", "flipflop"]   # eval.tasks, trained per encoding and seed
+
+Probe results are cached per model in OUT/probes/ENCODING/seedS-PROBE.json (recomputed when the weights or the
+settings change); task results go to OUT/tasks/TASK/. The report gets one section per probe and per task, with
+intervals over seeds, and findings that set the attention statistics beside the extrapolation penalty.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from data.tokenizer import load_tokenizer
+from errors import ConfigError, PositionRangeError
+from eval.attention import STATISTICS, attention_statistics, summarise
+from eval.extrapolation import resolve_length
+from eval.induction import induction_probe, ordinary_token_ids
+from eval.passkey import evaluate_passkey
+from eval.stats import Estimate, t_interval, wilson_interval
+from eval.task_generators import get_task
+from eval.tasks import DEFAULT_MODEL, DEFAULT_TRAIN, run_suite, write_suite
+from model.transformer import Transformer
+
+PASSKEY_DEPTHS = [0.0, 0.5, 1.0]
+INDUCTION_BLOCK, INDUCTION_TRIALS = 32, 32
+TASK_LENGTH, TASK_MULTIPLES, TASK_COUNT = 64, [1, 2, 4, 8], 256
+
+
+def probe_path(out: str | Path, encoding: str, seed: int, probe: str) -> Path:
+    return Path(out) / "probes" / encoding / f"seed{seed}-{probe}.json"
+
+
+def _per_length(compare: Any, trained: int, run: Callable[[int], Any]) -> dict[str, Any]:
+    """run(length) for every probe length; a length the model cannot run (a learned table's end) is recorded as an
+    error, not raised."""
+    rows: dict[str, Any] = {}
+    for item in compare.probe_lengths:
+        try:
+            rows[item] = run(resolve_length(item, trained))
+        except (ConfigError, PositionRangeError) as error:
+            rows[item] = {"error": str(error)}
+    return rows
+
+
+def _attention(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: int, compare: Any) -> dict:
+    return _per_length(compare, trained, lambda length: summarise(
+        attention_statistics(model, ids, length, compare.probe_tokens), trained))
+
+
+def induction_block(trained: int) -> int:
+    return max(2, min(INDUCTION_BLOCK, trained // 4))
+
+
+def _induction(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: int, compare: Any) -> dict:
+    """At each probe length, the second copy ends the sequence: distance = length - block."""
+    ordinary = ordinary_token_ids(load_tokenizer(checkpoint), model.config.vocab_size)
+    block = induction_block(trained)
+    return _per_length(compare, trained, lambda length: induction_probe(
+        model, ordinary, [length - block], block, INDUCTION_TRIALS, seed=0)[0])
+
+
+def _passkey(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: int, compare: Any) -> dict:
+    tokenizer = load_tokenizer(checkpoint)
+    return _per_length(compare, trained, lambda length: evaluate_passkey(
+        model, tokenizer, [length], PASSKEY_DEPTHS, compare.passkey_trials, seed=0))
+
+
+PROBES: dict[str, Callable[..., dict]] = {"attention": _attention, "induction": _induction, "passkey": _passkey}
+
+
+def run_probes(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: int, compare: Any, encoding: str,
+               seed: int, digest: str) -> list[str]:
+    """Run compare.probes on one trained model, each unless cached for the same weights and settings."""
+    notes = []
+    for probe in compare.probes:
+        path = probe_path(compare.out, encoding, seed, probe)
+        key = {"weights": digest, "lengths": compare.probe_lengths, "tokens": compare.probe_tokens,
+               "trials": compare.passkey_trials}
+        if path.exists():
+            try:
+                if json.loads(path.read_text()).get("key") == key:
+                    notes.append(f"{probe} cached")
+                    continue
+            except (OSError, ValueError):
+                pass  # unreadable: recomputed
+        print(f"--- probe {probe} ---", flush=True)
+        rows = PROBES[probe](model, checkpoint, ids, trained, compare)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_suffix(".tmp")
+        staging.write_text(json.dumps({"key": key, "rows": rows}) + "\n")
+        staging.replace(path)
+        notes.append(f"{probe} done")
+    return notes
+
+
+def run_tasks(compare: Any, out: Path) -> None:
+    """The task suite for every encoding of the comparison (its variants' model settings), seeds shared with it;
+    a task whose results exist for the same settings is skipped."""
+    encodings = {name: compare.model_settings(name) for name in compare.encodings}
+    train = {**DEFAULT_TRAIN, "max_steps": compare.task_steps}
+    for name in compare.tasks:
+        task = get_task(name)
+        folder = out / "tasks" / name
+        settings = {"encodings": encodings, "seeds": compare.seeds, "length": TASK_LENGTH,
+                    "model": DEFAULT_MODEL, "train": train}
+        results_path = folder / "results.json"
+        if results_path.exists() and json.loads(results_path.read_text()).get("settings") == settings:
+            print(f"task {name}: cached")
+            continue
+        print(f"task {name}: training {len(encodings)} encodings x {len(compare.seeds)} seeds", flush=True)
+        results = run_suite(task, encodings, compare.seeds, TASK_LENGTH, TASK_MULTIPLES, TASK_COUNT,
+                            {"model": DEFAULT_MODEL, "train": train}, folder)
+        write_suite(folder, name, TASK_LENGTH, compare.seeds, results, settings)
+
+
+def _load(out: Path, compare: Any, probe: str) -> dict[str, dict[int, dict]]:
+    """encoding -> seed -> rows of one probe, for what exists."""
+    found: dict[str, dict[int, dict]] = {}
+    for encoding in compare.encodings:
+        for seed in compare.seeds:
+            path = probe_path(out, encoding, seed, probe)
+            if path.exists():
+                found.setdefault(encoding, {})[seed] = json.loads(path.read_text())["rows"]
+    return found
+
+
+def _cell(estimate: Estimate | None, digits: int = 2, signed: bool = False) -> str:
+    return "n/a" if estimate is None else estimate.format(digits, signed)
+
+
+def _header(first: str, columns: list[str]) -> list[str]:
+    return [f"| {first} | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+
+
+def attention_summary(rows: dict[int, dict], item: str) -> dict[str, Estimate | None]:
+    """Over seeds: each statistic's mean (over layers, heads, positions) within L and beyond L at one length."""
+    summary: dict[str, Estimate | None] = {}
+    for name in STATISTICS:
+        for part in ("within_L", "beyond_L"):
+            values = [float(np.mean(by_seed[item][name][part])) for by_seed in rows.values()
+                      if "error" not in by_seed.get(item, {"error": 1}) and by_seed[item][name][part] is not None]
+            summary[f"{name} {part}"] = t_interval(values)
+        values = [float(np.mean(by_seed[item][name]["beyond_L"]) - np.mean(by_seed[item][name]["within_L"]))
+                  for by_seed in rows.values()
+                  if "error" not in by_seed.get(item, {"error": 1}) and by_seed[item][name]["beyond_L"] is not None]
+        summary[f"{name} rise"] = t_interval(values)
+    return summary
+
+
+def uniform_rise(item: str, trained: int) -> str:
+    """Mean ln(i + 1) over positions L..T-1 minus over 0..L-1: the entropy rise of uniform causal attention."""
+    length = resolve_length(item, trained)
+    if length <= trained:
+        return "n/a"
+    logs = np.log(np.arange(1, length + 1))
+    return f"{logs[trained:].mean() - logs[:trained].mean():+.2f}"
+
+
+def attention_section(out: Path, compare: Any, trained: int, penalty: Callable[[str, int], Estimate | None],
+                      colour: Callable[[str], str]) -> list[str]:
+    found = _load(out, compare, "attention")
+    if not found:
+        return []
+    lines = ["### Attention diagnostics", "",
+             f"Per layer and head on {compare.probe_tokens:,} held-out tokens per length (eval/attention.py), "
+             "averaged over layers, heads and query positions, mean [95% t interval] over seeds. Entropy in nats; "
+             "'rise': the mean at positions >= L minus the mean at positions < L in the same windows; 'uniform rise': "
+             "the same for attention spread evenly over the prefix (mean ln(i + 1)), the rise that more keys alone "
+             "cause; far: the share on keys "
+             "more than L back; sink: the share on the first 4 tokens.", "",
+             *_header("encoding @ length", ["entropy < L", "entropy >= L", "entropy rise", "uniform rise",
+                                            "distance < L",
+                                            "distance >= L", "sink share", "far share >= L"])]
+    for encoding, rows in found.items():
+        for item in compare.probe_lengths:
+            s = attention_summary(rows, item)
+            lines.append(f"| {encoding} @ {item} | {_cell(s['entropy within_L'])} | {_cell(s['entropy beyond_L'])} | "
+                         f"{_cell(s['entropy rise'], signed=True)} | {uniform_rise(item, trained)} | "
+                         f"{_cell(s['distance within_L'], 1)} | "
+                         f"{_cell(s['distance beyond_L'], 1)} | {_cell(s['sink within_L'], 3)} | "
+                         f"{_cell(s['far beyond_L'], 3)} |")
+    lines += ["", "![attention diagnostics](attention.png)", ""]
+    plot_attention(found, compare, trained, out / "attention.png", colour)
+    longest = max(compare.probe_lengths, key=lambda item: resolve_length(item, trained))
+    length = resolve_length(longest, trained)
+    statements = []
+    for encoding, rows in found.items():
+        rise = attention_summary(rows, longest)["entropy rise"]
+        estimate = penalty(encoding, length)
+        if rise is not None:
+            statements.append(f"{encoding}: entropy at positions >= L {rise.format(2, True)} nats against < L, "
+                              f"penalty {_cell(estimate, 3, True)} nats")
+    if statements and length > trained:
+        lines += [f"- At {longest}, attention entropy beside the extrapolation penalty: " + "; ".join(statements)
+                  + ". A rise well beyond the uniform one with a positive penalty is attention spreading over "
+                    "positions it never saw (attention dilution); a flat entropy with a flat penalty is an "
+                    "encoding that keeps its attention local.", ""]
+    return lines
+
+
+def plot_attention(found: dict, compare: Any, trained: int, path: Path, colour: Callable[[str], str]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    longest = max(compare.probe_lengths, key=lambda item: resolve_length(item, trained))
+    figure, axes = plt.subplots(1, 4, figsize=(18, 4))
+    titles = {"entropy": "entropy (nats)", "distance": "mean distance attended (tokens)",
+              "sink": "share on the first 4 tokens", "far": "share on keys farther than L"}
+    for encoding, rows in found.items():
+        curves = {name: [np.asarray(r[longest][name]["by_position"]).mean(axis=0) for r in rows.values()
+                         if "error" not in r.get(longest, {"error": 1})] for name in STATISTICS}
+        for axis, name in zip(axes, STATISTICS):
+            if curves[name]:
+                mean = np.mean(curves[name], axis=0)
+                window = max(1, len(mean) // 64)  # a moving average over 1/64 of the length, for legibility
+                smooth = np.convolve(mean, np.ones(window) / window, mode="valid")
+                axis.plot(np.arange(len(smooth)) + window // 2, smooth, color=colour(encoding), linewidth=1.2,
+                          label=encoding)
+    for axis, name in zip(axes, STATISTICS):
+        axis.axvline(trained, color="grey", linestyle=":", linewidth=1)
+        axis.set_title(titles[name])
+        axis.set_xlabel(f"query position (at {longest}; dotted: L)")
+    axes[0].legend(fontsize=7)
+    figure.suptitle(f"Attention by query position at {longest}: mean over layers, heads and seeds "
+                    f"(moving average over {max(1, resolve_length(longest, trained) // 64)} positions)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def induction_section(out: Path, compare: Any, trained: int) -> list[str]:
+    found = _load(out, compare, "induction")
+    if not found:
+        return []
+    block = induction_block(trained)
+    lines = ["### Induction probe", "",
+             f"Sequences of the given length of random tokens whose last {block} repeat their first {block} (the "
+             f"copies {block} tokens less than the length apart; {INDUCTION_TRIALS} trials per length; "
+             "eval/induction.py): the loss on the first copy minus the loss on the second, in nats, mean [95% t "
+             "interval] over seeds. Near 0: the model does not copy from that far back.", "",
+             *_header("encoding", list(compare.probe_lengths))]
+    for encoding, rows in found.items():
+        cells = []
+        for item in compare.probe_lengths:
+            values = [r[item]["gain"]["mean"] for r in rows.values() if "gain" in r.get(item, {})]
+            cells.append(_cell(t_interval(values), signed=True))
+        lines.append(f"| {encoding} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def passkey_section(out: Path, compare: Any) -> list[str]:
+    found = _load(out, compare, "passkey")
+    if not found:
+        return []
+    lines = ["### Passkey retrieval", "",
+             f"{compare.passkey_trials} trials per (length, depth) and seed at depths {PASSKEY_DEPTHS}, pooled over "
+             "depths and seeds: accuracy [Wilson 95% interval] (eval/passkey.py). Base models are not fine-tuned on "
+             "the template, so 0 is expected of small ones; README's passkey recipe fine-tunes one.", "",
+             *_header("encoding", list(compare.probe_lengths))]
+    for encoding, rows in found.items():
+        cells = []
+        for item in compare.probe_lengths:
+            cell_rows = [row for r in rows.values() if isinstance(r.get(item), list) for row in r[item]]
+            correct = sum(round(row["accuracy"] * row["trials"]) for row in cell_rows)
+            trials = sum(row["trials"] for row in cell_rows)
+            cells.append(_cell(wilson_interval(correct, trials)) if trials else "n/a")
+        lines.append(f"| {encoding} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def tasks_section(out: Path, compare: Any) -> list[str]:
+    lines = []
+    for name in compare.tasks:
+        path = out / "tasks" / name / "results.json"
+        if not path.exists():
+            continue
+        saved = json.loads(path.read_text())
+        results = saved["results"]
+        multiples = list(next(iter(results.values())))
+        lines += [f"### Task: {name}", "",
+                  f"Trained per encoding and seed at L = {saved['length']} (eval/tasks.py, model {DEFAULT_MODEL}, "
+                  f"{saved['settings']['train']['max_steps']} steps of {DEFAULT_TRAIN['batch_size']} sequences), "
+                  "exact match "
+                  f"on {TASK_COUNT} fresh sequences per length, mean [95% t interval] over seeds.", "",
+                  *_header("encoding", multiples)]
+        for encoding, by_length in results.items():
+            lines.append(f"| {encoding} | " + " | ".join(
+                _cell(Estimate(**row["exact_match"])) for row in by_length.values()) + " |")
+        lines += ["", f"![{name}](tasks/{name}/{name}.png)", ""]
+    return lines
+
+
+def report_sections(out: Path, compare: Any, trained: int, penalty: Callable[[str, int], Estimate | None],
+                    colour: Callable[[str], str]) -> list[str]:
+    lines = attention_section(out, compare, trained, penalty, colour) + induction_section(out, compare, trained)
+    lines += passkey_section(out, compare) + tasks_section(out, compare)
+    return (["## Beyond perplexity", ""] + lines) if lines else []
