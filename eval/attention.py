@@ -30,6 +30,7 @@ import torch
 from commands import add_checkpoint, add_device, add_out, comma_list, command_parser
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, DataError, cli_command
+from eval import figures
 from eval.data import load_eval_tokens, training_data_dir, training_val_fraction
 from eval.extrapolation import parse_lengths, resolve_length
 from model.checkpoint import load_model, trained_length
@@ -124,12 +125,7 @@ def checkpoint_label(checkpoint: str) -> str:
 
 
 def plot(results: dict[str, Any], out: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(1, 4, figsize=(18, 4))
+    figure, axes = figures.new(4, width=18, height=4)
     titles = {"entropy": "entropy (nats)", "distance": "mean distance attended (tokens)",
               "sink": "share on the first tokens", "far": "share on keys farther than L"}
     for label, entry in results.items():
@@ -143,12 +139,7 @@ def plot(results: dict[str, Any], out: Path) -> Path:
             axis.axvline(value, color="grey", linestyle=":", linewidth=1)
         axis.set_title(titles[name])
         axis.set_xlabel("query position")
-    axes[0].legend(fontsize=7)
-    figure.tight_layout()
-    path = out / "attention.png"
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return figures.save(figure, out / "attention.png", axes[0], below=True)
 
 
 def build_parser() -> argparse.ArgumentParser:

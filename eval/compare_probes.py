@@ -20,6 +20,7 @@ import numpy as np
 
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, PositionRangeError
+from eval import figures
 from eval.attention import STATISTICS, attention_statistics, summarise
 from eval.extrapolation import resolve_length
 from eval.induction import induction_probe, ordinary_token_ids
@@ -207,13 +208,8 @@ def attention_section(out: Path, compare: Any, trained: int, penalty: Callable[[
 
 
 def plot_attention(found: dict, compare: Any, trained: int, path: Path, colour: Callable[[str], str]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     longest = max(compare.probe_lengths, key=lambda item: resolve_length(item, trained))
-    figure, axes = plt.subplots(1, 4, figsize=(18, 4))
+    figure, axes = figures.new(4, width=18, height=4)
     titles = {"entropy": "entropy (nats)", "distance": "mean distance attended (tokens)",
               "sink": "share on the first 4 tokens", "far": "share on keys farther than L"}
     for encoding, rows in found.items():
@@ -230,12 +226,9 @@ def plot_attention(found: dict, compare: Any, trained: int, path: Path, colour: 
         axis.axvline(trained, color="grey", linestyle=":", linewidth=1)
         axis.set_title(titles[name])
         axis.set_xlabel(f"query position (at {longest}; dotted: L)")
-    axes[0].legend(fontsize=7)
     figure.suptitle(f"Attention by query position at {longest}: mean over layers, heads and seeds "
                     f"(moving average over {max(1, resolve_length(longest, trained) // 64)} positions)")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    figures.save(figure, path, axes[0], below=True)
 
 
 def induction_section(out: Path, compare: Any, trained: int) -> list[str]:

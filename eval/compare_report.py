@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,30 +21,17 @@ from typing import Any
 import numpy as np
 
 from data.batches import read_meta
+from eval import figures
 from eval.compare_probes import report_sections
 from eval.extrapolation import CheckpointEvaluation, resolve_length
-from eval.methods import METHODS, NONE, applies, label, method_spec
+from eval.figures import colour, method_style
+from eval.methods import NONE, applies, label, method_spec
 from eval.stats import Estimate, crossed_bootstrap, separated, t_interval
 from model.checkpoint import has_checkpoint, load_trainer_state
 from model.transformer import Transformer
 from train.loop import METRICS, position_group_settings
 
-ENCODING_ORDER = ["none", "sinusoidal", "learned", "shaw", "t5", "alibi", "rope", "kerple", "fire", "xpos", "cope",
-                  "partial-rope", "p-rope", "irope", "rnope-swa"]
-# One line style per method, in the registry's order ("none" solid), so a new method needs no entry here.
-LINE_STYLES = ["-", (0, (1, 1)), (0, (3, 1, 1, 1)), "-.", (0, (5, 2)), "--", (0, (3, 3)), (0, (1, 3))]
-METHOD_STYLES = {name: LINE_STYLES[index % len(LINE_STYLES)] for index, name in enumerate(METHODS)}
 PAPER = "the ALiBi paper (Press et al. 2022; WikiText-103, 247M parameters, L = 512)"
-
-
-def colour(encoding: str) -> str:
-    """One fixed colour per encoding in every figure."""
-    import matplotlib
-
-    # tab10, then the ten lighter shades of tab20: the first ten encodings keep their colours in older figures.
-    palette = list(matplotlib.colormaps["tab10"].colors) + list(matplotlib.colormaps["tab20"].colors[1::2])
-    index = ENCODING_ORDER.index(encoding) if encoding in ENCODING_ORDER else zlib.crc32(encoding.encode())
-    return matplotlib.colors.to_hex(palette[index % len(palette)])
 
 
 @dataclass
@@ -385,12 +371,7 @@ def probe_findings(variants: dict[str, Variant], offsets: list[int], trained: in
 
 def plot_with_bands(variants: dict[str, Variant], lengths: list[int], value, path: Path, ylabel: str, title: str,
                     log_y: bool, trained: int, zero_line: bool = False) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(8.5, 5.2))
+    figure, axis = figures.new()
     for name, variant in variants.items():
         points = [(length, value(variant, length)) for length in lengths]
         points = [(length, estimate) for length, estimate in points if estimate is not None]
@@ -398,9 +379,8 @@ def plot_with_bands(variants: dict[str, Variant], lengths: list[int], value, pat
             continue
         xs = [length for length, _ in points]
         means = [estimate.mean for _, estimate in points]
-        style = METHOD_STYLES.get(variant.method, "--")
-        line, = axis.plot(xs, means, linestyle=style, marker="o", markersize=3, color=colour(variant.encoding),
-                          label=name, linewidth=1.3)
+        line, = axis.plot(xs, means, **figures.style(variant.encoding, variant.method), markersize=3, label=name,
+                          linewidth=1.3)
         if all(estimate.has_interval for _, estimate in points):
             axis.fill_between(xs, [e.low for _, e in points], [e.high for _, e in points], color=line.get_color(),
                               alpha=0.15, linewidth=0)
@@ -414,20 +394,12 @@ def plot_with_bands(variants: dict[str, Variant], lengths: list[int], value, pat
     axis.set_ylabel(ylabel)
     axis.set_title(title, fontsize=10)
     axis.grid(True, which="both", alpha=0.3)
-    axis.legend(fontsize=7, ncol=2)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    figures.save(figure, path, axis)
 
 
 def plot_position_penalty(variants: dict[str, Variant], longest: int, trained: int, path: Path) -> None:
     """Penalty by position in the longest windows (window loss minus reference loss of the same tokens)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(8.5, 5.2))
+    figure, axis = figures.new()
     bucket = max(1, longest // 64)
     for name, variant in variants.items():
         if not variant.curves:
@@ -435,31 +407,24 @@ def plot_position_penalty(variants: dict[str, Variant], longest: int, trained: i
         curves = np.stack([variant.curves[s] for s in sorted(variant.curves)])[:, : (longest // bucket) * bucket]
         binned = curves.reshape(len(curves), -1, bucket).mean(axis=2)
         xs = bucket * (np.arange(binned.shape[1]) + 0.5)
-        line, = axis.plot(xs, binned.mean(axis=0), linestyle=METHOD_STYLES.get(variant.method, "--"),
+        line, = axis.plot(xs, binned.mean(axis=0), linestyle=method_style(variant.method),
                           color=colour(variant.encoding), label=name, linewidth=1.2)
         if len(binned) > 1:
             axis.fill_between(xs, binned.min(axis=0), binned.max(axis=0), color=line.get_color(), alpha=0.12,
                               linewidth=0)
     axis.axvline(trained, color="grey", linestyle=":", linewidth=1)
     axis.axhline(0, color="black", linewidth=0.8)
-    axis.set_xlabel(f"position in a {longest}-token window; dotted = L (band: range over seeds)")
+    axis.set_xlabel(f"position in a {longest}-token window, in bins of {bucket} positions (each bin: every scored "
+                    "window's tokens there); dotted = L; band: range over seeds")
     axis.set_ylabel("loss in the window minus L-window reference (nats)")
     axis.set_title("Where a model breaks: per-position penalty at the longest length (< L: early-token curse)",
                    fontsize=10)
     axis.grid(True, alpha=0.3)
-    axis.legend(fontsize=7, ncol=2)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    figures.save(figure, path, axis)
 
 
 def plot_training_curves(training: dict[str, dict[int, dict]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(8.5, 5.2))
+    figure, axis = figures.new()
     for encoding, by_seed in training.items():
         curves = [summary["curve"] for summary in by_seed.values() if summary and summary.get("curve")]
         if not curves:
@@ -476,36 +441,26 @@ def plot_training_curves(training: dict[str, dict[int, dict]], path: Path) -> No
     axis.set_ylabel("loss (nats/token), mean over seeds; dashed = validation")
     axis.set_title("Training curves (same data, budget, seeds, shape)")
     axis.grid(True, alpha=0.3)
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    figures.save(figure, path, axis)
 
 
 def plot_snapshots(snapshots: dict, tokens_per_step: int, max_steps: int, path: Path, longest_multiple: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(8.5, 5.2))
+    figure, axis = figures.new()
     for name, rows in snapshots.items():
         encoding = name.split("+")[0]
         xs = [fraction * max_steps * tokens_per_step / 1e6 for fraction, *_ in rows]
         means = [penalty.mean for _, penalty, _, _ in rows]
         errors = [[penalty.mean - (penalty.low if penalty.has_interval else penalty.mean) for _, penalty, _, _ in rows],
                   [(penalty.high if penalty.has_interval else penalty.mean) - penalty.mean for _, penalty, _, _ in rows]]
-        axis.errorbar(xs, means, yerr=errors, marker="o", markersize=4, capsize=3, color=colour(encoding),
+        axis.errorbar(xs, means, yerr=errors, marker=figures.marker(encoding), markersize=4, capsize=3,
+                      color=colour(encoding),
                       label=name, linewidth=1.2)
     axis.axhline(0, color="black", linewidth=0.8)
     axis.set_xlabel("training tokens (millions)")
     axis.set_ylabel(f"extrapolation penalty at {longest_multiple:g}x (nats, 95% bootstrap)")
     axis.set_title("Extrapolation against training tokens (models kept during training)", fontsize=10)
     axis.grid(True, alpha=0.3)
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    figures.save(figure, path, axis)
 
 
 def estimate_dict(estimate: Estimate | None) -> dict | None:

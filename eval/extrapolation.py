@@ -38,6 +38,7 @@ import torch
 from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, deprecated, require
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, PositionRangeError, cli_command
+from eval import figures
 from eval.data import describe_eval_data, load_eval_tokens, training_data_dir, training_val_fraction
 from eval.methods import METHODS, NONE, applies, check_methods, label, method_spec
 from eval.scoring import score_incremental, score_windows
@@ -298,16 +299,18 @@ def tables_markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def plot_results(rows: list[dict[str, Any]], path: Path, title: str = "Perplexity vs evaluation length") -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(8, 5))
+    """One line per checkpoint and method: the encoding's colour and marker when each checkpoint has its own
+    encoding (otherwise the default cycle), the method's line style (eval/figures.py)."""
+    names = dict.fromkeys(row["name"] for row in rows)
+    by_encoding = len({next(r["position"] for r in rows if r["name"] == n) for n in names}) == len(names)
+    figure, axis = figures.new(width=8, height=5)
     for name in dict.fromkeys(row["label"] for row in rows):
-        points = sorted((row["length"], row["ppl"]) for row in rows if row["label"] == name and row["ppl"] is not None)
+        chosen = [row for row in rows if row["label"] == name]
+        points = sorted((row["length"], row["ppl"]) for row in chosen if row["ppl"] is not None)
+        style = (figures.style(chosen[0]["position"], chosen[0]["method"]) if by_encoding
+                 else {"marker": "o", "linestyle": figures.method_style(chosen[0]["method"])})
         if points:
-            axis.plot(*zip(*points), "--" if "+" in name else "-", marker="o", markersize=3, label=name)
+            axis.plot(*zip(*points), **style, markersize=3, label=name)
     for trained in sorted({row["trained_length"] for row in rows}):
         axis.axvline(trained, color="grey", linestyle=":", linewidth=1)
     axis.set_xscale("log", base=2)
@@ -316,10 +319,7 @@ def plot_results(rows: list[dict[str, Any]], path: Path, title: str = "Perplexit
     axis.set_ylabel("perplexity (log scale)")
     axis.set_title(title)
     axis.grid(True, which="both", alpha=0.3)
-    axis.legend(fontsize=8, ncol=2)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    figures.save(figure, path, axis)
 
 
 def build_parser() -> argparse.ArgumentParser:

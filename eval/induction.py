@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, require
 from errors import ConfigError, cli_command
+from eval import figures
 from eval.extrapolation import parse_lengths, resolve_length
 from eval.stats import t_interval
 from infer.rope_args import add_rope_scaling_args, load_for_inference
@@ -80,12 +81,7 @@ def induction_probe(model: Transformer, ids: np.ndarray, distances: list[int], b
 
 
 def plot(results: dict[str, Any], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(6, 4))
+    figure, axis = figures.new(width=6, height=4)
     for label, entry in results.items():
         rows = entry["rows"]
         x = [row["distance"] for row in rows]
@@ -101,11 +97,7 @@ def plot(results: dict[str, Any], path: Path) -> Path:
     axis.set_xlabel("distance between the copies (tokens); dashed: trained length L")
     axis.set_ylabel("loss (nats)")
     axis.set_title("Induction probe: loss on a repeated random block")
-    axis.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return figures.save(figure, path, axis)
 
 
 def build_parser() -> argparse.ArgumentParser:

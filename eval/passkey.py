@@ -26,6 +26,7 @@ from typing import Any, Callable
 from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, deprecated, require
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, cli_command
+from eval import figures
 from eval.extrapolation import parse_lengths, resolve_length
 from eval.stats import wilson_interval
 from infer.generate import generate_tokens
@@ -100,15 +101,10 @@ def evaluate_passkey(model, tokenizer, lengths: list[int], depths: list[float], 
 
 
 def plot_heatmap(rows: list[dict], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     lengths = sorted({row["length"] for row in rows})
     depths = sorted({row["depth"] for row in rows})
     grid = [[next(r["accuracy"] for r in rows if r["length"] == n and r["depth"] == d) for n in lengths] for d in depths]
-    figure, axis = plt.subplots(figsize=(1.2 * len(lengths) + 2, 0.6 * len(depths) + 2))
+    figure, axis = figures.new(width=1.2 * len(lengths) + 2, height=0.6 * len(depths) + 2)
     image = axis.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
     axis.set_xticks(range(len(lengths)), [str(n) for n in lengths])
     axis.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
@@ -119,9 +115,7 @@ def plot_heatmap(rows: list[dict], path: Path, title: str) -> None:
     axis.set_ylabel("key depth")
     axis.set_title(title)
     figure.colorbar(image, ax=axis, label="accuracy")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    figures.save(figure, path)
 
 
 def make_training_data(path: Path, tokenizer, lengths: list[int], samples: int, seed: int) -> None:

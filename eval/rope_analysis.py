@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from commands import add_out, command_parser, deprecated, require
 from errors import cli_command
+from eval.figures import save as save_figure
 from model.attention import Attention
 from model.config import ModelConfig
 from model.position import build_position_encoding
@@ -193,9 +194,7 @@ def save_figures(out: Path, head_dim: int, base: float, train_len: int, factor: 
     axis.set_ylabel("query position m")
     axis.set_title("RoPE score q_m . k_n: constant along diagonals")
     figure.colorbar(image, ax=axis)
-    figure.tight_layout()
-    figure.savefig(out / "relative.png", dpi=110)
-    plt.close(figure)
+    save_figure(figure, out / "relative.png")
 
     distances = torch.arange(0, 4097)
     figure, axis = plt.subplots(figsize=(7, 4))
@@ -207,9 +206,7 @@ def save_figures(out: Path, head_dim: int, base: float, train_len: int, factor: 
     axis.set_title(f"Long-term decay of the RoPE bound (d = {head_dim})")
     axis.grid(True, alpha=0.3)
     axis.legend()
-    figure.tight_layout()
-    figure.savefig(out / "decay.png", dpi=110)
-    plt.close(figure)
+    save_figure(figure, out / "decay.png")
 
     waves = frequency_map(head_dim, base, train_len, factor)
     pairs = torch.arange(head_dim // 2)
@@ -226,9 +223,7 @@ def save_figures(out: Path, head_dim: int, base: float, train_len: int, factor: 
     axis.set_ylabel("wavelength 2 pi / theta_i (tokens)")
     axis.set_title(f"Which frequencies each scaling changes (factor {factor:g})")
     axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(out / "frequency_map.png", dpi=110)
-    plt.close(figure)
+    save_figure(figure, out / "frequency_map.png")
 
     table = precision(head_dim, base, max_offset=2000)
     figure, axes = plt.subplots(1, 2, figsize=(9, 3.8))
@@ -241,9 +236,7 @@ def save_figures(out: Path, head_dim: int, base: float, train_len: int, factor: 
         axis.set_ylabel("score(r) - score(0)")
         axis.legend()
         axis.grid(True, alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(out / "precision.png", dpi=110)
-    plt.close(figure)
+    save_figure(figure, out / "precision.png")
     figures.update(relative="relative.png", decay="decay.png", frequency_map="frequency_map.png",
                    precision="precision.png")
     return figures

@@ -21,6 +21,7 @@ import torch
 from commands import add_out, comma_list, command_parser
 from data.batches import IGNORE_INDEX
 from errors import ConfigError, cli_command
+from eval import figures
 from eval.stats import t_interval
 from eval.task_generators import TASKS, Task, TaskBatch, get_task, score
 from model.checkpoint import load_model
@@ -89,29 +90,20 @@ def run_suite(task: Task, encodings: dict[str, dict], seeds: list[int], length: 
 
 
 def plot(results: dict[str, Any], task: str, length: int, out: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(6, 4))
+    figure, axis = figures.new(width=6, height=4)
     for encoding, by_length in results.items():
         multiples = [int(key[:-1]) for key in by_length]
         estimates = [by_length[key]["exact_match"] for key in by_length]
         means = [e["mean"] for e in estimates]
         errors = [[e["mean"] - (e["low"] if e["low"] is not None else e["mean"]) for e in estimates],
                   [(e["high"] if e["high"] is not None else e["mean"]) - e["mean"] for e in estimates]]
-        axis.errorbar(multiples, means, yerr=errors, marker="o", capsize=3, label=encoding)
+        axis.errorbar(multiples, means, yerr=errors, marker=figures.marker(encoding), color=figures.colour(encoding),
+                      capsize=3, label=encoding)
     axis.set_xscale("log", base=2)
     axis.set_xlabel(f"evaluation length / L (L = {length})")
     axis.set_ylabel("exact match")
     axis.set_title(task)
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    path = out / f"{task}.png"
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return figures.save(figure, out / f"{task}.png", axis)
 
 
 def write_suite(out: Path, task: str, length: int, seeds: list[int], results: dict[str, Any],

@@ -333,6 +333,14 @@ def test_probes_and_tasks_add_their_sections_and_are_cached(small_text_file, tmp
     for heading in ("### Attention diagnostics", "### Induction probe", "### Passkey retrieval", "### Task: flipflop"):
         assert heading in report
     assert "| rope @ 16x |" in report and (out / "attention.png").stat().st_size > 0
+    from eval.figures import colour
+
+    pngs = sorted(out.rglob("*.png"))
+    assert len(pngs) >= 6 and all(png.with_suffix(".svg").exists() for png in pngs)  # every figure also vector
+    for name in ("plot", "penalty", "train_curves", "attention", "tasks/flipflop/flipflop"):
+        svg = (out / f"{name}.svg").read_text()
+        assert f"stroke: {colour('rope')}" in svg, name  # one colour per encoding in every figure
+        assert (f"stroke: {colour('learned')}" in svg) == (name != "attention"), name  # (no table at 16x)
     capsys.readouterr()
     assert main(args) == 0
     output = capsys.readouterr().out

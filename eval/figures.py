@@ -1,0 +1,81 @@
+"""One look for every figure of every command: a fixed colour and marker per encoding (and comparison variant), a
+fixed line style per inference-time method, legends beside the data rather than on it, and each figure written as
+PNG (for README) and SVG (vector, for a paper) side by side.
+
+    figure, axis = figures.new()
+    axis.plot(x, y, **figures.style("rope", "yarn"), label="rope+yarn")
+    figures.save(figure, out / "plot.png")     # writes plot.png and plot.svg
+"""
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+from typing import Any
+
+from eval.methods import METHODS
+
+# The order fixes the colours: tab10, then the ten lighter shades of tab20, so the first ten keep their colours.
+ENCODING_ORDER = ["none", "sinusoidal", "learned", "shaw", "t5", "alibi", "rope", "kerple", "fire", "xpos", "cope",
+                  "partial-rope", "p-rope", "irope", "rnope-swa"]
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h", "p", "d", "8", "H"]
+# One line style per method, in the registry's order ("none" solid), so a new method needs no entry here.
+LINE_STYLES = ["-", (0, (1, 1)), (0, (3, 1, 1, 1)), "-.", (0, (5, 2)), "--", (0, (3, 3)), (0, (1, 3))]
+METHOD_STYLES = {name: LINE_STYLES[index % len(LINE_STYLES)] for index, name in enumerate(METHODS)}
+VECTOR = ".svg"
+
+
+def _index(name: str) -> int:
+    return ENCODING_ORDER.index(name) if name in ENCODING_ORDER else zlib.crc32(name.encode())
+
+
+def colour(encoding: str) -> str:
+    """The colour of an encoding or variant, the same in every figure (unknown names get a stable one)."""
+    import matplotlib
+
+    palette = list(matplotlib.colormaps["tab10"].colors) + list(matplotlib.colormaps["tab20"].colors[1::2])
+    return matplotlib.colors.to_hex(palette[_index(encoding) % len(palette)])
+
+
+def marker(encoding: str) -> str:
+    return MARKERS[_index(encoding) % len(MARKERS)]
+
+
+def method_style(method: str) -> Any:
+    """The line style of an inference-time method or composition (its first part's); "none" is solid."""
+    return METHOD_STYLES.get(method, METHOD_STYLES.get(method.split("+")[0], "--"))
+
+
+def style(encoding: str, method: str = "none") -> dict[str, Any]:
+    """plot() keywords for a line of `encoding` under `method`."""
+    return {"color": colour(encoding), "marker": marker(encoding), "linestyle": method_style(method)}
+
+
+def new(columns: int = 1, width: float = 8.5, height: float = 5.2):
+    """A figure and its axes (one, or a list of `columns`), on the non-interactive backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(1, columns, figsize=(width, height))
+
+
+def save(figure, path: Path, legend_axis=None, below: bool = False) -> Path:
+    """Put the legend of `legend_axis` (if it has labelled lines) outside the data: to the right of that axis, or
+    with `below` under the whole figure (for rows of panels); write the figure as `path` (PNG) and the same name
+    with .svg; returns `path`."""
+    import matplotlib.pyplot as plt
+
+    figure.tight_layout()
+    if legend_axis is not None and legend_axis.get_legend_handles_labels()[0]:
+        handles, labels = legend_axis.get_legend_handles_labels()
+        if below:
+            figure.legend(handles, labels, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 0.0),
+                          ncol=min(6, len(labels)))
+        else:
+            legend_axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    path = Path(path)
+    figure.savefig(path, dpi=120, bbox_inches="tight")
+    figure.savefig(path.with_suffix(VECTOR), bbox_inches="tight")
+    plt.close(figure)
+    return path
