@@ -57,6 +57,7 @@ from model.runtime import autocast_dtype, resolve_device
 from model.transformer import Transformer
 from train.config import RunConfig, build_run_config, parse_override_value
 from train.loop import SNAPSHOTS, run_training
+from train.trackers import log_summary
 
 
 @dataclass
@@ -184,14 +185,24 @@ def saved_run_config(out: Path) -> dict | None:
         return None
 
 
+TRACKING = ("report_to", "tracker_group")  # where metrics go: not a setting that makes runs differ
+
+
+def comparable(settings: dict | None) -> dict | None:
+    """A run's settings without the tracker settings, which a comparison may add or change on a re-run."""
+    if settings is None:
+        return None
+    return {**settings, "train": {k: v for k, v in settings.get("train", {}).items() if k not in TRACKING}}
+
+
 def check_existing_runs(configs: dict) -> None:
     """Refuse, before anything trains, an out folder whose runs were trained with other settings (a mixed report
     would compare unlike things)."""
     differing = []
     for (encoding, seed), config in configs.items():
-        saved = saved_run_config(Path(config.out.dir))
-        if saved is not None and saved != config.to_dict():
-            wanted = config.to_dict()
+        saved = comparable(saved_run_config(Path(config.out.dir)))
+        if saved is not None and saved != comparable(config.to_dict()):
+            wanted = comparable(config.to_dict())
             keys = sorted(f"{section}.{key}" for section in wanted for key in wanted[section]
                           if saved.get(section, {}).get(key) != wanted[section][key])
             differing.append(f"{encoding} seed {seed} ({', '.join(keys[:4])})")
@@ -260,6 +271,8 @@ def variant_config(shared: dict, encoding: str, seed: int, data_dir: Path, compa
     train = values.setdefault("train", {})
     train["seed"] = seed
     train["keep_steps"] = snapshot_steps(compare, int(build_run_config(copy.deepcopy(values)).train.max_steps))
+    if [name for name in train.get("report_to", []) if name != "jsonl"]:
+        train["tracker_group"] = f"compare:{Path(compare.out).name}"  # every variant a run of one group
     return build_run_config(values, f"variant {encoding}, seed {seed}")
 
 
@@ -269,7 +282,7 @@ def train_variant(config: RunConfig) -> str:
     resume = False
     if has_checkpoint(out):
         state = load_trainer_state(out)
-        if saved_run_config(out) != config.to_dict():
+        if comparable(saved_run_config(out)) != comparable(config.to_dict()):
             raise ConfigError(f"{out} holds a run with other settings; delete it or set another compare.out")
         if int(state["step"]) >= config.train.max_steps:
             return "skipped (already trained)"
@@ -473,6 +486,11 @@ def run_comparison(compare: CompareConfig, shared: dict, preset: str, out: Path,
         print(f"\nevery job failed (see {out / 'logs'}); the previous report in {out} is kept", file=sys.stderr)
         return 1
     write_outputs(out, compare, shared, data_dir, configs, results, command, wall, preset, workers, threads)
+    first = next(iter(configs.values())).train
+    if [name for name in first.report_to if name != "jsonl"]:
+        cells = json.loads((out / "results.json").read_text())["cells"]
+        log_summary(first.report_to, out, first.tracker_group, (out / "table.md").read_text(),
+                    {f"{c['label']}/ppl_{c['multiple']:g}x": c["ppl"]["mean"] for c in cells if c["ppl"]})
     print(f"\nwrote {out / 'report.md'} ({wall / 60:.1f} min)")
     return 0 if all(not r["status"].startswith("failed") for r in results.values()) else 1
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from errors import ConfigError
 from model.config import ModelConfig, build_dataclass, check_field_types, parse_override_value
+from train.trackers import TRACKERS
 
 
 @dataclass
@@ -57,9 +58,15 @@ class TrainConfig:
     # times in a run); "stop": stop at once, keeping the last good checkpoint in out.dir.
     nonfinite: str = "skip"
     max_nonfinite_skips: int = 5
+    # Where metrics go besides metrics.jsonl (always written): "tensorboard", "wandb" (train/trackers.py).
+    report_to: list = field(default_factory=lambda: ["jsonl"])
+    tracker_group: str = ""  # a group for the tracker runs (eval.compare sets one per comparison)
 
     def __post_init__(self) -> None:
         check_field_types(self, "train")
+        unknown = [name for name in self.report_to if name not in TRACKERS]
+        if unknown:
+            raise ConfigError(f"train.report_to: unknown {unknown}; valid trackers are {list(TRACKERS)}")
         positive = ("batch_size", "grad_accum", "max_steps", "log_interval", "eval_interval", "eval_batches")
         for name in positive:
             if getattr(self, name) <= 0:

@@ -40,6 +40,7 @@ from model.transformer import IGNORE_INDEX, Transformer
 from train.config import RunConfig, to_toml
 from train.distributed import Distributed
 from train.nonfinite import NonFiniteGuard, NonFiniteLoss  # noqa: F401 (NonFiniteLoss is part of this API)
+from train.trackers import Trackers
 
 METRICS = "metrics.jsonl"
 RUN_CONFIG = "run_config.toml"
@@ -252,6 +253,8 @@ class Trainer:
         self.evaluated_step = None  # a step whose evaluation is already in the log (the resumed checkpoint's)
         if resume and self.log.truncate_to(self.start_step):
             self.evaluated_step = self.start_step
+        self.trackers = Trackers(train.report_to, self.out, config.to_dict(), self.start_step,
+                                 self.state.get("trackers"), train.tracker_group, enabled=self.dist.is_main)
         self.nonfinite = NonFiniteGuard(train.nonfinite, train.max_nonfinite_skips, self.optimizer, self.device,
                                         int(self.state.get("nonfinite_steps", 0)), self.report, str(self.out))
         self.loss_sum = torch.zeros((), device=self.device)
@@ -269,6 +272,11 @@ class Trainer:
             f"device={self.device.type}, autocast={self.amp or 'off (float32)'}, compile={train.compile}{processes}"
         )
 
+    def record(self, record: dict[str, Any]) -> None:
+        """One metrics record: metrics.jsonl and every tracker of train.report_to."""
+        self.log.write(record)
+        self.trackers.write(record)
+
     def say(self, message: str) -> None:
         if self.dist.is_main:
             print(message)
@@ -281,7 +289,7 @@ class Trainer:
             self.state["initial_val_loss"] = val_loss
         self.state["val_loss"] = val_loss
         self.say(f"step {step:5d} | val_loss {val_loss:.4f}")
-        self.log.write({"step": step, "val_loss": val_loss})
+        self.record({"step": step, "val_loss": val_loss})
         return val_loss
 
     def trainer_state(self, step: int) -> dict[str, Any]:
@@ -292,6 +300,7 @@ class Trainer:
             "task": self.task,
             "trained_seq_len": self.config.model.max_seq_len,
             "run_config": self.config.to_dict(),
+            "trackers": self.trackers.ids,
             **self.extra_state,
         }
 
@@ -358,7 +367,7 @@ class Trainer:
     def report(self, record: dict[str, Any], message: str) -> None:
         """A non-finite step: counted in the trainer state, logged, and said (the guard decides the policy)."""
         self.state["nonfinite_steps"] = self.nonfinite.skipped
-        self.log.write(record)
+        self.record(record)
         if message:
             self.say(message)
 
@@ -373,7 +382,7 @@ class Trainer:
             mean_loss = float(self.loss_sum) / (finite_steps * self.config.train.grad_accum)
             self.say(f"step {step:5d}/{self.config.train.max_steps} | loss {mean_loss:.4f} | lr {lr:.2e} | "
                      f"dt {dt * 1000:.0f}ms | tok/s {tokens_per_s:,.0f} | eta {self.eta(step, now)}")
-            self.log.write({"step": step, "loss": mean_loss, "lr": lr, "dt": dt, "tok_per_s": tokens_per_s})
+            self.record({"step": step, "loss": mean_loss, "lr": lr, "dt": dt, "tok_per_s": tokens_per_s})
         self.last_log = now
         self.loss_sum.zero_()
         self.finite_steps.zero_()
@@ -456,5 +465,7 @@ def run_training(
         except BaseException:
             trainer.dist.close(wait=False)
             raise
+        finally:
+            trainer.trackers.close()
         trainer.dist.close()
         return result
