@@ -28,6 +28,7 @@ import json
 import multiprocessing
 import os
 import shlex
+import statistics
 import sys
 import time
 import tomllib
@@ -325,6 +326,15 @@ def evaluate_cached(checkpoint: Path, path: Path, compare: CompareConfig, method
     return f"evaluated in {evaluation.seconds:.0f} s"
 
 
+_PROGRESS: Any = None  # in a worker process: the queue its jobs report their phases on
+
+
+def report_phase(job: Job, phase: str) -> None:
+    """Tell the main process which phase `job` is in (training, evaluating, probing)."""
+    if _PROGRESS is not None:
+        _PROGRESS.put((job.name, phase))
+
+
 def run_job(job: Job, log_path: Path | None = None) -> dict[str, Any]:
     """Train and evaluate one variant; never raises (a failure is returned as its status)."""
     started = time.perf_counter()
@@ -341,7 +351,9 @@ def run_job(job: Job, log_path: Path | None = None) -> dict[str, Any]:
             compare = CompareConfig(**job.compare)
             config = build_run_config(copy.deepcopy(job.run_config), f"variant {job.name}")
             print(f"=== {job.name} ===", flush=True)
+            report_phase(job, "training")
             result["status"] = train_variant(config)
+            report_phase(job, "evaluating")
             result["train_s"] = time.perf_counter() - started
             out = Path(config.out.dir)
             steps = [None, *config.train.keep_steps]
@@ -356,6 +368,7 @@ def run_job(job: Job, log_path: Path | None = None) -> dict[str, Any]:
                                              compare, methods, probe=step is None, lengths=lengths))
             result["eval"] = notes[0]
             if compare.probes:
+                report_phase(job, "probing")
                 ids = np.asarray(open_split(Path(compare.out) / "data", "val").tokens)
                 model = load_model(out, resolve_device("auto"))
                 probes = run_probes(model, out, ids, config.model.max_seq_len, compare, job.encoding, job.seed,
@@ -382,47 +395,74 @@ def worker_layout(compare: CompareConfig, jobs: int) -> tuple[int, int]:
     return workers, compare.threads or max(1, cores // workers)
 
 
-def _init_worker(slots: Any) -> None:
+def _init_worker(slots: Any, progress: Any = None) -> None:
+    global _PROGRESS
+    _PROGRESS = progress
     index = slots.get()
     if torch.cuda.is_available():
         torch.cuda.set_device(index % torch.cuda.device_count())
 
 
 def run_jobs(jobs: list[Job], workers: int, out: Path) -> dict[str, dict]:
-    """Run the jobs, `workers` at a time (in this process when 1); print one line per finished job with an ETA."""
+    """Run the jobs, `workers` at a time (in this process when 1). Prints a line when a job starts a phase
+    (training, evaluating, probing) and when it finishes, each with the overall progress and an ETA from the jobs
+    that did work (skipped and cached ones take no time)."""
+    global _PROGRESS
     results: dict[str, dict] = {}
     started = time.perf_counter()
+    names = {job.name: job for job in jobs}
+
+    def progress() -> str:
+        done, elapsed = len(results), time.perf_counter() - started
+        worked = [r["seconds"] for r in results.values()
+                  if not (str(r["status"]).startswith("skipped") and str(r.get("eval", "")).startswith("cached"))]
+        left = (f"about {statistics.fmean(worked) * (len(jobs) - done) / workers / 60:.0f} min left" if worked
+                else "no estimate yet")
+        return f"{done}/{len(jobs)} done, elapsed {elapsed / 60:.1f} min, {left}"
+
+    def announce(name: str, phase: str) -> None:
+        job = names[name]
+        print(f"[{progress()}] {job.encoding} seed {job.seed}: {phase}", flush=True)
 
     def finished(job: Job, result: dict) -> None:
         results[job.name] = result
-        done = len(results)
-        elapsed = time.perf_counter() - started
-        eta = elapsed / done * (len(jobs) - done)
-        print(f"[{done}/{len(jobs)}] {job.encoding} seed {job.seed}: {result['status']}"
-              f"{', ' + result['eval'] if 'eval' in result else ''} ({result['seconds'] / 60:.1f} min); "
-              f"elapsed {elapsed / 60:.1f} min, about {eta / 60:.0f} min left", flush=True)
+        print(f"[{progress()}] {job.encoding} seed {job.seed}: {result['status']}"
+              f"{', ' + result['eval'] if 'eval' in result else ''} ({result['seconds'] / 60:.1f} min)", flush=True)
+
+    class Printer:  # the progress queue of a single-process run
+        def put(self, item: tuple[str, str]) -> None:
+            announce(*item)
 
     if workers == 1:
-        for job in jobs:
-            finished(job, run_job(job))
+        _PROGRESS = Printer()
+        try:
+            for job in jobs:
+                finished(job, run_job(job))
+        finally:
+            _PROGRESS = None
         return results
     context = multiprocessing.get_context("spawn")
-    slots = context.Queue()
+    slots, phases = context.Queue(), context.Queue()
     for index in range(workers):
         slots.put(index)
     print(f"{len(jobs)} jobs in {workers} worker processes ({jobs[0].threads} thread(s) each); logs in {out / 'logs'}",
           flush=True)
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                                                initargs=(slots,)) as pool:
+                                                initargs=(slots, phases)) as pool:
         futures = {pool.submit(run_job, job, out / "logs" / f"{job.name}.log"): job for job in jobs}
-        for future in concurrent.futures.as_completed(futures):
-            job = futures[future]
-            try:
-                result = future.result()
-            except Exception as error:  # the worker process itself died
-                result = {"encoding": job.encoding, "seed": job.seed, "seconds": 0.0,
-                          "status": f"failed: worker died ({type(error).__name__}: {error})"[:300]}
-            finished(job, result)
+        pending = set(futures)
+        while pending:
+            done, pending = concurrent.futures.wait(pending, timeout=2, return_when=concurrent.futures.FIRST_COMPLETED)
+            while not phases.empty():
+                announce(*phases.get())
+            for future in done:
+                job = futures[future]
+                try:
+                    result = future.result()
+                except Exception as error:  # the worker process itself died
+                    result = {"encoding": job.encoding, "seed": job.seed, "seconds": 0.0,
+                              "status": f"failed: worker died ({type(error).__name__}: {error})"[:300]}
+                finished(job, result)
     return results
 
 
