@@ -576,7 +576,8 @@ def report_markdown(compare, shared, data_dir, configs, results, training, varia
         + (f" Held out: {', '.join(meta['val_names'][:12])}." if meta.get("val_names") else ""),
         f"- Every variant: {json.dumps(model)}; training {json.dumps(train)}; "
         f"{first_config.train.max_steps * tokens_per_step:,} training tokens each; only `model.position` differs"
-        + ("" if not compare.variants else " (and, for the variants, the settings listed here: " + "; ".join(
+        + ("" if not set(compare.variants) & set(compare.encodings) else " (and, for the variants, the settings "
+           "listed here: " + "; ".join(
             f"{name}: {json.dumps(settings)}" for name, settings in compare.variants.items()
             if name in compare.encodings) + ")") + ". "
         f"Seeds {compare.seeds}: each seed sets the initialisation and the data order, shared by all encodings.",
