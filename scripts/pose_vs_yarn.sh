@@ -28,7 +28,7 @@ done
 # The fine-tuned models carry YaRN in their configs ("none" = as saved); the base model is scored plain and with
 # YaRN at inference only.
 $PYTHON -m eval.extrapolation --checkpoint "$BASE" "${runs[@]}" --lengths 256,1024,2048 --methods yarn \
-  --data "$DATA" --tokens 65536 --out "$OUT/eval"
+  --data "$DATA" --tokens 65536 --reference-stride 256 --out "$OUT/eval"   # perplexity only: a cheap reference
 $PYTHON - "$OUT" <<'EOF'
 import json, sys
 from pathlib import Path
