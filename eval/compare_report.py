@@ -248,6 +248,7 @@ def findings(variants: dict[str, Variant], lengths: list[int], trained: int, pro
                  f"Within noise of 0: {names['noise']}.")
     lines += probe_findings(variants, probe_offsets, trained)
     lines += method_findings(variants, lengths, trained)
+    lines += newer_claim_findings(variants, lengths, trained)
     lines.append(f"- Against {PAPER} (the paper reports nonoverlapping perplexity, so these use the ratio to each "
                  "model's own 1x perplexity, per seed, with a t interval):")
     checks = [
@@ -326,6 +327,47 @@ def method_findings(variants: dict[str, Variant], lengths: list[int], trained: i
     return ["- Inference-time methods against the same trained models as trained (plain) and under YaRN, as a "
             "perplexity ratio paired by seed (< 1: the method helps; 'better' / 'worse' where the 95% interval "
             "excludes 1, 'the same within 1%' where it lies within +-1%, else 'within noise'):", *lines]
+
+
+# Claims of the newer encodings' papers that this comparison can test: (variant, baseline, at "1x" or "longest",
+# what the paper expects of the perplexity ratio variant / baseline: "lower" or "not higher", the claim).
+NEWER_CLAIMS = [
+    ("xpos", "rope", "longest", "lower", "xPos extrapolates better than RoPE (Sun et al. 2022)"),
+    ("kerple", "alibi", "longest", "not higher", "KERPLE-log extrapolates at least as well as ALiBi (Chi et al. 2022)"),
+    ("fire", "rope", "longest", "lower", "FIRE generalises to longer inputs better than RoPE (Li et al. 2024)"),
+    ("fire", "alibi", "longest", "not higher", "FIRE is at least as good as ALiBi beyond L (Li et al. 2024)"),
+    ("cope", "rope", "1x", "not higher", "CoPE's perplexity is no worse than RoPE's (Golovneva et al. 2024)"),
+    ("p-rope", "rope", "1x", "not higher", "p-RoPE (p = 0.75) loses nothing against RoPE (Barbero et al. 2025)"),
+    ("rnope-swa", "rope", "longest", "lower", "windowed RoPE + global NoPE layers generalise beyond L better than RoPE "
+     "(Yang et al. 2025)"),
+    ("irope", "rope", "longest", "lower", "interleaved NoPE layers (iRoPE, Llama 4) extrapolate better than RoPE"),
+]
+
+
+def newer_claim_findings(variants: dict[str, Variant], lengths: list[int], trained: int) -> list[str]:
+    """Each claim of NEWER_CLAIMS whose two variants were compared: the perplexity ratio paired by seed, and whether
+    the data agree with the paper, disagree (the interval excludes what it claims), or cannot tell."""
+    lines = []
+    for name, baseline, where, expected, claim in NEWER_CLAIMS:
+        if name not in variants or baseline not in variants:
+            continue
+        length = min(lengths) if where == "1x" else max(lengths)
+        change = paired_change(variants[name], variants[baseline], length)
+        if change is None or change.low is None:
+            continue
+        limit = 1.0 if expected == "lower" else math.exp(FLAT)  # "not higher" tolerates the flat band
+        if change.high < limit or (expected == "not higher" and change.high <= limit):
+            outcome = "agrees"
+        elif change.low >= limit:
+            outcome = "disagrees (the interval excludes what the paper claims)"
+        else:
+            outcome = "cannot tell (within noise)"
+        lines.append(f"  - {claim}: {name} / {baseline} perplexity at {length / trained:g}x = {change.format(3)}x; "
+                     f"{outcome}.")
+    if not lines:
+        return []
+    return ["- Claims of the newer encodings' papers, tested here (ratio paired by seed, 95% t interval; 'not higher' "
+            "allows the +-1% flat band):", *lines]
 
 
 def verdict_word(ratio: Estimate) -> str:

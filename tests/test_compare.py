@@ -345,3 +345,21 @@ def test_probes_and_tasks_add_their_sections_and_are_cached(small_text_file, tmp
     assert main(args) == 0
     output = capsys.readouterr().out
     assert "attention cached, induction cached, passkey cached" in output and "task flipflop: cached" in output
+
+
+def test_newer_paper_claims_are_judged_by_the_paired_interval():
+    from eval.compare_report import newer_claim_findings
+
+    lengths = [16, 64]
+    rope = variant("rope", {16: [100, 110, 120], 64: [130, 140, 150]})
+    better = variant("xpos", {16: [100, 110, 120], 64: [117, 126, 135]})  # 0.9x at 4x in every seed
+    worse = variant("rnope-swa", {16: [100, 110, 120], 64: [143, 154, 165]})  # 1.1x
+    noisy = variant("irope", {16: [100, 110, 120], 64: [120, 150, 150]})
+    same = variant("p-rope", {16: [100.2, 110.1, 119.9], 64: [130, 140, 150]})
+    lines = "\n".join(newer_claim_findings({"rope": rope, "xpos": better, "rnope-swa": worse, "irope": noisy,
+                                            "p-rope": same}, lengths, 16))
+    assert "xPos extrapolates better than RoPE" in lines and "xpos / rope perplexity at 4x = 0.900" in lines
+    assert lines.count("; agrees") == 2  # xpos (lower), p-rope (not higher, within the flat band)
+    assert "rnope-swa / rope perplexity at 4x = 1.100 [1.100, 1.100]x; disagrees" in lines
+    assert "irope / rope" in lines and "cannot tell (within noise)" in lines
+    assert "kerple" not in lines  # not compared: no statement
