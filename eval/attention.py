@@ -128,11 +128,19 @@ def plot(results: dict[str, Any], out: Path) -> Path:
     figure, axes = figures.new(4, width=18, height=4)
     titles = {"entropy": "entropy (nats)", "distance": "mean distance attended (tokens)",
               "sink": "share on the first tokens", "far": "share on keys farther than L"}
+    # One colour per encoding when each checkpoint has its own (eval/figures.py), else the default cycle; one line
+    # style per length (solid: the longest).
+    by_encoding = len({entry["position"] for entry in results.values()}) == len(results)
+    styles = ["-", "--", ":", "-."]
     for label, entry in results.items():
-        for length, row in entry["lengths"].items():
+        lengths = list(entry["lengths"])
+        for index, (length, row) in enumerate(entry["lengths"].items()):
+            style = {"linestyle": styles[(len(lengths) - 1 - index) % len(styles)]}
+            if by_encoding:
+                style["color"] = figures.colour(entry["position"])
             for axis, name in zip(axes, STATISTICS):
                 curve = np.asarray(row[name]["by_position"]).mean(axis=0)
-                axis.plot(np.arange(len(curve)), curve, linewidth=1, label=f"{label} @ {length}")
+                axis.plot(np.arange(len(curve)), curve, linewidth=1, label=f"{label} @ {length}", **style)
     trained = {entry["trained"] for entry in results.values()}
     for axis, name in zip(axes, STATISTICS):
         for value in trained:
