@@ -95,13 +95,14 @@ def plot(results: dict[str, Any], task: str, length: int, out: Path) -> Path:
         multiples = [int(key[:-1]) for key in by_length]
         estimates = [by_length[key]["exact_match"] for key in by_length]
         means = [e["mean"] for e in estimates]
-        errors = [[e["mean"] - (e["low"] if e["low"] is not None else e["mean"]) for e in estimates],
-                  [(e["high"] if e["high"] is not None else e["mean"]) - e["mean"] for e in estimates]]
-        axis.errorbar(multiples, means, yerr=errors, marker=figures.marker(encoding), color=figures.colour(encoding),
-                      capsize=3, label=encoding)
+        axis.plot(multiples, means, **figures.style(encoding), label=encoding)
+        if all(e["low"] is not None for e in estimates):  # the 95% t interval over seeds, as a band
+            axis.fill_between(multiples, [min(1.0, max(0.0, e["low"])) for e in estimates],
+                              [min(1.0, max(0.0, e["high"])) for e in estimates], color=figures.colour(encoding),
+                              alpha=0.15, linewidth=0)
     axis.set_xscale("log", base=2)
     axis.set_xlabel(f"evaluation length / L (L = {length})")
-    axis.set_ylabel("exact match")
+    axis.set_ylabel("exact match (band: 95% t interval over seeds)")
     axis.set_title(task)
     return figures.save(figure, out / f"{task}.png", axis)
 
