@@ -347,19 +347,26 @@ def test_probes_and_tasks_add_their_sections_and_are_cached(small_text_file, tmp
     assert "attention cached, induction cached, passkey cached" in output and "task flipflop: cached" in output
 
 
-def test_newer_paper_claims_are_judged_by_the_paired_interval():
+def test_newer_paper_claims_are_judged_by_their_intervals():
+    """Extrapolation claims compare the penalties (bootstrap intervals), 1x claims the paired perplexity ratio."""
     from eval.compare_report import newer_claim_findings
 
-    lengths = [16, 64]
-    rope = variant("rope", {16: [100, 110, 120], 64: [130, 140, 150]})
-    better = variant("xpos", {16: [100, 110, 120], 64: [117, 126, 135]})  # 0.9x at 4x in every seed
-    worse = variant("rnope-swa", {16: [100, 110, 120], 64: [143, 154, 165]})  # 1.1x
-    noisy = variant("irope", {16: [100, 110, 120], 64: [120, 150, 150]})
-    same = variant("p-rope", {16: [100.2, 110.1, 119.9], 64: [130, 140, 150]})
-    lines = "\n".join(newer_claim_findings({"rope": rope, "xpos": better, "rnope-swa": worse, "irope": noisy,
-                                            "p-rope": same}, lengths, 16))
-    assert "xPos extrapolates better than RoPE" in lines and "xpos / rope perplexity at 4x = 0.900" in lines
-    assert lines.count("; agrees") == 2  # xpos (lower), p-rope (not higher, within the flat band)
-    assert "rnope-swa / rope perplexity at 4x = 1.100 [1.100, 1.100]x; disagrees" in lines
-    assert "irope / rope" in lines and "cannot tell (within noise)" in lines
-    assert "kerple" not in lines  # not compared: no statement
+    rng = np.random.default_rng(0)
+
+    def with_penalty(name, ppl_1x, penalty, spread=0.002):
+        result = variant(name, {16: ppl_1x, 64: [130, 140, 150]})
+        result.penalty[64] = {seed: penalty + spread * rng.standard_normal(16) for seed in range(3)}
+        return result
+
+    variants = {"rope": with_penalty("rope", [100, 110, 120], 0.10),
+                "xpos": with_penalty("xpos", [100, 110, 120], 0.05),  # lower penalty: agrees
+                "rnope-swa": with_penalty("rnope-swa", [100, 110, 120], 0.20),  # higher: disagrees
+                "irope": with_penalty("irope", [100, 110, 120], 0.10, spread=0.05),  # overlaps: cannot tell
+                "p-rope": with_penalty("p-rope", [100.2, 110.1, 119.9], 0.10),  # 1x: same within 1%: agrees
+                "cope": with_penalty("cope", [110, 121, 132], 0.10)}  # 1x: 1.1x in every seed: disagrees
+    lines = "\n".join(newer_claim_findings(variants, [16, 64], 16))
+    assert "xPos extrapolates better than RoPE (Sun et al. 2022): penalty at 4x xpos +0.050" in lines
+    assert lines.count("; agrees") == 2 and "kerple" not in lines  # not compared: no statement
+    assert "rnope-swa +0.200" in lines and "disagrees (the penalty intervals separate the other way)" in lines
+    assert "cannot tell (the penalty intervals overlap)" in lines
+    assert "cope / rope perplexity at 1x = 1.100 [1.100, 1.100]x; disagrees" in lines
