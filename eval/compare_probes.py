@@ -141,6 +141,13 @@ def _header(first: str, columns: list[str]) -> list[str]:
     return [f"| {first} | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
 
 
+def _rows_by_length(found: dict[str, dict[int, dict]], lengths: list[str],
+                    cell: Callable[[dict[int, dict], str], str]) -> list[str]:
+    """One table row per encoding: cell(its rows by seed, length) for each probe length."""
+    return [f"| {encoding} | " + " | ".join(cell(rows, item) for item in lengths) + " |"
+            for encoding, rows in found.items()]
+
+
 def attention_summary(rows: dict[int, dict], item: str) -> dict[str, Estimate | None]:
     """Over seeds: each statistic's mean (over layers, heads, positions) within L and beyond L at one length."""
     summary: dict[str, Estimate | None] = {}
@@ -242,13 +249,12 @@ def induction_section(out: Path, compare: Any, trained: int) -> list[str]:
              "eval/induction.py): the loss on the first copy minus the loss on the second, in nats, mean [95% t "
              "interval] over seeds. Near 0: the model does not copy from that far back.", "",
              *_header("encoding", list(compare.probe_lengths))]
-    for encoding, rows in found.items():
-        cells = []
-        for item in compare.probe_lengths:
-            values = [r[item]["gain"]["mean"] for r in rows.values() if "gain" in r.get(item, {})]
-            cells.append(_cell(t_interval(values), signed=True))
-        lines.append(f"| {encoding} | " + " | ".join(cells) + " |")
-    return lines + [""]
+
+    def gain(rows: dict[int, dict], item: str) -> str:
+        values = [r[item]["gain"]["mean"] for r in rows.values() if "gain" in r.get(item, {})]
+        return _cell(t_interval(values), signed=True)
+
+    return lines + _rows_by_length(found, compare.probe_lengths, gain) + [""]
 
 
 def passkey_section(out: Path, compare: Any) -> list[str]:
@@ -260,15 +266,14 @@ def passkey_section(out: Path, compare: Any) -> list[str]:
              "depths and seeds: accuracy [Wilson 95% interval] (eval/passkey.py). Base models are not fine-tuned on "
              "the template, so 0 is expected of small ones; README's passkey recipe fine-tunes one.", "",
              *_header("encoding", list(compare.probe_lengths))]
-    for encoding, rows in found.items():
-        cells = []
-        for item in compare.probe_lengths:
-            cell_rows = [row for r in rows.values() if isinstance(r.get(item), list) for row in r[item]]
-            correct = sum(round(row["accuracy"] * row["trials"]) for row in cell_rows)
-            trials = sum(row["trials"] for row in cell_rows)
-            cells.append(_cell(wilson_interval(correct, trials)) if trials else "n/a")
-        lines.append(f"| {encoding} | " + " | ".join(cells) + " |")
-    return lines + [""]
+
+    def accuracy(rows: dict[int, dict], item: str) -> str:
+        cell_rows = [row for r in rows.values() if isinstance(r.get(item), list) for row in r[item]]
+        correct = sum(round(row["accuracy"] * row["trials"]) for row in cell_rows)
+        trials = sum(row["trials"] for row in cell_rows)
+        return _cell(wilson_interval(correct, trials)) if trials else "n/a"
+
+    return lines + _rows_by_length(found, compare.probe_lengths, accuracy) + [""]
 
 
 def tasks_section(out: Path, compare: Any) -> list[str]:

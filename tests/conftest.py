@@ -46,3 +46,13 @@ def prepared_data(small_text_file: Path, tmp_path_factory: pytest.TempPathFactor
     out = tmp_path_factory.mktemp("prepared") / "code"
     prepare(str(small_text_file), out, vocab_size=512, val_fraction=0.2, num_proc=2)
     return out
+
+
+def train_micro_run(data: Path, out: Path) -> Path:
+    """A 2-step, 1-layer checkpoint (L = 16) trained through the CLI on `data`: for commands that read one."""
+    from train.pretrain import main as pretrain
+
+    assert pretrain([f"--data.dir={data}", f"--out.dir={out}", "--model.vocab_size=512", "--model.dim=32",
+                     "--model.n_layers=1", "--model.n_heads=2", "--model.n_kv_heads=1", "--model.max_seq_len=16",
+                     "--train.max_steps=2", "--train.batch_size=2", "--train.eval_batches=1"]) == 0
+    return out

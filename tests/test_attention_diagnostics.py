@@ -76,12 +76,9 @@ def test_a_model_with_zero_queries_attends_uniformly_and_the_observer_changes_no
 
 
 def test_the_command_writes_results_and_a_plot(prepared_data, tmp_path):
-    from train.pretrain import main as pretrain
+    from tests.conftest import train_micro_run
 
-    run = tmp_path / "run"
-    assert pretrain([f"--data.dir={prepared_data}", f"--out.dir={run}", "--model.vocab_size=512", "--model.dim=32",
-                     "--model.n_layers=1", "--model.n_heads=2", "--model.n_kv_heads=1", "--model.max_seq_len=16",
-                     "--train.max_steps=2", "--train.batch_size=2", "--train.eval_batches=1"]) == 0
+    run = train_micro_run(prepared_data, tmp_path / "run")
     out = tmp_path / "attention"
     assert main(["--checkpoint", str(run), "--lengths", "1x,4x", "--tokens", "512", "--out", str(out)]) == 0
     import json

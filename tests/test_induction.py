@@ -62,12 +62,9 @@ def test_a_context_blind_model_gains_nothing():
 
 
 def test_the_command_probes_a_checkpoint_at_multiples_of_its_length(prepared_data, tmp_path):
-    from train.pretrain import main as pretrain
+    from tests.conftest import train_micro_run
 
-    run = tmp_path / "run"
-    assert pretrain([f"--data.dir={prepared_data}", f"--out.dir={run}", "--model.vocab_size=512", "--model.dim=32",
-                     "--model.n_layers=1", "--model.n_heads=2", "--model.n_kv_heads=1", "--model.max_seq_len=16",
-                     "--train.max_steps=2", "--train.batch_size=2", "--train.eval_batches=1"]) == 0
+    run = train_micro_run(prepared_data, tmp_path / "run")
     out = tmp_path / "induction"
     assert main(["--checkpoint", str(run), "--distances", "0.5x,2x,48", "--block", "4", "--trials", "3",
                  "--out", str(out)]) == 0
