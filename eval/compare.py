@@ -82,7 +82,7 @@ class CompareConfig:
     probe_tokens: int = 16384  # held-out tokens per length for the attention diagnostics
     passkey_trials: int = 50  # per (length, depth) and seed
     tasks: list = field(default_factory=list)  # synthetic tasks trained per encoding (eval/task_generators.py)
-    task_steps: int = 600  # training steps per task model
+    task_steps: int = 3000  # training steps per task model (eval.tasks default)
     workers: int = 0  # 0: one per CPU core (one per GPU on CUDA)
     threads: int = 0  # torch threads per worker; 0: CPU cores / workers
     out: str = "runs/compare"

@@ -26,13 +26,12 @@ from eval.extrapolation import resolve_length
 from eval.induction import induction_probe, ordinary_token_ids
 from eval.passkey import evaluate_passkey
 from eval.stats import Estimate, t_interval, wilson_interval
-from eval.task_generators import get_task
-from eval.tasks import DEFAULT_MODEL, DEFAULT_TRAIN, run_suite, write_suite
+from eval.tasks import DEFAULT_LENGTH, DEFAULT_MODEL, DEFAULT_TRAIN, run_suite, write_suite
 from model.transformer import Transformer
 
 PASSKEY_DEPTHS = [0.0, 0.5, 1.0]
 INDUCTION_BLOCK, INDUCTION_TRIALS = 32, 32
-TASK_LENGTH, TASK_MULTIPLES, TASK_COUNT = 64, [1, 2, 4, 8], 256
+TASK_LENGTH, TASK_MULTIPLES, TASK_COUNT = DEFAULT_LENGTH, [1, 2, 4, 8], 256
 
 
 def probe_path(out: str | Path, encoding: str, seed: int, probe: str) -> Path:
@@ -103,23 +102,24 @@ def run_probes(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: i
 
 
 def run_tasks(compare: Any, out: Path) -> None:
-    """The task suite for every encoding of the comparison (its variants' model settings), seeds shared with it;
-    a task whose results exist for the same settings is skipped."""
+    """The task suite for every encoding of the comparison (its variants' model settings), seeds shared with it,
+    in compare.workers processes; a task whose results exist for the same settings is not trained again."""
     encodings = {name: compare.model_settings(name) for name in compare.encodings}
     train = {**DEFAULT_TRAIN, "max_steps": compare.task_steps}
+    settings = {"encodings": encodings, "seeds": compare.seeds, "length": TASK_LENGTH, "model": DEFAULT_MODEL,
+                "train": train}
+    results: dict[str, Any] = {}
     for name in compare.tasks:
-        task = get_task(name)
-        folder = out / "tasks" / name
-        settings = {"encodings": encodings, "seeds": compare.seeds, "length": TASK_LENGTH,
-                    "model": DEFAULT_MODEL, "train": train}
-        results_path = folder / "results.json"
-        if results_path.exists() and json.loads(results_path.read_text()).get("settings") == settings:
+        path = out / "tasks" / name / "results.json"
+        if path.exists() and json.loads(path.read_text()).get("settings") == settings:
             print(f"task {name}: cached")
-            continue
-        print(f"task {name}: training {len(encodings)} encodings x {len(compare.seeds)} seeds", flush=True)
-        results = run_suite(task, encodings, compare.seeds, TASK_LENGTH, TASK_MULTIPLES, TASK_COUNT,
-                            {"model": DEFAULT_MODEL, "train": train}, folder)
-        write_suite(folder, name, TASK_LENGTH, compare.seeds, results, settings)
+            results[name] = json.loads(path.read_text())["results"]
+    todo = [name for name in compare.tasks if name not in results]
+    if todo:
+        print(f"tasks {', '.join(todo)}: training {len(encodings)} encodings x {len(compare.seeds)} seeds", flush=True)
+        results.update(run_suite(todo, encodings, compare.seeds, TASK_LENGTH, TASK_MULTIPLES, TASK_COUNT,
+                                 {"model": DEFAULT_MODEL, "train": train}, out / "tasks" / "runs", compare.workers))
+    write_suite(out / "tasks", TASK_LENGTH, compare.seeds, {name: results[name] for name in compare.tasks}, settings)
 
 
 def _load(out: Path, compare: Any, probe: str) -> dict[str, dict[int, dict]]:

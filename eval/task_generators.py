@@ -35,16 +35,22 @@ class TaskBatch:
 class Task:
     name: str
     vocab_size: int
-    make: Callable[[np.random.Generator, int], tuple[np.ndarray, np.ndarray]]  # (tokens, answer-token mask)
+    # (rng, length, train) -> (tokens, answer-token mask); `train` draws the training distribution (e.g. copy's
+    # strings of every length up to the sequence's), else the test one (the longest string the length holds)
+    make: Callable[[np.random.Generator, int, bool], tuple[np.ndarray, np.ndarray]]
     chance: float  # the token accuracy of a predictor that ignores the context (uniform over the answer symbols)
+    max_length: int | None = None  # the longest sequence the task can generate, if bounded
 
-    def batch(self, seed: int | list[int], count: int, length: int) -> TaskBatch:
-        """`count` sequences of `length` tokens, a function of (seed, count, length) only (seed may be a list,
-        e.g. [seed, step] for training batches)."""
+    def batch(self, seed: int | list[int], count: int, length: int, train: bool = False) -> TaskBatch:
+        """`count` sequences of `length` tokens, a function of (seed, count, length, train) only (seed may be a
+        list, e.g. [seed, step] for training batches)."""
         if length < 4:
             raise ConfigError(f"task {self.name}: sequences need at least 4 tokens, got {length}")
+        if self.max_length is not None and length > self.max_length:
+            raise ConfigError(f"task {self.name}: sequences of at most {self.max_length} tokens, got {length}; "
+                              f"use a shorter --length or fewer --multiples")
         rng = np.random.default_rng([*(seed if isinstance(seed, list) else [seed]), length])
-        rows, marks = zip(*(self.make(rng, length) for _ in range(count)))
+        rows, marks = zip(*(self.make(rng, length, train) for _ in range(count)))
         tokens, answer_tokens = np.stack(rows), np.stack(marks)
         return TaskBatch(torch.from_numpy(tokens[:, :-1]).long(), torch.from_numpy(tokens[:, 1:]).long(),
                          torch.from_numpy(answer_tokens[:, 1:]))
@@ -52,26 +58,30 @@ class Task:
 
 TASKS: dict[str, Task] = {}
 
-COPY_SYMBOLS = 16
+COPY_SYMBOLS = 256
 
 
-def make_copy(rng: np.random.Generator, length: int) -> tuple[np.ndarray, np.ndarray]:
+def make_copy(rng: np.random.Generator, length: int, train: bool) -> tuple[np.ndarray, np.ndarray]:
+    """BOS s SEP s, then SEP padding: a string of distinct symbols, of a random length up to half the sequence in
+    training (so no fixed offset solves it) and of the longest length the sequence holds in testing. Distinct
+    symbols make the copy a lookup (the symbol after the current one's first occurrence: an induction head)."""
     half = (length - 2) // 2
-    string = rng.integers(SPECIALS, SPECIALS + COPY_SYMBOLS, size=half)
-    tokens = np.full(length, SEP, dtype=np.int64)  # the padding after an odd length is SEP, not scored
+    size = int(rng.integers(1, half + 1)) if train else half
+    string = rng.choice(COPY_SYMBOLS, size=size, replace=False) + SPECIALS
+    tokens = np.full(length, SEP, dtype=np.int64)  # the padding after the copy is SEP, not scored
     tokens[0] = BOS
-    tokens[1 : 1 + half] = string
-    tokens[1 + half] = SEP
-    tokens[2 + half : 2 + 2 * half] = string
+    tokens[1 : 1 + size] = string
+    tokens[1 + size] = SEP
+    tokens[2 + size : 2 + 2 * size] = string
     answers = np.zeros(length, dtype=bool)
-    answers[2 + half : 2 + 2 * half] = True
+    answers[2 + size : 2 + 2 * size] = True
     return tokens, answers
 
 
 RECALL_KEYS, RECALL_VALUES = 24, 24
 
 
-def make_associative_recall(rng: np.random.Generator, length: int) -> tuple[np.ndarray, np.ndarray]:
+def make_associative_recall(rng: np.random.Generator, length: int, train: bool) -> tuple[np.ndarray, np.ndarray]:
     """n key-value pairs (distinct keys), SEP, then queries of n of the keys (with repeats) each followed by its
     value: 2n + 1 + 2q tokens with q = n, padded with SEP."""
     pairs = min(RECALL_KEYS, max(1, (length - 2) // 4))
@@ -97,7 +107,7 @@ def make_associative_recall(rng: np.random.Generator, length: int) -> tuple[np.n
 WRITE, READ, IGNORE, ZERO, ONE = 2, 3, 4, 5, 6
 
 
-def make_flipflop(rng: np.random.Generator, length: int) -> tuple[np.ndarray, np.ndarray]:
+def make_flipflop(rng: np.random.Generator, length: int, train: bool) -> tuple[np.ndarray, np.ndarray]:
     """BOS, then (instruction, bit) pairs: the first is a write; w writes, i is noise, r must repeat the last
     written bit (the answer). Instructions: w with p = 0.1, r with p = 0.2, else i (flip-flop language's sparse
     setting, FFL(0.8))."""
@@ -120,7 +130,7 @@ def make_flipflop(rng: np.random.Generator, length: int) -> tuple[np.ndarray, np
     return tokens, answers
 
 
-for task in (Task("copy", SPECIALS + COPY_SYMBOLS, make_copy, 1 / COPY_SYMBOLS),
+for task in (Task("copy", SPECIALS + COPY_SYMBOLS, make_copy, 1 / COPY_SYMBOLS, 2 * COPY_SYMBOLS + 3),
              Task("associative_recall", SPECIALS + RECALL_KEYS + RECALL_VALUES, make_associative_recall,
                   1 / RECALL_VALUES),
              Task("flipflop", ONE + 1, make_flipflop, 0.5)):

@@ -1,28 +1,38 @@
-"""Length-generalisation tasks: train a small model per encoding and seed on a synthetic task at length L (loss on
-the answers only), then score exact match at 1x, 2x, 4x and 8x L on fresh sequences (eval/task_generators.py).
+"""Length-generalisation tasks: train a small model per task, encoding and seed on a synthetic task at length L (loss
+on the answers only), then score exact match at 1x, 2x, 4x and 8x L on fresh sequences (eval/task_generators.py).
 
-    python -m eval.tasks --task copy --encodings rope,alibi,none,sinusoidal --length 64 --seeds 1,2,3 \\
-        --train.max_steps=600 --out runs/tasks
+    python -m eval.tasks --out runs/tasks      # the suite: copy and flipflop x rope, alibi, none, sinusoidal x 3 seeds
+    python -m eval.tasks --tasks flipflop --encodings rope,none --seeds 1 --train.max_steps=1000 --out runs/ff
 
 Every encoding and seed trains the same model shape on the same sequences (a function of the seed and the step);
-evaluation sequences come from a separate seed. Writes OUT/results.json (per encoding and length: exact match and
-token accuracy with a t interval over seeds) and OUT/TASK.png.
+evaluation sequences come from a separate seed. Trainings run in --workers processes (default: one single-thread
+process per CPU core); a failed one is reported and the others go on. Writes OUT/tasks.md (exact match, mean
+[95% t interval] over seeds), OUT/tasks.png, and per task OUT/TASK/results.json (exact match and token accuracy)
+and OUT/TASK/TASK.png; runs and their logs in OUT/runs/.
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import contextlib
+import dataclasses
 import json
+import multiprocessing
+import os
 import sys
+import time
+import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
-from commands import add_out, comma_list, command_parser
+from commands import add_out, comma_list, command_parser, deprecated
 from data.batches import IGNORE_INDEX
 from errors import ConfigError, cli_command
 from eval import figures
-from eval.stats import t_interval
+from eval.stats import Estimate, t_interval
 from eval.task_generators import TASKS, Task, TaskBatch, get_task, score
 from model.checkpoint import load_model
 from model.config import parse_override_value
@@ -31,10 +41,12 @@ from model.transformer import Transformer
 from train.config import build_run_config
 from train.loop import run_training
 
+SUITE = ["copy", "flipflop"]  # the tasks every encoding learns at 1x at the default budget (README)
+DEFAULT_LENGTH = 32
 EVAL_SEED = 10**6  # evaluation sequences: a seed no training batch uses
-DEFAULT_MODEL = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2}
-DEFAULT_TRAIN = {"batch_size": 32, "max_steps": 600, "lr": 3e-3, "warmup_steps": 30, "eval_interval": 200,
-                 "eval_batches": 4, "log_interval": 100, "dtype": "float32"}
+DEFAULT_MODEL = {"dim": 64, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2}
+DEFAULT_TRAIN = {"batch_size": 32, "max_steps": 3000, "lr": 3e-3, "warmup_steps": 30, "eval_interval": 1000,
+                 "eval_batches": 4, "log_interval": 500, "dtype": "float32"}
 
 
 class TaskBatches:
@@ -48,11 +60,11 @@ class TaskBatches:
         return batch.inputs, torch.where(batch.answers, batch.targets, torch.full_like(batch.targets, IGNORE_INDEX))
 
     def train_batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.masked(self.task.batch([self.seed, step, micro_step], self.batch_size, self.length))
+        return self.masked(self.task.batch([self.seed, step, micro_step], self.batch_size, self.length, train=True))
 
     def val_batches_iter(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for index in range(self.val_batches):
-            yield self.masked(self.task.batch([EVAL_SEED - 1, index], self.batch_size, self.length))
+            yield self.masked(self.task.batch([EVAL_SEED - 1, index], self.batch_size, self.length, train=True))
 
 
 @torch.inference_mode()
@@ -63,79 +75,204 @@ def evaluate(model: Transformer, task: Task, length: int, count: int) -> dict[st
     return score(logits, batch)
 
 
-def run_suite(task: Task, encodings: dict[str, dict], seeds: list[int], length: int, multiples: list[int],
-              count: int, shared: dict, out: Path) -> dict[str, Any]:
-    """Train and score every encoding (name -> the model settings that make it, e.g. {"position": "rope"} or a
-    comparison's variant) for every seed; per encoding and length, each metric's mean and t interval over seeds."""
-    results: dict[str, Any] = {}
-    for encoding, settings in encodings.items():
-        per_length: dict[int, list[dict]] = {multiple: [] for multiple in multiples}
-        for seed in seeds:
-            values = {section: dict(shared.get(section, {})) for section in ("model", "train")}
-            values["model"].update(settings, vocab_size=task.vocab_size, max_seq_len=length)
-            values["model"].setdefault("learned_clamp", settings["position"] == "learned")
-            values["train"]["seed"] = seed
-            values["out"] = {"dir": str(out / "runs" / task.name / encoding / f"seed{seed}"), "overwrite": True}
-            config = build_run_config(values, f"task {task.name}, {encoding}, seed {seed}")
+@dataclass(frozen=True)
+class TaskJob:
+    """One training of one task, encoding (its model settings) and seed, then its scores at every multiple."""
+    task: str
+    encoding: str
+    settings: dict
+    seed: int
+    length: int
+    multiples: tuple[int, ...]
+    count: int
+    shared: dict
+    runs: str  # the run folder is RUNS/TASK/ENCODING/seedS
+    threads: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.task}-{self.encoding}-seed{self.seed}"
+
+
+def run_task_job(job: TaskJob, log_path: Path | None = None) -> dict[str, Any]:
+    """Train and score one job; a failure is returned as its status, not raised (the other jobs go on)."""
+    started = time.perf_counter()
+    result: dict[str, Any] = {"task": job.task, "encoding": job.encoding, "seed": job.seed, "status": "ok"}
+    with contextlib.ExitStack() as stack:
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = stack.enter_context(open(log_path, "a", buffering=1))
+            stack.enter_context(contextlib.redirect_stdout(log))
+            stack.enter_context(contextlib.redirect_stderr(log))
+        if job.threads:
+            torch.set_num_threads(job.threads)
+        try:
+            task = get_task(job.task)
+            values = {section: dict(job.shared.get(section, {})) for section in ("model", "train")}
+            values["model"].update(job.settings, vocab_size=task.vocab_size, max_seq_len=job.length)
+            values["model"].setdefault("learned_clamp", job.settings["position"] == "learned")
+            values["train"]["seed"] = job.seed
+            values["out"] = {"dir": str(Path(job.runs) / job.task / job.encoding / f"seed{job.seed}"),
+                             "overwrite": True}
+            config = build_run_config(values, f"task {job.name}")
             run_training(config, lambda: Transformer(config.model),
-                         TaskBatches(task, length, config.train.batch_size, seed, config.train.eval_batches),
+                         TaskBatches(task, job.length, config.train.batch_size, job.seed, config.train.eval_batches),
                          None, task=f"task:{task.name}")
             model = load_model(config.out.dir)
-            for multiple in multiples:
-                per_length[multiple].append(evaluate(model, task, multiple * length, count))
-        results[encoding] = {
-            f"{multiple}x": {metric: t_interval([row[metric] for row in rows]).__dict__ for metric in rows[0]}
-            for multiple, rows in per_length.items()}
+            result["rows"] = {f"{multiple}x": evaluate(model, task, multiple * job.length, job.count)
+                              for multiple in job.multiples}
+        except Exception as error:  # reported with the others' results
+            traceback.print_exc()
+            result["status"] = f"failed: {type(error).__name__}: {error}"[:300]
+    result["seconds"] = time.perf_counter() - started
+    return result
+
+
+def run_jobs(jobs: list[TaskJob], workers: int, logs: Path) -> list[dict[str, Any]]:
+    """Every job, `workers` at a time in spawned processes (in this process when 1), with a line per finished job."""
+    started, results = time.perf_counter(), []
+
+    def finished(job: TaskJob, result: dict[str, Any]) -> None:
+        results.append(result)
+        print(f"[{len(results)}/{len(jobs)}, {(time.perf_counter() - started) / 60:.1f} min] {job.name}: "
+              f"{result['status']} ({result['seconds']:.0f} s)", flush=True)
+
+    if workers <= 1:
+        for job in jobs:
+            finished(job, run_task_job(job))
+        return results
+    print(f"{len(jobs)} trainings in {workers} worker processes ({jobs[0].threads} thread(s) each); logs in {logs}",
+          flush=True)
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(run_task_job, job, logs / f"{job.name}.log"): job for job in jobs}
+        for future in concurrent.futures.as_completed(futures):
+            job = futures[future]
+            try:
+                result = future.result()
+            except Exception as error:  # the worker process itself died
+                result = {"task": job.task, "encoding": job.encoding, "seed": job.seed, "seconds": 0.0,
+                          "status": f"failed: worker died ({type(error).__name__}: {error})"[:300]}
+            finished(job, result)
     return results
 
 
-def plot(results: dict[str, Any], task: str, length: int, out: Path) -> Path:
-    figure, axis = figures.new(width=6, height=4)
+def worker_layout(workers: int, jobs: int) -> tuple[int, int]:
+    """(processes, torch threads each): by default one single-thread process per core (on this project's 2-core
+    CPU, two single-thread processes train faster than one two-thread process)."""
+    cores = os.cpu_count() or 1
+    workers = max(1, min(workers or cores, jobs))
+    return workers, max(1, cores // workers)
+
+
+def run_suite(tasks: list[str], encodings: dict[str, dict], seeds: list[int], length: int, multiples: list[int],
+              count: int, shared: dict, runs: Path, workers: int = 1) -> dict[str, dict[str, Any]]:
+    """Train and score every task, encoding (name -> the model settings that make it, e.g. {"position": "rope"}
+    or a comparison's variant) and seed; task -> encoding -> length -> each metric's mean and t interval over the
+    seeds that finished (a failed training is reported and left out)."""
+    jobs = [TaskJob(task, encoding, settings, seed, length, tuple(multiples), count, shared, str(runs))
+            for task in tasks for encoding, settings in encodings.items() for seed in seeds]
+    workers, threads = worker_layout(workers, len(jobs))
+    jobs = [dataclasses.replace(job, threads=threads if workers > 1 else 0) for job in jobs]
+    finished = run_jobs(jobs, workers, runs / "logs")
+    failed = [f"{r['task']}-{r['encoding']}-seed{r['seed']}: {r['status']}" for r in finished if r["status"] != "ok"]
+    if failed:
+        print("failed (left out of the results):\n  " + "\n  ".join(failed), file=sys.stderr)
+    results: dict[str, dict[str, Any]] = {}
+    for task in tasks:
+        results[task] = {}
+        for encoding in encodings:
+            rows = [r["rows"] for r in sorted(finished, key=lambda r: r["seed"])
+                    if r["task"] == task and r["encoding"] == encoding and r["status"] == "ok"]
+            if rows:
+                results[task][encoding] = {
+                    key: {metric: t_interval([row[key][metric] for row in rows]).__dict__ for metric in rows[0][key]}
+                    for key in rows[0]}
+    return results
+
+
+def _draw(axis, results: dict[str, Any], task: str, length: int) -> None:
     for encoding, by_length in results.items():
         multiples = [int(key[:-1]) for key in by_length]
         estimates = [by_length[key]["exact_match"] for key in by_length]
-        means = [e["mean"] for e in estimates]
-        axis.plot(multiples, means, **figures.style(encoding), label=encoding)
+        axis.plot(multiples, [e["mean"] for e in estimates], **figures.style(encoding), label=encoding)
         if all(e["low"] is not None for e in estimates):  # the 95% t interval over seeds, as a band
             axis.fill_between(multiples, [min(1.0, max(0.0, e["low"])) for e in estimates],
                               [min(1.0, max(0.0, e["high"])) for e in estimates], color=figures.colour(encoding),
                               alpha=0.15, linewidth=0)
     axis.set_xscale("log", base=2)
+    shown = sorted({int(key[:-1]) for by_length in results.values() for key in by_length})
+    axis.set_xticks(shown, [f"{multiple}x" for multiple in shown])
+    axis.set_ylim(-0.03, 1.03)
     axis.set_xlabel(f"evaluation length / L (L = {length})")
-    axis.set_ylabel("exact match (band: 95% t interval over seeds)")
     axis.set_title(task)
-    return figures.save(figure, out / f"{task}.png", axis)
 
 
-def write_suite(out: Path, task: str, length: int, seeds: list[int], results: dict[str, Any],
+def plot(results: dict[str, dict[str, Any]], length: int, path: Path) -> Path:
+    """One panel per task: exact match against length, one line per encoding."""
+    figure, axes = figures.new(columns=len(results), width=3.4 * len(results) + 1.5, height=3.6)
+    axes = list(axes) if len(results) > 1 else [axes]
+    for axis, (task, by_encoding) in zip(axes, results.items()):
+        _draw(axis, by_encoding, task, length)
+    axes[0].set_ylabel("exact match (band: 95% t over seeds)")
+    return figures.save(figure, path, axes[-1])
+
+
+def table(results: dict[str, dict[str, Any]], length: int, seeds: list[int]) -> str:
+    """Markdown: per task, exact match at each length, mean [95% t interval] over seeds."""
+    lines = [f"Exact match at each multiple of L = {length}, mean [95% t interval] over seeds {seeds}.", ""]
+    for task, by_encoding in results.items():
+        if not by_encoding:
+            continue
+        keys = list(next(iter(by_encoding.values())))
+        lines += [f"| {task} | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+        for encoding, by_length in by_encoding.items():
+            lines.append(f"| {encoding} | " + " | ".join(Estimate(**by_length[key]["exact_match"]).format(2)
+                                                         for key in keys) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_suite(out: Path, length: int, seeds: list[int], results: dict[str, dict[str, Any]],
                 settings: dict | None = None) -> None:
-    """OUT/results.json and OUT/TASK.png, and one line per encoding."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({"task": task, "length": length, "seeds": seeds,
-                                                  "settings": settings, "results": results}, indent=1) + "\n")
-    for encoding, by_length in results.items():
-        shown = ", ".join(f"{key} {row['exact_match']['mean']:.2f}" for key, row in by_length.items())
-        print(f"{task} {encoding}: exact match {shown}")
-    print(f"wrote {out / 'results.json'} and {plot(results, task, length, out)}")
+    """Per task OUT/TASK/results.json and OUT/TASK/TASK.png; OUT/tasks.md (the table) and OUT/tasks.png (every
+    task); one line per task and encoding."""
+    for task, by_encoding in results.items():
+        folder = out / task
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "results.json").write_text(json.dumps({"task": task, "length": length, "seeds": seeds,
+                                                         "settings": settings, "results": by_encoding}, indent=1) + "\n")
+        if by_encoding:
+            plot({task: by_encoding}, length, folder / f"{task}.png")
+        for encoding, by_length in by_encoding.items():
+            shown = ", ".join(f"{key} {row['exact_match']['mean']:.2f}" for key, row in by_length.items())
+            print(f"{task} {encoding}: exact match {shown}")
+    (out / "tasks.md").write_text(table(results, length, seeds))
+    shown = [task for task, by_encoding in results.items() if by_encoding]
+    if shown:
+        print(f"wrote {out / 'tasks.md'} and {plot({task: results[task] for task in shown}, length, out / 'tasks.png')}")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = command_parser("eval.tasks", __doc__, epilog="Overrides: --model.key=value, --train.key=value "
                                                           f"(defaults: model {DEFAULT_MODEL}, train {DEFAULT_TRAIN})")
-    parser.add_argument("--task", required=True, help=f"one of {sorted(TASKS)}")
+    parser.add_argument("--tasks", default=",".join(SUITE), help=f"comma-separated, from {sorted(TASKS)}")
+    deprecated(parser, "--task", "--tasks", dest="tasks")
     parser.add_argument("--encodings", default="rope,alibi,none,sinusoidal", help="comma-separated model.position names")
-    parser.add_argument("--length", type=int, default=64, help="training length L in tokens")
+    parser.add_argument("--length", type=int, default=DEFAULT_LENGTH, help="training length L in tokens")
     parser.add_argument("--multiples", default="1,2,4,8", help="evaluation lengths as multiples of L")
     parser.add_argument("--seeds", default="1,2,3", help="comma-separated training seeds")
     parser.add_argument("--count", type=int, default=256, help="evaluation sequences per length")
-    add_out(parser, "output folder: results.json, TASK.png, runs/ (required)", type=Path)
+    parser.add_argument("--workers", type=int, default=0,
+                        help="training processes (0: one single-thread process per CPU core)")
+    add_out(parser, "output folder: tasks.md, tasks.png, TASK/results.json, TASK/TASK.png, runs/ (required)",
+            type=Path)
     return parser
 
 
 @cli_command
 def main(argv: list[str] | None = None) -> int:
     args, overrides = build_parser().parse_known_args(argv)
-    task = get_task(args.task)
+    tasks = [get_task(name).name for name in comma_list(args.tasks)]
     if args.out is None:
         raise ConfigError("--out DIR is required")
     encodings = comma_list(args.encodings)
@@ -147,8 +284,10 @@ def main(argv: list[str] | None = None) -> int:
         multiples = [int(multiple) for multiple in comma_list(args.multiples)]
     except ValueError as error:
         raise ConfigError(f"--seeds and --multiples are comma-separated integers ({error})") from error
-    if not seeds or not multiples or min(multiples) < 1 or args.length < 4 or args.count < 1:
-        raise ConfigError("--seeds and --multiples need values (multiples >= 1), --length >= 4, --count >= 1")
+    if not tasks or not seeds or not multiples or min(multiples) < 1 or args.length < 4 or args.count < 1:
+        raise ConfigError("--tasks, --seeds and --multiples need values (multiples >= 1), --length >= 4, --count >= 1")
+    if args.workers < 0:
+        raise ConfigError("--workers must be >= 0 (0: one per CPU core)")
     shared = {"model": dict(DEFAULT_MODEL), "train": dict(DEFAULT_TRAIN)}
     for override in overrides:
         if not override.startswith(("--model.", "--train.")) or "=" not in override:
@@ -157,11 +296,18 @@ def main(argv: list[str] | None = None) -> int:
         dotted, text = override[2:].split("=", 1)
         section, key = dotted.split(".", 1)
         shared[section][key] = parse_override_value(text)
-    build_run_config({**shared, "model": {**shared["model"], "vocab_size": task.vocab_size, "max_seq_len": args.length}},
-                     "eval.tasks settings")  # every setting is checked before anything trains
-    results = run_suite(task, {name: {"position": name} for name in encodings}, seeds, args.length, multiples,
-                        args.count, shared, args.out)
-    write_suite(args.out, task.name, args.length, seeds, results)
+    for name in tasks:  # every setting and length is checked before anything trains
+        task = get_task(name)
+        build_run_config({**shared, "model": {**shared["model"], "vocab_size": task.vocab_size,
+                                              "max_seq_len": args.length}}, "eval.tasks settings")
+        task.batch(0, 1, max(multiples) * args.length)
+    started = time.perf_counter()
+    results = run_suite(tasks, {name: {"position": name} for name in encodings}, seeds, args.length, multiples,
+                        args.count, shared, args.out / "runs", args.workers)
+    settings = {"model": shared["model"], "train": shared["train"], "count": args.count,
+                "wall_s": round(time.perf_counter() - started, 1)}
+    write_suite(args.out, args.length, seeds, results, settings)
+    print(f"wall time {settings['wall_s'] / 60:.1f} min")
     return 0
 
 

@@ -27,8 +27,30 @@ def test_copy_answers_are_exactly_the_second_copy():
     for row in range(4):
         assert tokens[row, 0] == BOS and tokens[row, 10] == SEP
         assert torch.equal(tokens[row, 1:10], tokens[row, 11:20])
+        assert len(set(tokens[row, 1:10].tolist())) == 9  # distinct symbols: the copy is a lookup
         answers = torch.nonzero(batch.answers[row]).flatten() + 1  # target t is token t + 1
         assert answers.tolist() == list(range(11, 20))
+
+
+def test_copy_trains_on_strings_of_every_length_and_tests_on_the_longest():
+    """Training strings have random lengths up to half the sequence (no fixed offset solves the task); the test
+    string is the longest the sequence holds; either way the answers are exactly the second copy."""
+    train = TASKS["copy"].batch(0, 200, 64, train=True)
+    tokens = torch.cat([train.inputs[:, :1], train.targets], dim=1)
+    sizes = []
+    for row in range(200):
+        size = int(torch.nonzero(tokens[row] == SEP)[0]) - 1
+        sizes.append(size)
+        assert torch.equal(tokens[row, 1 : 1 + size], tokens[row, 2 + size : 2 + 2 * size])
+        assert (torch.nonzero(train.answers[row]).flatten() + 1).tolist() == list(range(2 + size, 2 + 2 * size))
+        assert (tokens[row, 2 + 2 * size :] == SEP).all()
+    assert min(sizes) < 8 and max(sizes) > 28 and all(1 <= size <= 31 for size in sizes)
+    assert int(TASKS["copy"].batch(0, 8, 64).answers.sum(dim=1).min()) == 31
+
+
+def test_a_copy_longer_than_its_symbols_is_refused():
+    with pytest.raises(ConfigError, match="at most 515 tokens"):
+        TASKS["copy"].batch(0, 1, 1024)
 
 
 def test_recall_answers_are_the_values_of_the_queried_keys():
@@ -82,22 +104,40 @@ def test_unknown_tasks_and_too_short_sequences_are_refused():
 
 
 def test_the_suite_trains_each_encoding_on_answers_only_and_scores_each_length(tmp_path, capsys):
-    """A micro run of eval.tasks (copy, 2 encodings, 2 seeds): one run per encoding and seed, results per length
-    with intervals over the seeds, and the training loss counts answer tokens only."""
+    """A micro run of eval.tasks (copy and flipflop, 2 encodings, 2 seeds, 2 worker processes): one run per task,
+    encoding and seed, results per length with intervals over the seeds, and the training loss counts answer
+    tokens only."""
     import json
 
     from eval.task_generators import TASKS as tasks
     from eval.tasks import TaskBatches, main
 
     inputs, targets = TaskBatches(tasks["copy"], 16, 4, 0, 1).train_batch(3)
-    assert ((targets != -100) == tasks["copy"].batch([0, 3, 0], 4, 16).answers).all()
+    assert ((targets != -100) == tasks["copy"].batch([0, 3, 0], 4, 16, train=True).answers).all()
     out = tmp_path / "tasks"
-    assert main(["--task", "copy", "--encodings", "rope,none", "--length", "16", "--seeds", "1,2",
-                 "--multiples", "1,2", "--count", "32", "--out", str(out), "--train.max_steps=20",
+    assert main(["--tasks", "copy,flipflop", "--encodings", "rope,none", "--length", "16", "--seeds", "1,2",
+                 "--multiples", "1,2", "--count", "32", "--workers", "2", "--out", str(out), "--train.max_steps=20",
                  "--train.eval_interval=10", "--model.dim=32", "--model.n_layers=1"]) == 0
-    results = json.loads((out / "results.json").read_text())["results"]
-    assert set(results) == {"rope", "none"} and set(results["rope"]) == {"1x", "2x"}
-    assert results["rope"]["1x"]["exact_match"]["n"] == 2
-    assert (out / "copy.png").exists() and (out / "runs" / "copy" / "none" / "seed2" / "model.safetensors").exists()
-    assert main(["--task", "sort", "--out", str(out)]) == 2
-    assert main(["--task", "copy", "--out", str(out), "--model.dimm=3"]) == 2
+    for task in ("copy", "flipflop"):
+        results = json.loads((out / task / "results.json").read_text())["results"]
+        assert set(results) == {"rope", "none"} and set(results["rope"]) == {"1x", "2x"}
+        assert results["rope"]["1x"]["exact_match"]["n"] == 2
+        assert (out / task / f"{task}.png").exists()
+        assert (out / "runs" / task / "none" / "seed2" / "model.safetensors").exists()
+        assert (out / "runs" / "logs" / f"{task}-none-seed2.log").exists()
+    table = (out / "tasks.md").read_text()
+    assert "| copy | 1x | 2x |" in table and "| flipflop | 1x | 2x |" in table and (out / "tasks.png").exists()
+    assert main(["--tasks", "sort", "--out", str(out)]) == 2
+    assert main(["--tasks", "copy", "--out", str(out), "--model.dimm=3"]) == 2
+    assert main(["--tasks", "copy", "--out", str(out), "--length", "128"]) == 2  # 8x is past copy's 515 tokens
+
+
+def test_a_failed_training_is_reported_and_the_others_go_on(tmp_path):
+    from eval.tasks import TaskJob, run_jobs
+
+    shared = {"model": {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1},
+              "train": {"batch_size": 4, "max_steps": 3, "eval_interval": 3, "eval_batches": 1, "dtype": "float32"}}
+    jobs = [TaskJob(task, "rope", {"position": "rope"}, 1, 16, (1,), 8, shared, str(tmp_path)) for task in ("nope", "copy")]
+    failed, done = sorted(run_jobs(jobs, 1, tmp_path / "logs"), key=lambda r: r["task"] != "nope")
+    assert failed["status"].startswith("failed: ConfigError: unknown task 'nope'")
+    assert done["status"] == "ok" and set(done["rows"]) == {"1x"}
