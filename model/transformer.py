@@ -15,6 +15,7 @@ from model.attention_methods import MethodContext, build_methods, method_context
 from model.config import ModelConfig
 from model.kv_cache import KVCache
 from model.layers import RMSNorm, SwiGLU
+from model.loss import linear_cross_entropy
 from model.position import PositionEncoding, build_position_encoding
 from model.rope import NEEDS_ORIGINAL_LENGTH, scaling_type
 
@@ -122,12 +123,15 @@ class Transformer(nn.Module):
         positions: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
         loss_reduction: str = "mean",
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return_logits: bool = True,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """idx: (batch, time) token ids. Returns (logits (batch, time, vocab), loss or None).
 
         positions: (batch or 1, time) integer positions; default continues after what kv_cache holds.
         targets: (batch, time) ids, IGNORE_INDEX (-100) where no loss is wanted.
         loss_reduction: "mean" over scored tokens, "sum", or "none" for per-token loss (batch, time).
+        return_logits=False (with targets, reduction "mean" or "sum"): the head and the loss run in chunks of rows
+        and never hold the (batch, time, vocab) logits (model/loss.py); the logits returned are None.
         """
         batch, time = idx.shape
         if positions is None:
@@ -147,6 +151,8 @@ class Transformer(nn.Module):
             x = layer(x, encoding, states[name][0], kv_cache, methods, states[name][1])
         if kv_cache is not None:
             kv_cache.advance(time)
+        if not return_logits and targets is not None and loss_reduction in ("mean", "sum"):
+            return None, linear_cross_entropy(self.norm(x), self.lm_head.weight, targets, loss_reduction)
         logits = self.lm_head(self.norm(x))
         if targets is None:
             return logits, None

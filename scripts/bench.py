@@ -109,11 +109,13 @@ class RandomBatches:
         yield self.train_batch(0)
 
 
-def our_trainer(model_values: dict, batch: int, compile_model: bool, out_dir: str, device: torch.device):
+def our_trainer(model_values: dict, batch: int, compile_model: bool, out_dir: str, device: torch.device,
+                fused_loss: bool = True):
     """train.loop's Trainer on random batches: its train_step is exactly what train.pretrain runs."""
     config = build_run_config({
         "model": model_values,
         "train": {"batch_size": batch, "max_steps": 10**6, "warmup_steps": 10, "compile": compile_model,
+                  "fused_loss": fused_loss,
                   "log_interval": 10**6, "eval_interval": 10**6, "device": device.type},
         "out": {"dir": out_dir, "overwrite": True},
     })
@@ -157,6 +159,8 @@ def bench_training(shape: dict, args: argparse.Namespace, peaks: dict[str, float
         our_precision = "bf16" if our_amp == torch.bfloat16 else "fp32"
         modes: dict[str, tuple[Callable[[], None], str, str]] = {
             "ours (default)": (ours_step, our_precision, device_of(reference))}
+        plain_step, plain = our_trainer(model_values, batch, False, out_dir + "/ours_plain_loss", device, False)
+        modes["ours, full logits"] = (plain_step, our_precision, device_of(plain.model))  # train.fused_loss = false
         for name, amp in (("hf eager fp32", None), ("hf eager bf16", torch.bfloat16)):
             step, hf_model = hf_trainer(reference, batch, amp, False, device)
             modes[name] = (step, "fp32" if amp is None else "bf16", device_of(hf_model))

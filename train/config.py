@@ -48,6 +48,8 @@ class TrainConfig:
     grad_clip: float = 1.0  # 0 disables clipping
     dtype: str = "auto"  # auto (bf16 autocast where the hardware supports it) | bfloat16 | float32
     compile: bool = False  # torch.compile the model
+    # The head and the loss in chunks of rows, never holding the (batch x time x vocab) logits (model/loss.py).
+    fused_loss: bool = True
     device: str = "auto"  # auto | cpu | cuda | mps
     log_interval: int = 10
     eval_interval: int = 100  # also evaluated at step 0 and at the end

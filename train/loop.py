@@ -343,7 +343,8 @@ class Trainer:
                 positions = self.dist.shard(positions).to(self.device, non_blocking=True)
             with self.dist.no_sync(self.ddp, sync=micro_step == train.grad_accum - 1):
                 with autocast(self.device, self.amp):
-                    _, loss_sum = self.forward(inputs, targets, positions=positions, loss_reduction="sum")
+                    _, loss_sum = self.forward(inputs, targets, positions=positions, loss_reduction="sum",
+                                              return_logits=not train.fused_loss)
                 loss = loss_sum * (self.dist.world_size / scored)  # DDP averages gradients over ranks
                 (loss / train.grad_accum).backward()
             step_loss += loss.detach()

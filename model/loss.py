@@ -1,0 +1,67 @@
+"""The output head and the next-token loss in one pass over chunks of rows, without the (tokens x vocab) logits.
+
+A training step needs only the loss and its gradients. The plain path materialises the logits, their float32
+copy, the softmax and its gradient, each (batch x time x vocab). Here each chunk of rows computes its logits, its
+loss, and at once the gradients with respect to the hidden states and the head's weight (softmax minus the one-hot
+target, times the other operand); the logits are dropped before the next chunk. Backward only scales the saved
+gradients. The same idea as Liger-Kernel's fused linear cross-entropy, written with plain torch ops.
+
+Under autocast the matmuls run in the autocast dtype, as the plain path's head does; log-sum-exp, softmax and the
+weight gradient's accumulation are float32.
+"""
+from __future__ import annotations
+
+import torch
+
+from data.batches import IGNORE_INDEX
+
+CHUNK_ELEMENTS = 2**22  # logits per chunk (rows x vocab): 16 MiB in float32
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, rows: int) -> torch.Tensor:
+        # hidden (tokens, dim); weight (vocab, dim); targets (tokens,) with IGNORE_INDEX where nothing is scored
+        want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        exact = torch.promote_types(weight.dtype, torch.float32)  # float32, or float64 for float64 weights
+        total = torch.zeros((), dtype=exact, device=hidden.device)
+        grad_hidden = torch.empty_like(hidden) if want_hidden else None
+        grad_weight = torch.zeros(weight.shape, dtype=exact, device=weight.device) if want_weight else None
+        for start in range(0, hidden.shape[0], rows):
+            h, t = hidden[start : start + rows], targets[start : start + rows]
+            logits = torch.matmul(h, weight.t()).to(exact)  # (rows, vocab)
+            scored = t != IGNORE_INDEX
+            safe = torch.where(scored, t, torch.zeros_like(t))
+            log_norm = torch.logsumexp(logits, dim=-1)
+            total += ((log_norm - logits.gather(1, safe[:, None]).squeeze(1)) * scored).sum()
+            if want_hidden or want_weight:
+                grad_logits = torch.exp(logits.sub_(log_norm[:, None]))  # softmax, in place of the logits
+                grad_logits[torch.arange(len(t), device=t.device), safe] -= 1.0
+                grad_logits *= scored[:, None]
+                if want_hidden:
+                    grad_hidden[start : start + rows] = torch.matmul(grad_logits.to(weight.dtype), weight).to(hidden.dtype)
+                if want_weight:
+                    grad_weight += torch.matmul(grad_logits.t().to(h.dtype), h).to(exact)
+        ctx.save_for_backward(grad_hidden if want_hidden else None, grad_weight if want_weight else None)
+        ctx.weight_dtype = weight.dtype
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total: torch.Tensor):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return (None if grad_hidden is None else grad_hidden * grad_total.to(grad_hidden.dtype),
+                None if grad_weight is None else (grad_weight * grad_total).to(ctx.weight_dtype), None, None)
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                         reduction: str = "mean", chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
+    """cross_entropy(hidden @ weight.T, targets) with reduction "sum" or "mean" (over the scored targets), in
+    chunks of rows; hidden (..., dim), targets (...)."""
+    if reduction not in ("sum", "mean"):
+        raise ValueError(f"linear_cross_entropy reduces by 'sum' or 'mean', not {reduction!r}")
+    flat_hidden, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    rows = max(1, chunk_elements // weight.shape[0])
+    total = _ChunkedLinearCrossEntropy.apply(flat_hidden, weight, flat_targets, rows)
+    if reduction == "sum":
+        return total
+    return total / (flat_targets != IGNORE_INDEX).sum().clamp(min=1)

@@ -1,0 +1,77 @@
+"""The fused head + loss (model/loss.py) against the plain path: logits, float32 cross-entropy, autograd."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from data.batches import IGNORE_INDEX
+from model.config import ModelConfig
+from model.loss import linear_cross_entropy
+from model.transformer import Transformer
+
+
+def plain(hidden, weight, targets, reduction):
+    logits = hidden @ weight.t()
+    return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)).reshape(-1, weight.shape[0]),
+                           targets.reshape(-1),
+                           ignore_index=IGNORE_INDEX, reduction=reduction)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+@pytest.mark.parametrize("chunk_elements", [7 * 50, 10**9])  # 7 rows per chunk (uneven), or one chunk
+def test_loss_and_gradients_equal_the_plain_path(reduction, chunk_elements):
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 11, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 50, (3, 11))
+    targets[0, :4] = IGNORE_INDEX
+    targets[2, -1] = IGNORE_INDEX
+    expected = plain(hidden, weight, targets, reduction)
+    grads = torch.autograd.grad(expected * 1.7, (hidden, weight))  # a non-unit upstream gradient
+    fused = linear_cross_entropy(hidden, weight, targets, reduction, chunk_elements=chunk_elements)
+    fused_grads = torch.autograd.grad(fused * 1.7, (hidden, weight))
+    assert torch.allclose(fused, expected, rtol=1e-10)
+    for got, want in zip(fused_grads, grads):
+        assert torch.allclose(got, want, rtol=1e-10, atol=1e-12)  # float64: the same formula, exactly
+
+
+def test_only_the_inputs_that_need_gradients_get_them_and_no_grad_works():
+    hidden, weight = torch.randn(5, 8), torch.randn(12, 8, requires_grad=True)
+    targets = torch.randint(0, 12, (5,))
+    (grad_weight,) = torch.autograd.grad(linear_cross_entropy(hidden, weight, targets), (weight,))
+    assert torch.allclose(grad_weight, torch.autograd.grad(plain(hidden, weight, targets, "mean"), (weight,))[0],
+                          atol=1e-6)
+    with torch.inference_mode():
+        assert torch.allclose(linear_cross_entropy(hidden, weight, targets), plain(hidden, weight, targets, "mean"))
+    with pytest.raises(ValueError, match="'sum' or 'mean'"):
+        linear_cross_entropy(hidden, weight, targets, "none")
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_model_gives_the_same_loss_and_parameter_gradients_without_logits(tied):
+    torch.manual_seed(1)
+    config = ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16,
+                         tie_word_embeddings=tied)
+    model = Transformer(config)
+    idx, targets = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
+    targets[1, :5] = IGNORE_INDEX
+    logits, loss = model(idx, targets, loss_reduction="sum")
+    loss.backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    none, fused = model(idx, targets, loss_reduction="sum", return_logits=False)
+    fused.backward()
+    assert none is None and logits is not None
+    assert torch.allclose(fused, loss, rtol=1e-6)
+    for name, p in model.named_parameters():
+        if name in expected:
+            assert torch.allclose(p.grad, expected[name], rtol=1e-4, atol=1e-6), name
+
+
+def test_under_bf16_autocast_the_loss_is_the_plain_paths_within_bf16_precision():
+    torch.manual_seed(2)
+    hidden, weight = torch.randn(64, 32), torch.randn(300, 32) * 0.2
+    targets = torch.randint(0, 300, (64,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fused = linear_cross_entropy(hidden, weight, targets)
+        expected = plain(hidden, weight, targets, "mean")
+    assert fused.dtype == torch.float32 and abs(float(fused) - float(expected)) < 1e-3 * float(expected)
