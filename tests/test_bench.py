@@ -11,7 +11,7 @@ def test_bench_writes_every_section(tmp_path, capsys):
     assert bench(["--shape", "micro", "--repeats", "1", "--train-steps", "1", "--new-tokens", "4",
                   "--long-tokens", "128", "--long-positions", "rope", "--device", "cpu", "--out", str(tmp_path)]) == 0
     results = json.loads(out.read_text())
-    assert set(results["training"]["modes"]) == {"ours (default)", "hf eager fp32", "hf eager bf16"}
+    assert set(results["training"]["modes"]) == {"ours (default)", "ours, full logits", "hf eager fp32", "hf eager bf16"}
     training, generation = results["training"]["modes"], results["generation"]["modes"]
     baseline = training["hf eager fp32"]["tokens_per_s"]
     for mode in training.values():
@@ -26,13 +26,23 @@ def test_bench_writes_every_section(tmp_path, capsys):
     assert "every FLOP at the bf16 peak" in capsys.readouterr().out
 
 
-def test_eval_memory_reports_each_variant_in_its_own_process(capsys):
+def test_encoding_costs_measures_each_variant_in_its_own_process(tmp_path, capsys):
+    """scripts.encoding_costs: a row per variant with training and evaluation tokens/s and peaks at each length,
+    a failed variant reported in its row while the others run, and the table as ratios to rope."""
     import json
 
-    from scripts.eval_memory import main
+    from scripts.encoding_costs import main
 
-    assert main(["--length", "64", "--variants", '[{"position": "fire"}, {"position": "rope", "rope_p": 2}]']) == 0
-    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert lines[0]["settings"] == {"position": "fire"} and lines[0]["peak_rss_mib"] > 0 and lines[0]["length"] == 64
-    assert "rope_p" in lines[1]["error"][0]  # a bad variant is reported, the others still run
+    variants = '[{"position": "rope"}, {"position": "fire"}, {"position": "rope", "rope_p": 2}]'
+    assert main(["--variants", variants, "--lengths", "1,2", "--batch", "1", "--train-steps", "1", "--repeats", "1",
+                 "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "encoding_costs.json").read_text())["rows"]
+    assert [row.get("label") for row in rows[:2]] == ["rope", "fire"]
+    for row in rows[:2]:
+        assert row["train"]["tokens_per_s"] > 0 and row["eval_1x"]["tokens_per_s"] > 0
+        assert row["eval_2x"]["peak_rss_mib"] >= row["eval_1x"]["peak_rss_mib"] > 0  # the longer one runs second
+    assert "rope_p" in rows[2]["error"]  # a bad variant is reported, the others still run
+    table = (tmp_path / "encoding_costs.md").read_text()
+    assert "| rope | " in table and "(1.00x)" in table and "| fire | " in table and "failed:" in table
     assert main(["--variants", "[1, 2]"]) == 2
+    assert main(["--lengths", "0"]) == 2

@@ -1,0 +1,168 @@
+"""What each position encoding costs (and each hybrid and inference-time method), on one shape: training tokens/s,
+evaluation tokens/s and peak memory at 1x and 16x the trained length, side by side with rope in the same run.
+
+    python -m scripts.encoding_costs             # every encoding and hybrid; writes runs/bench/encoding_costs.{md,json}
+    python -m scripts.encoding_costs --variants '[{"position": "fire"}, {"position": "rope", "attention_window": [64]}]'
+
+The shape is the full comparison preset's (dim 256, 4 layers, 8 heads, 4 KV heads, L = 256, vocabulary 4096),
+random weights and tokens, one torch thread (as one compare worker runs). Each variant runs in a fresh process, so
+peaks do not mix:
+  - evaluation: one forward (batch 1, fp32, inference mode) of k x L tokens for each k of --lengths, shortest first;
+    tokens/s is the median over --repeats forwards; peak memory is the process's peak resident memory after that
+    length (it includes the interpreter and torch, the same for every variant: compare within a column);
+  - training: the train loop's own step (its default precision: bf16 autocast where the CPU supports it; AdamW,
+    clipping) at L with --batch sequences; the median tokens/s over --repeats runs of --train-steps steps, after a
+    warm-up step.
+Variants run one after another, so they share the machine's state; the ratios to rope are the figures to quote.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from commands import add_out, command_parser
+from errors import ConfigError, cli_command
+from model.config import ModelConfig
+from model.transformer import Transformer
+
+SHAPE = {"vocab_size": 4096, "dim": 256, "n_layers": 4, "n_heads": 8, "n_kv_heads": 4, "max_seq_len": 256}
+DEFAULT_VARIANTS = [
+    {"position": "rope"}, {"position": "none"}, {"position": "sinusoidal"}, {"position": "learned", "learned_clamp": True},
+    {"position": "alibi"}, {"position": "t5"}, {"position": "shaw"}, {"position": "kerple"},
+    {"position": "fire"}, {"position": "xpos"}, {"position": "cope"}, {"position": "rope", "rope_fraction": 0.25},
+    {"position": "rope", "rope_p": 0.75}, {"position": "rope", "position_layers": ["rope", "rope", "rope", "none"]},
+    {"position": "rope", "position_layers": ["rope", "rope", "rope", "none"], "attention_window": [64, 64, 64, 0]},
+    {"position": "rope", "attention_methods": [{"method": "rerope"}, {"method": "logn"}]},
+    {"position": "rope", "attention_methods": [{"method": "selfextend", "group": 16}]},
+    {"position": "rope", "attention_methods": [{"method": "sinks"}]},
+]
+
+
+def label(settings: dict) -> str:
+    """'rope', 'rope, rope_p 0.75', 'rope + rerope+logn', ...: the variant as the table names it."""
+    methods = "+".join(m["method"] for m in settings.get("attention_methods", []))
+    rest = [f"{key} {value}" for key, value in settings.items() if key not in ("position", "attention_methods")]
+    return ", ".join([settings["position"] + (f" + {methods}" if methods else ""), *rest])
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure(settings: dict, lengths: list[int], batch: int, train_steps: int, repeats: int) -> dict:
+    """Evaluation at each multiple of L (shortest first), then training, in this process."""
+    from scripts.bench import our_trainer  # the train loop's own step
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(**{**SHAPE, **settings})).eval()
+    row: dict = {"settings": settings, "label": label(settings)}
+    for multiple in sorted(lengths):
+        idx = torch.randint(0, SHAPE["vocab_size"], (1, multiple * SHAPE["max_seq_len"] + 1))
+        times = []
+        with torch.inference_mode():
+            for _ in range(repeats):
+                started = time.perf_counter()
+                model(idx[:, :-1], idx[:, 1:])
+                times.append(time.perf_counter() - started)
+        row[f"eval_{multiple}x"] = {"tokens_per_s": round((idx.shape[1] - 1) / statistics.median(times)),
+                                    "peak_rss_mib": round(peak_rss_mib())}
+    del model
+    if train_steps:
+        tokens = batch * SHAPE["max_seq_len"]
+        with tempfile.TemporaryDirectory() as out_dir:
+            step, trainer = our_trainer({**SHAPE, **settings}, batch, False, out_dir, torch.device("cpu"))
+            step()  # warm-up
+            runs = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                for _ in range(train_steps):
+                    step()
+                runs.append(train_steps * tokens / (time.perf_counter() - started))
+        row["train"] = {"tokens_per_s": round(statistics.median(runs)),
+                        "precision": "bf16" if trainer.amp == torch.bfloat16 else "fp32"}
+    return row
+
+
+def table(rows: list[dict], lengths: list[int]) -> str:
+    """Markdown: one row per variant; each speed also as a ratio to rope's (the first rope row)."""
+    base = next((row for row in rows if row.get("label") == "rope"), None)
+
+    def cell(row: dict, key: str) -> str:
+        value = row[key]["tokens_per_s"]
+        ratio = f" ({value / base[key]['tokens_per_s']:.2f}x)" if base and key in base else ""
+        return f"{value:,}{ratio}"
+
+    keys = [f"eval_{m}x" for m in sorted(lengths)]
+    head = ["variant", "train tokens/s (x rope)", *[f"eval {k[5:]} tokens/s (x rope)" for k in keys],
+            *[f"peak MiB, eval {k[5:]}" for k in keys]]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| {label(row['settings'])} | failed: {row['error']} |" + " |" * (len(head) - 2))
+            continue
+        train = cell(row, "train") if "train" in row else "n/a"
+        lines.append(f"| {row['label']} | {train} | " + " | ".join(cell(row, k) for k in keys) + " | "
+                     + " | ".join(f"{row[k]['peak_rss_mib']:,}" for k in keys) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = command_parser("scripts.encoding_costs", __doc__)
+    parser.add_argument("--variants", help="a JSON list of model settings (default: every encoding and hybrid)")
+    parser.add_argument("--lengths", default="1,16", help="evaluation lengths as multiples of L = 256")
+    parser.add_argument("--batch", type=int, default=8, help="training sequences per step")
+    parser.add_argument("--train-steps", type=int, default=4, help="training steps per timed run (0: no training)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per figure (the median is reported)")
+    add_out(parser, "folder for encoding_costs.md and encoding_costs.json", type=Path, default=Path("runs/bench"))
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure this JSON settings dict here
+    return parser
+
+
+@cli_command
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        lengths = [int(value) for value in args.lengths.split(",")]
+    except ValueError as error:
+        raise ConfigError(f"--lengths is a comma-separated list of integers ({error})") from error
+    if not lengths or min(lengths) < 1 or args.batch < 1 or args.train_steps < 0 or args.repeats < 1:
+        raise ConfigError("--lengths >= 1, --batch >= 1, --train-steps >= 0 and --repeats >= 1")
+    if args.one is not None:
+        print(json.dumps(measure(json.loads(args.one), lengths, args.batch, args.train_steps, args.repeats)), flush=True)
+        return 0
+    try:
+        variants = json.loads(args.variants) if args.variants else DEFAULT_VARIANTS
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"--variants must be a JSON list of settings dicts ({error})") from error
+    if not isinstance(variants, list) or not all(isinstance(v, dict) and "position" in v for v in variants):
+        raise ConfigError('--variants must be a JSON list of settings dicts, each with a "position"')
+    rows = []
+    for settings in variants:
+        result = subprocess.run([sys.executable, "-m", "scripts.encoding_costs", "--lengths", args.lengths,
+                                 "--batch", str(args.batch), "--train-steps", str(args.train_steps), "--repeats",
+                                 str(args.repeats), "--one", json.dumps(settings)], capture_output=True, text=True)
+        if result.returncode != 0:
+            rows.append({"settings": settings, "error": (result.stderr.strip().splitlines() or ["?"])[-1][:200]})
+        else:
+            rows.append(json.loads(result.stdout.strip().splitlines()[-1]))
+        print(json.dumps(rows[-1]), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "encoding_costs.json").write_text(json.dumps({"shape": SHAPE, "lengths": lengths, "batch": args.batch,
+                                                             "rows": rows}, indent=1) + "\n")
+    (args.out / "encoding_costs.md").write_text(table(rows, lengths))
+    print(table(rows, lengths) + f"wrote {args.out / 'encoding_costs.md'} and {args.out / 'encoding_costs.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
