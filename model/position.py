@@ -7,6 +7,7 @@ contextual one (cope) in model/position_contextual.py. Importing this module reg
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -71,6 +72,29 @@ def t5_bucket(relative_position: torch.Tensor, num_buckets: int, max_distance: i
     return torch.where(is_small, distance, large)
 
 
+SHARED_BIAS_ELEMENTS = 2**22  # at most this many bias elements are kept for the other layers of one forward
+
+
+@dataclass
+class SharedBiasPositions(Positions):
+    """Positions, and the biases already built in this forward for an encoding whose bias every layer shares
+    (T5): the next layers reuse them instead of gathering (and back-propagating through) the same table again.
+    Bounded: past SHARED_BIAS_ELEMENTS (a long evaluation in many chunks) each layer builds its own."""
+
+    biases: dict = field(default_factory=dict)
+    kept: int = 0
+
+    def shared(self, rows: slice, keys: slice, build) -> torch.Tensor:  # noqa: ANN001 (a zero-argument callable)
+        key = (rows.start, rows.stop, keys.start, keys.stop)
+        if key in self.biases:
+            return self.biases[key]
+        bias = build()
+        if self.kept + bias.numel() <= SHARED_BIAS_ELEMENTS:
+            self.biases[key] = bias
+            self.kept += bias.numel()
+        return bias
+
+
 @register("t5")
 class T5Bias(PositionEncoding):
     """T5's learned relative bias: log-spaced distance buckets, one scalar per (bucket, head), shared by layers."""
@@ -90,10 +114,16 @@ class T5Bias(PositionEncoding):
         if config.t5_num_buckets < 2 or config.t5_max_distance <= config.t5_num_buckets // 2:
             raise ConfigError("t5 needs model.t5_num_buckets >= 2 and model.t5_max_distance > t5_num_buckets / 2")
 
+    def prepare(self, q_positions: torch.Tensor, k_positions: torch.Tensor, all_keys: bool = False) -> Positions:
+        return SharedBiasPositions(q_positions, k_positions)
+
     def score_bias(self, q: torch.Tensor, state: Positions, layer: int, rows: slice, keys: slice = ALL,
                    scores: torch.Tensor | None = None) -> torch.Tensor:
-        buckets = t5_bucket(state.relative(rows, keys), self.config.t5_num_buckets, self.config.t5_max_distance)
-        return self.relative_attention_bias(buckets).permute(0, 3, 1, 2).float()  # (batch|1, heads, rows, keys)
+        def build() -> torch.Tensor:  # (batch|1, heads, rows, keys)
+            buckets = t5_bucket(state.relative(rows, keys), self.config.t5_num_buckets, self.config.t5_max_distance)
+            return self.relative_attention_bias(buckets).permute(0, 3, 1, 2).float()
+
+        return state.shared(rows, keys, build) if isinstance(state, SharedBiasPositions) else build()
 
 
 @register("shaw")

@@ -1,0 +1,34 @@
+"""T5's bias is shared by all layers: one forward builds it once (bounded), with the same logits and gradients as
+building it in every layer."""
+import torch
+
+import model.position as position_module
+from model.config import ModelConfig
+from model.transformer import Transformer
+
+
+def run(model, idx, targets):
+    model.zero_grad()
+    calls = []
+    handle = model.position.relative_attention_bias.register_forward_hook(lambda *args: calls.append(1))
+    logits, loss = model(idx, targets)
+    loss.backward()
+    handle.remove()
+    return logits, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, len(calls)
+
+
+def test_one_forward_builds_the_t5_bias_once_with_the_same_logits_and_gradients(monkeypatch):
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=64, dim=32, n_layers=3, n_heads=4, n_kv_heads=2, max_seq_len=32,
+                                    position="t5"))
+    with torch.no_grad():  # non-zero biases, so sharing them is visible in the gradients
+        model.position.relative_attention_bias.weight.normal_()
+    idx, targets = torch.randint(0, 64, (2, 32)), torch.randint(0, 64, (2, 32))
+    shared_logits, shared_grads, shared_calls = run(model, idx, targets)
+    monkeypatch.setattr(position_module, "SHARED_BIAS_ELEMENTS", 0)  # nothing kept: every layer builds its own
+    logits, grads, calls = run(model, idx, targets)
+    assert (shared_calls, calls) == (1, 3)
+    assert torch.allclose(shared_logits, logits, atol=1e-6)
+    assert set(grads) == set(shared_grads)
+    for name in grads:
+        assert torch.allclose(shared_grads[name], grads[name], rtol=1e-5, atol=1e-7), name
