@@ -2,8 +2,10 @@
 on at 1x..8x L. Registered by name; each generates its data deterministically from a seed and marks which targets
 are answers (the loss and the score use only those).
 
-    copy                 BOS s_1..s_k SEP s_1..s_k: repeat a random string (Kazemnejad et al. 2023)
-    associative_recall   k_1 v_1 ... k_n v_n SEP q_1 a_1 ... : for each queried key, its value (Zoology's MQAR)
+    copy                 BOS s_1..s_k SEP s_1..s_k: repeat a string of distinct symbols (Kazemnejad et al. 2023);
+                         k random up to the sequence's room in training, the longest it holds in testing
+    associative_recall   k_1 v_1 ... k_n v_n SEP q_1 a_1 ... : for each queried key, its value (Zoology's MQAR;
+                         not learned at eval.tasks' default budget, so not in its default suite)
     flipflop             pairs (w|r|i, bit): after each r, the bit of the last w (Liu et al. 2023, flip-flop)
 
 Sequences are token ids of the task's own small vocabulary; a sequence of `length` tokens gives inputs [:-1] and

@@ -13,7 +13,9 @@ peaks do not mix:
   - training: the train loop's own step (its default precision: bf16 autocast where the CPU supports it; AdamW,
     clipping) at L with --batch sequences; the median tokens/s over --repeats runs of --train-steps steps, after a
     warm-up step.
-Variants run one after another, so they share the machine's state; the ratios to rope are the figures to quote.
+All variants are measured --rounds times, the order rotating from round to round, and each figure is the median
+over the rounds, so a slow moment of the machine does not land on one variant; the ratios to rope are the figures
+to quote.
 """
 from __future__ import annotations
 
@@ -93,6 +95,19 @@ def measure(settings: dict, lengths: list[int], batch: int, train_steps: int, re
     return row
 
 
+def median_row(runs: list[dict]) -> dict:
+    """One variant's rounds -> its row: each figure the median over the rounds that ran (a failure if none did)."""
+    good = [run for run in runs if "error" not in run]
+    if not good:
+        return runs[0]
+    row = {**good[0], "rounds": len(good)}
+    for key, value in good[0].items():
+        if isinstance(value, dict) and key != "settings":
+            row[key] = {**value, **{name: round(statistics.median(run[key][name] for run in good))
+                                    for name, number in value.items() if isinstance(number, (int, float))}}
+    return row
+
+
 def table(rows: list[dict], lengths: list[int]) -> str:
     """Markdown: one row per variant; each speed also as a ratio to rope's (the first rope row)."""
     base = next((row for row in rows if row.get("label") == "rope"), None)
@@ -122,7 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lengths", default="1,16", help="evaluation lengths as multiples of L = 256")
     parser.add_argument("--batch", type=int, default=8, help="training sequences per step")
     parser.add_argument("--train-steps", type=int, default=4, help="training steps per timed run (0: no training)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per figure (the median is reported)")
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs per figure in one process (median)")
+    parser.add_argument("--rounds", type=int, default=3, help="times every variant is measured, in rotating order "
+                                                             "(each figure is the median over rounds)")
     add_out(parser, "folder for encoding_costs.md and encoding_costs.json", type=Path, default=Path("runs/bench"))
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure this JSON settings dict here
     return parser
@@ -135,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         lengths = [int(value) for value in args.lengths.split(",")]
     except ValueError as error:
         raise ConfigError(f"--lengths is a comma-separated list of integers ({error})") from error
-    if not lengths or min(lengths) < 1 or args.batch < 1 or args.train_steps < 0 or args.repeats < 1:
-        raise ConfigError("--lengths >= 1, --batch >= 1, --train-steps >= 0 and --repeats >= 1")
+    if not lengths or min(lengths) < 1 or args.batch < 1 or args.train_steps < 0 or min(args.repeats, args.rounds) < 1:
+        raise ConfigError("--lengths >= 1, --batch >= 1, --train-steps >= 0, --repeats >= 1 and --rounds >= 1")
     if args.one is not None:
         print(json.dumps(measure(json.loads(args.one), lengths, args.batch, args.train_steps, args.repeats)), flush=True)
         return 0
@@ -146,19 +163,25 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--variants must be a JSON list of settings dicts ({error})") from error
     if not isinstance(variants, list) or not all(isinstance(v, dict) and "position" in v for v in variants):
         raise ConfigError('--variants must be a JSON list of settings dicts, each with a "position"')
-    rows = []
-    for settings in variants:
-        result = subprocess.run([sys.executable, "-m", "scripts.encoding_costs", "--lengths", args.lengths,
-                                 "--batch", str(args.batch), "--train-steps", str(args.train_steps), "--repeats",
-                                 str(args.repeats), "--one", json.dumps(settings)], capture_output=True, text=True)
-        if result.returncode != 0:
-            rows.append({"settings": settings, "error": (result.stderr.strip().splitlines() or ["?"])[-1][:200]})
-        else:
-            rows.append(json.loads(result.stdout.strip().splitlines()[-1]))
-        print(json.dumps(rows[-1]), flush=True)
+    measured: list[list[dict]] = [[] for _ in variants]
+    for round_index in range(args.rounds):
+        shift = round_index % len(variants)
+        for index in [*range(shift, len(variants)), *range(shift)]:
+            settings = variants[index]
+            result = subprocess.run([sys.executable, "-m", "scripts.encoding_costs", "--lengths", args.lengths,
+                                     "--batch", str(args.batch), "--train-steps", str(args.train_steps), "--repeats",
+                                     str(args.repeats), "--one", json.dumps(settings)], capture_output=True, text=True)
+            if result.returncode != 0:
+                row = {"settings": settings, "error": (result.stderr.strip().splitlines() or ["?"])[-1][:200]}
+            else:
+                row = json.loads(result.stdout.strip().splitlines()[-1])
+            measured[index].append(row)
+            print(f"round {round_index + 1}/{args.rounds}: " + json.dumps(row), flush=True)
+    rows = [median_row(runs) for runs in measured]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "encoding_costs.json").write_text(json.dumps({"shape": SHAPE, "lengths": lengths, "batch": args.batch,
-                                                             "rows": rows}, indent=1) + "\n")
+                                                             "rounds": args.rounds, "rows": rows,
+                                                             "all_rounds": measured}, indent=1) + "\n")
     (args.out / "encoding_costs.md").write_text(table(rows, lengths))
     print(table(rows, lengths) + f"wrote {args.out / 'encoding_costs.md'} and {args.out / 'encoding_costs.json'}")
     return 0

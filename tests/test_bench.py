@@ -30,13 +30,18 @@ def test_encoding_costs_measures_each_variant_in_its_own_process(tmp_path, capsy
     """scripts.encoding_costs: a row per variant with training and evaluation tokens/s and peaks at each length,
     a failed variant reported in its row while the others run, and the table as ratios to rope."""
     import json
+    import statistics
 
     from scripts.encoding_costs import main
 
     variants = '[{"position": "rope"}, {"position": "fire"}, {"position": "rope", "rope_p": 2}]'
     assert main(["--variants", variants, "--lengths", "1,2", "--batch", "1", "--train-steps", "1", "--repeats", "1",
-                 "--out", str(tmp_path)]) == 0
-    rows = json.loads((tmp_path / "encoding_costs.json").read_text())["rows"]
+                 "--rounds", "2", "--out", str(tmp_path)]) == 0
+    saved = json.loads((tmp_path / "encoding_costs.json").read_text())
+    rows = saved["rows"]
+    assert rows[0]["rounds"] == 2 and len(saved["all_rounds"][0]) == 2  # each figure: the median over rounds
+    assert rows[1]["eval_1x"]["tokens_per_s"] == round(
+        statistics.median(r["eval_1x"]["tokens_per_s"] for r in saved["all_rounds"][1]))
     assert [row.get("label") for row in rows[:2]] == ["rope", "fire"]
     for row in rows[:2]:
         assert row["train"]["tokens_per_s"] > 0 and row["eval_1x"]["tokens_per_s"] > 0
