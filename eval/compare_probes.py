@@ -26,7 +26,7 @@ from eval.extrapolation import resolve_length
 from eval.induction import induction_probe, ordinary_token_ids
 from eval.passkey import evaluate_passkey
 from eval.stats import Estimate, t_interval, wilson_interval
-from eval.tasks import DEFAULT_LENGTH, DEFAULT_MODEL, DEFAULT_TRAIN, run_suite, write_suite
+from eval.tasks import DEFAULT_LENGTH, DEFAULT_MODEL, DEFAULT_TRAIN, estimate, run_suite, write_suite
 from model.transformer import Transformer
 
 PASSKEY_DEPTHS = [0.0, 0.5, 1.0]
@@ -293,7 +293,7 @@ def tasks_section(out: Path, compare: Any) -> list[str]:
                   *_header("encoding", multiples)]
         for encoding, by_length in results.items():
             lines.append(f"| {encoding} | " + " | ".join(
-                _cell(Estimate(**row["exact_match"])) for row in by_length.values()) + " |")
+                _cell(estimate(row["exact_match"])) for row in by_length.values()) + " |")
         lines += ["", f"![{name}](tasks/{name}/{name}.png)", ""]
     return lines
 

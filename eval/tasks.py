@@ -7,7 +7,8 @@ on the answers only), then score exact match at 1x, 2x, 4x and 8x L on fresh seq
 Every encoding and seed trains the same model shape on the same sequences (a function of the seed and the step);
 evaluation sequences come from a separate seed. Trainings run in --workers processes (default: one single-thread
 process per CPU core); a failed one is reported and the others go on. Writes OUT/tasks.md (exact match, mean
-[95% t interval] over seeds), OUT/tasks.png, and per task OUT/TASK/results.json (exact match and token accuracy)
+[95% t interval] over seeds), OUT/tasks.png, and per task OUT/TASK/results.json (exact match and token accuracy:
+each seed's value, their mean and t interval)
 and OUT/TASK/TASK.png; runs and their logs in OUT/runs/.
 """
 from __future__ import annotations
@@ -184,8 +185,9 @@ def run_suite(tasks: list[str], encodings: dict[str, dict], seeds: list[int], le
             rows = [r["rows"] for r in sorted(finished, key=lambda r: r["seed"])
                     if r["task"] == task and r["encoding"] == encoding and r["status"] == "ok"]
             if rows:
-                results[task][encoding] = {
-                    key: {metric: t_interval([row[key][metric] for row in rows]).__dict__ for metric in rows[0][key]}
+                results[task][encoding] = {  # each metric: mean, t interval, n, and the seeds' own values
+                    key: {metric: {**t_interval(values).__dict__, "values": values}
+                          for metric in rows[0][key] for values in [[row[key][metric] for row in rows]]}
                     for key in rows[0]}
     return results
 
@@ -217,6 +219,11 @@ def plot(results: dict[str, dict[str, Any]], length: int, path: Path) -> Path:
     return figures.save(figure, path, axes[-1])
 
 
+def estimate(saved: dict[str, Any]) -> Estimate:
+    """A saved metric (mean, low, high, n and, since they were kept, the seeds' values) as an Estimate."""
+    return Estimate(**{key: saved[key] for key in ("mean", "low", "high", "n")})
+
+
 def table(results: dict[str, dict[str, Any]], length: int, seeds: list[int]) -> str:
     """Markdown: per task, exact match at each length, mean [95% t interval] over seeds."""
     lines = [f"Exact match at each multiple of L = {length}, mean [95% t interval] over seeds {seeds}.", ""]
@@ -226,7 +233,7 @@ def table(results: dict[str, dict[str, Any]], length: int, seeds: list[int]) -> 
         keys = list(next(iter(by_encoding.values())))
         lines += [f"| {task} | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
         for encoding, by_length in by_encoding.items():
-            lines.append(f"| {encoding} | " + " | ".join(Estimate(**by_length[key]["exact_match"]).format(2)
+            lines.append(f"| {encoding} | " + " | ".join(estimate(by_length[key]["exact_match"]).format(2)
                                                          for key in keys) + " |")
         lines.append("")
     return "\n".join(lines)

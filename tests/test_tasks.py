@@ -121,7 +121,9 @@ def test_the_suite_trains_each_encoding_on_answers_only_and_scores_each_length(t
     for task in ("copy", "flipflop"):
         results = json.loads((out / task / "results.json").read_text())["results"]
         assert set(results) == {"rope", "none"} and set(results["rope"]) == {"1x", "2x"}
-        assert results["rope"]["1x"]["exact_match"]["n"] == 2
+        exact = results["rope"]["1x"]["exact_match"]
+        assert exact["n"] == 2 and len(exact["values"]) == 2  # the seeds' own values are kept
+        assert abs(exact["mean"] - sum(exact["values"]) / 2) < 1e-12
         assert (out / task / f"{task}.png").exists()
         assert (out / "runs" / task / "none" / "seed2" / "model.safetensors").exists()
         assert (out / "runs" / "logs" / f"{task}-none-seed2.log").exists()
