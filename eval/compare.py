@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import copy
 import hashlib
 import json
@@ -48,6 +47,7 @@ from errors import ConfigError, cli_command
 from eval.compare_probes import PROBES, run_probes, run_tasks
 from eval.compare_report import eval_path, run_dir, write_outputs
 from eval.extrapolation import CheckpointEvaluation, evaluate_checkpoint, make_plan, parse_lengths, resolve_length
+from eval.jobs import job_output
 from eval.methods import check_methods
 from eval.task_generators import TASKS
 from model.checkpoint import WEIGHTS, has_checkpoint, load_model, load_trainer_state, trained_length
@@ -339,14 +339,7 @@ def run_job(job: Job, log_path: Path | None = None) -> dict[str, Any]:
     """Train and evaluate one variant; never raises (a failure is returned as its status)."""
     started = time.perf_counter()
     result: dict[str, Any] = {"encoding": job.encoding, "seed": job.seed}
-    with contextlib.ExitStack() as stack:
-        if log_path is not None:
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            log = stack.enter_context(open(log_path, "a", buffering=1))
-            stack.enter_context(contextlib.redirect_stdout(log))
-            stack.enter_context(contextlib.redirect_stderr(log))
-        if job.threads:
-            torch.set_num_threads(job.threads)
+    with job_output(log_path, job.threads):
         try:
             compare = CompareConfig(**job.compare)
             config = build_run_config(copy.deepcopy(job.run_config), f"variant {job.name}")

@@ -111,9 +111,10 @@ def run_tasks(compare: Any, out: Path) -> None:
     results: dict[str, Any] = {}
     for name in compare.tasks:
         path = out / "tasks" / name / "results.json"
-        if path.exists() and json.loads(path.read_text()).get("settings") == settings:
+        saved = json.loads(path.read_text()) if path.exists() else {}
+        if saved.get("settings") == settings:
             print(f"task {name}: cached")
-            results[name] = json.loads(path.read_text())["results"]
+            results[name] = saved["results"]
     todo = [name for name in compare.tasks if name not in results]
     if todo:
         print(f"tasks {', '.join(todo)}: training {len(encodings)} encodings x {len(compare.seeds)} seeds", flush=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import dataclasses
 import json
 import multiprocessing
@@ -33,6 +32,7 @@ from commands import add_out, comma_list, command_parser, deprecated
 from data.batches import IGNORE_INDEX
 from errors import ConfigError, cli_command
 from eval import figures
+from eval.jobs import job_output
 from eval.stats import Estimate, t_interval
 from eval.task_generators import TASKS, Task, TaskBatch, get_task, score
 from model.checkpoint import load_model
@@ -99,14 +99,7 @@ def run_task_job(job: TaskJob, log_path: Path | None = None) -> dict[str, Any]:
     """Train and score one job; a failure is returned as its status, not raised (the other jobs go on)."""
     started = time.perf_counter()
     result: dict[str, Any] = {"task": job.task, "encoding": job.encoding, "seed": job.seed, "status": "ok"}
-    with contextlib.ExitStack() as stack:
-        if log_path is not None:
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            log = stack.enter_context(open(log_path, "a", buffering=1))
-            stack.enter_context(contextlib.redirect_stdout(log))
-            stack.enter_context(contextlib.redirect_stderr(log))
-        if job.threads:
-            torch.set_num_threads(job.threads)
+    with job_output(log_path, job.threads):
         try:
             task = get_task(job.task)
             values = {section: dict(job.shared.get(section, {})) for section in ("model", "train")}

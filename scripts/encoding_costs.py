@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -56,13 +55,9 @@ def label(settings: dict) -> str:
     return ", ".join([settings["position"] + (f" + {methods}" if methods else ""), *rest])
 
 
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def measure(settings: dict, lengths: list[int], batch: int, train_steps: int, repeats: int) -> dict:
     """Evaluation at each multiple of L (shortest first), then training, in this process."""
-    from scripts.bench import our_trainer  # the train loop's own step
+    from scripts.bench import our_trainer, peak_rss_mib  # the train loop's own step; VmHWM
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
