@@ -112,6 +112,12 @@ def test_learning_rate_schedule():
     assert learning_rate(9, config) == pytest.approx(1.0)
     assert learning_rate(60, config) == pytest.approx(0.55)
     assert learning_rate(110, config) == pytest.approx(0.1)
+    cycles = load_run_config(None, ["--train.lr=1.0", "--train.warmup_steps=10", "--train.max_steps=310",
+                                    "--train.min_lr_ratio=0.1", "--train.lr_cycle=100"])
+    for step in (9, 60, 109):  # the first cycle is the single-cycle schedule of a 110-step run
+        assert learning_rate(step, cycles) == pytest.approx(learning_rate(step, config))
+    assert learning_rate(110, cycles) == pytest.approx(1.0) and learning_rate(160, cycles) == pytest.approx(0.55)
+    assert learning_rate(309, cycles) == pytest.approx(learning_rate(109, config))
 
 
 def test_init_starts_from_the_checkpoint_weights(prepared_data, tmp_path):
@@ -263,3 +269,22 @@ def test_log_lines_show_the_step_out_of_the_total_and_an_eta(prepared_data, tmp_
     lines = [line for line in capsys.readouterr().out.splitlines() if "| loss " in line]
     assert [line.split("|")[0].strip() for line in lines] == ["step     2/6", "step     4/6", "step     6/6"]
     assert all(re.search(r"\| eta \d+m\d\ds$", line) for line in lines) and lines[-1].endswith("eta 0m00s")
+
+
+def test_a_stop_check_ends_training_at_an_evaluation_step_with_that_steps_checkpoint(prepared_data, tmp_path):
+    asked = []
+
+    def stop_when(model, step):
+        asked.append((step, model.training))
+        return "enough" if step == 8 else None
+
+    out = tmp_path / "run"
+    config = make_config(prepared_data, out)  # max_steps 12, eval_interval 4
+    batches = PretrainBatches(prepared_data, 64, 4, config.train.seed, 2)
+    result = run_training(config, lambda: Transformer(config.model), batches, load_tokenizer(prepared_data),
+                          stop_when=stop_when)
+    assert asked == [(4, True), (8, True)]  # not at step 0, and only at evaluation steps
+    assert result.steps == 8 and result.stopped == "enough" and load_trainer_state(out)["step"] == 8
+    assert load_trainer_state(out)["stopped"] == {"step": 8, "reason": "enough"}
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert {"step": 8, "stopped": "enough"} in rows and max(row["step"] for row in rows) == 8

@@ -36,6 +36,9 @@ class TrainConfig:
     max_steps: int = 1000
     lr: float = 3e-3
     min_lr_ratio: float = 0.1  # cosine decay ends at lr * min_lr_ratio
+    # > 0: the cosine restarts every lr_cycle steps after warmup (SGDR, Loshchilov & Hutter 2017), each cycle decaying
+    # to lr * min_lr_ratio; 0: one decay over the whole run (to max_steps)
+    lr_cycle: int = 0
     warmup_steps: int = 50
     weight_decay: float = 0.1  # on weight matrices; norms and the position encoding's own parameters have their own
     # The position encoding's learned parameters (T5 buckets, Shaw vectors, a learned table) have their own AdamW
@@ -79,8 +82,8 @@ class TrainConfig:
                 self.position_weight_decay is not None and self.position_weight_decay < 0):
             raise ConfigError("train.position_lr_scale must be positive; train.weight_decay and "
                               "train.position_weight_decay must be >= 0")
-        if self.warmup_steps < 0 or self.save_interval < 0 or self.grad_clip < 0:
-            raise ConfigError("train.warmup_steps, train.save_interval and train.grad_clip must be >= 0")
+        if self.warmup_steps < 0 or self.save_interval < 0 or self.grad_clip < 0 or self.lr_cycle < 0:
+            raise ConfigError("train.warmup_steps, train.save_interval, train.grad_clip and train.lr_cycle must be >= 0")
         if any(not isinstance(step, int) or isinstance(step, bool) or not 0 < step <= self.max_steps
                for step in self.keep_steps):
             raise ConfigError(f"train.keep_steps must be a list of steps in 1..max_steps ({self.max_steps}), "

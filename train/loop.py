@@ -58,6 +58,11 @@ class BatchSource(Protocol):
     def val_batches_iter(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
 
 
+# Asked at each evaluation step with the model and the step: a reason to stop the training there (e.g. "validation
+# exact match 0.98 >= 0.95"), or None to go on. The loop puts the model back in train mode afterwards.
+StopCheck = Callable[[Transformer, int], "str | None"]
+
+
 @dataclass
 class TrainResult:
     steps: int
@@ -65,14 +70,19 @@ class TrainResult:
     final_val_loss: float
     tokens_seen: int
     elapsed_s: float
+    stopped: str | None = None  # stop_when's reason, when it ended the training
 
 
 def learning_rate(step: int, config: RunConfig) -> float:
-    """Linear warmup to train.lr, then cosine decay to train.lr * min_lr_ratio at max_steps."""
+    """Linear warmup to train.lr, then cosine decay to train.lr * min_lr_ratio at max_steps, or, with
+    train.lr_cycle, over each cycle of that many steps (warm restarts)."""
     train = config.train
     if step < train.warmup_steps:
         return train.lr * (step + 1) / train.warmup_steps
-    progress = (step - train.warmup_steps) / max(1, train.max_steps - train.warmup_steps)
+    if train.lr_cycle:
+        progress = (step - train.warmup_steps) % train.lr_cycle / train.lr_cycle
+    else:
+        progress = (step - train.warmup_steps) / max(1, train.max_steps - train.warmup_steps)
     cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
     return train.lr * (train.min_lr_ratio + (1.0 - train.min_lr_ratio) * cosine)
 
@@ -205,14 +215,18 @@ class Trainer:
         resume: bool = False,
         task: str = "pretrain",
         extra_state: dict[str, Any] | None = None,
+        stop_when: StopCheck | None = None,
     ) -> None:
         self.config = config
+        self.stop_when = stop_when
         self.batches = batches
         self.tokenizer = tokenizer
         self.task = task
         self.extra_state = extra_state or {}
         train = config.train
         self.dist = Distributed()
+        if stop_when is not None and self.dist.enabled:
+            raise ConfigError("a training that stops on a validation criterion runs in one process, not under DDP")
         self.device = self.dist.start(resolve_device(train.device), train.batch_size)
         self.out = Path(config.out.dir)
         if self.dist.is_main:
@@ -291,6 +305,16 @@ class Trainer:
         self.say(f"step {step:5d} | val_loss {val_loss:.4f}")
         self.record({"step": step, "val_loss": val_loss})
         return val_loss
+
+    def should_stop(self, step: int) -> bool:
+        """Ask stop_when at an evaluation step; a reason to stop is logged, kept in the trainer state and printed."""
+        reason = self.stop_when(self.model, step)
+        self.model.train()
+        if reason:
+            self.state["stopped"] = {"step": step, "reason": reason}
+            self.say(f"step {step:5d} | stopping: {reason}")
+            self.record({"step": step, "stopped": reason})
+        return bool(reason)
 
     def trainer_state(self, step: int) -> dict[str, Any]:
         self.state["elapsed_s"] = time.perf_counter() - self.started
@@ -400,6 +424,7 @@ class Trainer:
         train = self.config.train
         self.started = time.perf_counter() - float(self.state["elapsed_s"])
         self.last_log = self.run_started = time.perf_counter()
+        final_step = train.max_steps
         for step in range(self.start_step, train.max_steps + 1):
             step_rng = torch.get_rng_state()
             try:
@@ -409,6 +434,9 @@ class Trainer:
                     self.nonfinite.reconcile()  # every rank: the same counts, the same decision
                 if evaluating and self.dist.is_main and step != self.evaluated_step:
                     self.evaluate(step)
+                if evaluating and self.stop_when is not None and step > self.start_step and self.should_stop(step):
+                    final_step = step
+                    break
                 if step in train.keep_steps:
                     self.save_snapshot(step)
                 if step == train.max_steps:
@@ -426,16 +454,17 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 self.save(step, step_rng)
                 raise TrainingInterrupted(f"interrupted at step {step}; saved {self.out}; continue with --resume") from None
-        self.save(train.max_steps)
+        self.save(final_step)
         if not self.dist.is_main:  # rank 0 holds the evaluations
-            return TrainResult(train.max_steps, math.nan, math.nan, int(self.state["tokens_seen"]),
+            return TrainResult(final_step, math.nan, math.nan, int(self.state["tokens_seen"]),
                                time.perf_counter() - self.started)
         initial, final = float(self.state["initial_val_loss"]), float(self.state["val_loss"])
         print(
             f"final val_loss {final:.4f} (step 0: {initial:.4f}, ln(vocab) = {math.log(self.config.model.vocab_size):.4f}); "
             f"{self.state['tokens_seen']:,} tokens in {self.state['elapsed_s']:.0f}s; checkpoint: {self.out}"
         )
-        return TrainResult(train.max_steps, initial, final, int(self.state["tokens_seen"]), float(self.state["elapsed_s"]))
+        return TrainResult(final_step, initial, final, int(self.state["tokens_seen"]), float(self.state["elapsed_s"]),
+                           (self.state.get("stopped") or {}).get("reason"))
 
 
 def run_training(
@@ -446,14 +475,17 @@ def run_training(
     resume: bool = False,
     task: str = "pretrain",
     extra_state: dict[str, Any] | None = None,
+    stop_when: StopCheck | None = None,
 ) -> TrainResult:
-    """Train `build_model()` (or the checkpoint in out.dir when resuming) to train.max_steps.
+    """Train `build_model()` (or the checkpoint in out.dir when resuming) to train.max_steps, or until
+    `stop_when(model, step)`, asked at each evaluation step, returns a reason to stop (one process only): the
+    checkpoint is then that step's.
 
     Under torchrun this is one rank of a data-parallel run (train/distributed.py).
     """
     # One writer per folder (rank 0 writes), taken before anything in it is read or changed, held to the end.
     with FolderLock(config.out.dir, "training run") if Distributed().is_main else contextlib.nullcontext():
-        trainer = Trainer(config, build_model, batches, tokenizer, resume, task, extra_state)
+        trainer = Trainer(config, build_model, batches, tokenizer, resume, task, extra_state, stop_when)
         try:
             result = trainer.run()
         except OSError as error:
