@@ -47,7 +47,7 @@ from errors import ConfigError, cli_command
 from eval.compare_probes import PROBES, run_probes, run_tasks
 from eval.compare_report import eval_path, run_dir, write_outputs
 from eval.extrapolation import CheckpointEvaluation, evaluate_checkpoint, make_plan, parse_lengths, resolve_length
-from eval.jobs import job_output
+from eval.jobs import die_with_parent, job_output
 from eval.methods import check_methods
 from eval.task_generators import TASKS
 from model.checkpoint import WEIGHTS, has_checkpoint, load_model, load_trainer_state, trained_length
@@ -82,7 +82,8 @@ class CompareConfig:
     probe_tokens: int = 16384  # held-out tokens per length for the attention diagnostics
     passkey_trials: int = 50  # per (length, depth) and seed
     tasks: list = field(default_factory=list)  # synthetic tasks trained per encoding (eval/task_generators.py)
-    task_steps: int = 3000  # training steps per task model (eval.tasks default)
+    task_steps: int = 12000  # the cap on each task model's training steps (eval.tasks default)
+    task_until: float = 0.95  # stop a task model's training at this validation exact match at L (0: train to the cap)
     workers: int = 0  # 0: one per CPU core (one per GPU on CUDA)
     threads: int = 0  # torch threads per worker; 0: CPU cores / workers
     out: str = "runs/compare"
@@ -114,8 +115,9 @@ class CompareConfig:
             raise ConfigError(f"compare.probes / compare.tasks: unknown {unknown}; probes are {sorted(PROBES)}, "
                               f"tasks are {sorted(TASKS)}")
         parse_lengths(",".join(self.probe_lengths))
-        if min(self.probe_tokens, self.passkey_trials, self.task_steps) < 1:
-            raise ConfigError("compare.probe_tokens, passkey_trials and task_steps must be positive")
+        if min(self.probe_tokens, self.passkey_trials, self.task_steps) < 1 or not 0 <= self.task_until <= 1:
+            raise ConfigError("compare.probe_tokens, passkey_trials and task_steps must be positive, and "
+                              f"compare.task_until an exact match in [0, 1] (got {self.task_until})")
         if min(self.workers, self.threads, self.max_documents, self.reference_stride) < 0:
             raise ConfigError("compare.workers, threads, max_documents and reference_stride must be >= 0")
 
@@ -390,6 +392,7 @@ def worker_layout(compare: CompareConfig, jobs: int) -> tuple[int, int]:
 
 def _init_worker(slots: Any, progress: Any = None) -> None:
     global _PROGRESS
+    die_with_parent()
     _PROGRESS = progress
     index = slots.get()
     if torch.cuda.is_available():

@@ -1,8 +1,11 @@
 """What every worker job of eval.compare and eval.tasks does around its work: its output to its own log file
-(when it runs in a worker process) and its torch thread count."""
+(when it runs in a worker process) and its torch thread count; and what every worker process does first."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import signal
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -22,3 +25,11 @@ def job_output(log_path: Path | None, threads: int) -> Iterator[None]:
         if threads:
             torch.set_num_threads(threads)
         yield
+
+
+def die_with_parent() -> None:
+    """A worker process's first act: on Linux, ask to be sent SIGTERM when the process that started it dies, even
+    killed (SIGTERM, SIGKILL), so that no orphan worker goes on training and writing into the output folder
+    (prctl PR_SET_PDEATHSIG; elsewhere nothing is done)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG

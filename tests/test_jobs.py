@@ -1,0 +1,54 @@
+"""eval/jobs.py: what every worker process of eval.compare and eval.tasks does."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PARENT = '''
+import concurrent.futures, multiprocessing, os, sys, time
+sys.path.insert(0, sys.argv[1])
+from eval.jobs import die_with_parent
+
+def report_and_wait():
+    print(os.getpid(), flush=True)
+    time.sleep(120)
+
+if __name__ == "__main__":
+    pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                                  initializer=die_with_parent)
+    pool.submit(report_and_wait)
+    time.sleep(120)
+'''
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in state  # a zombie has exited
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_worker_dies_when_the_process_that_started_it_is_killed(tmp_path):
+    """Killing eval.tasks or eval.compare (SIGKILL: no clean-up runs) must not leave its workers training on."""
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT)
+    parent = subprocess.Popen([sys.executable, str(script), str(ROOT)], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(parent.stdout.readline())
+        assert alive(worker)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 20
+        while alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(worker)
+    finally:
+        parent.kill()
