@@ -107,20 +107,25 @@ def run_tasks(compare: Any, out: Path) -> None:
     encodings = {name: compare.model_settings(name) for name in compare.encodings}
     train = {**DEFAULT_TRAIN, "max_steps": compare.task_steps}
     settings = {"encodings": encodings, "seeds": compare.seeds, "length": TASK_LENGTH, "model": DEFAULT_MODEL,
-                "train": train}
+                "train": train, "until": compare.task_until or None}
     results: dict[str, Any] = {}
+    training: dict[str, Any] = {}
     for name in compare.tasks:
         path = out / "tasks" / name / "results.json"
         saved = json.loads(path.read_text()) if path.exists() else {}
         if saved.get("settings") == settings:
             print(f"task {name}: cached")
-            results[name] = saved["results"]
+            results[name], training[name] = saved["results"], saved.get("training", {})
     todo = [name for name in compare.tasks if name not in results]
     if todo:
         print(f"tasks {', '.join(todo)}: training {len(encodings)} encodings x {len(compare.seeds)} seeds", flush=True)
-        results.update(run_suite(todo, encodings, compare.seeds, TASK_LENGTH, TASK_MULTIPLES, TASK_COUNT,
-                                 {"model": DEFAULT_MODEL, "train": train}, out / "tasks" / "runs", compare.workers))
-    write_suite(out / "tasks", TASK_LENGTH, compare.seeds, {name: results[name] for name in compare.tasks}, settings)
+        new_results, new_training = run_suite(todo, encodings, compare.seeds, TASK_LENGTH, TASK_MULTIPLES,
+                                              TASK_COUNT, {"model": DEFAULT_MODEL, "train": train},
+                                              out / "tasks" / "runs", compare.workers, compare.task_until or None)
+        results.update(new_results)
+        training.update(new_training)
+    write_suite(out / "tasks", TASK_LENGTH, compare.seeds, {name: results[name] for name in compare.tasks}, settings,
+                training)
 
 
 def _load(out: Path, compare: Any, probe: str) -> dict[str, dict[int, dict]]:
@@ -286,15 +291,21 @@ def tasks_section(out: Path, compare: Any) -> list[str]:
         saved = json.loads(path.read_text())
         results = saved["results"]
         multiples = list(next(iter(results.values())))
+        cap, until = saved["settings"]["train"]["max_steps"], saved["settings"].get("until")
+        budget = (f"until validation exact match at L reaches {until:g}, at most {cap:,} steps" if until
+                  else f"{cap:,} steps")
+        training = saved.get("training", {})
         lines += [f"### Task: {name}", "",
                   f"Trained per encoding and seed at L = {saved['length']} (eval/tasks.py, model {DEFAULT_MODEL}, "
-                  f"{saved['settings']['train']['max_steps']} steps of {DEFAULT_TRAIN['batch_size']} sequences), "
-                  "exact match "
-                  f"on {TASK_COUNT} fresh sequences per length, mean [95% t interval] over seeds.", "",
-                  *_header("encoding", multiples)]
+                  f"batches of {DEFAULT_TRAIN['batch_size']} sequences, {budget}), exact match on {TASK_COUNT} "
+                  "fresh sequences per length, mean [95% t interval] over seeds; steps: each seed's (* reached "
+                  "the cap).", "", *_header("encoding", multiples + ["steps"])]
         for encoding, by_length in results.items():
+            runs = training.get(encoding, {})
+            steps = " / ".join(f"{n:,}" + ("" if reached else "*")
+                               for n, reached in zip(runs.get("steps", []), runs.get("reached", []))) or "n/a"
             lines.append(f"| {encoding} | " + " | ".join(
-                _cell(estimate(row["exact_match"])) for row in by_length.values()) + " |")
+                _cell(estimate(row["exact_match"])) for row in by_length.values()) + f" | {steps} |")
         lines += ["", f"![{name}](tasks/{name}/{name}.png)", ""]
     return lines
 

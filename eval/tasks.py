@@ -2,10 +2,15 @@
 on the answers only), then score exact match at 1x, 2x, 4x and 8x L on fresh sequences (eval/task_generators.py).
 
     python -m eval.tasks --out runs/tasks      # the suite: copy and flipflop x rope, alibi, none, sinusoidal x 3 seeds
-    python -m eval.tasks --tasks flipflop --encodings rope,none --seeds 1 --train.max_steps=1000 --out runs/ff
+    python -m eval.tasks --tasks flipflop --encodings rope,none --seeds 1 --until 0 --train.max_steps=1000 --out runs/ff
 
 Every encoding and seed trains the same model shape on the same sequences (a function of the seed and the step);
-evaluation sequences come from a separate seed. Trainings run in --workers processes (default: one single-thread
+evaluation sequences come from a separate seed. Each model trains until it has learned the task at L, so that the
+longer lengths compare models equally good at L: the learning rate decays in cosine cycles of train.lr_cycle
+(3,000) steps that restart, and at the end of each cycle (train.eval_interval, 3,000) the model's exact match on 256
+validation sequences at L (a third seed) is checked; training stops once it reaches --until (0.95), or at
+train.max_steps (12,000, four cycles), where a model that never reached it is marked. So every model stops
+annealed, and those that learn the task in the first cycle are trained as on a 3,000-step budget. Trainings run in --workers processes (default: one single-thread
 process per CPU core); a failed one is reported and the others go on. Writes OUT/tasks.md (exact match, mean
 [95% t interval] over seeds), OUT/tasks.png, and per task OUT/TASK/results.json (exact match and token accuracy:
 each seed's value, their mean and t interval)
@@ -32,7 +37,7 @@ from commands import add_out, comma_list, command_parser, deprecated
 from data.batches import IGNORE_INDEX
 from errors import ConfigError, cli_command
 from eval import figures
-from eval.jobs import job_output
+from eval.jobs import die_with_parent, job_output
 from eval.stats import Estimate, t_interval
 from eval.task_generators import TASKS, Task, TaskBatch, get_task, score
 from model.checkpoint import load_model
@@ -45,9 +50,14 @@ from train.loop import run_training
 SUITE = ["copy", "flipflop"]  # the tasks every encoding learns at 1x at the default budget (README)
 DEFAULT_LENGTH = 32
 EVAL_SEED = 10**6  # evaluation sequences: a seed no training batch uses
+VAL_COUNT = 256  # validation sequences at L for the stop check
 DEFAULT_MODEL = {"dim": 64, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2}
-DEFAULT_TRAIN = {"batch_size": 32, "max_steps": 3000, "lr": 3e-3, "warmup_steps": 30, "eval_interval": 1000,
-                 "eval_batches": 4, "log_interval": 500, "dtype": "float32"}
+DEFAULT_UNTIL = 0.95  # train each model in cycles until validation exact match at L reaches this (or to max_steps):
+# the learning rate decays over cycles of 3,000 steps, restarting, and the check runs at each cycle's end (the
+# evaluation interval), so every model stops annealed, and one that learns the task in the first cycle is trained as
+# on a 3,000-step budget
+DEFAULT_TRAIN = {"batch_size": 32, "max_steps": 12000, "lr_cycle": 3000, "lr": 3e-3, "warmup_steps": 30,
+                 "eval_interval": 3000, "eval_batches": 4, "log_interval": 500, "dtype": "float32"}
 
 
 class TaskBatches:
@@ -69,11 +79,21 @@ class TaskBatches:
 
 
 @torch.inference_mode()
-def evaluate(model: Transformer, task: Task, length: int, count: int) -> dict[str, float]:
+def evaluate(model: Transformer, task: Task, length: int, count: int, seed: Any = EVAL_SEED) -> dict[str, float]:
     model.eval()
-    batch = task.batch(EVAL_SEED, count, length)
+    batch = task.batch(seed, count, length)
     logits = torch.cat([model(batch.inputs[first : first + 64])[0] for first in range(0, count, 64)])
     return score(logits, batch)
+
+
+def stop_at(task: Task, length: int, target: float, count: int = VAL_COUNT):
+    """The training loop's stop check: stop once exact match at L on `count` validation sequences (a seed neither
+    training nor the test uses) reaches `target`."""
+    def check(model: Transformer, step: int) -> str | None:
+        value = evaluate(model, task, length, count, seed=[EVAL_SEED - 1, 1])["exact_match"]
+        print(f"step {step:5d} | validation exact match at L {value:.4f} (stop at {target:g})", flush=True)
+        return f"validation exact match {value:.4f} >= {target:g}" if value >= target else None
+    return check
 
 
 @dataclass(frozen=True)
@@ -89,6 +109,7 @@ class TaskJob:
     shared: dict
     runs: str  # the run folder is RUNS/TASK/ENCODING/seedS
     threads: int = 0
+    until: float | None = None  # stop training once validation exact match at L reaches this (None: max_steps)
 
     @property
     def name(self) -> str:
@@ -109,9 +130,11 @@ def run_task_job(job: TaskJob, log_path: Path | None = None) -> dict[str, Any]:
             values["out"] = {"dir": str(Path(job.runs) / job.task / job.encoding / f"seed{job.seed}"),
                              "overwrite": True}
             config = build_run_config(values, f"task {job.name}")
-            run_training(config, lambda: Transformer(config.model),
-                         TaskBatches(task, job.length, config.train.batch_size, job.seed, config.train.eval_batches),
-                         None, task=f"task:{task.name}")
+            trained = run_training(
+                config, lambda: Transformer(config.model),
+                TaskBatches(task, job.length, config.train.batch_size, job.seed, config.train.eval_batches), None,
+                task=f"task:{task.name}", stop_when=None if job.until is None else stop_at(task, job.length, job.until))
+            result["steps"], result["reached"] = trained.steps, trained.stopped is not None
             model = load_model(config.out.dir)
             result["rows"] = {f"{multiple}x": evaluate(model, task, multiple * job.length, job.count)
                               for multiple in job.multiples}
@@ -137,7 +160,8 @@ def run_jobs(jobs: list[TaskJob], workers: int, logs: Path) -> list[dict[str, An
         return results
     print(f"{len(jobs)} trainings in {workers} worker processes ({jobs[0].threads} thread(s) each); logs in {logs}",
           flush=True)
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                                initializer=die_with_parent) as pool:
         futures = {pool.submit(run_task_job, job, logs / f"{job.name}.log"): job for job in jobs}
         for future in concurrent.futures.as_completed(futures):
             job = futures[future]
@@ -159,11 +183,13 @@ def worker_layout(workers: int, jobs: int) -> tuple[int, int]:
 
 
 def run_suite(tasks: list[str], encodings: dict[str, dict], seeds: list[int], length: int, multiples: list[int],
-              count: int, shared: dict, runs: Path, workers: int = 1) -> dict[str, dict[str, Any]]:
+              count: int, shared: dict, runs: Path, workers: int = 1, until: float | None = None
+              ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
     """Train and score every task, encoding (name -> the model settings that make it, e.g. {"position": "rope"}
-    or a comparison's variant) and seed; task -> encoding -> length -> each metric's mean and t interval over the
-    seeds that finished (a failed training is reported and left out)."""
-    jobs = [TaskJob(task, encoding, settings, seed, length, tuple(multiples), count, shared, str(runs))
+    or a comparison's variant) and seed. Returns the results, task -> encoding -> length -> each metric's mean and
+    t interval over the seeds that finished (a failed training is reported and left out), and the trainings, task
+    -> encoding -> {"seeds", "steps"}: the steps each seed trained (fewer than max_steps when it reached `until`)."""
+    jobs = [TaskJob(task, encoding, settings, seed, length, tuple(multiples), count, shared, str(runs), until=until)
             for task in tasks for encoding, settings in encodings.items() for seed in seeds]
     workers, threads = worker_layout(workers, len(jobs))
     jobs = [dataclasses.replace(job, threads=threads if workers > 1 else 0) for job in jobs]
@@ -172,17 +198,21 @@ def run_suite(tasks: list[str], encodings: dict[str, dict], seeds: list[int], le
     if failed:
         print("failed (left out of the results):\n  " + "\n  ".join(failed), file=sys.stderr)
     results: dict[str, dict[str, Any]] = {}
+    training: dict[str, dict[str, Any]] = {}
     for task in tasks:
-        results[task] = {}
+        results[task], training[task] = {}, {}
         for encoding in encodings:
-            rows = [r["rows"] for r in sorted(finished, key=lambda r: r["seed"])
+            done = [r for r in sorted(finished, key=lambda r: r["seed"])
                     if r["task"] == task and r["encoding"] == encoding and r["status"] == "ok"]
+            rows = [r["rows"] for r in done]
             if rows:
+                training[task][encoding] = {key: [r[name] for r in done] for key, name in
+                                            (("seeds", "seed"), ("steps", "steps"), ("reached", "reached"))}
                 results[task][encoding] = {  # each metric: mean, t interval, n, and the seeds' own values
                     key: {metric: {**t_interval(values).__dict__, "values": values}
                           for metric in rows[0][key] for values in [[row[key][metric] for row in rows]]}
                     for key in rows[0]}
-    return results
+    return results, training
 
 
 def _draw(axis, results: dict[str, Any], task: str, length: int) -> None:
@@ -217,36 +247,49 @@ def estimate(saved: dict[str, Any]) -> Estimate:
     return Estimate(**{key: saved[key] for key in ("mean", "low", "high", "n")})
 
 
-def table(results: dict[str, dict[str, Any]], length: int, seeds: list[int]) -> str:
-    """Markdown: per task, exact match at each length, mean [95% t interval] over seeds."""
+def table(results: dict[str, dict[str, Any]], length: int, seeds: list[int],
+          training: dict[str, dict[str, Any]] | None = None) -> str:
+    """Markdown: per task, exact match at each length, mean [95% t interval] over seeds, and each seed's training
+    steps when they are known."""
     lines = [f"Exact match at each multiple of L = {length}, mean [95% t interval] over seeds {seeds}.", ""]
     for task, by_encoding in results.items():
         if not by_encoding:
             continue
         keys = list(next(iter(by_encoding.values())))
-        lines += [f"| {task} | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+        steps = (training or {}).get(task, {})
+        extra = [" steps (each seed) |"] if steps else []
+        lines += [f"| {task} | " + " | ".join(keys) + " |" + "".join(extra), "|---|" + "---|" * (len(keys) + len(extra))]
         for encoding, by_length in by_encoding.items():
-            lines.append(f"| {encoding} | " + " | ".join(estimate(by_length[key]["exact_match"]).format(2)
-                                                         for key in keys) + " |")
+            cells = [estimate(by_length[key]["exact_match"]).format(2) for key in keys]
+            if steps:
+                runs = steps.get(encoding, {})
+                cells.append(" / ".join(f"{n:,}" + ("" if reached else "*") for n, reached in
+                                        zip(runs.get("steps", []), runs.get("reached", []))) or "n/a")
+            lines.append(f"| {encoding} | " + " | ".join(cells) + " |")
         lines.append("")
+    if any(not reached for by_encoding in (training or {}).values() for runs in by_encoding.values()
+           for reached in runs.get("reached", [])):
+        lines += ["Steps: each seed's training steps; * ran to train.max_steps without reaching the stop target.", ""]
     return "\n".join(lines)
 
 
 def write_suite(out: Path, length: int, seeds: list[int], results: dict[str, dict[str, Any]],
-                settings: dict | None = None) -> None:
+                settings: dict | None = None, training: dict[str, dict[str, Any]] | None = None) -> None:
     """Per task OUT/TASK/results.json and OUT/TASK/TASK.png; OUT/tasks.md (the table) and OUT/tasks.png (every
     task); one line per task and encoding."""
+    training = training or {}
     for task, by_encoding in results.items():
         folder = out / task
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "results.json").write_text(json.dumps({"task": task, "length": length, "seeds": seeds,
-                                                         "settings": settings, "results": by_encoding}, indent=1) + "\n")
+                                                         "settings": settings, "results": by_encoding,
+                                                         "training": training.get(task, {})}, indent=1) + "\n")
         if by_encoding:
             plot({task: by_encoding}, length, folder / f"{task}.png")
         for encoding, by_length in by_encoding.items():
             shown = ", ".join(f"{key} {row['exact_match']['mean']:.2f}" for key, row in by_length.items())
             print(f"{task} {encoding}: exact match {shown}")
-    (out / "tasks.md").write_text(table(results, length, seeds))
+    (out / "tasks.md").write_text(table(results, length, seeds, training))
     shown = [task for task, by_encoding in results.items() if by_encoding]
     if shown:
         print(f"wrote {out / 'tasks.md'} and {plot({task: results[task] for task in shown}, length, out / 'tasks.png')}")
@@ -262,6 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--multiples", default="1,2,4,8", help="evaluation lengths as multiples of L")
     parser.add_argument("--seeds", default="1,2,3", help="comma-separated training seeds")
     parser.add_argument("--count", type=int, default=256, help="evaluation sequences per length")
+    parser.add_argument("--until", type=float, default=DEFAULT_UNTIL,
+                        help=f"stop each training once exact match at L on {VAL_COUNT} validation sequences, checked "
+                             "every train.eval_interval steps, reaches this; else train to train.max_steps, the cap "
+                             "(0: always train to the cap)")
     parser.add_argument("--workers", type=int, default=0,
                         help="training processes (0: one single-thread process per CPU core)")
     add_out(parser, "output folder: tasks.md, tasks.png, TASK/results.json, TASK/TASK.png, runs/ (required)",
@@ -286,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--seeds and --multiples are comma-separated integers ({error})") from error
     if not tasks or not seeds or not multiples or min(multiples) < 1 or args.length < 4 or args.count < 1:
         raise ConfigError("--tasks, --seeds and --multiples need values (multiples >= 1), --length >= 4, --count >= 1")
+    if args.until is not None and not 0 <= args.until <= 1:
+        raise ConfigError(f"--until is an exact match in [0, 1], got {args.until}")
     if args.workers < 0:
         raise ConfigError("--workers must be >= 0 (0: one per CPU core)")
     shared = {"model": dict(DEFAULT_MODEL), "train": dict(DEFAULT_TRAIN)}
@@ -302,11 +351,12 @@ def main(argv: list[str] | None = None) -> int:
                                               "max_seq_len": args.length}}, "eval.tasks settings")
         task.batch(0, 1, max(multiples) * args.length)
     started = time.perf_counter()
-    results = run_suite(tasks, {name: {"position": name} for name in encodings}, seeds, args.length, multiples,
-                        args.count, shared, args.out / "runs", args.workers)
-    settings = {"model": shared["model"], "train": shared["train"], "count": args.count,
+    results, training = run_suite(tasks, {name: {"position": name} for name in encodings}, seeds, args.length,
+                                  multiples, args.count, shared, args.out / "runs", args.workers,
+                                  args.until or None)
+    settings = {"model": shared["model"], "train": shared["train"], "count": args.count, "until": args.until or None,
                 "wall_s": round(time.perf_counter() - started, 1)}
-    write_suite(args.out, args.length, seeds, results, settings)
+    write_suite(args.out, args.length, seeds, results, settings, training)
     print(f"wall time {settings['wall_s'] / 60:.1f} min")
     return 0
 

@@ -329,10 +329,12 @@ def test_probes_and_tasks_add_their_sections_and_are_cached(small_text_file, tmp
     assert [row["trials"] for row in passkey["16x"]] == [2, 2, 2] and all("low" in row for row in passkey["16x"])
     tasks = json.loads((out / "tasks" / "flipflop" / "results.json").read_text())
     assert set(tasks["results"]) == {"learned", "rope"} and tasks["results"]["rope"]["8x"]["exact_match"]["n"] == 2
+    assert tasks["training"]["rope"] == {"seeds": [1, 2], "steps": [3, 3], "reached": [False, False]}  # the cap
     report = (out / "report.md").read_text()
     for heading in ("### Attention diagnostics", "### Induction probe", "### Passkey retrieval", "### Task: flipflop"):
         assert heading in report
     assert "| rope @ 16x |" in report and (out / "attention.png").stat().st_size > 0
+    assert " | 3* / 3* |" in report and "until validation exact match at L reaches 0.95, at most 3 steps" in report
     from eval.figures import colour
 
     pngs = sorted(out.rglob("*.png"))

@@ -143,3 +143,22 @@ def test_a_failed_training_is_reported_and_the_others_go_on(tmp_path):
     failed, done = sorted(run_jobs(jobs, 1, tmp_path / "logs"), key=lambda r: r["task"] != "nope")
     assert failed["status"].startswith("failed: ConfigError: unknown task 'nope'")
     assert done["status"] == "ok" and set(done["rows"]) == {"1x"}
+
+
+def test_a_task_training_stops_once_validation_exact_match_reaches_the_target(tmp_path):
+    """--until: the stop check runs at each evaluation step; a target met stops there (steps recorded), one never
+    met trains to max_steps and is marked in the table."""
+    from eval.tasks import main, run_suite, table
+
+    shared = {"model": {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1},
+              "train": {"batch_size": 4, "max_steps": 20, "eval_interval": 10, "eval_batches": 1, "dtype": "float32"}}
+    results, training = run_suite(["copy"], {"rope": {"position": "rope"}}, [1, 2], 16, [1], 8, shared,
+                                  tmp_path / "met", until=0.0)
+    assert training["copy"]["rope"] == {"seeds": [1, 2], "steps": [10, 10], "reached": [True, True]}
+    assert '"stopped": "validation exact match' in (tmp_path / "met" / "copy" / "rope" / "seed1" / "metrics.jsonl").read_text()
+    results, training = run_suite(["copy"], {"rope": {"position": "rope"}}, [1], 16, [1], 8, shared,
+                                  tmp_path / "unmet", until=1.0)  # 20 steps of a 1-layer model: exact match < 1
+    assert training["copy"]["rope"] == {"seeds": [1], "steps": [20], "reached": [False]}
+    shown = table(results, 16, [1], training)
+    assert "| copy | 1x | steps (each seed) |" in shown and "| 20* |" in shown and "* ran to train.max_steps" in shown
+    assert main(["--tasks", "copy", "--until", "1.5", "--out", str(tmp_path / "bad")]) == 2
