@@ -51,3 +51,21 @@ def test_encoding_costs_measures_each_variant_in_its_own_process(tmp_path, capsy
     assert "| rope | " in table and "(1.00x)" in table and "| fire | " in table and "failed:" in table
     assert main(["--variants", "[1, 2]"]) == 2
     assert main(["--lengths", "0"]) == 2
+
+
+def test_flex_costs_times_both_paths_in_fresh_processes_and_checks_they_agree(tmp_path):
+    """scripts.flex_costs: for a distance bias (ALiBi, through the encoding's own score_bias) and a sliding window,
+    FlexAttention's output equals the chunked path's (compared across the two processes), with times and peaks."""
+    import json
+
+    from scripts.flex_costs import main
+
+    assert main(["--cases", "alibi,window", "--multiples", "1", "--repeats", "1", "--rounds", "1",
+                 "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "flex_costs.json").read_text())["rows"]
+    assert [(row["case"], row["length"]) for row in rows] == [("alibi", 256), ("window", 256)]
+    for row in rows:
+        assert row["max_abs_diff"] < 1e-5
+        assert row["chunked"]["seconds"] > 0 and row["flex"]["seconds"] > 0 and row["flex"]["peak_mib"] > 0
+    assert "| alibi | 1x (256) |" in (tmp_path / "flex_costs.md").read_text()
+    assert main(["--cases", "sinks"]) == 2

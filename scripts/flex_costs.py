@@ -1,0 +1,215 @@
+"""FlexAttention (torch.nn.attention.flex_attention, compiled) against pelab's chunked attention, for the encodings
+and masks that take the chunked path: evaluation time and peak memory of one attention layer at 1x and 16x L.
+
+    python -m scripts.flex_costs                 # writes runs/bench/flex_costs.{md,json}
+    python -m scripts.flex_costs --cases alibi,window --multiples 1,4 --rounds 1
+
+The shape is the cost table's (scripts/encoding_costs.py: dim 256, 8 heads, 4 KV heads, L = 256), batch 1, one
+torch thread, fp32, inference mode. Both paths take the same rotated queries and keys from the model's own first
+attention layer; each (case, length, path) runs in a fresh process, so peaks do not mix, and saves its output,
+which the parent compares (the max |difference| is in the table). FlexAttention gets:
+  - a distance bias (alibi, t5, kerple: encodings whose bias depends on i - j only) as a score_mod reading a
+    (heads, L) table that the encoding's own score_bias fills, plus a causal block mask;
+  - a sliding window (rope, model.attention_window) as a block mask (causal and i - j < window).
+The time is the median over --repeats calls after a first, compiling, call (its time is reported apart); each
+case is measured --rounds times, in rotating order, and the figures are medians over rounds.
+
+torch 2.13 has no FlexAttention backward on CPU ("FlexAttention does not support backward on CPU"), so training
+cannot use it here; on CUDA the same script measures the forward only as well.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from commands import add_out, comma_list, command_parser
+from errors import ConfigError, cli_command
+from model.config import ModelConfig
+from model.transformer import Transformer
+from scripts.bench import peak_rss_mib
+from scripts.encoding_costs import SHAPE
+
+CASES = {
+    "alibi": {"position": "alibi"},
+    "t5": {"position": "t5"},
+    "kerple": {"position": "kerple"},
+    "window": {"position": "rope", "attention_window": [64]},
+}
+
+
+def layer_inputs(settings: dict, length: int, seed: int = 0):
+    """The first attention layer of a random model with `settings`, its encoding and state, and the rotated
+    (q, k, v) of `length` random tokens."""
+    torch.manual_seed(seed)
+    config = ModelConfig(**{**SHAPE, **settings, "max_seq_len": SHAPE["max_seq_len"]})
+    model = Transformer(config).eval()
+    attention = model.layers[0].attention
+    encoding = model.encoding_of(config.layer_positions()[0])
+    positions = torch.arange(length)[None, :]
+    state = encoding.prepare(positions, positions)
+    x = model.layers[0].attention_norm(model.tok_embeddings(torch.randint(0, config.vocab_size, (1, length))))
+    batch, heads, kv_heads, head_dim = 1, config.n_heads, config.n_kv_heads, config.head_dim
+    q = attention.q_proj(x).view(batch, length, heads, head_dim).transpose(1, 2)
+    k = attention.k_proj(x).view(batch, length, kv_heads, head_dim).transpose(1, 2)
+    v = attention.v_proj(x).view(batch, length, kv_heads, head_dim).transpose(1, 2)
+    return attention, encoding, state, encoding.rotate_queries(q, state), encoding.rotate_keys(k, state), v
+
+
+def flex_call(attention, encoding, positions, length: int):
+    """A compiled FlexAttention call equivalent to the chunked path for this layer (its distance bias read from
+    the encoding's score_bias on each call, as a forward would), or a ConfigError."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    window = attention.window
+    if encoding.has_value_term or encoding.bias_needs_scores:
+        raise ConfigError(f"{type(encoding).__name__}: a value term or a score-dependent bias is not a score_mod")
+
+    def visible(b, h, i, j):
+        return (i >= j) & (i - j < window) if window else i >= j
+
+    block_mask = create_block_mask(visible, None, None, length, length, device=str(positions.device))  # per length
+    compiled = torch.compile(flex_attention)
+    table = torch.zeros(attention.n_heads, length)  # (heads, distance): the bias at i - j = distance
+
+    def score_mod(score, b, h, i, j):
+        return score + table[h, i - j]
+
+    def call(q, k, v):
+        if encoding.has_score_bias:  # filled in place on every call: one compiled graph reads it
+            last = slice(length - 1, length)
+            bias = encoding.score_bias(q[:, :, last], encoding.prepare(positions, positions), attention.layer_index,
+                                       last, slice(0, length))
+            table.copy_(bias[0, :, 0].flip(-1))
+        return compiled(q, k, v, score_mod=score_mod if encoding.has_score_bias else None, block_mask=block_mask,
+                        enable_gqa=k.shape[1] != q.shape[1])
+
+    return call
+
+
+@torch.inference_mode()
+def measure_one(case: str, length: int, path: str, repeats: int, output: Path) -> dict:
+    torch.set_num_threads(1)
+    attention, encoding, state, q, k, v = layer_inputs(CASES[case], length)
+    positions = torch.arange(length)[None, :]
+    if path == "flex":
+        call = flex_call(attention, encoding, positions, length)
+    else:
+        def call(q, k, v):  # a fresh state, as each forward prepares one (T5's shared bias is built again)
+            return attention.chunked_attention(q, k, v, encoding, encoding.prepare(positions, positions), True)
+    started = time.perf_counter()
+    y = call(q, k, v)
+    first = time.perf_counter() - started
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        call(q, k, v)
+        times.append(time.perf_counter() - started)
+    torch.save(y, output)
+    return {"case": case, "length": length, "path": path, "first_s": first, "seconds": statistics.median(times),
+            "peak_mib": peak_rss_mib()}
+
+
+def run_one(case: str, length: int, path: str, repeats: int, folder: Path) -> dict:
+    output = folder / f"{case}-{length}-{path}.pt"
+    command = [sys.executable, "-m", "scripts.flex_costs", "--one", json.dumps([case, length, path, repeats, str(output)])]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        return {"case": case, "length": length, "path": path, "error": done.stderr.strip().splitlines()[-1][:300]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure(cases: list[str], lengths: list[int], repeats: int, rounds: int) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        runs: dict[tuple, list[dict]] = {}
+        order = [(case, length, path) for case in cases for length in lengths for path in ("chunked", "flex")]
+        for round_index in range(rounds):
+            shift = round_index * 2 % len(order)
+            for case, length, path in order[shift:] + order[:shift]:
+                result = run_one(case, length, path, repeats, Path(folder))
+                runs.setdefault((case, length, path), []).append(result)
+                print(f"round {round_index + 1}: {case} {length} {path}: "
+                      f"{result.get('error') or format(result['seconds'] * 1e3, '.1f') + ' ms'}", flush=True)
+        for case in cases:
+            for length in lengths:
+                row: dict = {"case": case, "length": length}
+                for path in ("chunked", "flex"):
+                    done = [r for r in runs[(case, length, path)] if "error" not in r]
+                    if not done:
+                        row[path] = {"error": runs[(case, length, path)][0]["error"]}
+                        continue
+                    row[path] = {key: statistics.median(r[key] for r in done) for key in ("seconds", "first_s", "peak_mib")}
+                    row[path]["all_rounds"] = [r["seconds"] for r in done]
+                if "error" not in row["chunked"] and "error" not in row["flex"]:
+                    a = torch.load(Path(folder) / f"{case}-{length}-chunked.pt")
+                    b = torch.load(Path(folder) / f"{case}-{length}-flex.pt")
+                    row["max_abs_diff"] = float((a - b).abs().max())
+                    row["speedup"] = row["chunked"]["seconds"] / row["flex"]["seconds"]
+                rows.append(row)
+    return rows
+
+
+def table(rows: list[dict], trained: int) -> str:
+    lines = ["| case | length | chunked ms | flex ms | flex speed-up | flex first call s | peak MiB chunked / flex | "
+             "max abs diff |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        chunked, flex = row["chunked"], row["flex"]
+        if "error" in chunked or "error" in flex:
+            lines.append(f"| {row['case']} | {row['length'] // trained}x | {chunked.get('error', '')} "
+                         f"| {flex.get('error', '')} | | | | |")
+            continue
+        lines.append(f"| {row['case']} | {row['length'] // trained}x ({row['length']}) | {chunked['seconds'] * 1e3:.1f} "
+                     f"| {flex['seconds'] * 1e3:.1f} | {row['speedup']:.2f}x | {flex['first_s']:.1f} "
+                     f"| {chunked['peak_mib']:,.0f} / {flex['peak_mib']:,.0f} | {row['max_abs_diff']:.1e} |")
+    return "\n".join(lines) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = command_parser("scripts.flex_costs", __doc__)
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from {list(CASES)}")
+    parser.add_argument("--multiples", default="1,16", help="lengths as multiples of L")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per process")
+    parser.add_argument("--rounds", type=int, default=3, help="measurements of every case, order rotating")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    add_out(parser, "output folder: flex_costs.md and flex_costs.json", default=Path("runs/bench"), type=Path)
+    return parser
+
+
+@cli_command
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.one:
+        case, length, path, repeats, output = json.loads(args.one)
+        print(json.dumps(measure_one(case, length, path, repeats, Path(output))))
+        return 0
+    cases = comma_list(args.cases)
+    unknown = [case for case in cases if case not in CASES]
+    if unknown or not cases:
+        raise ConfigError(f"--cases: unknown {unknown}; valid cases are {list(CASES)}")
+    try:
+        multiples = [int(m) for m in comma_list(args.multiples)]
+    except ValueError as error:
+        raise ConfigError(f"--multiples are comma-separated integers ({error})") from error
+    if not multiples or min(multiples) < 1 or args.repeats < 1 or args.rounds < 1:
+        raise ConfigError("--multiples need values >= 1, --repeats and --rounds >= 1")
+    trained = SHAPE["max_seq_len"]
+    rows = measure(cases, [m * trained for m in multiples], args.repeats, args.rounds)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "flex_costs.json").write_text(json.dumps({"shape": SHAPE, "torch": torch.__version__,
+                                                         "rows": rows}, indent=1) + "\n")
+    shown = table(rows, trained)
+    (args.out / "flex_costs.md").write_text(shown)
+    print(shown + f"wrote {args.out / 'flex_costs.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
