@@ -22,6 +22,14 @@ from model.position import PositionEncoding
 
 # Chunks hold at most this many (batch x heads x rows x keys) elements (2^24 floats = 64 MiB).
 BIAS_CHUNK_ELEMENTS = 2**24
+# A bias with parameters, when gradients are wanted, goes through the explicit steps (False: through SDPA's mask, the
+# slower route, kept to measure against and to check the explicit one's gradients: tests/test_shared_bias.py).
+LEARNED_BIAS_EXPLICIT = True
+
+
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """Scores in float32, or float64 for a float64 model (a reference computation), never lower."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 def causal_mask(q_len: int, k_len: int, device: torch.device, rows: slice | None = None) -> torch.Tensor:
@@ -156,7 +164,13 @@ class Attention(nn.Module):
         passes = methods.passes if methods is not None else None
         window = min(w for w in (self.window, methods.window if methods is not None else 0, k_len + 1) if w)
         window = 0 if window > k_len else window
-        explicit = position.has_value_term or position.bias_needs_scores or bool(passes) or self.observer is not None
+        # A bias with parameters, when gradients are wanted (T5, KERPLE, FIRE in training): SDPA's fused CPU kernel
+        # takes no mask gradient, and its math fallback measured slower than these explicit steps (it also guards
+        # every row against having no visible key): T5 trains at 0.88x -> 0.99x rope (README, encoding costs).
+        learned_bias = position.has_score_bias and torch.is_grad_enabled() and \
+            any(p.requires_grad for p in position.parameters())
+        explicit = position.has_value_term or position.bias_needs_scores or bool(passes) or \
+            self.observer is not None or (learned_bias and LEARNED_BIAS_EXPLICIT)
         span = min(k_len, 2 * window) if window and not static else k_len
         rows_per_chunk = max(1, BIAS_CHUNK_ELEMENTS // (batch * heads * span))
         if window:
@@ -192,7 +206,7 @@ class Attention(nn.Module):
                     if visible is not None:
                         scores = scores.masked_fill(~visible, float("-inf"))
                 else:
-                    scores = (q_rows @ k_keys.transpose(-1, -2)).float() / math.sqrt(self.head_dim)
+                    scores = at_least_float32(q_rows @ k_keys.transpose(-1, -2)) / math.sqrt(self.head_dim)
                     if visible is not None:
                         scores = scores.masked_fill(~visible, float("-inf"))
                     bias = position.score_bias(q_rows, state, self.layer_index, rows, keys,
@@ -220,6 +234,6 @@ class Attention(nn.Module):
     def logits(self, q: torch.Tensor, k: torch.Tensor, position: PositionEncoding, state: Any, rows: slice,
                keys: slice) -> torch.Tensor:
         """Scaled q.k logits (float32) plus the encoding's bias for this state."""
-        scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(self.head_dim)
+        scores = at_least_float32(q @ k.transpose(-1, -2)) / math.sqrt(self.head_dim)
         bias = position.score_bias(q, state, self.layer_index, rows, keys)
         return scores if bias is None else scores + bias

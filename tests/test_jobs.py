@@ -1,5 +1,4 @@
 """eval/jobs.py: what every worker process of eval.compare and eval.tasks does."""
-import os
 import signal
 import subprocess
 import sys

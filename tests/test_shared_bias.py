@@ -1,5 +1,6 @@
 """T5's bias is shared by all layers: one forward builds it once (bounded), with the same logits and gradients as
 building it in every layer."""
+import pytest
 import torch
 
 import model.position as position_module
@@ -32,3 +33,36 @@ def test_one_forward_builds_the_t5_bias_once_with_the_same_logits_and_gradients(
     assert set(grads) == set(shared_grads)
     for name in grads:
         assert torch.allclose(shared_grads[name], grads[name], rtol=1e-5, atol=1e-7), name
+
+
+
+@pytest.mark.parametrize("position", ["t5", "kerple", "fire"])
+def test_a_learned_bias_trains_through_explicit_attention_with_the_same_logits_and_gradients(position, monkeypatch):
+    """With gradients wanted, a bias with parameters takes the explicit chunked steps instead of SDPA's mask (for
+    speed): the logits and every parameter's gradient equal those of the SDPA route, with chunks smaller than the
+    sequence so that their stitching is covered too."""
+    import model.attention as attention_module
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16,
+                                    position=position))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.startswith("position."):  # away from FIRE/KERPLE's clamps and T5's zeros
+                parameter.uniform_(0.5, 1.5)
+    monkeypatch.setattr(attention_module, "BIAS_CHUNK_ELEMENTS", 2 * 4 * 16 * 5)  # chunks of 5 query rows
+    idx, targets = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
+
+    def logits_and_grads():
+        model.zero_grad()
+        logits, loss = model(idx, targets)
+        loss.backward()
+        return logits, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    explicit_logits, explicit_grads = logits_and_grads()
+    monkeypatch.setattr(attention_module, "LEARNED_BIAS_EXPLICIT", False)
+    sdpa_logits, sdpa_grads = logits_and_grads()
+    assert torch.allclose(explicit_logits, sdpa_logits, atol=1e-5, rtol=0)
+    assert explicit_grads.keys() == sdpa_grads.keys() and any(n.startswith("position.") for n in sdpa_grads)
+    for name, grad in sdpa_grads.items():
+        assert torch.allclose(explicit_grads[name], grad, atol=1e-5, rtol=1e-4), name
