@@ -26,7 +26,7 @@ from eval.extrapolation import resolve_length
 from eval.induction import induction_probe, ordinary_token_ids
 from eval.passkey import evaluate_passkey
 from eval.stats import Estimate, t_interval, wilson_interval
-from eval.tasks import DEFAULT_LENGTH, DEFAULT_MODEL, DEFAULT_TRAIN, estimate, run_suite, write_suite
+from eval.tasks import DEFAULT_LENGTH, DEFAULT_MODEL, DEFAULT_TRAIN, estimate, run_suite, task_train, write_suite
 from model.transformer import Transformer
 
 PASSKEY_DEPTHS = [0.0, 0.5, 1.0]
@@ -105,7 +105,7 @@ def run_tasks(compare: Any, out: Path) -> None:
     """The task suite for every encoding of the comparison (its variants' model settings), seeds shared with it,
     in compare.workers processes; a task whose results exist for the same settings is not trained again."""
     encodings = {name: compare.model_settings(name) for name in compare.encodings}
-    train = {**DEFAULT_TRAIN, "max_steps": compare.task_steps}
+    train = task_train({"max_steps": compare.task_steps})
     settings = {"encodings": encodings, "seeds": compare.seeds, "length": TASK_LENGTH, "model": DEFAULT_MODEL,
                 "train": train, "until": compare.task_until or None}
     results: dict[str, Any] = {}

@@ -10,11 +10,13 @@ longer lengths compare models equally good at L: the learning rate decays in cos
 (3,000) steps that restart, and at the end of each cycle (train.eval_interval, 3,000) the model's exact match on 256
 validation sequences at L (a third seed) is checked; training stops once it reaches --until (0.95), or at
 train.max_steps (12,000, four cycles), where a model that never reached it is marked. So every model stops
-annealed, and those that learn the task in the first cycle are trained as on a 3,000-step budget. Trainings run in --workers processes (default: one single-thread
-process per CPU core); a failed one is reported and the others go on. Writes OUT/tasks.md (exact match, mean
-[95% t interval] over seeds), OUT/tasks.png, and per task OUT/TASK/results.json (exact match and token accuracy:
-each seed's value, their mean and t interval)
-and OUT/TASK/TASK.png; runs and their logs in OUT/runs/.
+annealed, and those that learn the task in the first cycle are trained as on a 3,000-step budget (a
+--train.max_steps below one cycle decays over the whole run instead).
+
+Trainings run in --workers processes (default: one single-thread process per CPU core); a failed one is reported
+and the others go on. Writes OUT/tasks.md (exact match, mean [95% t interval] over seeds, and each seed's steps),
+OUT/tasks.png, and per task OUT/TASK/results.json (exact match and token accuracy: each seed's value, their mean
+and t interval; each seed's steps) and OUT/TASK/TASK.png; runs and their logs in OUT/runs/.
 """
 from __future__ import annotations
 
@@ -58,6 +60,15 @@ DEFAULT_UNTIL = 0.95  # train each model in cycles until validation exact match 
 # on a 3,000-step budget
 DEFAULT_TRAIN = {"batch_size": 32, "max_steps": 12000, "lr_cycle": 3000, "lr": 3e-3, "warmup_steps": 30,
                  "eval_interval": 3000, "eval_batches": 4, "log_interval": 500, "dtype": "float32"}
+
+
+def task_train(overrides: dict) -> dict:
+    """DEFAULT_TRAIN with `overrides`; a cap below one learning-rate cycle (--train.max_steps=1000, say) decays
+    over the whole run instead (lr_cycle 0), so that a short training still ends annealed, unless lr_cycle is set."""
+    train = {**DEFAULT_TRAIN, **overrides}
+    if "lr_cycle" not in overrides and train["lr_cycle"] > train["max_steps"]:
+        train["lr_cycle"] = 0
+    return train
 
 
 class TaskBatches:
@@ -337,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--until is an exact match in [0, 1], got {args.until}")
     if args.workers < 0:
         raise ConfigError("--workers must be >= 0 (0: one per CPU core)")
-    shared = {"model": dict(DEFAULT_MODEL), "train": dict(DEFAULT_TRAIN)}
+    shared: dict[str, dict] = {"model": dict(DEFAULT_MODEL), "train": {}}
     for override in overrides:
         if not override.startswith(("--model.", "--train.")) or "=" not in override:
             raise ConfigError(f"unexpected argument {override!r}: overrides look like --model.key=value or "
@@ -345,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         dotted, text = override[2:].split("=", 1)
         section, key = dotted.split(".", 1)
         shared[section][key] = parse_override_value(text)
+    shared["train"] = task_train(shared["train"])
     for name in tasks:  # every setting and length is checked before anything trains
         task = get_task(name)
         build_run_config({**shared, "model": {**shared["model"], "vocab_size": task.vocab_size,

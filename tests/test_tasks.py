@@ -162,3 +162,11 @@ def test_a_task_training_stops_once_validation_exact_match_reaches_the_target(tm
     shown = table(results, 16, [1], training)
     assert "| copy | 1x | steps (each seed) |" in shown and "| 20* |" in shown and "* ran to train.max_steps" in shown
     assert main(["--tasks", "copy", "--until", "1.5", "--out", str(tmp_path / "bad")]) == 2
+
+
+def test_a_cap_shorter_than_one_learning_rate_cycle_decays_over_the_whole_run():
+    from eval.tasks import DEFAULT_TRAIN, task_train
+
+    assert task_train({})["lr_cycle"] == DEFAULT_TRAIN["lr_cycle"] == 3000
+    assert task_train({"max_steps": 1000})["lr_cycle"] == 0  # one decay to step 1,000: the model ends annealed
+    assert task_train({"max_steps": 1000, "lr_cycle": 500})["lr_cycle"] == 500  # set by the user: kept
