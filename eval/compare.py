@@ -115,9 +115,10 @@ class CompareConfig:
             raise ConfigError(f"compare.probes / compare.tasks: unknown {unknown}; probes are {sorted(PROBES)}, "
                               f"tasks are {sorted(TASKS)}")
         parse_lengths(",".join(self.probe_lengths))
-        if min(self.probe_tokens, self.passkey_trials, self.task_steps) < 1 or not 0 <= self.task_until <= 1:
-            raise ConfigError("compare.probe_tokens, passkey_trials and task_steps must be positive, and "
-                              f"compare.task_until an exact match in [0, 1] (got {self.task_until})")
+        if min(self.probe_tokens, self.passkey_trials, self.task_steps) < 1:
+            raise ConfigError("compare.probe_tokens, passkey_trials and task_steps must be positive")
+        if not 0 <= self.task_until <= 1:
+            raise ConfigError(f"compare.task_until is an exact match in [0, 1] (0: off), got {self.task_until}")
         if min(self.workers, self.threads, self.max_documents, self.reference_stride) < 0:
             raise ConfigError("compare.workers, threads, max_documents and reference_stride must be >= 0")
 

@@ -26,7 +26,16 @@ from eval.extrapolation import resolve_length
 from eval.induction import induction_probe, ordinary_token_ids
 from eval.passkey import evaluate_passkey
 from eval.stats import Estimate, t_interval, wilson_interval
-from eval.tasks import DEFAULT_LENGTH, DEFAULT_MODEL, DEFAULT_TRAIN, estimate, run_suite, task_train, write_suite
+from eval.tasks import (
+    DEFAULT_LENGTH,
+    DEFAULT_MODEL,
+    DEFAULT_TRAIN,
+    estimate,
+    run_suite,
+    steps_cell,
+    task_train,
+    write_suite,
+)
 from model.transformer import Transformer
 
 PASSKEY_DEPTHS = [0.0, 0.5, 1.0]
@@ -301,9 +310,7 @@ def tasks_section(out: Path, compare: Any) -> list[str]:
                   "fresh sequences per length, mean [95% t interval] over seeds; steps: each seed's (* reached "
                   "the cap).", "", *_header("encoding", multiples + ["steps"])]
         for encoding, by_length in results.items():
-            runs = training.get(encoding, {})
-            steps = " / ".join(f"{n:,}" + ("" if reached else "*")
-                               for n, reached in zip(runs.get("steps", []), runs.get("reached", []))) or "n/a"
+            steps = steps_cell(training.get(encoding, {}))
             lines.append(f"| {encoding} | " + " | ".join(
                 _cell(estimate(row["exact_match"])) for row in by_length.values()) + f" | {steps} |")
         lines += ["", f"![{name}](tasks/{name}/{name}.png)", ""]

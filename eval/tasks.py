@@ -9,8 +9,8 @@ evaluation sequences come from a separate seed. Each model trains until it has l
 longer lengths compare models equally good at L: the learning rate decays in cosine cycles of train.lr_cycle
 (3,000) steps that restart, and at the end of each cycle (train.eval_interval, 3,000) the model's exact match on 256
 validation sequences at L (a third seed) is checked; training stops once it reaches --until (0.95), or at
-train.max_steps (12,000, four cycles), where a model that never reached it is marked. So every model stops
-annealed, and those that learn the task in the first cycle are trained as on a 3,000-step budget (a
+train.max_steps (12,000, four cycles), where a model that never reached it is marked. So, with a cap that is a
+whole number of cycles, every model stops annealed, and those that learn the task in the first cycle are trained as on a 3,000-step budget (a
 --train.max_steps below one cycle decays over the whole run instead).
 
 Trainings run in --workers processes (default: one single-thread process per CPU core); a failed one is reported
@@ -68,6 +68,8 @@ def task_train(overrides: dict) -> dict:
     train = {**DEFAULT_TRAIN, **overrides}
     if "lr_cycle" not in overrides and train["lr_cycle"] > train["max_steps"]:
         train["lr_cycle"] = 0
+    if "eval_interval" not in overrides and train["lr_cycle"]:
+        train["eval_interval"] = train["lr_cycle"]  # the stop check at each cycle's end
     return train
 
 
@@ -91,15 +93,17 @@ class TaskBatches:
 
 @torch.inference_mode()
 def evaluate(model: Transformer, task: Task, length: int, count: int, seed: Any = EVAL_SEED) -> dict[str, float]:
+    """Exact match and token accuracy on `count` sequences of `length` from `seed` (on the model's device)."""
     model.eval()
     batch = task.batch(seed, count, length)
-    logits = torch.cat([model(batch.inputs[first : first + 64])[0] for first in range(0, count, 64)])
+    device = next(model.parameters()).device
+    logits = torch.cat([model(batch.inputs[first : first + 64].to(device))[0].cpu() for first in range(0, count, 64)])
     return score(logits, batch)
 
 
 def stop_at(task: Task, length: int, target: float, count: int = VAL_COUNT):
-    """The training loop's stop check: stop once exact match at L on `count` validation sequences (a seed neither
-    training nor the test uses) reaches `target`."""
+    """The training loop's stop check: stop once exact match at L on `count` validation sequences (a seed no
+    training batch and no test uses; the validation-loss batches draw from it too) reaches `target`."""
     def check(model: Transformer, step: int) -> str | None:
         value = evaluate(model, task, length, count, seed=[EVAL_SEED - 1, 1])["exact_match"]
         print(f"step {step:5d} | validation exact match at L {value:.4f} (stop at {target:g})", flush=True)
@@ -145,7 +149,8 @@ def run_task_job(job: TaskJob, log_path: Path | None = None) -> dict[str, Any]:
                 config, lambda: Transformer(config.model),
                 TaskBatches(task, job.length, config.train.batch_size, job.seed, config.train.eval_batches), None,
                 task=f"task:{task.name}", stop_when=None if job.until is None else stop_at(task, job.length, job.until))
-            result["steps"], result["reached"] = trained.steps, trained.stopped is not None
+            result["steps"] = trained.steps
+            result["reached"] = None if job.until is None else trained.stopped is not None  # None: no target
             model = load_model(config.out.dir)
             result["rows"] = {f"{multiple}x": evaluate(model, task, multiple * job.length, job.count)
                               for multiple in job.multiples}
@@ -199,7 +204,9 @@ def run_suite(tasks: list[str], encodings: dict[str, dict], seeds: list[int], le
     """Train and score every task, encoding (name -> the model settings that make it, e.g. {"position": "rope"}
     or a comparison's variant) and seed. Returns the results, task -> encoding -> length -> each metric's mean and
     t interval over the seeds that finished (a failed training is reported and left out), and the trainings, task
-    -> encoding -> {"seeds", "steps"}: the steps each seed trained (fewer than max_steps when it reached `until`)."""
+    -> encoding -> {"seeds", "steps", "reached"}: the steps each seed trained and whether it reached `until`.
+    until: stop each training once validation exact match at L reaches it (0.0 stops at the first check; None:
+    no target, train to max_steps; the CLI's and compare's 0 mean None)."""
     jobs = [TaskJob(task, encoding, settings, seed, length, tuple(multiples), count, shared, str(runs), until=until)
             for task in tasks for encoding, settings in encodings.items() for seed in seeds]
     workers, threads = worker_layout(workers, len(jobs))
@@ -258,6 +265,12 @@ def estimate(saved: dict[str, Any]) -> Estimate:
     return Estimate(**{key: saved[key] for key in ("mean", "low", "high", "n")})
 
 
+def steps_cell(runs: dict[str, Any]) -> str:
+    """Each seed's training steps, `*` on those that ran to the cap without reaching the stop target."""
+    return " / ".join(f"{n:,}" + ("*" if reached is False else "")
+                      for n, reached in zip(runs.get("steps", []), runs.get("reached", []))) or "n/a"
+
+
 def table(results: dict[str, dict[str, Any]], length: int, seeds: list[int],
           training: dict[str, dict[str, Any]] | None = None) -> str:
     """Markdown: per task, exact match at each length, mean [95% t interval] over seeds, and each seed's training
@@ -273,12 +286,10 @@ def table(results: dict[str, dict[str, Any]], length: int, seeds: list[int],
         for encoding, by_length in by_encoding.items():
             cells = [estimate(by_length[key]["exact_match"]).format(2) for key in keys]
             if steps:
-                runs = steps.get(encoding, {})
-                cells.append(" / ".join(f"{n:,}" + ("" if reached else "*") for n, reached in
-                                        zip(runs.get("steps", []), runs.get("reached", []))) or "n/a")
+                cells.append(steps_cell(steps.get(encoding, {})))
             lines.append(f"| {encoding} | " + " | ".join(cells) + " |")
         lines.append("")
-    if any(not reached for by_encoding in (training or {}).values() for runs in by_encoding.values()
+    if any(reached is False for by_encoding in (training or {}).values() for runs in by_encoding.values()
            for reached in runs.get("reached", [])):
         lines += ["Steps: each seed's training steps; * ran to train.max_steps without reaching the stop target.", ""]
     return "\n".join(lines)
@@ -344,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--seeds and --multiples are comma-separated integers ({error})") from error
     if not tasks or not seeds or not multiples or min(multiples) < 1 or args.length < 4 or args.count < 1:
         raise ConfigError("--tasks, --seeds and --multiples need values (multiples >= 1), --length >= 4, --count >= 1")
-    if args.until is not None and not 0 <= args.until <= 1:
+    if not 0 <= args.until <= 1:
         raise ConfigError(f"--until is an exact match in [0, 1], got {args.until}")
     if args.workers < 0:
         raise ConfigError("--workers must be >= 0 (0: one per CPU core)")

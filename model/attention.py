@@ -164,10 +164,11 @@ class Attention(nn.Module):
         passes = methods.passes if methods is not None else None
         window = min(w for w in (self.window, methods.window if methods is not None else 0, k_len + 1) if w)
         window = 0 if window > k_len else window
-        # A bias with parameters, when gradients are wanted (T5, KERPLE, FIRE in training): SDPA's fused CPU kernel
-        # takes no mask gradient, and its math fallback measured slower than these explicit steps (it also guards
-        # every row against having no visible key): T5 trains at 0.88x -> 0.99x rope (README, encoding costs).
-        learned_bias = position.has_score_bias and torch.is_grad_enabled() and \
+        # A bias with parameters, when gradients are wanted (T5, KERPLE, FIRE in training) on the CPU: SDPA's fused
+        # CPU kernel takes no mask gradient, and its math fallback measured slower than these explicit steps (it
+        # also guards every row against having no visible key): T5 trains at 0.88x -> 0.99x rope (README, encoding
+        # costs). Not measured on CUDA, whose memory-efficient kernel has a mask gradient: it keeps SDPA.
+        learned_bias = q.device.type == "cpu" and position.has_score_bias and torch.is_grad_enabled() and \
             any(p.requires_grad for p in position.parameters())
         explicit = position.has_value_term or position.bias_needs_scores or bool(passes) or \
             self.observer is not None or (learned_bias and LEARNED_BIAS_EXPLICIT)

@@ -6,12 +6,14 @@ and masks that take the chunked path: evaluation time and peak memory of one att
 
 The shape is the cost table's (scripts/encoding_costs.py: dim 256, 8 heads, 4 KV heads, L = 256), batch 1, one
 torch thread, fp32, inference mode. Both paths take the same rotated queries and keys from the model's own first
-attention layer; each (case, length, path) runs in a fresh process, so peaks do not mix, and saves its output,
+attention layer; each (case, length, path) runs in a fresh process, so peaks do not mix (flex's includes what
+compilation loads), and saves its output,
 which the parent compares (the max |difference| is in the table). FlexAttention gets:
   - a distance bias (alibi, t5, kerple: encodings whose bias depends on i - j only) as a score_mod reading a
     (heads, L) table that the encoding's own score_bias fills, plus a causal block mask;
   - a sliding window (rope, model.attention_window) as a block mask (causal and i - j < window).
-The time is the median over --repeats calls after a first, compiling, call (its time is reported apart); each
+The time is the median over --repeats calls after a first, compiling, call (its time is reported apart; the block
+mask, built once per length as a model would cache it, is outside the timed calls); each
 case is measured --rounds times, in rotating order, and the figures are medians over rounds.
 
 torch 2.13 has no FlexAttention backward on CPU ("FlexAttention does not support backward on CPU"), so training
@@ -120,10 +122,18 @@ def measure_one(case: str, length: int, path: str, repeats: int, output: Path) -
 def run_one(case: str, length: int, path: str, repeats: int, folder: Path) -> dict:
     output = folder / f"{case}-{length}-{path}.pt"
     command = [sys.executable, "-m", "scripts.flex_costs", "--one", json.dumps([case, length, path, repeats, str(output)])]
-    done = subprocess.run(command, capture_output=True, text=True)
+    failed = {"case": case, "length": length, "path": path}
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return {**failed, "error": "timed out after 600 s"}
+    lines = (done.stderr if done.returncode else done.stdout).strip().splitlines()
     if done.returncode:
-        return {"case": case, "length": length, "path": path, "error": done.stderr.strip().splitlines()[-1][:300]}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        return {**failed, "error": (lines[-1] if lines else f"exit status {done.returncode}")[:300]}
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {**failed, "error": f"no result line in the output: {lines[-1:]}"}
 
 
 def measure(cases: list[str], lengths: list[int], repeats: int, rounds: int) -> list[dict]:

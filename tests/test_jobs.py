@@ -40,6 +40,7 @@ def test_a_worker_dies_when_the_process_that_started_it_is_killed(tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(PARENT)
     parent = subprocess.Popen([sys.executable, str(script), str(ROOT)], stdout=subprocess.PIPE, text=True)
+    worker = None
     try:
         worker = int(parent.stdout.readline())
         assert alive(worker)
@@ -51,3 +52,5 @@ def test_a_worker_dies_when_the_process_that_started_it_is_killed(tmp_path):
         assert not alive(worker)
     finally:
         parent.kill()
+        if worker is not None and alive(worker):
+            os.kill(worker, signal.SIGKILL)

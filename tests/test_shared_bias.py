@@ -59,9 +59,15 @@ def test_a_learned_bias_trains_through_explicit_attention_with_the_same_logits_a
         loss.backward()
         return logits, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
+    sdpa_calls = []
+    sdpa = attention_module.F.scaled_dot_product_attention
+    monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention",
+                        lambda *args, **kwargs: sdpa_calls.append(1) or sdpa(*args, **kwargs))
     explicit_logits, explicit_grads = logits_and_grads()
+    assert not sdpa_calls  # the explicit steps were taken
     monkeypatch.setattr(attention_module, "LEARNED_BIAS_EXPLICIT", False)
     sdpa_logits, sdpa_grads = logits_and_grads()
+    assert sdpa_calls  # ... and here SDPA's mask route
     assert torch.allclose(explicit_logits, sdpa_logits, atol=1e-5, rtol=0)
     assert explicit_grads.keys() == sdpa_grads.keys() and any(n.startswith("position.") for n in sdpa_grads)
     for name, grad in sdpa_grads.items():

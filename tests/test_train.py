@@ -288,3 +288,6 @@ def test_a_stop_check_ends_training_at_an_evaluation_step_with_that_steps_checkp
     assert load_trainer_state(out)["stopped"] == {"step": 8, "reason": "enough"}
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert {"step": 8, "stopped": "enough"} in rows and max(row["step"] for row in rows) == 8
+    resumed = run_training(config, lambda: Transformer(config.model), batches, load_tokenizer(prepared_data),
+                           resume=True)  # a stopped run resumed goes on to max_steps and is not stopped any more
+    assert resumed.steps == 12 and resumed.stopped is None and "stopped" not in load_trainer_state(out)

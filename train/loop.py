@@ -245,6 +245,7 @@ class Trainer:
         if resume:
             self.model = load_model(self.out)
             self.state = load_trainer_state(self.out)
+            self.state.pop("stopped", None)  # a stopped run resumed goes on: it is not stopped any more
             self.start_step = int(self.state["step"])
         else:
             self.model = build_model()  # after seeding, so the initial weights are a function of train.seed
@@ -434,11 +435,11 @@ class Trainer:
                     self.nonfinite.reconcile()  # every rank: the same counts, the same decision
                 if evaluating and self.dist.is_main and step != self.evaluated_step:
                     self.evaluate(step)
+                if step in train.keep_steps:
+                    self.save_snapshot(step)
                 if evaluating and self.stop_when is not None and step > self.start_step and self.should_stop(step):
                     final_step = step
                     break
-                if step in train.keep_steps:
-                    self.save_snapshot(step)
                 if step == train.max_steps:
                     break
                 if saving:
