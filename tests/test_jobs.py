@@ -1,4 +1,5 @@
 """eval/jobs.py: what every worker process of eval.compare and eval.tasks does."""
+import os
 import signal
 import subprocess
 import sys
