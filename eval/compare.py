@@ -391,9 +391,9 @@ def worker_layout(compare: CompareConfig, jobs: int) -> tuple[int, int]:
     return workers, compare.threads or max(1, cores // workers)
 
 
-def _init_worker(slots: Any, progress: Any = None) -> None:
+def _init_worker(slots: Any, progress: Any = None, parent: int | None = None) -> None:
     global _PROGRESS
-    die_with_parent()
+    die_with_parent(parent)
     _PROGRESS = progress
     index = slots.get()
     if torch.cuda.is_available():
@@ -445,7 +445,7 @@ def run_jobs(jobs: list[Job], workers: int, out: Path) -> dict[str, dict]:
     print(f"{len(jobs)} jobs in {workers} worker processes ({jobs[0].threads} thread(s) each); logs in {out / 'logs'}",
           flush=True)
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                                                initargs=(slots, phases)) as pool:
+                                                initargs=(slots, phases, os.getpid())) as pool:
         futures = {pool.submit(run_job, job, out / "logs" / f"{job.name}.log"): job for job in jobs}
         pending = set(futures)
         while pending:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import signal
 import sys
 from pathlib import Path
@@ -27,9 +28,12 @@ def job_output(log_path: Path | None, threads: int) -> Iterator[None]:
         yield
 
 
-def die_with_parent() -> None:
+def die_with_parent(parent: int | None = None) -> None:
     """A worker process's first act: on Linux, ask to be sent SIGTERM when the process that started it dies, even
     killed (SIGTERM, SIGKILL), so that no orphan worker goes on training and writing into the output folder
-    (prctl PR_SET_PDEATHSIG; elsewhere nothing is done)."""
+    (prctl PR_SET_PDEATHSIG; elsewhere nothing is done). `parent`: the starting process's pid; if it died before
+    the request took effect (the worker is already an orphan), the worker exits at once."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        if parent is not None and os.getppid() != parent:
+            os._exit(1)

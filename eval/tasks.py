@@ -177,7 +177,7 @@ def run_jobs(jobs: list[TaskJob], workers: int, logs: Path) -> list[dict[str, An
     print(f"{len(jobs)} trainings in {workers} worker processes ({jobs[0].threads} thread(s) each); logs in {logs}",
           flush=True)
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                                initializer=die_with_parent) as pool:
+                                                initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
         futures = {pool.submit(run_task_job, job, logs / f"{job.name}.log"): job for job in jobs}
         for future in concurrent.futures.as_completed(futures):
             job = futures[future]

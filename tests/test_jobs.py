@@ -21,7 +21,7 @@ def report_and_wait():
 
 if __name__ == "__main__":
     pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                                  initializer=die_with_parent)
+                                                  initializer=die_with_parent, initargs=(os.getpid(),))
     pool.submit(report_and_wait)
     time.sleep(120)
 '''
@@ -55,3 +55,16 @@ def test_a_worker_dies_when_the_process_that_started_it_is_killed(tmp_path):
         parent.kill()
         if worker is not None and alive(worker):
             os.kill(worker, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_worker_whose_parent_died_before_it_asked_exits_at_once(tmp_path):
+    """The request takes effect only once the worker has started; a worker that finds itself orphaned by then
+    (its parent's pid is not its parent's any more) exits instead of working."""
+    script = tmp_path / "orphan.py"
+    script.write_text(f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+                      "from eval.jobs import die_with_parent\n"
+                      "die_with_parent(1)\n"  # pid 1 is not this process's parent
+                      "print('still here')\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "still here" not in done.stdout
