@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -273,6 +273,15 @@ def long_eval_child(shape_name: str, position: str, length: int) -> None:
     elapsed = time.perf_counter() - start
     print(json.dumps({"position": position, "tokens": result.tokens, "seconds": elapsed, "nll": result.nll,
                       "peak_rss_mib": peak_rss_mib(), "rss_before_mib": before}))
+
+
+def rotating_rounds(count: int, rounds: int, step: int = 1) -> Iterator[tuple[int, int]]:
+    """(round, index) for `rounds` passes over `count` items, each pass starting `step` items later than the one
+    before, so that a slow moment of the machine does not always land on the same item."""
+    for round_index in range(rounds):
+        shift = round_index * step % count
+        for index in [*range(shift, count), *range(shift)]:
+            yield round_index, index
 
 
 def peak_rss_mib() -> float:

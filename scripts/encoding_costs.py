@@ -158,20 +158,20 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--variants must be a JSON list of settings dicts ({error})") from error
     if not isinstance(variants, list) or not all(isinstance(v, dict) and "position" in v for v in variants):
         raise ConfigError('--variants must be a JSON list of settings dicts, each with a "position"')
+    from scripts.bench import rotating_rounds  # (bench imports transformers: only where it is used)
+
     measured: list[list[dict]] = [[] for _ in variants]
-    for round_index in range(args.rounds):
-        shift = round_index % len(variants)
-        for index in [*range(shift, len(variants)), *range(shift)]:
-            settings = variants[index]
-            result = subprocess.run([sys.executable, "-m", "scripts.encoding_costs", "--lengths", args.lengths,
-                                     "--batch", str(args.batch), "--train-steps", str(args.train_steps), "--repeats",
-                                     str(args.repeats), "--one", json.dumps(settings)], capture_output=True, text=True)
-            if result.returncode != 0:
-                row = {"settings": settings, "error": (result.stderr.strip().splitlines() or ["?"])[-1][:200]}
-            else:
-                row = json.loads(result.stdout.strip().splitlines()[-1])
-            measured[index].append(row)
-            print(f"round {round_index + 1}/{args.rounds}: " + json.dumps(row), flush=True)
+    for round_index, index in rotating_rounds(len(variants), args.rounds):
+        settings = variants[index]
+        result = subprocess.run([sys.executable, "-m", "scripts.encoding_costs", "--lengths", args.lengths,
+                                 "--batch", str(args.batch), "--train-steps", str(args.train_steps), "--repeats",
+                                 str(args.repeats), "--one", json.dumps(settings)], capture_output=True, text=True)
+        if result.returncode != 0:
+            row = {"settings": settings, "error": (result.stderr.strip().splitlines() or ["?"])[-1][:200]}
+        else:
+            row = json.loads(result.stdout.strip().splitlines()[-1])
+        measured[index].append(row)
+        print(f"round {round_index + 1}/{args.rounds}: " + json.dumps(row), flush=True)
     rows = [median_row(runs) for runs in measured]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "encoding_costs.json").write_text(json.dumps({"shape": SHAPE, "lengths": lengths, "batch": args.batch,

@@ -36,7 +36,7 @@ from commands import add_out, comma_list, command_parser
 from errors import ConfigError, cli_command
 from model.config import ModelConfig
 from model.transformer import Transformer
-from scripts.bench import peak_rss_mib
+from scripts.bench import peak_rss_mib, rotating_rounds
 from scripts.encoding_costs import SHAPE
 
 CASES = {
@@ -141,13 +141,12 @@ def measure(cases: list[str], lengths: list[int], repeats: int, rounds: int) -> 
     with tempfile.TemporaryDirectory() as folder:
         runs: dict[tuple, list[dict]] = {}
         order = [(case, length, path) for case in cases for length in lengths for path in ("chunked", "flex")]
-        for round_index in range(rounds):
-            shift = round_index * 2 % len(order)
-            for case, length, path in order[shift:] + order[:shift]:
-                result = run_one(case, length, path, repeats, Path(folder))
-                runs.setdefault((case, length, path), []).append(result)
-                print(f"round {round_index + 1}: {case} {length} {path}: "
-                      f"{result.get('error') or format(result['seconds'] * 1e3, '.1f') + ' ms'}", flush=True)
+        for round_index, index in rotating_rounds(len(order), rounds, step=2):  # a case's two paths stay adjacent
+            case, length, path = order[index]
+            result = run_one(case, length, path, repeats, Path(folder))
+            runs.setdefault((case, length, path), []).append(result)
+            print(f"round {round_index + 1}: {case} {length} {path}: "
+                  f"{result.get('error') or format(result['seconds'] * 1e3, '.1f') + ' ms'}", flush=True)
         for case in cases:
             for length in lengths:
                 row: dict = {"case": case, "length": length}
