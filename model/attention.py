@@ -4,7 +4,8 @@ Encodings without a score bias take the fused SDPA path with no (time x time) ma
 (ALiBi, T5, Shaw, KERPLE, FIRE, CoPE), and layers with a sliding window, are computed in chunks of query rows,
 each against only the keys it can see (the causal prefix, or the window), so the (heads x rows x keys) bias and
 mask stay bounded at long lengths and a window costs O(time x window). An encoding with a value term (Shaw) or
-whose bias depends on the scores (CoPE) needs the attention logits explicitly.
+whose bias depends on the scores (CoPE) needs the attention logits explicitly. A long evaluation forward of a
+distance bias (ALiBi, T5, KERPLE) takes compiled FlexAttention instead (model/flex.py).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import model.flex as flex
 from model.attention_methods import MethodContext
 from model.config import ModelConfig
 from model.kv_cache import KVCache
@@ -117,7 +119,12 @@ class Attention(nn.Module):
                 k = position.rotate_keys(k, position_state)
             if position.has_score_bias or position.has_value_term or self.window or self.observer is not None or \
                     (methods is not None and methods.visible is not None):
-                y = self.chunked_attention(q, k, v, position, position_state, causal, kv_cache, methods)
+                y = None
+                if flex.applies(q, k, position, position_state, causal, kv_cache, methods, self.window,
+                                self.observer is not None, self.dropout if self.training else 0.0):
+                    y = flex.attention(q, k, v, position, position_state, self.layer_index)
+                if y is None:
+                    y = self.chunked_attention(q, k, v, position, position_state, causal, kv_cache, methods)
             else:
                 y = self.fused_attention(q, k, v, causal, kv_cache)
         # (batch, heads, time, head_dim) -> (batch, time, heads * head_dim)

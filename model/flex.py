@@ -1,0 +1,101 @@
+"""FlexAttention (torch.nn.attention.flex_attention, compiled) for the long evaluation forwards of encodings whose
+bias depends on the distance i - j alone (ALiBi, T5, KERPLE).
+
+Measured (`python -m scripts.flex_costs`, README): for these biases one compiled FlexAttention call is 1.1-1.4x
+faster than the chunked path at L and 2.0-3.2x at 16 L, with a lower peak memory; a sliding window is slower with
+it, and torch 2.13 has no FlexAttention backward on CPU. So it serves forwards without gradients only, on the CPU
+(where it was measured), in float32, over a whole sequence with no KV cache, no attention method and no window:
+the scoring of a long evaluation. Everything else, and any forward shorter than MIN_LENGTH (one or two chunks,
+where a compilation per shape would not pay), keeps the chunked path, which stays the reference (parity:
+tests/test_flex.py).
+
+The bias enters as a (heads, time) table of its values at each distance, read by the score_mod: the encoding's own
+score_bias fills it from the last query row, so the two paths add the same numbers. The block mask (causal) is
+built once per length. If compiling fails (no C++ compiler, say), a warning names the error and every later
+forward takes the chunked path; PELAB_FLEX_ATTENTION=0 turns it off.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import torch
+
+# PELAB_FLEX_ATTENTION=0 in the environment: always the chunked path (an A/B measurement, or a machine where
+# compiling is unwanted); tests set ENABLED directly.
+ENABLED = os.environ.get("PELAB_FLEX_ATTENTION", "1") != "0"
+MIN_LENGTH = 512  # shorter forwards keep the chunked path
+_failure: str | None = None  # why compiling failed, once it has
+_block_masks: dict[tuple[int, str], Any] = {}
+_compiled: Any = None
+
+
+def applies(q: torch.Tensor, k: torch.Tensor, position: Any, state: Any, causal: bool, kv_cache: Any,
+            methods: Any, window: int, observed: bool, dropout: float) -> bool:
+    """True when this forward can take FlexAttention: see the module docstring. `observed`: the attention
+    diagnostics read the probabilities; `dropout`: the attention dropout this forward applies."""
+    if not ENABLED or _failure is not None or torch.is_grad_enabled() or q.device.type != "cpu":
+        return False
+    if torch.compiler.is_compiling():  # inside a compiled model (training's validation): its own graph
+        return False
+    if not causal or kv_cache is not None or methods is not None or window or observed or dropout:
+        return False
+    if q.dtype != torch.float32 or q.shape[2] != k.shape[2] or q.shape[2] < MIN_LENGTH:
+        return False
+    if not position.has_score_bias or position.has_value_term or position.bias_needs_scores:
+        return False
+    if not position.relative_only or not hasattr(state, "queries"):
+        return False
+    # The table is indexed by i - j: the positions must be consecutive (and the keys the queries).
+    queries, keys = state.queries, state.keys
+    return queries.shape == keys.shape and bool(torch.equal(queries, keys)) and \
+        bool((queries[:, 1:] - queries[:, :-1] == 1).all())
+
+
+def distance_table(q: torch.Tensor, position: Any, state: Any, layer: int) -> torch.Tensor:
+    """(heads, time) float32: the bias at distance d = i - j, read from the last query row (which sees every
+    distance from 0 to time - 1)."""
+    time = q.shape[2]
+    last = slice(time - 1, time)
+    bias = position.score_bias(q[:, :, last], state, layer, last, slice(0, time))  # (batch|1, heads, 1, time)
+    return bias[0, :, 0].flip(-1).to(torch.float32).contiguous()
+
+
+def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, block_mask: Any,
+          enable_gqa: bool) -> torch.Tensor:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    def score_mod(score, b, h, i, j):  # noqa: ANN001, ANN202 (flex's signature)
+        return score + table[h, i - j]
+
+    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=enable_gqa)
+
+
+def block_mask(time: int, device: torch.device) -> Any:
+    """The causal block mask for `time` queries and keys, built once per (time, device)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    key = (time, str(device))
+    if key not in _block_masks:
+        if len(_block_masks) >= 16:
+            _block_masks.clear()
+        _block_masks[key] = create_block_mask(lambda b, h, i, j: i >= j, None, None, time, time, device=str(device))
+    return _block_masks[key]
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position: Any, state: Any,
+              layer: int) -> torch.Tensor | None:
+    """Causal attention with the encoding's distance bias through compiled FlexAttention, or None when compiling
+    failed (then the caller takes the chunked path, as every later forward does)."""
+    global _compiled, _failure
+    try:
+        if _compiled is None:
+            _compiled = torch.compile(_flex)
+        table = distance_table(q, position, state, layer)
+        return _compiled(q, k, v, table, block_mask(q.shape[2], q.device), k.shape[1] != q.shape[1])
+    except Exception as error:  # noqa: BLE001 (any compiler failure: fall back, say why once)
+        _failure = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        warnings.warn(f"FlexAttention could not be compiled ({_failure}); evaluation continues on the chunked "
+                      f"attention path (model/flex.py)", stacklevel=2)
+        return None
