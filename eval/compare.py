@@ -48,7 +48,7 @@ from eval.compare_probes import PROBES, run_probes, run_tasks
 from eval.compare_report import eval_path, run_dir, write_outputs
 from eval.extrapolation import CheckpointEvaluation, evaluate_checkpoint, make_plan, parse_lengths, resolve_length
 from eval.jobs import die_with_parent, job_output
-from eval.methods import check_methods
+from eval.methods import applies, check_methods
 from eval.task_generators import TASKS
 from model.checkpoint import WEIGHTS, has_checkpoint, load_model, load_trainer_state, trained_length
 from model.config import build_dataclass, check_field_types
@@ -189,14 +189,16 @@ def saved_run_config(out: Path) -> dict | None:
         return None
 
 
-TRACKING = ("report_to", "tracker_group")  # where metrics go: not a setting that makes runs differ
+# Where metrics go, and whether the step is compiled: how a run executes, not what it trains (a resumed run may
+# change either), so not settings that make runs differ.
+EXECUTION = ("report_to", "tracker_group", "compile")
 
 
 def comparable(settings: dict | None) -> dict | None:
-    """A run's settings without the tracker settings, which a comparison may add or change on a re-run."""
+    """A run's settings without those a comparison may add or change on a re-run (EXECUTION)."""
     if settings is None:
         return None
-    return {**settings, "train": {k: v for k, v in settings.get("train", {}).items() if k not in TRACKING}}
+    return {**settings, "train": {k: v for k, v in settings.get("train", {}).items() if k not in EXECUTION}}
 
 
 def check_existing_runs(configs: dict) -> None:
@@ -400,6 +402,17 @@ def _init_worker(slots: Any, progress: Any = None, parent: int | None = None) ->
         torch.cuda.set_device(index % torch.cuda.device_count())
 
 
+def largest_first(jobs: list[Job], configs: dict) -> list[Job]:
+    """The jobs that evaluate the most models (their own and one per inference-time method that applies: rope's
+    four scalings) first, so that no worker idles at the end while the longest job runs alone; otherwise in the
+    configured order. Each job is independent: the order changes the wall time only, not a number."""
+    def models_evaluated(job: Job) -> int:
+        layers = configs[(job.encoding, job.seed)].model.layer_positions()
+        return 1 + sum(applies(method, job.run_config["model"]["position"], layers) for method in job.compare["methods"])
+
+    return sorted(jobs, key=lambda job: -models_evaluated(job))
+
+
 def run_jobs(jobs: list[Job], workers: int, out: Path) -> dict[str, dict]:
     """Run the jobs, `workers` at a time (in this process when 1). Prints a line when a job starts a phase
     (training, evaluating, probing) and when it finishes, each with the overall progress and an ETA from the jobs
@@ -509,7 +522,7 @@ def run_comparison(compare: CompareConfig, shared: dict, preset: str, out: Path,
     workers, threads = worker_layout(compare, len(configs))
     jobs = [Job(encoding, seed, config.to_dict(), asdict(compare), threads)
             for (encoding, seed), config in configs.items()]
-    results = run_jobs(jobs, workers, out)
+    results = run_jobs(largest_first(jobs, configs), workers, out)
     if compare.tasks:
         try:
             run_tasks(compare, out)

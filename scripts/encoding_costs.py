@@ -8,11 +8,15 @@ The shape is the full comparison preset's (dim 256, 4 layers, 8 heads, 4 KV head
 random weights and tokens, one torch thread (as one compare worker runs). Each variant runs in a fresh process, so
 peaks do not mix:
   - evaluation: one forward (batch 1, fp32, inference mode) of k x L tokens for each k of --lengths, shortest first;
-    tokens/s is the median over --repeats forwards; peak memory is the process's peak resident memory after that
+    tokens/s is the median over --repeats forwards after a warm-up forward (FlexAttention compiles there for a
+    distance bias at 2x and longer, model/flex.py; PELAB_FLEX_ATTENTION=0 measures the chunked path instead); peak memory is the process's peak resident memory after that
     length (it includes the interpreter and torch, the same for every variant: compare within a column);
   - training: the train loop's own step (its default precision: bf16 autocast where the CPU supports it; AdamW,
     clipping) at L with --batch sequences; the median tokens/s over --repeats runs of --train-steps steps, after a
-    warm-up step.
+    warm-up step;
+  - with --compile, the same step under torch.compile (train.compile) too: its first step's time (compilation
+    included, with whatever inductor cache the machine has) and the step count after which compiling has paid:
+    (first compiled step - an eager step) / (eager step - compiled step).
 All variants are measured --rounds times, the order rotating from round to round, and each figure is the median
 over the rounds, so a slow moment of the machine does not land on one variant; the ratios to rope are the figures
 to quote.
@@ -55,9 +59,30 @@ def label(settings: dict) -> str:
     return ", ".join([settings["position"] + (f" + {methods}" if methods else ""), *rest])
 
 
-def measure(settings: dict, lengths: list[int], batch: int, train_steps: int, repeats: int) -> dict:
+def train_speed(settings: dict, batch: int, train_steps: int, repeats: int, compile_model: bool) -> dict:
+    """The train loop's step on random batches: median tokens/s over `repeats` runs, and the first step's time."""
+    from scripts.bench import our_trainer  # the train loop's own step
+
+    tokens = batch * SHAPE["max_seq_len"]
+    with tempfile.TemporaryDirectory() as out_dir:
+        step, trainer = our_trainer({**SHAPE, **settings}, batch, compile_model, out_dir, torch.device("cpu"))
+        started = time.perf_counter()
+        step()  # warm-up (compilation, when compiled)
+        first = time.perf_counter() - started
+        runs = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            for _ in range(train_steps):
+                step()
+            runs.append(train_steps * tokens / (time.perf_counter() - started))
+    return {"tokens_per_s": round(statistics.median(runs)), "first_step_s": round(first, 2),
+            "precision": "bf16" if trainer.amp == torch.bfloat16 else "fp32"}
+
+
+def measure(settings: dict, lengths: list[int], batch: int, train_steps: int, repeats: int,
+            compile_model: bool = False) -> dict:
     """Evaluation at each multiple of L (shortest first), then training, in this process."""
-    from scripts.bench import our_trainer, peak_rss_mib  # the train loop's own step; VmHWM
+    from scripts.bench import peak_rss_mib  # VmHWM
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -67,6 +92,7 @@ def measure(settings: dict, lengths: list[int], batch: int, train_steps: int, re
         idx = torch.randint(0, SHAPE["vocab_size"], (1, multiple * SHAPE["max_seq_len"] + 1))
         times = []
         with torch.inference_mode():
+            model(idx[:, :-1], idx[:, 1:])  # warm-up (FlexAttention compiles here for a distance bias: model/flex.py)
             for _ in range(repeats):
                 started = time.perf_counter()
                 model(idx[:, :-1], idx[:, 1:])
@@ -75,18 +101,13 @@ def measure(settings: dict, lengths: list[int], batch: int, train_steps: int, re
                                     "peak_rss_mib": round(peak_rss_mib())}
     del model
     if train_steps:
-        tokens = batch * SHAPE["max_seq_len"]
-        with tempfile.TemporaryDirectory() as out_dir:
-            step, trainer = our_trainer({**SHAPE, **settings}, batch, False, out_dir, torch.device("cpu"))
-            step()  # warm-up
-            runs = []
-            for _ in range(repeats):
-                started = time.perf_counter()
-                for _ in range(train_steps):
-                    step()
-                runs.append(train_steps * tokens / (time.perf_counter() - started))
-        row["train"] = {"tokens_per_s": round(statistics.median(runs)),
-                        "precision": "bf16" if trainer.amp == torch.bfloat16 else "fp32"}
+        row["train"] = train_speed(settings, batch, train_steps, repeats, False)
+        if compile_model:
+            row["train_compiled"] = compiled = train_speed(settings, batch, train_steps, repeats, True)
+            tokens = batch * SHAPE["max_seq_len"]
+            eager_step, compiled_step = tokens / row["train"]["tokens_per_s"], tokens / compiled["tokens_per_s"]
+            saved = eager_step - compiled_step
+            compiled["break_even_steps"] = round((compiled["first_step_s"] - eager_step) / saved) if saved > 0 else -1
     return row
 
 
@@ -98,7 +119,8 @@ def median_row(runs: list[dict]) -> dict:
     row = {**good[0], "rounds": len(good)}
     for key, value in good[0].items():
         if isinstance(value, dict) and key != "settings":
-            row[key] = {**value, **{name: round(statistics.median(run[key][name] for run in good))
+            row[key] = {**value, **{name: round(statistics.median(run[key][name] for run in good),
+                                                2 if isinstance(number, float) else None)
                                     for name, number in value.items() if isinstance(number, (int, float))}}
     return row
 
@@ -113,14 +135,23 @@ def table(rows: list[dict], lengths: list[int]) -> str:
         return f"{value:,}{ratio}"
 
     keys = [f"eval_{m}x" for m in sorted(lengths)]
-    head = ["variant", "train tokens/s (x rope)", *[f"eval {k[5:]} tokens/s (x rope)" for k in keys],
-            *[f"peak MiB, eval {k[5:]}" for k in keys]]
+    compiled = any("train_compiled" in row for row in rows)
+    head = ["variant", "train tokens/s (x rope)",
+            *(["compiled train tokens/s (x eager)", "first compiled step s", "compile pays after (steps)"]
+              if compiled else []),
+            *[f"eval {k[5:]} tokens/s (x rope)" for k in keys], *[f"peak MiB, eval {k[5:]}" for k in keys]]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for row in rows:
         if "error" in row:
             lines.append(f"| {label(row['settings'])} | failed: {row['error']} |" + " |" * (len(head) - 2))
             continue
         train = cell(row, "train") if "train" in row else "n/a"
+        if compiled:
+            fast = row.get("train_compiled")
+            train += " | " + (" | ".join([
+                f"{fast['tokens_per_s']:,} ({fast['tokens_per_s'] / row['train']['tokens_per_s']:.2f}x)",
+                f"{fast['first_step_s']}",
+                f"{fast['break_even_steps']:,}" if fast["break_even_steps"] >= 0 else "never"]) if fast else "n/a | |")
         lines.append(f"| {row['label']} | {train} | " + " | ".join(cell(row, k) for k in keys) + " | "
                      + " | ".join(f"{row[k]['peak_rss_mib']:,}" for k in keys) + " |")
     return "\n".join(lines) + "\n"
@@ -132,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lengths", default="1,16", help="evaluation lengths as multiples of L = 256")
     parser.add_argument("--batch", type=int, default=8, help="training sequences per step")
     parser.add_argument("--train-steps", type=int, default=4, help="training steps per timed run (0: no training)")
+    parser.add_argument("--compile", action="store_true", help="also train under torch.compile: its speed, first "
+                        "step and break-even step count")
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per figure in one process (median)")
     parser.add_argument("--rounds", type=int, default=3, help="times every variant is measured, in rotating order "
                                                              "(each figure is the median over rounds)")
@@ -150,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     if not lengths or min(lengths) < 1 or args.batch < 1 or args.train_steps < 0 or min(args.repeats, args.rounds) < 1:
         raise ConfigError("--lengths >= 1, --batch >= 1, --train-steps >= 0, --repeats >= 1 and --rounds >= 1")
     if args.one is not None:
-        print(json.dumps(measure(json.loads(args.one), lengths, args.batch, args.train_steps, args.repeats)), flush=True)
+        print(json.dumps(measure(json.loads(args.one), lengths, args.batch, args.train_steps, args.repeats,
+                                 args.compile)), flush=True)
         return 0
     try:
         variants = json.loads(args.variants) if args.variants else DEFAULT_VARIANTS
@@ -165,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = variants[index]
         result = subprocess.run([sys.executable, "-m", "scripts.encoding_costs", "--lengths", args.lengths,
                                  "--batch", str(args.batch), "--train-steps", str(args.train_steps), "--repeats",
-                                 str(args.repeats), "--one", json.dumps(settings)], capture_output=True, text=True)
+                                 str(args.repeats), *(["--compile"] if args.compile else []), "--one",
+                                 json.dumps(settings)], capture_output=True, text=True)
         if result.returncode != 0:
             row = {"settings": settings, "error": (result.stderr.strip().splitlines() or ["?"])[-1][:200]}
         else:

@@ -11,13 +11,16 @@ compilation loads), and saves its output,
 which the parent compares (the max |difference| is in the table). FlexAttention gets:
   - a distance bias (alibi, t5, kerple: encodings whose bias depends on i - j only) as a score_mod reading a
     (heads, L) table that the encoding's own score_bias fills, plus a causal block mask;
+  - Shaw's score part (shaw-score: q_i . a_clip(j - i) / sqrt(d), its value term left out on both paths) as a
+    score_mod reading the (heads, time, 2k + 1) products of each query with the k-clipped distance vectors;
   - a sliding window (rope, model.attention_window) as a block mask (causal and i - j < window).
 The time is the median over --repeats calls after a first, compiling, call (its time is reported apart; the block
 mask, built once per length as a model would cache it, is outside the timed calls); each
 case is measured --rounds times, in rotating order, and the figures are medians over rounds.
 
 torch 2.13 has no FlexAttention backward on CPU ("FlexAttention does not support backward on CPU"), so training
-cannot use it here; on CUDA the same script measures the forward only as well.
+cannot use it here; on CUDA the same script measures the forward only as well. What these figures decided: the
+model evaluates a distance bias through FlexAttention (model/flex.py), and keeps windows on the chunked path.
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ CASES = {
     "alibi": {"position": "alibi"},
     "t5": {"position": "t5"},
     "kerple": {"position": "kerple"},
+    "shaw-score": {"position": "shaw"},
     "window": {"position": "rope", "attention_window": [64]},
 }
 
@@ -71,8 +75,8 @@ def flex_call(attention, encoding, positions, length: int):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     window = attention.window
-    if encoding.has_value_term or encoding.bias_needs_scores:
-        raise ConfigError(f"{type(encoding).__name__}: a value term or a score-dependent bias is not a score_mod")
+    if encoding.bias_needs_scores:
+        raise ConfigError(f"{type(encoding).__name__}: a score-dependent bias is not a score_mod")
 
     def visible(b, h, i, j):
         return (i >= j) & (i - j < window) if window else i >= j
@@ -83,6 +87,22 @@ def flex_call(attention, encoding, positions, length: int):
 
     def score_mod(score, b, h, i, j):
         return score + table[h, i - j]
+
+    if hasattr(encoding, "relative_keys"):  # Shaw's score part: per query, its products with the 2k + 1 vectors
+        clip = encoding.config.shaw_max_distance
+        vectors = encoding.relative_keys[str(attention.layer_index)].weight
+        scale = attention.head_dim ** -0.5
+
+        per_distance = torch.zeros(1, attention.n_heads, length, 2 * clip + 1)  # filled on every call, as table
+
+        def shaw_score(score, b, h, i, j):
+            return score + per_distance[b, h, i, torch.clamp(j - i, -clip, clip) + clip] * scale
+
+        def call(q, k, v):
+            per_distance.copy_(q @ vectors.T)  # (batch, heads, time, 2k + 1)
+            return compiled(q, k, v, score_mod=shaw_score, block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])
+
+        return call
 
     def call(q, k, v):
         if encoding.has_score_bias:  # filled in place on every call: one compiled graph reads it
@@ -100,6 +120,8 @@ def flex_call(attention, encoding, positions, length: int):
 def measure_one(case: str, length: int, path: str, repeats: int, output: Path) -> dict:
     torch.set_num_threads(1)
     attention, encoding, state, q, k, v = layer_inputs(CASES[case], length)
+    if case == "shaw-score":
+        encoding.has_value_term = False  # the score part only, on both paths
     positions = torch.arange(length)[None, :]
     if path == "flex":
         call = flex_call(attention, encoding, positions, length)

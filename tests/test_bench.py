@@ -54,18 +54,60 @@ def test_encoding_costs_measures_each_variant_in_its_own_process(tmp_path, capsy
 
 
 def test_flex_costs_times_both_paths_in_fresh_processes_and_checks_they_agree(tmp_path):
-    """scripts.flex_costs: for a distance bias (ALiBi, through the encoding's own score_bias) and a sliding window,
-    FlexAttention's output equals the chunked path's (compared across the two processes), with times and peaks."""
+    """scripts.flex_costs: for a distance bias (ALiBi, through the encoding's own score_bias), Shaw's score part and
+    a sliding window, FlexAttention's output equals the chunked path's (compared across the two processes), with
+    times and peaks."""
     import json
 
     from scripts.flex_costs import main
 
-    assert main(["--cases", "alibi,window", "--multiples", "1", "--repeats", "1", "--rounds", "1",
+    assert main(["--cases", "alibi,shaw-score,window", "--multiples", "1", "--repeats", "1", "--rounds", "1",
                  "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "flex_costs.json").read_text())["rows"]
-    assert [(row["case"], row["length"]) for row in rows] == [("alibi", 256), ("window", 256)]
+    assert [(row["case"], row["length"]) for row in rows] == [("alibi", 256), ("shaw-score", 256), ("window", 256)]
     for row in rows:
         assert row["max_abs_diff"] < 1e-5
         assert row["chunked"]["seconds"] > 0 and row["flex"]["seconds"] > 0 and row["flex"]["peak_mib"] > 0
     assert "| alibi | 1x (256) |" in (tmp_path / "flex_costs.md").read_text()
     assert main(["--cases", "sinks"]) == 2
+
+
+def test_encoding_costs_with_compile_reports_the_compiled_step_and_its_break_even(tmp_path):
+    """--compile: the compiled train step's speed and first step, and the steps after which compiling has paid,
+    computed from the eager and compiled figures of the same row."""
+    import json
+
+    from scripts.encoding_costs import main
+
+    assert main(["--variants", '[{"position": "alibi"}]', "--lengths", "1", "--batch", "1", "--train-steps", "1",
+                 "--repeats", "1", "--rounds", "1", "--compile", "--out", str(tmp_path)]) == 0
+    row = json.loads((tmp_path / "encoding_costs.json").read_text())["rows"][0]
+    eager, compiled = row["train"], row["train_compiled"]
+    assert compiled["tokens_per_s"] > 0 and compiled["first_step_s"] > 0
+    eager_step, compiled_step = 256 / eager["tokens_per_s"], 256 / compiled["tokens_per_s"]
+    if compiled_step < eager_step:
+        assert compiled["break_even_steps"] == round((compiled["first_step_s"] - eager_step)
+                                                     / (eager_step - compiled_step))
+    else:
+        assert compiled["break_even_steps"] == -1
+    table = (tmp_path / "encoding_costs.md").read_text()
+    assert "compile pays after (steps)" in table and "| alibi | " in table
+
+
+def test_step_profile_splits_each_modes_step_by_kind(tmp_path):
+    """scripts.step_profile: for ours and transformers' step, the profiled self time by kind adds up to the
+    profiled total, and both spend time in matmuls and in attention."""
+    import json
+
+    from scripts.step_profile import KINDS, kind, main
+
+    assert kind("aten::mm") == "matmul" and kind("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
+    assert kind("aten::_fused_adamw_") == "optimizer" and kind("Torch-Compiled Region: 0/0") == "compiled kernels"
+    assert main(["--shape", "micro", "--steps", "1", "--no-compile", "--out", str(tmp_path)]) == 0
+    modes = json.loads((tmp_path / "step_profile-micro.json").read_text())["modes"]
+    assert set(modes) == {"ours eager bf16", "hf eager bf16"}
+    for mode in modes.values():
+        assert sum(mode["by_kind_ms"].values()) == pytest.approx(mode["profiled_ms"])
+        assert set(mode["by_kind_ms"]) == set(KINDS) and mode["wall_ms"] > 0
+        assert mode["by_kind_ms"]["matmul"] > 0 and mode["by_kind_ms"]["attention"] > 0
+    assert "| ours eager bf16 |" in (tmp_path / "step_profile-micro.md").read_text()

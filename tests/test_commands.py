@@ -10,7 +10,7 @@ from tests.conftest import ROOT
 
 COMMANDS = ["data.prepare", "train.pretrain", "train.sft", "train.extend", "eval.perplexity", "eval.extrapolation",
             "eval.passkey", "eval.attention", "eval.induction", "eval.tasks", "eval.compare", "eval.rope_analysis", "scripts.generate",
-            "scripts.encoding_costs", "scripts.flex_costs", "scripts.export_hf",
+            "scripts.encoding_costs", "scripts.flex_costs", "scripts.step_profile", "scripts.export_hf",
             "scripts.import_hf", "scripts.bench", "scripts.dynamic_check"]
 
 

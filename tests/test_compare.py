@@ -87,6 +87,23 @@ def test_results_do_not_depend_on_the_number_of_workers(small_text_file, tmp_pat
     assert (runs[2] / "logs" / "rope-seed3.log").read_text().count("final val_loss") == 1
 
 
+def test_the_jobs_that_evaluate_the_most_models_start_first():
+    """rope (the model and four scalings) before learned (and clamp), then the rest in the configured order; a
+    hybrid whose layers refuse an attention method does not count it."""
+    from types import SimpleNamespace
+
+    from model.config import ModelConfig
+
+    methods = ["linear", "ntk", "dynamic", "yarn", "clamp", "selfextend"]
+    settings = {"none": {"position": "none"}, "alibi": {"position": "alibi"}, "learned": {"position": "learned"},
+                "rope": {"position": "rope"},
+                "irope": {"position": "rope", "position_layers": ["rope", "none"]}}
+    configs = {(name, 1): SimpleNamespace(model=ModelConfig(n_layers=2, **values)) for name, values in settings.items()}
+    jobs = [compare_module.Job(name, 1, {"model": values}, {"methods": methods}, 1) for name, values in settings.items()]
+    assert [job.encoding for job in compare_module.largest_first(jobs, configs)] == \
+        ["rope", "irope", "learned", "none", "alibi"]
+
+
 def test_a_failed_variant_is_reported_and_the_others_go_on(small_text_file, tmp_path, monkeypatch, capsys):
     real = compare_module.train_variant
 
@@ -243,6 +260,11 @@ def test_nothing_good_is_overwritten_by_a_failed_rerun(small_text_file, tmp_path
         assert len([line for line in error.splitlines() if line.startswith("error:")]) == 1
         after = {path: path.read_bytes() for path in before}
         assert after == before, message
+    # Compiling is how a run executes, not what it trains: a re-run that compiles is accepted and retrains nothing.
+    assert main(arguments(small_text_file, out, '--compare.encodings=["rope", "alibi"]', "--compare.workers=1",
+                          "--train.compile=true")) == 0
+    weights = [path for path in before if path.name == "model.safetensors"]
+    assert len(weights) == 2 and all(path.read_bytes() == before[path] for path in weights)
 
 
 def test_a_rerun_in_which_every_job_fails_keeps_the_previous_report(small_text_file, tmp_path, monkeypatch, capsys):
