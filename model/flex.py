@@ -1,13 +1,14 @@
 """FlexAttention (torch.nn.attention.flex_attention, compiled) for the long evaluation forwards of encodings whose
 bias depends on the distance i - j alone (ALiBi, T5, KERPLE).
 
-Measured (`python -m scripts.flex_costs`, README): for these biases one compiled FlexAttention call is 1.1-1.4x
-faster than the chunked path at L and 2.0-3.2x at 16 L, with a lower peak memory; a sliding window is slower with
-it, and torch 2.13 has no FlexAttention backward on CPU. So it serves forwards without gradients only, on the CPU
-(where it was measured), in float32, over a whole sequence with no KV cache, no attention method and no window:
-the scoring of a long evaluation. Everything else, and any forward shorter than MIN_LENGTH (one or two chunks,
-where a compilation per shape would not pay), keeps the chunked path, which stays the reference (parity:
-tests/test_flex.py).
+Measured (`python -m scripts.flex_costs`, `scripts.encoding_costs`, README): for these biases and one sequence,
+FlexAttention is 1.7-2.5x faster than the chunked path at 16 L for the whole model, with a lower peak memory; a
+sliding window is slower with it, and torch 2.13 has no FlexAttention backward on CPU. With two or more sequences
+the chunked path builds each chunk's bias once for all of them and measured as fast or faster (README). So it
+serves forwards of one sequence without gradients, on the CPU (where it was measured), in float32, with no KV
+cache, no attention method and no window: the scoring of one long window. Everything else, and any forward
+shorter than MIN_LENGTH (one or two chunks, where a compilation per shape would not pay), keeps the chunked path,
+which stays the reference (parity: tests/test_flex.py).
 
 The bias enters as a (heads, time) table of its values at each distance, read by the score_mod: the encoding's own
 score_bias fills it from the last query row, so the two paths add the same numbers. The block mask (causal) is
@@ -41,7 +42,7 @@ def applies(q: torch.Tensor, k: torch.Tensor, position: Any, state: Any, causal:
         return False
     if not causal or kv_cache is not None or methods is not None or window or observed or dropout:
         return False
-    if q.dtype != torch.float32 or q.shape[2] != k.shape[2] or q.shape[2] < MIN_LENGTH:
+    if q.shape[0] != 1 or q.dtype != torch.float32 or q.shape[2] != k.shape[2] or q.shape[2] < MIN_LENGTH:
         return False
     if not position.has_score_bias or position.has_value_term or position.bias_needs_scores:
         return False

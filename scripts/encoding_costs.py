@@ -7,7 +7,8 @@ evaluation tokens/s and peak memory at 1x and 16x the trained length, side by si
 The shape is the full comparison preset's (dim 256, 4 layers, 8 heads, 4 KV heads, L = 256, vocabulary 4096),
 random weights and tokens, one torch thread (as one compare worker runs). Each variant runs in a fresh process, so
 peaks do not mix:
-  - evaluation: one forward (batch 1, fp32, inference mode) of k x L tokens for each k of --lengths, shortest first;
+  - evaluation: one forward (--eval-batch sequences, 1 by default; fp32, inference mode) of k x L tokens each, for
+    each k of --lengths, shortest first;
     tokens/s is the median over --repeats forwards after a warm-up forward (FlexAttention compiles there for a
     distance bias at 2x and longer, model/flex.py; PELAB_FLEX_ATTENTION=0 measures the chunked path instead); peak memory is the process's peak resident memory after that
     length (it includes the interpreter and torch, the same for every variant: compare within a column);
@@ -80,7 +81,7 @@ def train_speed(settings: dict, batch: int, train_steps: int, repeats: int, comp
 
 
 def measure(settings: dict, lengths: list[int], batch: int, train_steps: int, repeats: int,
-            compile_model: bool = False) -> dict:
+            compile_model: bool = False, eval_batch: int = 1) -> dict:
     """Evaluation at each multiple of L (shortest first), then training, in this process."""
     from scripts.bench import peak_rss_mib  # VmHWM
 
@@ -89,7 +90,7 @@ def measure(settings: dict, lengths: list[int], batch: int, train_steps: int, re
     model = Transformer(ModelConfig(**{**SHAPE, **settings})).eval()
     row: dict = {"settings": settings, "label": label(settings)}
     for multiple in sorted(lengths):
-        idx = torch.randint(0, SHAPE["vocab_size"], (1, multiple * SHAPE["max_seq_len"] + 1))
+        idx = torch.randint(0, SHAPE["vocab_size"], (eval_batch, multiple * SHAPE["max_seq_len"] + 1))
         times = []
         with torch.inference_mode():
             model(idx[:, :-1], idx[:, 1:])  # warm-up (FlexAttention compiles here for a distance bias: model/flex.py)
@@ -97,7 +98,7 @@ def measure(settings: dict, lengths: list[int], batch: int, train_steps: int, re
                 started = time.perf_counter()
                 model(idx[:, :-1], idx[:, 1:])
                 times.append(time.perf_counter() - started)
-        row[f"eval_{multiple}x"] = {"tokens_per_s": round((idx.shape[1] - 1) / statistics.median(times)),
+        row[f"eval_{multiple}x"] = {"tokens_per_s": round(idx[:, 1:].numel() / statistics.median(times)),
                                     "peak_rss_mib": round(peak_rss_mib())}
     del model
     if train_steps:
@@ -163,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lengths", default="1,16", help="evaluation lengths as multiples of L = 256")
     parser.add_argument("--batch", type=int, default=8, help="training sequences per step")
     parser.add_argument("--train-steps", type=int, default=4, help="training steps per timed run (0: no training)")
+    parser.add_argument("--eval-batch", type=int, default=1, help="sequences per evaluation forward")
     parser.add_argument("--compile", action="store_true", help="also train under torch.compile: its speed, first "
                         "step and break-even step count")
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per figure in one process (median)")
@@ -180,11 +182,13 @@ def main(argv: list[str] | None = None) -> int:
         lengths = [int(value) for value in args.lengths.split(",")]
     except ValueError as error:
         raise ConfigError(f"--lengths is a comma-separated list of integers ({error})") from error
-    if not lengths or min(lengths) < 1 or args.batch < 1 or args.train_steps < 0 or min(args.repeats, args.rounds) < 1:
-        raise ConfigError("--lengths >= 1, --batch >= 1, --train-steps >= 0, --repeats >= 1 and --rounds >= 1")
+    if not lengths or min(lengths) < 1 or min(args.batch, args.eval_batch) < 1 or args.train_steps < 0 or \
+            min(args.repeats, args.rounds) < 1:
+        raise ConfigError("--lengths >= 1, --batch and --eval-batch >= 1, --train-steps >= 0, --repeats >= 1 and "
+                          "--rounds >= 1")
     if args.one is not None:
         print(json.dumps(measure(json.loads(args.one), lengths, args.batch, args.train_steps, args.repeats,
-                                 args.compile)), flush=True)
+                                 args.compile, args.eval_batch)), flush=True)
         return 0
     try:
         variants = json.loads(args.variants) if args.variants else DEFAULT_VARIANTS
@@ -199,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = variants[index]
         result = subprocess.run([sys.executable, "-m", "scripts.encoding_costs", "--lengths", args.lengths,
                                  "--batch", str(args.batch), "--train-steps", str(args.train_steps), "--repeats",
-                                 str(args.repeats), *(["--compile"] if args.compile else []), "--one",
+                                 str(args.repeats), "--eval-batch", str(args.eval_batch),
+                                 *(["--compile"] if args.compile else []), "--one",
                                  json.dumps(settings)], capture_output=True, text=True)
         if result.returncode != 0:
             row = {"settings": settings, "error": (result.stderr.strip().splitlines() or ["?"])[-1][:200]}

@@ -20,7 +20,8 @@ case is measured --rounds times, in rotating order, and the figures are medians 
 
 torch 2.13 has no FlexAttention backward on CPU ("FlexAttention does not support backward on CPU"), so training
 cannot use it here; on CUDA the same script measures the forward only as well. What these figures decided: the
-model evaluates a distance bias through FlexAttention (model/flex.py), and keeps windows on the chunked path.
+model evaluates one sequence with a distance bias through FlexAttention (model/flex.py; batches keep the
+chunked path, which shares each chunk's bias between sequences), and keeps windows on the chunked path.
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """FlexAttention for long evaluation forwards of distance biases (model/flex.py) against the chunked path, which
 stays the reference: the same logits (< 1e-4, fp32) where it is taken, the chunked path wherever it does not apply
-(training, a KV cache, windows, biases that are not a function of i - j), and a clean fall-back if compiling fails."""
+(training, a KV cache, windows, batches, biases that are not a function of i - j), and a clean fall-back if
+compiling fails."""
 import pytest
 import torch
 
@@ -42,7 +43,7 @@ def test_flex_attention_gives_the_chunked_paths_logits_for_a_distance_bias(posit
     model = Transformer(micro_config(position=position, n_kv_heads=n_kv_heads, max_seq_len=64)).eval()
     if position == "t5":  # buckets of a trained model differ from each other; the initial table is near zero
         torch.nn.init.normal_(model.position.relative_attention_bias.weight, std=1.0)
-    idx = torch.randint(0, model.config.vocab_size, (2, LENGTH))
+    idx = torch.randint(0, model.config.vocab_size, (1, LENGTH))
     for positions in (None, torch.arange(37, 37 + LENGTH)[None, :]):  # from 0, and shifted
         reference = logits(model, idx, positions, use_flex=False)
         assert not flex_calls
@@ -75,6 +76,7 @@ def test_training_decoding_windows_and_other_biases_keep_the_chunked_path(flex_c
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
         model(idx)  # bf16 scores
     logits(model, idx[:, :40])  # shorter than MIN_LENGTH
+    logits(model, idx.repeat(2, 1))  # two sequences: the chunked path shares each chunk's bias between them
     for settings in ({"position": "fire"}, {"position": "shaw"}, {"position": "cope"},
                      {"position": "alibi", "attention_window": [16]}):
         logits(Transformer(micro_config(**settings, max_seq_len=64)).eval(), idx)
@@ -84,11 +86,11 @@ def test_training_decoding_windows_and_other_biases_keep_the_chunked_path(flex_c
 @pytest.mark.parametrize("position", ["alibi", "t5"])
 def test_cached_decoding_equals_a_full_forward_that_takes_flex(position, flex_calls):
     model = Transformer(micro_config(position=position, max_seq_len=64)).eval()
-    idx = torch.randint(0, model.config.vocab_size, (2, LENGTH))
+    idx = torch.randint(0, model.config.vocab_size, (1, LENGTH))
     full = logits(model, idx)
     assert flex_calls
     flex_calls.clear()
-    cache = KVCache.for_model(model.config, batch_size=2, max_len=LENGTH)
+    cache = KVCache.for_model(model.config, batch_size=1, max_len=LENGTH)
     with torch.inference_mode():
         pieces = [model(idx[:, :100], kv_cache=cache)[0]]
         pieces += [model(idx[:, t:t + 1], kv_cache=cache)[0] for t in range(100, LENGTH)]
