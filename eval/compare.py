@@ -407,8 +407,8 @@ def largest_first(jobs: list[Job], configs: dict) -> list[Job]:
     four scalings) first, so that no worker idles at the end while the longest job runs alone; otherwise in the
     configured order. Each job is independent: the order changes the wall time only, not a number."""
     def models_evaluated(job: Job) -> int:
-        layers = configs[(job.encoding, job.seed)].model.layer_positions()
-        return 1 + sum(applies(method, job.run_config["model"]["position"], layers) for method in job.compare["methods"])
+        model = configs[(job.encoding, job.seed)].model
+        return 1 + sum(applies(method, model.position, model.layer_positions()) for method in job.compare["methods"])
 
     return sorted(jobs, key=lambda job: -models_evaluated(job))
 

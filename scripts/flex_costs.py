@@ -39,6 +39,7 @@ import torch
 from commands import add_out, comma_list, command_parser
 from errors import ConfigError, cli_command
 from model.config import ModelConfig
+from model.flex import distance_table
 from model.transformer import Transformer
 from scripts.bench import peak_rss_mib, rotating_rounds
 from scripts.encoding_costs import SHAPE
@@ -106,11 +107,8 @@ def flex_call(attention, encoding, positions, length: int):
         return call
 
     def call(q, k, v):
-        if encoding.has_score_bias:  # filled in place on every call: one compiled graph reads it
-            last = slice(length - 1, length)
-            bias = encoding.score_bias(q[:, :, last], encoding.prepare(positions, positions), attention.layer_index,
-                                       last, slice(0, length))
-            table.copy_(bias[0, :, 0].flip(-1))
+        if encoding.has_score_bias:  # filled in place on every call (as the model's path fills it): one graph reads it
+            table.copy_(distance_table(q, encoding, encoding.prepare(positions, positions), attention.layer_index))
         return compiled(q, k, v, score_mod=score_mod if encoding.has_score_bias else None, block_mask=block_mask,
                         enable_gqa=k.shape[1] != q.shape[1])
 
