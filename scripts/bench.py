@@ -146,7 +146,7 @@ def hf_trainer(model: Transformer, batch: int, amp: torch.dtype | None, compile_
 
 
 def device_of(module: torch.nn.Module) -> str:
-    return str(next(module.parameters()).device)
+    return next(module.parameters()).device.type
 
 
 def bench_training(shape: dict, args: argparse.Namespace, peaks: dict[str, float], device: torch.device) -> dict:
@@ -393,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     shape = SHAPES[args.shape]
     torch.manual_seed(0)
     results = {
-        "shape": args.shape, "model": shape["model"], "batch": shape["batch"], "device": str(device),
+        "shape": args.shape, "model": shape["model"], "batch": shape["batch"], "device": device.type,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "threads": torch.get_num_threads(), "torch": torch.__version__, "repeats": args.repeats,
         "parameters": Transformer(ModelConfig(**shape["model"])).num_parameters(),
         "default_autocast": str(autocast_dtype(device, "auto")), "long_eval_device": "cpu",

@@ -3,6 +3,7 @@ and masks that take the chunked path: evaluation time and peak memory of one att
 
     python -m scripts.flex_costs                 # writes runs/bench/flex_costs.{md,json}
     python -m scripts.flex_costs --cases alibi,window --multiples 1,4 --rounds 1
+    python -m scripts.flex_costs --device cuda   # on a GPU: writes runs/bench/flex_costs-cuda.{md,json}
 
 The shape is the cost table's (scripts/encoding_costs.py: dim 256, 8 heads, 4 KV heads, L = 256), batch 1, one
 torch thread, fp32, inference mode. Both paths take the same rotated queries and keys from the model's own first
@@ -19,7 +20,8 @@ mask, built once per length as a model would cache it, is outside the timed call
 case is measured --rounds times, in rotating order, and the figures are medians over rounds.
 
 torch 2.13 has no FlexAttention backward on CPU ("FlexAttention does not support backward on CPU"), so training
-cannot use it here; on CUDA the same script measures the forward only as well. What these figures decided: the
+cannot use it here. `--device cuda` measures the same forwards on a GPU (timed between synchronisations; the peak is
+torch.cuda.max_memory_allocated, not the process's resident set). What these figures decided: the
 model evaluates one sequence with a distance bias through FlexAttention (model/flex.py; batches keep the
 chunked path, which shares each chunk's bias between sequences), and keeps windows on the chunked path.
 """
@@ -36,10 +38,11 @@ from pathlib import Path
 
 import torch
 
-from commands import add_out, comma_list, command_parser
+from commands import add_device, add_out, comma_list, command_parser
 from errors import ConfigError, cli_command
 from model.config import ModelConfig
 from model.flex import distance_table
+from model.runtime import resolve_device
 from model.transformer import Transformer
 from scripts.bench import peak_rss_mib, rotating_rounds
 from scripts.encoding_costs import SHAPE
@@ -53,17 +56,19 @@ CASES = {
 }
 
 
-def layer_inputs(settings: dict, length: int, seed: int = 0):
-    """The first attention layer of a random model with `settings`, its encoding and state, and the rotated
-    (q, k, v) of `length` random tokens."""
+def layer_inputs(settings: dict, length: int, seed: int = 0, device: torch.device | None = None):
+    """The first attention layer of a random model with `settings` on `device`, its encoding and state, and the
+    rotated (q, k, v) of `length` random tokens."""
     torch.manual_seed(seed)
+    device = device or torch.device("cpu")
     config = ModelConfig(**{**SHAPE, **settings, "max_seq_len": SHAPE["max_seq_len"]})
-    model = Transformer(config).eval()
+    model = Transformer(config).eval().to(device)
     attention = model.layers[0].attention
     encoding = model.encoding_of(config.layer_positions()[0])
-    positions = torch.arange(length)[None, :]
+    positions = torch.arange(length, device=device)[None, :]
     state = encoding.prepare(positions, positions)
-    x = model.layers[0].attention_norm(model.tok_embeddings(torch.randint(0, config.vocab_size, (1, length))))
+    tokens = torch.randint(0, config.vocab_size, (1, length)).to(device)
+    x = model.layers[0].attention_norm(model.tok_embeddings(tokens))
     batch, heads, kv_heads, head_dim = 1, config.n_heads, config.n_kv_heads, config.head_dim
     q = attention.q_proj(x).view(batch, length, heads, head_dim).transpose(1, 2)
     k = attention.k_proj(x).view(batch, length, kv_heads, head_dim).transpose(1, 2)
@@ -85,7 +90,7 @@ def flex_call(attention, encoding, positions, length: int):
 
     block_mask = create_block_mask(visible, None, None, length, length, device=str(positions.device))  # per length
     compiled = torch.compile(flex_attention)
-    table = torch.zeros(attention.n_heads, length)  # (heads, distance): the bias at i - j = distance
+    table = torch.zeros(attention.n_heads, length, device=positions.device)  # (heads, distance): the bias at i - j = distance
 
     def score_mod(score, b, h, i, j):
         return score + table[h, i - j]
@@ -95,7 +100,7 @@ def flex_call(attention, encoding, positions, length: int):
         vectors = encoding.relative_keys[str(attention.layer_index)].weight
         scale = attention.head_dim ** -0.5
 
-        per_distance = torch.zeros(1, attention.n_heads, length, 2 * clip + 1)  # filled on every call, as table
+        per_distance = torch.zeros(1, attention.n_heads, length, 2 * clip + 1, device=positions.device)  # filled on every call, as table
 
         def shaw_score(score, b, h, i, j):
             return score + per_distance[b, h, i, torch.clamp(j - i, -clip, clip) + clip] * scale
@@ -115,34 +120,47 @@ def flex_call(attention, encoding, positions, length: int):
     return call
 
 
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @torch.inference_mode()
-def measure_one(case: str, length: int, path: str, repeats: int, output: Path) -> dict:
+def measure_one(case: str, length: int, path: str, repeats: int, output: Path, device: str = "cpu") -> dict:
     torch.set_num_threads(1)
-    attention, encoding, state, q, k, v = layer_inputs(CASES[case], length)
+    device = torch.device(device)
+    attention, encoding, state, q, k, v = layer_inputs(CASES[case], length, device=device)
     if case == "shaw-score":
         encoding.has_value_term = False  # the score part only, on both paths
-    positions = torch.arange(length)[None, :]
+    positions = torch.arange(length, device=device)[None, :]
     if path == "flex":
         call = flex_call(attention, encoding, positions, length)
     else:
         def call(q, k, v):  # a fresh state, as each forward prepares one (T5's shared bias is built again)
             return attention.chunked_attention(q, k, v, encoding, encoding.prepare(positions, positions), True)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    synchronize(device)
     started = time.perf_counter()
     y = call(q, k, v)
+    synchronize(device)
     first = time.perf_counter() - started
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
         call(q, k, v)
+        synchronize(device)
         times.append(time.perf_counter() - started)
-    torch.save(y, output)
+    torch.save(y.cpu(), output)
+    peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else peak_rss_mib()
     return {"case": case, "length": length, "path": path, "first_s": first, "seconds": statistics.median(times),
-            "peak_mib": peak_rss_mib()}
+            "peak_mib": peak, "device": device.type}
 
 
-def run_one(case: str, length: int, path: str, repeats: int, folder: Path) -> dict:
+def run_one(case: str, length: int, path: str, repeats: int, folder: Path, device: str) -> dict:
     output = folder / f"{case}-{length}-{path}.pt"
-    command = [sys.executable, "-m", "scripts.flex_costs", "--one", json.dumps([case, length, path, repeats, str(output)])]
+    command = [sys.executable, "-m", "scripts.flex_costs", "--one",
+               json.dumps([case, length, path, repeats, str(output), device])]
     failed = {"case": case, "length": length, "path": path}
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)
@@ -157,14 +175,14 @@ def run_one(case: str, length: int, path: str, repeats: int, folder: Path) -> di
         return {**failed, "error": f"no result line in the output: {lines[-1:]}"}
 
 
-def measure(cases: list[str], lengths: list[int], repeats: int, rounds: int) -> list[dict]:
+def measure(cases: list[str], lengths: list[int], repeats: int, rounds: int, device: str = "cpu") -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         runs: dict[tuple, list[dict]] = {}
         order = [(case, length, path) for case in cases for length in lengths for path in ("chunked", "flex")]
         for round_index, index in rotating_rounds(len(order), rounds, step=2):  # a case's two paths stay adjacent
             case, length, path = order[index]
-            result = run_one(case, length, path, repeats, Path(folder))
+            result = run_one(case, length, path, repeats, Path(folder), device)
             runs.setdefault((case, length, path), []).append(result)
             print(f"round {round_index + 1}: {case} {length} {path}: "
                   f"{result.get('error') or format(result['seconds'] * 1e3, '.1f') + ' ms'}", flush=True)
@@ -187,8 +205,8 @@ def measure(cases: list[str], lengths: list[int], repeats: int, rounds: int) -> 
     return rows
 
 
-def table(rows: list[dict], trained: int) -> str:
-    lines = ["| case | length | chunked ms | flex ms | flex speed-up | flex first call s | peak MiB chunked / flex | "
+def table(rows: list[dict], trained: int, peak: str = "peak MiB") -> str:
+    lines = [f"| case | length | chunked ms | flex ms | flex speed-up | flex first call s | {peak} chunked / flex | "
              "max abs diff |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         chunked, flex = row["chunked"], row["flex"]
@@ -209,7 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per process")
     parser.add_argument("--rounds", type=int, default=3, help="measurements of every case, order rotating")
     parser.add_argument("--one", help=argparse.SUPPRESS)
-    add_out(parser, "output folder: flex_costs.md and flex_costs.json", default=Path("runs/bench"), type=Path)
+    add_device(parser, default="cpu")
+    add_out(parser, "output folder: flex_costs.md and flex_costs.json (flex_costs-cuda.* on CUDA)",
+            default=Path("runs/bench"), type=Path)
     return parser
 
 
@@ -217,8 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.one:
-        case, length, path, repeats, output = json.loads(args.one)
-        print(json.dumps(measure_one(case, length, path, repeats, Path(output))))
+        case, length, path, repeats, output, device = json.loads(args.one)
+        print(json.dumps(measure_one(case, length, path, repeats, Path(output), device)))
         return 0
     cases = comma_list(args.cases)
     unknown = [case for case in cases if case not in CASES]
@@ -230,14 +250,17 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--multiples are comma-separated integers ({error})") from error
     if not multiples or min(multiples) < 1 or args.repeats < 1 or args.rounds < 1:
         raise ConfigError("--multiples need values >= 1, --repeats and --rounds >= 1")
+    device = resolve_device(args.device)
     trained = SHAPE["max_seq_len"]
-    rows = measure(cases, [m * trained for m in multiples], args.repeats, args.rounds)
+    rows = measure(cases, [m * trained for m in multiples], args.repeats, args.rounds, device.type)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "flex_costs.json").write_text(json.dumps({"shape": SHAPE, "torch": torch.__version__,
-                                                         "rows": rows}, indent=1) + "\n")
-    shown = table(rows, trained)
-    (args.out / "flex_costs.md").write_text(shown)
-    print(shown + f"wrote {args.out / 'flex_costs.md'}")
+    stem = "flex_costs" if device.type == "cpu" else f"flex_costs-{device.type}"
+    named = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    (args.out / f"{stem}.json").write_text(json.dumps({"shape": SHAPE, "torch": torch.__version__, "device": named,
+                                                      "rows": rows}, indent=1) + "\n")
+    shown = table(rows, trained, "peak MiB" if device.type == "cpu" else "peak allocated MiB")
+    (args.out / f"{stem}.md").write_text(f"device: {named}\n\n" + shown)
+    print(shown + f"wrote {args.out / (stem + '.md')}")
     return 0
 
 

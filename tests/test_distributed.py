@@ -13,7 +13,7 @@ from train.distributed import Distributed
 MICRO = ["--model.vocab_size=512", "--model.dim=64", "--model.n_layers=2", "--model.n_heads=4",
          "--model.n_kv_heads=2", "--model.max_seq_len=64", "--train.batch_size=4", "--train.max_steps=6",
          "--train.warmup_steps=2", "--train.log_interval=1", "--train.eval_interval=3", "--train.eval_batches=2",
-         "--train.dtype=float32"]
+         "--train.dtype=float32", "--train.device=cpu"]  # gloo, also on a machine with a GPU
 
 
 def launch(module, *args, processes=1):
@@ -81,7 +81,7 @@ def test_sft_under_two_gloo_processes_matches_one_process(prepared_data, tmp_pat
         launch("train.sft", "--checkpoint", str(tmp_path / "base"), f"--data.source={tmp_path / 'chat.jsonl'}",
                f"--out.dir={tmp_path / name}", "--train.batch_size=4", "--train.max_steps=4", "--train.warmup_steps=1",
                "--train.log_interval=1", "--train.eval_interval=2", "--train.eval_batches=2", "--train.dtype=float32",
-               processes=processes)
+               "--train.device=cpu", processes=processes)
         runs[name] = records(tmp_path / name)
     assert len(runs["single"]) == len(runs["ddp"]) > 0
     for a, b in zip(runs["single"], runs["ddp"]):
@@ -91,3 +91,15 @@ def test_sft_under_two_gloo_processes_matches_one_process(prepared_data, tmp_pat
     reference, parallel = load_model(tmp_path / "single"), load_model(tmp_path / "ddp")
     for (name, p), q in zip(reference.named_parameters(), parallel.parameters()):
         assert torch.allclose(p, q, atol=2e-5, rtol=1e-4), name
+
+
+def test_more_processes_than_gpus_is_a_clear_error(monkeypatch):
+    """nccl needs one GPU per process: a second process on a one-GPU machine is refused by name, not by nccl."""
+    from errors import ConfigError
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match="has 1 GPU.*--nproc_per_node=1.*--train.device=cpu"):
+        Distributed().start(torch.device("cuda"), batch_size=4)

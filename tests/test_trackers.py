@@ -2,6 +2,7 @@
 TensorBoard's own reader and from wandb's run file; a resumed run continues the same tracker run."""
 import json
 import struct
+import time
 
 import pytest
 
@@ -78,10 +79,16 @@ def test_wandb_offline_gets_the_jsonl_numbers_and_a_resumed_run_keeps_its_id(pre
     assert json.loads((run / "trainer_state.json").read_text())["trackers"]["wandb"] == first_id
     files = sorted(run.glob("wandb/offline-run-*/run-*.wandb"))
     assert len(files) == 2
+    # wandb's service process writes these files; once (under the whole suite's load) one lacked its run record
+    # when read at once, so give the writer up to 30 s to finish before reading them for the assertions.
+    for _ in range(60):
+        parsed = [wandb_history(path) for path in files]
+        if all(run_id is not None for run_id, _ in parsed):
+            break
+        time.sleep(0.5)
     history = {}
-    for path in files:
-        run_id, rows = wandb_history(path)
-        assert run_id == first_id  # the resumed session logs into the same run
+    for path, (run_id, rows) in zip(files, parsed):
+        assert run_id == first_id, (path, path.stat().st_size)  # the resumed session logs into the same run
         history.update(rows)
     losses, val = jsonl(run, "loss"), jsonl(run, "val_loss")
     assert {step: row["train/loss"] for step, row in history.items() if "train/loss" in row} == \

@@ -40,6 +40,12 @@ class Distributed:
                 f"{self.world_size} processes; use a multiple of {self.world_size}"
             )
         if device.type == "cuda":
+            if self.local_rank >= torch.cuda.device_count():
+                raise ConfigError(
+                    f"torchrun started process {self.local_rank} of this node, but this machine has "
+                    f"{torch.cuda.device_count()} GPU(s) and nccl needs one GPU per process; use "
+                    f"--nproc_per_node={torch.cuda.device_count()}, or --train.device=cpu for gloo on the CPU"
+                )
             device = torch.device("cuda", self.local_rank)
             torch.cuda.set_device(device)
         if not dist.is_initialized():

@@ -380,6 +380,8 @@ class Trainer:
             return
         self.loss_sum += torch.where(finite, step_loss, 0.0)
         self.finite_steps += finite.long()
+        if step == self.start_step:
+            self.check_gradients()
         if train.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), train.grad_clip)
         self.optimizer.step()
@@ -389,6 +391,16 @@ class Trainer:
         self.steps_since_log += 1
         if (step + 1) % train.log_interval == 0 or step + 1 == train.max_steps:
             self.log_interval(step + 1, lr)
+
+    def check_gradients(self) -> None:
+        """After the first backward of this process: some gradient reached the weights. A step that lost its
+        backward would otherwise train nothing and save a model at its initial loss (as a compiled step did on
+        CUDA with torch 2.11 before model/loss.py took its gradient flags from the caller)."""
+        if not any(p.grad is not None and bool(p.grad.ne(0).any()) for p in self.model.parameters()):
+            raise RuntimeError(f"{self.out}: the first training step left every gradient None or zero "
+                               f"(compile={self.config.train.compile}, device={self.device.type}); nothing "
+                               "would be learned. This is a bug in pelab or torch: try --train.compile=false, "
+                               "and report it with the torch version")
 
     def report(self, record: dict[str, Any], message: str) -> None:
         """A non-finite step: counted in the trainer state, logged, and said (the guard decides the policy)."""
