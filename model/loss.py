@@ -20,11 +20,9 @@ CHUNK_ELEMENTS = 2**22  # logits per chunk (rows x vocab): 16 MiB in float32
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, rows: int, want_hidden: bool,
-                want_weight: bool) -> torch.Tensor:
-        # hidden (tokens, dim); weight (vocab, dim); targets (tokens,) with IGNORE_INDEX where nothing is scored.
-        # want_*: whether that input needs a gradient, decided by the caller: ctx.needs_input_grad read False here
-        # under torch.compile in torch 2.11 on CUDA, so the compiled model trained on no gradients (tests/test_cuda.py)
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, rows: int) -> torch.Tensor:
+        # hidden (tokens, dim); weight (vocab, dim); targets (tokens,) with IGNORE_INDEX where nothing is scored
+        want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         exact = torch.promote_types(weight.dtype, torch.float32)  # float32, or float64 for float64 weights
         total = torch.zeros((), dtype=exact, device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if want_hidden else None
@@ -52,26 +50,24 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_total: torch.Tensor):
         grad_hidden, grad_weight = ctx.saved_tensors
         return (None if grad_hidden is None else grad_hidden * grad_total.to(grad_hidden.dtype),
-                None if grad_weight is None else (grad_weight * grad_total).to(ctx.weight_dtype), None, None, None, None)
+                None if grad_weight is None else (grad_weight * grad_total).to(ctx.weight_dtype), None, None)
 
 
-def traced_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                                reduction: str = "mean", chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
+def _linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                          reduction: str = "mean", chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
     """cross_entropy(hidden @ weight.T, targets) with reduction "sum" or "mean" (over the scored targets), in
     chunks of rows; hidden (..., dim), targets (...)."""
     if reduction not in ("sum", "mean"):
         raise ValueError(f"linear_cross_entropy reduces by 'sum' or 'mean', not {reduction!r}")
     flat_hidden, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
     rows = max(1, chunk_elements // weight.shape[0])
-    grad = torch.is_grad_enabled()
-    total = _ChunkedLinearCrossEntropy.apply(flat_hidden, weight, flat_targets, rows, grad and hidden.requires_grad,
-                                             grad and weight.requires_grad)
+    total = _ChunkedLinearCrossEntropy.apply(flat_hidden, weight, flat_targets, rows)
     if reduction == "sum":
         return total
     return total / (flat_targets != IGNORE_INDEX).sum().clamp(min=1)
 
 
-# A compiled model runs the head and the loss eagerly (one graph break at the end of the forward): traced by
-# torch.compile, this Function's gradients were lost on CUDA with torch 2.11 (every weight's gradient None, the model
-# never learned; tests/test_cuda.py), and its chunk loop gains little from compiling.
-linear_cross_entropy = torch.compiler.disable(traced_linear_cross_entropy)
+# Never traced: under torch.compile (torch 2.11, CUDA) this Function's traced graph returned no gradients at all,
+# so the compiled model never learned (README, "On a GPU"). A compiled model runs it eagerly (one graph break at
+# the head), which kept its gradients there and keeps the (tokens x vocab) logits out of memory.
+linear_cross_entropy = torch.compiler.disable(_linear_cross_entropy)

@@ -251,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     if not multiples or min(multiples) < 1 or args.repeats < 1 or args.rounds < 1:
         raise ConfigError("--multiples need values >= 1, --repeats and --rounds >= 1")
     device = resolve_device(args.device)
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {args.device}: flex_costs times the CPU or a CUDA GPU, not {device.type}")
     trained = SHAPE["max_seq_len"]
     rows = measure(cases, [m * trained for m in multiples], args.repeats, args.rounds, device.type)
     args.out.mkdir(parents=True, exist_ok=True)

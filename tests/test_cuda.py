@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from model import KVCache, Transformer
-from model.checkpoint import load_model
+from model.checkpoint import load_model, load_trainer_state
 from tests.conftest import micro_config
 from tests.test_position import VARIANTS, variant_id
 
@@ -120,6 +120,7 @@ def test_training_on_cuda_learns_resumes_and_loads_on_the_cpu(prepared_data, tmp
     with pytest.raises(TrainingInterrupted):
         train(interrupted, prepared_data,
               batches=InterruptAt(PretrainBatches(prepared_data, 64, 4, interrupted.train.seed, 2), 7))
+    assert load_trainer_state(tmp_path / "resumed")["step"] == 7
     train(interrupted, prepared_data, resume=True)
     a, b = logged(tmp_path / "straight"), logged(tmp_path / "resumed")
     assert sorted(a) == sorted(b) == list(range(1, 13))

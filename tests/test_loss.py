@@ -75,3 +75,36 @@ def test_under_bf16_autocast_the_loss_is_the_plain_paths_within_bf16_precision()
         fused = linear_cross_entropy(hidden, weight, targets)
         expected = plain(hidden, weight, targets, "mean")
     assert fused.dtype == torch.float32 and abs(float(fused) - float(expected)) < 1e-3 * float(expected)
+
+
+
+def test_a_compiled_model_runs_the_fused_loss_eagerly_with_the_same_loss_and_gradients(monkeypatch):
+    """Under torch.compile the chunked Function runs outside the graph (traced, it lost every gradient on CUDA with
+    torch 2.11: README, "On a GPU"): its forward is never called while compiling, and loss and gradients equal the
+    eager model's."""
+    from model.loss import _ChunkedLinearCrossEntropy
+
+    calls = []
+    forward = _ChunkedLinearCrossEntropy.forward
+
+    def recording(ctx, *args):
+        calls.append(torch.compiler.is_compiling())
+        return forward(ctx, *args)
+
+    monkeypatch.setattr(_ChunkedLinearCrossEntropy, "forward", staticmethod(recording))
+    torch.manual_seed(1)
+    config = ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16)
+    model = Transformer(config)
+    idx, targets = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
+    targets[1, :5] = IGNORE_INDEX
+    _, eager = model(idx, targets, return_logits=False)
+    eager.backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    torch._dynamo.reset()
+    none, compiled = torch.compile(model)(idx, targets, return_logits=False)
+    compiled.backward()
+    assert calls == [False, False]  # once eagerly, once from the compiled model, never while tracing
+    assert none is None and torch.allclose(compiled, eager, rtol=1e-5)
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.allclose(p.grad, expected[name], rtol=1e-3, atol=1e-6), name

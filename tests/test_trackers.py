@@ -68,6 +68,8 @@ def wandb_history(run_file):
 
 def test_wandb_offline_gets_the_jsonl_numbers_and_a_resumed_run_keeps_its_id(prepared_data, tmp_path, monkeypatch):
     pytest.importorskip("wandb")
+    from google.protobuf.message import DecodeError
+
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     run = tmp_path / "run"
@@ -77,20 +79,22 @@ def test_wandb_offline_gets_the_jsonl_numbers_and_a_resumed_run_keeps_its_id(pre
     first_id = json.loads((run / "trainer_state.json").read_text())["trackers"]["wandb"]
     assert pretrain([*args, "--train.max_steps=4", "--resume"]) == 0
     assert json.loads((run / "trainer_state.json").read_text())["trackers"]["wandb"] == first_id
-    files = sorted(run.glob("wandb/offline-run-*/run-*.wandb"))
-    assert len(files) == 2
+    losses, val = jsonl(run, "loss"), jsonl(run, "val_loss")
     # wandb's service process writes these files; once (under the whole suite's load) one lacked its run record
-    # when read at once, so give the writer up to 30 s to finish before reading them for the assertions.
+    # when read at once, so give the writer up to 30 s: until both files hold their run record and every logged step.
     for _ in range(60):
-        parsed = [wandb_history(path) for path in files]
-        if all(run_id is not None for run_id, _ in parsed):
+        files = sorted(run.glob("wandb/offline-run-*/run-*.wandb"))
+        try:
+            parsed = [wandb_history(path) for path in files]
+        except DecodeError:  # a record still being written
+            parsed = []
+        history = {step: row for _, rows in parsed for step, row in rows.items()}
+        if len(parsed) == 2 and all(run_id is not None for run_id, _ in parsed) and set(losses) <= set(history):
             break
         time.sleep(0.5)
-    history = {}
-    for path, (run_id, rows) in zip(files, parsed):
+    assert len(files) == len(parsed) == 2, files
+    for path, (run_id, _) in zip(files, parsed):
         assert run_id == first_id, (path, path.stat().st_size)  # the resumed session logs into the same run
-        history.update(rows)
-    losses, val = jsonl(run, "loss"), jsonl(run, "val_loss")
     assert {step: row["train/loss"] for step, row in history.items() if "train/loss" in row} == \
         pytest.approx(losses, rel=1e-6)
     assert {step: row["val/loss"] for step, row in history.items() if "val/loss" in row} == pytest.approx(val, rel=1e-6)

@@ -299,26 +299,7 @@ def test_a_step_that_lost_its_backward_stops_training_at_once(prepared_data, tmp
     from model.loss import _ChunkedLinearCrossEntropy
 
     monkeypatch.setattr(_ChunkedLinearCrossEntropy, "backward",
-                        staticmethod(lambda ctx, grad: (None,) * 6))
+                        staticmethod(lambda ctx, grad: (None,) * 4))
     with pytest.raises(RuntimeError, match="every gradient None or zero .*--train.compile=false"):
         train(make_config(prepared_data, tmp_path / "run"), prepared_data)
 
-
-def test_fused_loss_is_told_which_inputs_need_gradients(monkeypatch):
-    """model.loss decides from the inputs, outside the autograd.Function (ctx.needs_input_grad read False under
-    torch.compile in torch 2.11 on CUDA): gradients flow for what requires them, and nothing is computed for a
-    frozen head."""
-    from model.loss import linear_cross_entropy
-
-    hidden = torch.randn(6, 8, requires_grad=True)
-    weight = torch.randn(11, 8, requires_grad=True)
-    targets = torch.randint(0, 11, (6,))
-    linear_cross_entropy(hidden, weight, targets).backward()
-    reference_hidden, reference_weight = hidden.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
-    torch.nn.functional.cross_entropy(reference_hidden @ reference_weight.T, targets).backward()
-    assert torch.allclose(hidden.grad, reference_hidden.grad, atol=1e-6)
-    assert torch.allclose(weight.grad, reference_weight.grad, atol=1e-6)
-    frozen = weight.detach()
-    hidden.grad = None
-    linear_cross_entropy(hidden, frozen, targets).backward()
-    assert hidden.grad is not None and frozen.grad is None

@@ -273,6 +273,7 @@ class Trainer:
         self.nonfinite = NonFiniteGuard(train.nonfinite, train.max_nonfinite_skips, self.optimizer, self.device,
                                         int(self.state.get("nonfinite_steps", 0)), self.report, str(self.out))
         self.loss_sum = torch.zeros((), device=self.device)
+        self.gradients_checked = False  # the first applied step's gradients reach the weights
         self.finite_steps = torch.zeros((), dtype=torch.long, device=self.device)
         self.steps_since_log = 0
         self.tokens_since_log = 0
@@ -380,8 +381,9 @@ class Trainer:
             return
         self.loss_sum += torch.where(finite, step_loss, 0.0)
         self.finite_steps += finite.long()
-        if step == self.start_step:
+        if not self.gradients_checked:
             self.check_gradients()
+            self.gradients_checked = True
         if train.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), train.grad_clip)
         self.optimizer.step()
@@ -393,9 +395,9 @@ class Trainer:
             self.log_interval(step + 1, lr)
 
     def check_gradients(self) -> None:
-        """After the first backward of this process: some gradient reached the weights. A step that lost its
+        """After the first applied step of this process: some gradient reached the weights. A step that lost its
         backward would otherwise train nothing and save a model at its initial loss (as a compiled step did on
-        CUDA with torch 2.11 before model/loss.py took its gradient flags from the caller)."""
+        CUDA with torch 2.11 while the fused loss was traced: README, "On a GPU")."""
         if not any(p.grad is not None and bool(p.grad.ne(0).any()) for p in self.model.parameters()):
             raise RuntimeError(f"{self.out}: the first training step left every gradient None or zero "
                                f"(compile={self.config.train.compile}, device={self.device.type}); nothing "
