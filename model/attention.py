@@ -22,8 +22,14 @@ from model.config import ModelConfig
 from model.kv_cache import KVCache
 from model.position import PositionEncoding
 
-# Chunks hold at most this many (batch x heads x rows x keys) elements (2^24 floats = 64 MiB).
+# Chunks hold at most this many (batch x heads x rows x keys) elements: 2^24 floats (64 MiB) through SDPA with
+# a float mask; 2^20 (4 MiB) through the explicit steps (scores, softmax, probabilities @ values, each a pass over
+# the chunk), which then stay in cache. Measured at the full preset's shape (runs/t5_chunks, README "Encoding
+# costs"): with 2^20 instead of 2^24 a training step at batch 16 took 0.54-0.64x the time for T5 and KERPLE and
+# 0.38-0.52x for Shaw, and a no-grad Shaw forward of 2 x 4,096 tokens 0.47-0.50x; the SDPA path at 2^20 measured
+# -6% to +9% against 2^24 (ALiBi, T5 and KERPLE without gradients), so it keeps 2^24.
 BIAS_CHUNK_ELEMENTS = 2**24
+EXPLICIT_CHUNK_ELEMENTS = 2**20
 # A bias with parameters, when gradients are wanted, goes through the explicit steps (False: through SDPA's mask, the
 # slower route, kept to measure against and to check the explicit one's gradients: tests/test_shared_bias.py).
 LEARNED_BIAS_EXPLICIT = True
@@ -180,7 +186,8 @@ class Attention(nn.Module):
         explicit = position.has_value_term or position.bias_needs_scores or bool(passes) or \
             self.observer is not None or (learned_bias and LEARNED_BIAS_EXPLICIT)
         span = min(k_len, 2 * window) if window and not static else k_len
-        rows_per_chunk = max(1, BIAS_CHUNK_ELEMENTS // (batch * heads * span))
+        budget = EXPLICIT_CHUNK_ELEMENTS if explicit else BIAS_CHUNK_ELEMENTS
+        rows_per_chunk = max(1, budget // (batch * heads * span))
         if window:
             rows_per_chunk = min(rows_per_chunk, window)
         if explicit and self.n_kv_heads != self.n_heads:

@@ -210,7 +210,8 @@ def test_query_chunking_gives_the_same_result(position, monkeypatch):
     idx = torch.randint(0, 97, (2, 40))
     with torch.no_grad():
         whole = model(idx)[0]
-        monkeypatch.setattr(attention_module, "BIAS_CHUNK_ELEMENTS", 2 * 4 * 40 * 7)  # 7 rows per chunk
+        for budget in ("BIAS_CHUNK_ELEMENTS", "EXPLICIT_CHUNK_ELEMENTS"):  # 7 rows per chunk on either path
+            monkeypatch.setattr(attention_module, budget, 2 * 4 * 40 * 7)
         chunked = model(idx)[0]
     assert (whole - chunked).abs().max() < 1e-5
 

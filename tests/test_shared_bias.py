@@ -50,7 +50,8 @@ def test_a_learned_bias_trains_through_explicit_attention_with_the_same_logits_a
         for name, parameter in model.named_parameters():
             if name.startswith("position."):  # away from FIRE/KERPLE's clamps and T5's zeros
                 parameter.uniform_(0.5, 1.5)
-    monkeypatch.setattr(attention_module, "BIAS_CHUNK_ELEMENTS", 2 * 4 * 16 * 5)  # chunks of 5 query rows
+    for budget in ("BIAS_CHUNK_ELEMENTS", "EXPLICIT_CHUNK_ELEMENTS"):  # chunks of 5 query rows on either path
+        monkeypatch.setattr(attention_module, budget, 2 * 4 * 16 * 5)
     idx, targets = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
 
     def logits_and_grads():
