@@ -24,8 +24,8 @@ from model.position import PositionEncoding
 
 # Chunks hold at most this many (batch x heads x rows x keys) elements: 2^24 floats (64 MiB) through SDPA with
 # a float mask; 2^20 (4 MiB) through the explicit steps (scores, softmax, probabilities @ values, each a pass over
-# the chunk), which then stay in cache. Measured at the full preset's shape (runs/t5_chunks, README "Encoding
-# costs"): with 2^20 instead of 2^24 a training step at batch 16 took 0.54-0.64x the time for T5 and KERPLE and
+# the chunk), which then stay in cache. Measured at the full preset's shape (README, "Smaller chunks for the
+# explicit steps"): with 2^20 instead of 2^24 a training step at batch 16 took 0.54-0.64x the time for T5 and KERPLE and
 # 0.38-0.52x for Shaw, and a no-grad Shaw forward of 2 x 4,096 tokens 0.47-0.50x; the SDPA path at 2^20 measured
 # -6% to +9% against 2^24 (ALiBi, T5 and KERPLE without gradients), so it keeps 2^24.
 BIAS_CHUNK_ELEMENTS = 2**24

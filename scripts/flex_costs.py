@@ -44,7 +44,7 @@ from model.config import ModelConfig
 from model.flex import distance_table
 from model.runtime import resolve_device
 from model.transformer import Transformer
-from scripts.bench import peak_rss_mib, rotating_rounds
+from scripts.bench import peak_rss_mib, rotating_rounds, synchronize
 from scripts.encoding_costs import SHAPE
 
 CASES = {
@@ -118,11 +118,6 @@ def flex_call(attention, encoding, positions, length: int):
                         enable_gqa=k.shape[1] != q.shape[1])
 
     return call
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @torch.inference_mode()
