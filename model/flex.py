@@ -18,25 +18,24 @@ forward takes the chunked path; PELAB_FLEX_ATTENTION=0 turns it off.
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Any
 
 import torch
+
+from model.compiled import Compiled
 
 # PELAB_FLEX_ATTENTION=0 in the environment: always the chunked path (an A/B measurement, or a machine where
 # compiling is unwanted); tests set ENABLED directly.
 ENABLED = os.environ.get("PELAB_FLEX_ATTENTION", "1") != "0"
 MIN_LENGTH = 512  # shorter forwards keep the chunked path
-_failure: str | None = None  # why compiling failed, once it has
 _block_masks: dict[tuple[int, str], Any] = {}
-_compiled: Any = None
 
 
 def applies(q: torch.Tensor, k: torch.Tensor, position: Any, state: Any, causal: bool, kv_cache: Any,
             methods: Any, window: int, observed: bool, dropout: float) -> bool:
     """True when this forward can take FlexAttention: see the module docstring. `observed`: the attention
     diagnostics read the probabilities; `dropout`: the attention dropout this forward applies."""
-    if not ENABLED or _failure is not None or torch.is_grad_enabled() or q.device.type != "cpu":
+    if not ENABLED or _kernel.failure is not None or torch.is_grad_enabled() or q.device.type != "cpu":
         return False
     if torch.compiler.is_compiling():  # inside a compiled model (training's validation): its own graph
         return False
@@ -85,18 +84,12 @@ def block_mask(time: int, device: torch.device) -> Any:
     return _block_masks[key]
 
 
+_kernel = Compiled(_flex, "FlexAttention", "evaluation continues on the chunked attention path (model/flex.py)")
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position: Any, state: Any,
               layer: int) -> torch.Tensor | None:
     """Causal attention with the encoding's distance bias through compiled FlexAttention, or None when compiling
     failed (then the caller takes the chunked path, as every later forward does)."""
-    global _compiled, _failure
-    try:
-        if _compiled is None:
-            _compiled = torch.compile(_flex)
-        table = distance_table(q, position, state, layer)
-        return _compiled(q, k, v, table, block_mask(q.shape[2], q.device), k.shape[1] != q.shape[1])
-    except Exception as error:  # noqa: BLE001 (any compiler failure: fall back, say why once)
-        _failure = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-        warnings.warn(f"FlexAttention could not be compiled ({_failure}); evaluation continues on the chunked "
-                      f"attention path (model/flex.py)", stacklevel=2)
-        return None
+    table = distance_table(q, position, state, layer)
+    return _kernel(q, k, v, table, block_mask(q.shape[2], q.device), k.shape[1] != q.shape[1])

@@ -6,11 +6,13 @@ signature of transformers' ROPE_INIT_FUNCTIONS, so a config means the same thing
 from __future__ import annotations
 
 import math
+import os
 from typing import Callable
 
 import torch
 
 from errors import ConfigError
+from model.compiled import Compiled
 
 
 def default_inv_freq(head_dim: int, theta: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -209,19 +211,37 @@ def rope_cos_sin(
         return angles.cos() * attention_factor, angles.sin() * attention_factor
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """(x1, x2) -> (-x2, x1) on the two halves of the last dimension."""
+def _rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+    c1, c2 = cos.chunk(2, dim=-1)
+    s1, s2 = sin.chunk(2, dim=-1)
+    return torch.cat((x1 * c1 - x2 * s1, x2 * c2 + x1 * s2), dim=-1)
 
 
-def rotate_interleaved(x: torch.Tensor) -> torch.Tensor:
-    """(x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...): the complex-number form of Meta's reference code."""
-    pairs = x.unflatten(-1, (-1, 2))
-    return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+def _rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    c0, c1 = cos[..., 0::2], cos[..., 1::2]
+    s0, s1 = sin[..., 0::2], sin[..., 1::2]
+    return torch.stack((x0 * c0 - x1 * s0, x1 * c1 + x0 * s1), dim=-1).flatten(-2)
 
 
-ROTATIONS = {"half": rotate_half, "interleaved": rotate_interleaved}
+# x * cos + rotate(x) * sin, where rotate is (x1, x2) -> (-x2, x1) on the two halves of the last dimension
+# (transformers' rotate_half) or on each pair (2i, 2i + 1) (Meta's complex-number form). Written per half (or
+# pair), no rotated copy of x is built: the same products and sums, so bitwise the same result as the textbook
+# form (a + (-b) == a - b in IEEE arithmetic; tests/test_rope.py).
+_ROTATE = {"half": _rotate_halves, "interleaved": _rotate_pairs}
+
+# Long rotations without gradients (evaluation; above all dynamic NTK's decoding step, which rotates every cached
+# key at every token) run compiled: one pass over x instead of several. PELAB_COMPILED_ROPE=0 turns it off.
+COMPILED_ROPE = os.environ.get("PELAB_COMPILED_ROPE", "1") != "0"
+COMPILED_MIN_ELEMENTS = 2**20
+_COMPILED = {layout: Compiled(rotate, "RoPE's rotation", "rotations run eagerly (model/rope.py)", dynamic=True)
+             for layout, rotate in _ROTATE.items()}
+
+
+def _compiles(x: torch.Tensor) -> bool:
+    return (COMPILED_ROPE and x.device.type == "cpu" and x.numel() >= COMPILED_MIN_ELEMENTS
+            and not torch.is_grad_enabled() and not torch.compiler.is_compiling())
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
@@ -230,4 +250,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
     x: (batch, heads, time, head_dim); cos, sin: broadcastable to it.
     """
     wide = x.to(torch.promote_types(x.dtype, torch.float32))
-    return (wide * cos + ROTATIONS[layout](wide) * sin).to(x.dtype)
+    rotated = _COMPILED[layout](wide, cos, sin) if _compiles(wide) else None
+    if rotated is None:
+        rotated = _ROTATE[layout](wide, cos, sin)
+    return rotated.to(x.dtype)

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import os
+import platform
 
 import torch
 
@@ -46,3 +49,30 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abst
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+# mallopt parameters (glibc's malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_freed_memory_kept: bool | None = None
+
+
+def keep_freed_memory() -> bool:
+    """Let this process reuse the memory of freed tensors instead of asking the kernel for fresh pages.
+
+    glibc's malloc serves every allocation above its mmap threshold (at most 32 MiB) with newly mapped pages and
+    unmaps them when freed, so each large tensor of every step faults all of its pages in again (the kernel zeroes
+    each one): on this 2-core CPU a 66 MB elementwise result took 24 ms instead of 7 ms. With both thresholds
+    raised, freed blocks stay in the heap and the next step reuses them; the price is that the process keeps its
+    high-water mark instead of returning memory between steps. Measured (README, "Memory allocation"): training
+    steps 8-10% faster on 2 threads, dynamic NTK's decoding step 3.5x.
+
+    Called when a model is built; once per process; glibc only (elsewhere, or with PELAB_KEEP_FREED_MEMORY=0,
+    nothing changes). Returns whether the setting is in effect."""
+    global _freed_memory_kept
+    if _freed_memory_kept is None:
+        _freed_memory_kept = False
+        if os.environ.get("PELAB_KEEP_FREED_MEMORY", "1") != "0" and platform.libc_ver()[0] == "glibc":
+            mallopt = ctypes.CDLL(None).mallopt
+            mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+            _freed_memory_kept = bool(mallopt(_M_MMAP_THRESHOLD, 1 << 30) and mallopt(_M_TRIM_THRESHOLD, 1 << 30))
+    return _freed_memory_kept

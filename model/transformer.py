@@ -18,6 +18,7 @@ from model.layers import RMSNorm, SwiGLU
 from model.loss import linear_cross_entropy
 from model.position import PositionEncoding, build_position_encoding
 from model.rope import NEEDS_ORIGINAL_LENGTH, scaling_type
+from model.runtime import keep_freed_memory
 
 
 class Block(nn.Module):
@@ -41,6 +42,7 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        keep_freed_memory()  # this process will do tensor work: reuse freed memory (model/runtime.py)
         self.config = config
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
         self.build_positions(config)

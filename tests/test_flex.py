@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from model import KVCache, Transformer, flex
+from model.compiled import Compiled
 from tests.conftest import micro_config
 
 LENGTH = 150  # not a multiple of flex's 128-row blocks
@@ -99,8 +100,7 @@ def test_cached_decoding_equals_a_full_forward_that_takes_flex(position, flex_ca
 
 
 def test_a_compiler_failure_warns_once_and_falls_back_to_the_chunked_path(flex_calls, monkeypatch):
-    monkeypatch.setattr(flex, "_compiled", None)
-    monkeypatch.setattr(flex, "_failure", None)
+    monkeypatch.setattr(flex, "_kernel", Compiled(flex._flex, "FlexAttention", "the chunked path"))
 
     def no_compiler(*args, **kwargs):
         raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")

@@ -81,3 +81,31 @@ def test_explicit_positions_matter_and_a_uniform_shift_does_not():
     assert (ours - ours_far).abs().max() > 1e-3
     # A uniform shift of all positions changes nothing: RoPE is relative.
     assert (ours - shifted).abs().max() < 1e-4
+
+def textbook_rope(x, cos, sin, layout):
+    """x * cos + rotate(x) * sin with the rotated copy built: transformers' rotate_half, or Meta's pairs."""
+    if layout == "half":
+        x1, x2 = x.chunk(2, dim=-1)
+        rotated = torch.cat((-x2, x1), dim=-1)
+    else:
+        pairs = x.unflatten(-1, (-1, 2))
+        rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+    return x * cos + rotated * sin
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_apply_rope_is_bitwise_the_textbook_formula(layout, dtype):
+    """apply_rope computes each half (or pair) without building the rotated copy: the same products and sums, so
+    the same bits, also with tables whose halves differ (xPos scales) and broadcast over batch and heads."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, 50, 16, dtype=dtype) * 10
+    cos, sin = torch.randn(2, 1, 1, 50, 16, dtype=dtype)
+    assert torch.equal(apply_rope(x, cos, sin, layout), textbook_rope(x, cos, sin, layout))
+    # bfloat16 inputs are rotated in float32 and returned in bfloat16
+    low = x.to(torch.bfloat16)
+    expected = textbook_rope(low.float(), cos.float(), sin.float(), layout).to(torch.bfloat16)
+    assert torch.equal(apply_rope(low, cos.float(), sin.float(), layout), expected)
+    # the other layout's formula differs: the comparison can fail
+    other = "interleaved" if layout == "half" else "half"
+    assert not torch.allclose(apply_rope(x, cos, sin, layout), textbook_rope(x, cos, sin, other))

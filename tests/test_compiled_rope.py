@@ -1,0 +1,138 @@
+"""The compiled RoPE rotation (model/rope.py) that long evaluation forwards without gradients take, above all
+dynamic NTK's decoding steps, against the eager rotation; its fall-back; and the allocator setting that models turn
+on (model/runtime.py)."""
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from eval.scoring import score_incremental
+from model import Transformer
+from model import rope
+from model.compiled import Compiled
+from model.runtime import keep_freed_memory
+from tests.conftest import micro_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def compiled_calls(monkeypatch):
+    """Every rotation without gradients takes the compiled kernel (not only long ones); counts its calls."""
+    calls = []
+    monkeypatch.setattr(rope, "COMPILED_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(rope, "COMPILED_ROPE", True)
+    monkeypatch.setattr(rope, "_COMPILED", {layout: _Counting(kernel, calls) for layout, kernel in rope._COMPILED.items()})
+    return calls
+
+
+class _Counting:
+    def __init__(self, kernel, calls):
+        self.kernel, self.calls = kernel, calls
+
+    def __call__(self, *args):
+        self.calls.append(args[0].shape)
+        return self.kernel(*args)
+
+
+def eager(x, cos, sin, layout):
+    was = rope.COMPILED_ROPE
+    rope.COMPILED_ROPE = False
+    try:
+        return rope.apply_rope(x, cos, sin, layout)
+    finally:
+        rope.COMPILED_ROPE = was
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_the_compiled_rotation_equals_the_eager_one(layout, compiled_calls):
+    torch.manual_seed(0)
+    cos, sin = torch.randn(2, 1, 1, 300, 16)
+    for shape in ((2, 4, 300, 16), (3, 2, 300, 16)):  # a second shape reuses the dynamic-shape kernel
+        x = torch.randn(shape) * 10
+        with torch.inference_mode():
+            fast = rope.apply_rope(x, cos, sin, layout)
+        assert (fast - eager(x, cos, sin, layout)).abs().max() < 1e-5
+    assert len(compiled_calls) == 2
+    # a slice of a larger buffer, as a KV cache hands its keys over
+    buffer = torch.randn(2, 4, 400, 16)
+    with torch.no_grad():
+        assert (rope.apply_rope(buffer[:, :, :300], cos, sin, layout) -
+                eager(buffer[:, :, :300], cos, sin, layout)).abs().max() < 1e-5
+    # the wrong layout's eager result differs: the comparison can fail
+    other = "interleaved" if layout == "half" else "half"
+    assert (fast - eager(x, cos, sin, other)).abs().max() > 1e-2
+
+
+def test_rotations_with_gradients_stay_eager(compiled_calls):
+    x = torch.randn(2, 4, 300, 16, requires_grad=True)
+    cos, sin = torch.randn(2, 1, 1, 300, 16)
+    rope.apply_rope(x, cos, sin, "half").sum().backward()
+    assert not compiled_calls and x.grad is not None
+
+
+def test_dynamic_ntk_decoding_with_the_compiled_rotation_scores_as_the_eager_one(compiled_calls):
+    torch.manual_seed(0)
+    model = Transformer(micro_config(init_std=0.2, position="rope", max_seq_len=8, n_layers=2,
+                                     rope_scaling={"rope_type": "dynamic", "factor": 1.0})).eval()
+    windows = np.random.default_rng(0).integers(0, 97, (3, 33))
+    fast = score_incremental(model, windows, prefill=8)
+    assert len(compiled_calls) > 2 * 25  # every decoding step rotated its queries and all cached keys compiled
+    rope.COMPILED_ROPE = False
+    slow = score_incremental(model, windows, prefill=8)
+    assert np.abs(fast - slow).max() < 1e-5
+
+
+def test_a_compiler_failure_warns_once_and_rotates_eagerly(monkeypatch):
+    monkeypatch.setattr(rope, "COMPILED_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(rope, "COMPILED_ROPE", True)
+    kernel = Compiled(rope._rotate_halves, "RoPE's rotation", "rotations run eagerly")
+    monkeypatch.setattr(rope, "_COMPILED", {"half": kernel, "interleaved": kernel})
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
+
+    monkeypatch.setattr(torch, "compile", no_compiler)
+    x, cos, sin = torch.randn(3, 2, 1, 50, 16)
+    with torch.inference_mode():
+        with pytest.warns(UserWarning, match="RoPE's rotation could not be compiled .*No working C"):
+            first = rope.apply_rope(x, cos, sin, "half")
+        assert kernel.failure is not None
+        with warnings.catch_warnings(record=True) as later:
+            warnings.simplefilter("always")
+            second = rope.apply_rope(x, cos, sin, "half")
+    assert not later  # warned once
+    assert torch.equal(first, eager(x, cos, sin, "half")) and torch.equal(second, first)
+
+
+FAULTS = """
+import resource, torch
+from model import Transformer
+from tests.conftest import micro_config
+Transformer(micro_config())
+faults = []
+for _ in range(3):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    x = torch.ones(16 << 20)  # 64 MiB, above glibc's largest default mmap threshold
+    del x
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(faults[-1])
+"""
+
+
+@pytest.mark.skipif(not keep_freed_memory(), reason="glibc's mallopt is not available here")
+def test_a_process_with_a_model_reuses_the_memory_of_freed_tensors():
+    """The third 64 MiB tensor of a process that built a model takes no fresh pages; with the setting off, every
+    one faults in its 16,384 pages again."""
+    def page_faults(setting):
+        env = {"PYTHONPATH": str(ROOT), "PELAB_KEEP_FREED_MEMORY": setting, "PATH": "/usr/bin:/bin"}
+        result = subprocess.run([sys.executable, "-c", FAULTS], cwd=ROOT, env=env, capture_output=True, text=True,
+                                check=True)
+        return int(result.stdout.split()[-1])
+
+    assert page_faults("1") < 1000
+    assert page_faults("0") > 16000
