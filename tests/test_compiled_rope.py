@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from eval.scoring import score_incremental
-from model import Transformer
-from model import rope
+from model import Transformer, rope
 from model.compiled import Compiled
 from model.runtime import keep_freed_memory
 from tests.conftest import micro_config
