@@ -5,7 +5,8 @@ Cells (variant x length) come from the cached per-token evaluations (eval/extrap
   ratio to own 1x    per-seed ratio, t interval (secondary: it mixes context gain, the early-token curse and
                      positions beyond L)
   penalty            tokens at positions >= L: loss in the k*L window minus loss in the L-window reference, nats;
-                     95% bootstrap resampling seeds and windows independently
+                     95% Student's t interval over seeds on a standard error that adds the between-seed and the
+                     between-window variance (eval.stats.seeds_and_windows); none with one seed
   probe              L-windows with positions offset by 0, L, 3L, 15L: perplexity, t interval over seeds
 An ordering or a paper's claim is stated only where the 95% intervals do not overlap; otherwise "within noise".
 """
@@ -26,7 +27,7 @@ from eval.compare_probes import report_sections
 from eval.extrapolation import CheckpointEvaluation, resolve_length
 from eval.figures import colour, method_style
 from eval.methods import NONE, applies, label, method_spec
-from eval.stats import Estimate, crossed_bootstrap, separated, t_interval
+from eval.stats import Estimate, seeds_and_windows, separated, t_interval
 from model.checkpoint import has_checkpoint, load_trainer_state
 from model.transformer import Transformer
 from train.loop import METRICS, position_group_settings
@@ -54,7 +55,7 @@ class Variant:
 
     def penalty_estimate(self, length: int) -> Estimate | None:
         by_seed = self.penalty.get(length, {})
-        return crossed_bootstrap(np.stack([by_seed[s] for s in sorted(by_seed)])) if by_seed else None
+        return seeds_and_windows(np.stack([by_seed[s] for s in sorted(by_seed)])) if by_seed else None
 
     def probe_estimate(self, offset: int) -> Estimate | None:
         return t_interval([math.exp(v) for v in self.probe.get(offset, {}).values()])
@@ -147,7 +148,7 @@ def collect_snapshots(out: Path, compare: Any, steps: list[int], max_steps: int,
                     nll_short.append(math.exp(evaluation.nll(method, shortest)))
                     nll_long.append(math.exp(evaluation.nll(method, longest)))
                 if windows:
-                    rows.append(((step or max_steps) / max_steps, crossed_bootstrap(np.stack(windows)),
+                    rows.append(((step or max_steps) / max_steps, seeds_and_windows(np.stack(windows)),
                                  t_interval(nll_short), t_interval(nll_long)))
             if rows:
                 table[label(encoding, method)] = rows
@@ -197,7 +198,10 @@ FLAT = 0.01
 
 
 def penalty_side(estimate: Estimate) -> str:
-    """'flat', 'above' (degrades beyond L), 'below' (gains from the longer context) or 'noise'."""
+    """'flat', 'above' (degrades beyond L), 'below' (gains from the longer context), 'noise', or 'single' (one
+    seed: no interval, nothing to claim)."""
+    if not estimate.has_interval:
+        return "single"
     if estimate.has_interval and -FLAT < estimate.low and estimate.high < FLAT:
         return "flat"
     if estimate.has_interval and estimate.low > 0:
@@ -209,7 +213,8 @@ def penalty_side(estimate: Estimate) -> str:
 
 MEANINGS = {"flat": f"flat (the interval lies within +-{FLAT} nats)",
             "above": "positions beyond L cost more than the longer context gives",
-            "below": "it gains from the longer context", "noise": "within noise of no change"}
+            "below": "it gains from the longer context", "noise": "within noise of no change",
+            "single": "one seed, no interval"}
 
 
 def penalty_statement(variant: Variant, length: int) -> str | None:
@@ -235,7 +240,7 @@ def findings(variants: dict[str, Variant], lengths: list[int], trained: int, pro
     if penalties:
         lines.append(f"- Extrapolation penalty at {longest / trained:g}x (positions >= L against the L-window "
                      "reference): " + "; ".join(penalties) + ".")
-    grouped: dict[str, list[tuple[float, str]]] = {"above": [], "below": [], "flat": [], "noise": []}
+    grouped: dict[str, list[tuple[float, str]]] = {"above": [], "below": [], "flat": [], "noise": [], "single": []}
     for variant in variants.values():
         estimate = variant.penalty_estimate(longest)
         if estimate is not None:
@@ -245,7 +250,8 @@ def findings(variants: dict[str, Variant], lengths: list[int], trained: int, pro
     lines.append(f"- At {longest / trained:g}x, largest penalty first. Degrade beyond L (interval above 0): "
                  f"{names['above']}. Flat (interval within +-{FLAT} nats, i.e. +-1% perplexity): {names['flat']}. "
                  f"Gain from the longer context (interval below 0): {names['below']}. "
-                 f"Within noise of 0: {names['noise']}.")
+                 f"Within noise of 0: {names['noise']}." + (f" One seed, so no interval: {names['single']}."
+                                                             if grouped["single"] else ""))
     lines += probe_findings(variants, probe_offsets, trained)
     lines += method_findings(variants, lengths, trained)
     lines += newer_claim_findings(variants, lengths, trained)
@@ -347,7 +353,7 @@ NEWER_CLAIMS = [
 def newer_claim_findings(variants: dict[str, Variant], lengths: list[int], trained: int) -> list[str]:
     """Each claim of NEWER_CLAIMS whose two variants were compared, and whether the data agree with the paper,
     disagree (the intervals separate the other way), or cannot tell. A claim about extrapolation compares the two
-    extrapolation penalties at the longest length (bootstrap intervals; they do not mix in how good each model is
+    extrapolation penalties at the longest length (t intervals over seeds and windows; they do not mix in how good each model is
     at 1x, which varies much between seeds here); a claim at 1x uses the perplexity ratio paired by seed."""
     lines = []
     for name, baseline, where, expected, claim in NEWER_CLAIMS:
@@ -515,7 +521,7 @@ def plot_snapshots(snapshots: dict, tokens_per_step: int, max_steps: int, path: 
                       label=name, linewidth=1.2)
     axis.axhline(0, color="black", linewidth=0.8)
     axis.set_xlabel("training tokens (millions)")
-    axis.set_ylabel(f"extrapolation penalty at {longest_multiple:g}x (nats, 95% bootstrap)")
+    axis.set_ylabel(f"extrapolation penalty at {longest_multiple:g}x (nats, 95% t interval over seeds and windows)")
     axis.set_title("Extrapolation against training tokens (models kept during training)", fontsize=10)
     axis.grid(True, alpha=0.3)
     figures.save(figure, path, axis)
@@ -562,8 +568,11 @@ def write_outputs(out: Path, compare: Any, shared: dict, data_dir: Path, configs
                         lambda v, o: cell(v.probe_estimate(o)))
     seeds = len(compare.seeds)
     interval_note = (f"Each cell: mean over {seeds} seed(s) [95% interval]. Perplexity and ratios: Student's t "
-                     "interval over seeds. Penalty: percentile bootstrap (2,000 resamples) over seeds and windows, "
-                     "resampled independently.")
+                     "interval over seeds. Penalty: Student's t interval over seeds on a standard error that adds the "
+                     "between-seed and the between-window variance (the same windows in every seed). With one seed "
+                     "there is no interval: one training run says nothing about the next (RoPE's penalty at 16x "
+                     "was +0.72 and +1.01 nats for two trainings of one seed that differed only in compiling; "
+                     "README).")
     tables = "\n".join([
         "### Perplexity (nonoverlapping windows)", "", *ppl_lines, "",
         "### Extrapolation penalty (nats): positions >= L, window loss minus L-window reference loss", "",
@@ -576,7 +585,7 @@ def write_outputs(out: Path, compare: Any, shared: dict, data_dir: Path, configs
                         "Perplexity vs evaluation length (mean over seeds, band: 95% t interval)", True, trained)
         plot_with_bands(variants, penalty_lengths, lambda v, n: v.penalty_estimate(n), out / "penalty.png",
                         "extrapolation penalty (nats)", "Penalty for positions >= L vs the L-window reference "
-                        "(band: 95% bootstrap over seeds and windows)", False, trained, zero_line=True)
+                        "(band: 95% t interval over seeds and windows)", False, trained, zero_line=True)
         plot_position_penalty(variants, longest, trained, out / "position_loss.png")
     plot_training_curves(training, out / "train_curves.png")
     tokens_per_step = first_config.train.batch_size * first_config.train.grad_accum * trained

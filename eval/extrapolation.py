@@ -12,7 +12,8 @@ with the same tokenizer and L, scores the same tokens. For each checkpoint, meth
            minus their loss in the L-window reference (the same tokens scored by sliding windows of length L
            that advance by S, so each has between L - S + 1 and L tokens of context, all at trained positions).
            > 0: positions beyond L cost more than the longer context gives; < 0: the longer context helps.
-           Interval: 95% bootstrap over windows;
+           Interval: 95% bootstrap over windows, this model's only: it says nothing about another training
+           run (over seeds, eval.compare's t interval);
   probe    the position-shift probe: the L-token windows of the 1x cell scored with their positions offset by
            0, L, 3L and 15L; only absolute positions change, the context does not (relative encodings must not
            move at all).
@@ -295,7 +296,7 @@ def tables_markdown(rows: list[dict[str, Any]]) -> str:
             "held-out text).")
     return ("### Perplexity\n\n" + "\n".join(ppl_lines) + "\n\n"
             "### Extrapolation penalty (nats; positions >= L, against the L-window reference; 95% bootstrap over "
-            "windows)\n\n" + "\n".join(penalty_lines) + "\n\n" + note + "\n")
+            "this model's windows)\n\n" + "\n".join(penalty_lines) + "\n\n" + note + "\n")
 
 
 def plot_results(rows: list[dict[str, Any]], path: Path, title: str = "Perplexity vs evaluation length") -> None:

@@ -205,6 +205,23 @@ def test_findings_name_the_penalty_side_and_the_paper_checks():
     assert "T5 bias holds (within 25%) to 4x: not measured here" in text
 
 
+def test_one_seed_states_no_penalty_side_however_many_windows_agree():
+    """One trained model per encoding: its windows agree closely (a narrow interval over windows), but another
+    training run of the same seed can move RoPE's 16x penalty by 0.3 nats (README), so nothing is claimed."""
+    rows = {}
+    for name, penalty in (("alibi", 0.0), ("rope", 0.7)):
+        v = variant(name, {16: [10.0], 64: [12.0]})
+        v.penalty[64] = {0: np.random.default_rng(0).normal(penalty, 0.01, 64)}
+        rows[name] = v
+    assert rows["rope"].penalty_estimate(64).low is None
+    text = "\n".join(findings(rows, [16, 64], 16, []))
+    assert "Degrade beyond L (interval above 0): none." in text
+    assert "Flat (interval within +-0.01 nats, i.e. +-1% perplexity): none." in text
+    assert "Within noise of 0: none. One seed, so no interval: alibi (+0.0" in text
+    assert "rope (+0.7" in text.split("One seed, so no interval:")[1]
+    assert "rope +0.7" in text and "nats: one seed, no interval" in text
+
+
 def test_method_findings_pair_seeds_against_plain_and_yarn():
     """Seeds differ a lot between themselves, but the method's change on each seed's model is consistent: paired by
     seed it is 'better' than plain; against yarn the per-seed ratios straddle 1: 'within noise'."""
@@ -372,7 +389,7 @@ def test_probes_and_tasks_add_their_sections_and_are_cached(small_text_file, tmp
 
 
 def test_newer_paper_claims_are_judged_by_their_intervals():
-    """Extrapolation claims compare the penalties (bootstrap intervals), 1x claims the paired perplexity ratio."""
+    """Extrapolation claims compare the penalties (intervals over seeds and windows), 1x claims the paired perplexity ratio."""
     from eval.compare_report import newer_claim_findings
 
     rng = np.random.default_rng(0)

@@ -1,10 +1,12 @@
 """eval.stats against independent references: scipy's t quantiles (when installed) and the Wilson interval as the
-set of rates that a score test at 95% does not reject (found by bisection)."""
+set of rates that a score test at 95% does not reject (found by bisection); the penalty's interval over seeds
+and windows against the t interval it reduces to, and by its coverage in simulated comparisons."""
 import math
 
+import numpy as np
 import pytest
 
-from eval.stats import Z_975, t_interval, t_quantile_975, wilson_interval
+from eval.stats import Z_975, crossed_bootstrap, seeds_and_windows, t_interval, t_quantile_975, wilson_interval
 
 
 @pytest.mark.parametrize("df", [1, 2, 5, 30, 31, 60, 200])
@@ -43,3 +45,48 @@ def test_wilson_refuses_impossible_counts_and_t_interval_needs_two_values():
         wilson_interval(0, 0)
     assert t_interval([1.0]).low is None and t_interval([]) is None
     assert t_interval([1.0, 3.0]).low == pytest.approx(2.0 - 12.7062 * math.sqrt(2) / math.sqrt(2))
+
+
+def test_seeds_and_windows_reduces_to_the_t_interval_when_one_factor_is_constant():
+    rng = np.random.default_rng(1)
+    seed_values = rng.normal(0.8, 0.1, size=3)
+    constant_windows = np.repeat(seed_values[:, None], 32, axis=1)  # every window the same within a seed
+    both, over_seeds = seeds_and_windows(constant_windows), t_interval(seed_values)
+    assert (both.mean, both.low, both.high, both.n) == pytest.approx((over_seeds.mean, over_seeds.low, over_seeds.high, 3))
+    window_values = rng.normal(0.5, 0.2, size=32)
+    same_in_every_seed = np.repeat(window_values[None, :], 4, axis=0)  # four identical trainings
+    estimate = seeds_and_windows(same_in_every_seed)
+    half = t_quantile_975(3) * window_values.std(ddof=1) / math.sqrt(32)
+    assert estimate.low == pytest.approx(window_values.mean() - half) and estimate.high == pytest.approx(
+        window_values.mean() + half)
+
+
+def test_seeds_and_windows_gives_no_interval_for_one_seed_and_drops_nan_rows():
+    windows = np.linspace(0.1, 0.9, 16)
+    one = seeds_and_windows(windows[None, :])
+    assert one.mean == pytest.approx(0.5) and one.low is None and one.n == 1
+    with_nan = np.stack([windows, windows + 0.1, np.full(16, np.nan)])
+    assert seeds_and_windows(with_nan).n == 2
+    assert seeds_and_windows(np.full((2, 4), np.nan)) is None
+    with pytest.raises(ValueError):
+        seeds_and_windows(windows)
+
+
+def simulated_comparisons(runs: int, seeds: int, windows: int, rng) -> np.ndarray:
+    """(runs, seeds, windows) penalties of a crossed design with true mean 0: a seed effect (sd 0.1, the
+    training run), a window effect shared by every seed (sd 0.05, the text) and their interaction (sd 0.05)."""
+    return (rng.normal(0, 0.1, (runs, seeds, 1)) + rng.normal(0, 0.05, (runs, 1, windows))
+            + rng.normal(0, 0.05, (runs, seeds, windows)))
+
+
+def test_the_penalty_interval_covers_the_true_mean_at_three_seeds_where_the_bootstrap_does_not():
+    rng = np.random.default_rng(0)
+    draws = simulated_comparisons(4000, 3, 32, rng)
+    estimates = [seeds_and_windows(matrix) for matrix in draws]
+    coverage = np.mean([e.low <= 0 <= e.high for e in estimates])
+    assert 0.93 <= coverage <= 0.99
+    bootstrapped = [crossed_bootstrap(matrix, resamples=400, seed=i) for i, matrix in enumerate(draws[:400])]
+    bootstrap_coverage = np.mean([e.low <= 0 <= e.high for e in bootstrapped])
+    assert bootstrap_coverage < 0.85  # a percentile bootstrap over 3 seeds is too narrow (about 75%)
+    widths = np.mean([e.high - e.low for e in estimates[:400]]) / np.mean([e.high - e.low for e in bootstrapped])
+    assert widths > 2.0
