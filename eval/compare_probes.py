@@ -278,7 +278,8 @@ def passkey_section(out: Path, compare: Any) -> list[str]:
         return []
     lines = ["### Passkey retrieval", "",
              f"{compare.passkey_trials} trials per (length, depth) and seed at depths {PASSKEY_DEPTHS}, pooled over "
-             "depths and seeds: accuracy [Wilson 95% interval] (eval/passkey.py). Base models are not fine-tuned on "
+             "depths and seeds: accuracy [Wilson 95% interval] (eval/passkey.py; the interval counts trials only, not "
+             "the variation between training runs). Base models are not fine-tuned on "
              "the template, so 0 is expected of small ones; README's passkey recipe fine-tunes one.", "",
              *_header("encoding", list(compare.probe_lengths))]
 
