@@ -202,11 +202,11 @@ def penalty_side(estimate: Estimate) -> str:
     seed: no interval, nothing to claim)."""
     if not estimate.has_interval:
         return "single"
-    if estimate.has_interval and -FLAT < estimate.low and estimate.high < FLAT:
+    if -FLAT < estimate.low and estimate.high < FLAT:
         return "flat"
-    if estimate.has_interval and estimate.low > 0:
+    if estimate.low > 0:
         return "above"
-    if estimate.has_interval and estimate.high < 0:
+    if estimate.high < 0:
         return "below"
     return "noise"
 
