@@ -25,7 +25,7 @@ from eval.attention import STATISTICS, attention_statistics, summarise
 from eval.extrapolation import resolve_length
 from eval.induction import induction_probe, ordinary_token_ids
 from eval.passkey import evaluate_passkey
-from eval.stats import Estimate, t_interval, wilson_interval
+from eval.stats import Estimate, seeds_and_trials, t_interval
 from eval.tasks import (
     DEFAULT_LENGTH,
     DEFAULT_MODEL,
@@ -278,16 +278,18 @@ def passkey_section(out: Path, compare: Any) -> list[str]:
         return []
     lines = ["### Passkey retrieval", "",
              f"{compare.passkey_trials} trials per (length, depth) and seed at depths {PASSKEY_DEPTHS}, pooled over "
-             "depths and seeds: accuracy [Wilson 95% interval] (eval/passkey.py; the interval counts trials only, not "
-             "the variation between training runs). Base models are not fine-tuned on "
-             "the template, so 0 is expected of small ones; README's passkey recipe fine-tunes one.", "",
+             "depths: accuracy, the mean over seeds [95% interval holding the t interval over seeds and the Wilson "
+             "interval on all the trials; one seed: Wilson, trials only] (eval/passkey.py, eval/stats.py "
+             "seeds_and_trials). Base models are not fine-tuned on the template, so 0 is expected of small ones; "
+             "README's passkey recipe fine-tunes one.", "",
              *_header("encoding", list(compare.probe_lengths))]
 
     def accuracy(rows: dict[int, dict], item: str) -> str:
-        cell_rows = [row for r in rows.values() if isinstance(r.get(item), list) for row in r[item]]
-        correct = sum(round(row["accuracy"] * row["trials"]) for row in cell_rows)
-        trials = sum(row["trials"] for row in cell_rows)
-        return _cell(wilson_interval(correct, trials)) if trials else "n/a"
+        per_seed = [r[item] for r in rows.values() if isinstance(r.get(item), list)]
+        correct = [sum(round(row["accuracy"] * row["trials"]) for row in seed) for seed in per_seed]
+        trials = [sum(row["trials"] for row in seed) for seed in per_seed]
+        estimate = seeds_and_trials(correct, trials)
+        return _cell(estimate) if estimate else "n/a"
 
     return lines + _rows_by_length(found, compare.probe_lengths, accuracy) + [""]
 

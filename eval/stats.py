@@ -7,6 +7,8 @@
     crossed_bootstrap   the same mean with a percentile bootstrap over seeds and windows: for one model's windows
                         (eval.extrapolation); too narrow over few seeds (about 2.7x at 3 seeds, tests/test_stats.py)
     wilson_interval     a success rate (passkey trials, task accuracy) with the Wilson score 95% interval
+    seeds_and_trials    a success rate over seeds (passkey): the mean of the seeds' rates with an interval that holds
+                        both the t interval over seeds and the pooled Wilson interval
     separated           whether two intervals do not overlap: the comparison's criterion for stating an order
 """
 from __future__ import annotations
@@ -127,6 +129,33 @@ def wilson_interval(successes: int, trials: int) -> Estimate:
     centre = (rate + z2 / (2 * trials)) / (1 + z2 / trials)
     half = Z_975 * math.sqrt(rate * (1 - rate) / trials + z2 / (4 * trials**2)) / (1 + z2 / trials)
     return Estimate(rate, max(0.0, min(rate, centre - half)), min(1.0, max(rate, centre + half)), trials)
+
+
+def seeds_and_trials(successes: list[int], trials: list[int]) -> Estimate | None:
+    """A success rate measured on several training runs (successes[i] of trials[i] on seed i): the mean of the
+    seeds' rates, with the union of two 95% intervals, each blind to part of the noise:
+
+    - the t interval over the seeds' rates (clipped to [0, 1]) counts the variation between training runs, which
+      pooling the trials ignores (one seed that retrieves and one that does not is not one model at 50%); but it
+      is empty when every seed scores the same (all 0 is common in passkey), although each rate is a sample;
+    - the Wilson interval on the pooled trials counts the sampling of trials, and is never empty.
+
+    In simulated recipes (3 seeds of 50 trials, each seed's true rate drawn from a Beta; tests/test_stats.py) it
+    covered the mean rate in 94.4% of runs for Beta(2, 3), 96.9% for Beta(20, 30) and 86.4% for the skewed
+    Beta(0.5, 4.5) (most runs near 0, a few not: the t interval's weak case at few seeds); the pooled Wilson interval
+    in 45.8%, 84.2% and 49.6%. One seed: its Wilson interval (trials only; it says nothing about another training
+    run). None without trials."""
+    if len(successes) != len(trials):
+        raise ValueError(f"one success count per trial count: got {len(successes)} and {len(trials)}")
+    kept = [(s, n) for s, n in zip(successes, trials) if n > 0]
+    if not kept:
+        return None
+    pooled = wilson_interval(sum(s for s, _ in kept), sum(n for _, n in kept))
+    if len(kept) == 1:
+        return pooled
+    over_seeds = t_interval([wilson_interval(s, n).mean for s, n in kept])
+    low, high = max(0.0, over_seeds.low), min(1.0, over_seeds.high)
+    return Estimate(over_seeds.mean, min(low, pooled.low), max(high, pooled.high), len(kept))
 
 
 def separated(a: Estimate, b: Estimate) -> bool:

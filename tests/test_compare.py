@@ -411,3 +411,24 @@ def test_newer_paper_claims_are_judged_by_their_intervals():
     assert "rnope-swa +0.200" in lines and "disagrees (the penalty intervals separate the other way)" in lines
     assert "cannot tell (the penalty intervals overlap)" in lines
     assert "cope / rope perplexity at 1x = 1.100 [1.100, 1.100]x; disagrees" in lines
+
+
+def test_the_passkey_section_gives_an_interval_over_seeds_not_pooled_trials(tmp_path):
+    from types import SimpleNamespace
+
+    from eval.compare_probes import passkey_section, probe_path
+    from eval.stats import seeds_and_trials, wilson_interval
+
+    compare = SimpleNamespace(encodings=["rope", "alibi"], seeds=[1, 2], probe_lengths=["1x", "4x"], passkey_trials=10)
+    by_seed = {("rope", 1): 10, ("rope", 2): 0, ("alibi", 1): 3, ("alibi", 2): 3}  # successes of 3 x 10 per length
+    for (encoding, seed), successes in by_seed.items():
+        rows = [{"depth": d, "accuracy": (successes if d == 0.5 else 0) / 10, "trials": 10} for d in (0.1, 0.5, 0.9)]
+        path = probe_path(tmp_path, encoding, seed, "passkey")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"rows": {"1x": rows, "4x": {"error": "too short"}}}))
+    table = {line.split(" | ")[0].strip("| "): line for line in passkey_section(tmp_path, compare) if line.startswith("| ")}
+    split, agree = seeds_and_trials([10, 0], [30, 30]), seeds_and_trials([3, 3], [30, 30])
+    assert table["rope"] == f"| rope | {split.format()} | n/a |"
+    assert table["alibi"] == f"| alibi | {agree.format()} | n/a |"
+    assert split.high - split.low > 2 * (wilson_interval(10, 60).high - wilson_interval(10, 60).low)
+    assert (agree.low, agree.high) == (wilson_interval(6, 60).low, wilson_interval(6, 60).high)

@@ -6,7 +6,16 @@ import math
 import numpy as np
 import pytest
 
-from eval.stats import Z_975, crossed_bootstrap, seeds_and_windows, t_interval, t_quantile_975, wilson_interval
+from eval.stats import (
+    Z_975,
+    Estimate,
+    crossed_bootstrap,
+    seeds_and_trials,
+    seeds_and_windows,
+    t_interval,
+    t_quantile_975,
+    wilson_interval,
+)
 
 
 @pytest.mark.parametrize("df", [1, 2, 5, 30, 31, 60, 200])
@@ -90,3 +99,33 @@ def test_the_penalty_interval_covers_the_true_mean_at_three_seeds_where_the_boot
     assert bootstrap_coverage < 0.85  # a percentile bootstrap over 3 seeds is too narrow (about 75%)
     widths = np.mean([e.high - e.low for e in estimates[:400]]) / np.mean([e.high - e.low for e in bootstrapped])
     assert widths > 2.0
+
+
+def test_seeds_and_trials_is_the_pooled_wilson_interval_when_the_seeds_agree_and_one_seed():
+    pooled = wilson_interval(0, 150)
+    assert seeds_and_trials([0, 0, 0], [50, 50, 50]) == Estimate(0.0, pooled.low, pooled.high, 3)  # t: empty
+    one = seeds_and_trials([7, 0], [50, 0])  # a seed without trials (a length too short) is left out
+    assert one == wilson_interval(7, 50)
+    assert seeds_and_trials([], []) is None and seeds_and_trials([0], [0]) is None
+    with pytest.raises(ValueError, match="one success count per trial count"):
+        seeds_and_trials([1, 2], [50])
+
+
+def test_seeds_and_trials_counts_the_variation_between_training_runs():
+    split = seeds_and_trials([50, 0], [50, 50])  # one run retrieves, the other does not
+    assert split.mean == 0.5 and (split.low, split.high) == (0.0, 1.0)
+    assert wilson_interval(50, 100).high - wilson_interval(50, 100).low < 0.2  # pooling would claim +-0.1
+    # Simulated recipes whose training runs differ (each seed's true rate drawn from Beta(2, 3), mean 0.4; 50
+    # trials per seed): the interval should cover 0.4 about 95% of the time; pooling the trials does not.
+    rng = np.random.default_rng(0)
+    covered = {"seeds_and_trials": 0, "pooled": 0}
+    runs = 2000
+    for _ in range(runs):
+        rates = rng.beta(2, 3, size=3)
+        successes = rng.binomial(50, rates)
+        estimate = seeds_and_trials(list(successes), [50] * 3)
+        pooled = wilson_interval(int(successes.sum()), 150)
+        covered["seeds_and_trials"] += estimate.low <= 0.4 <= estimate.high
+        covered["pooled"] += pooled.low <= 0.4 <= pooled.high
+    assert covered["seeds_and_trials"] / runs >= 0.93  # 94.4%
+    assert covered["pooled"] / runs < 0.6  # 45.8%
