@@ -47,7 +47,7 @@ from errors import ConfigError, cli_command
 from eval.compare_probes import PROBES, run_probes, run_tasks
 from eval.compare_report import eval_path, run_dir, write_outputs
 from eval.extrapolation import CheckpointEvaluation, evaluate_checkpoint, make_plan, parse_lengths, resolve_length
-from eval.jobs import die_with_parent, job_output
+from eval.jobs import die_with_parent, job_output, share_cores
 from eval.methods import applies, check_methods
 from eval.task_generators import TASKS
 from model.checkpoint import WEIGHTS, has_checkpoint, load_model, load_trainer_state, trained_length
@@ -393,9 +393,10 @@ def worker_layout(compare: CompareConfig, jobs: int) -> tuple[int, int]:
     return workers, compare.threads or max(1, cores // workers)
 
 
-def _init_worker(slots: Any, progress: Any = None, parent: int | None = None) -> None:
+def _init_worker(slots: Any, progress: Any = None, parent: int | None = None, cores: Any = None) -> None:
     global _PROGRESS
     die_with_parent(parent)
+    share_cores(cores)
     _PROGRESS = progress
     index = slots.get()
     if torch.cuda.is_available():
@@ -413,10 +414,11 @@ def largest_first(jobs: list[Job], configs: dict) -> list[Job]:
     return sorted(jobs, key=lambda job: -models_evaluated(job))
 
 
-def run_jobs(jobs: list[Job], workers: int, out: Path) -> dict[str, dict]:
+def run_jobs(jobs: list[Job], workers: int, out: Path, adapt_threads: bool = False) -> dict[str, dict]:
     """Run the jobs, `workers` at a time (in this process when 1). Prints a line when a job starts a phase
     (training, evaluating, probing) and when it finishes, each with the overall progress and an ETA from the jobs
-    that did work (skipped and cached ones take no time)."""
+    that did work (skipped and cached ones take no time). adapt_threads: once fewer jobs are left than workers,
+    the running ones take the idle workers' cores for their scoring (eval/jobs.py adopt_free_cores)."""
     global _PROGRESS
     results: dict[str, dict] = {}
     started = time.perf_counter()
@@ -452,13 +454,13 @@ def run_jobs(jobs: list[Job], workers: int, out: Path) -> dict[str, dict]:
             _PROGRESS = None
         return results
     context = multiprocessing.get_context("spawn")
-    slots, phases = context.Queue(), context.Queue()
+    slots, phases, cores = context.Queue(), context.Queue(), context.Value("i", 0)
     for index in range(workers):
         slots.put(index)
     print(f"{len(jobs)} jobs in {workers} worker processes ({jobs[0].threads} thread(s) each); logs in {out / 'logs'}",
           flush=True)
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                                                initargs=(slots, phases, os.getpid())) as pool:
+                                                initargs=(slots, phases, os.getpid(), cores)) as pool:
         futures = {pool.submit(run_job, job, out / "logs" / f"{job.name}.log"): job for job in jobs}
         pending = set(futures)
         while pending:
@@ -473,6 +475,12 @@ def run_jobs(jobs: list[Job], workers: int, out: Path) -> dict[str, dict]:
                     result = {"encoding": job.encoding, "seed": job.seed, "seconds": 0.0,
                               "status": f"failed: worker died ({type(error).__name__}: {error})"[:300]}
                 finished(job, result)
+            if adapt_threads and done and 0 < len(pending) < workers:
+                threads = max(jobs[0].threads, (os.cpu_count() or 1) // len(pending))
+                if threads > max(cores.value, jobs[0].threads):
+                    cores.value = threads
+                    print(f"[{progress()}] {len(pending)} job(s) left for {workers} workers: each scores with "
+                          f"{threads} threads from now on", flush=True)
     return results
 
 
@@ -522,7 +530,7 @@ def run_comparison(compare: CompareConfig, shared: dict, preset: str, out: Path,
     workers, threads = worker_layout(compare, len(configs))
     jobs = [Job(encoding, seed, config.to_dict(), asdict(compare), threads)
             for (encoding, seed), config in configs.items()]
-    results = run_jobs(largest_first(jobs, configs), workers, out)
+    results = run_jobs(largest_first(jobs, configs), workers, out, adapt_threads=not compare.threads)
     if compare.tasks:
         try:
             run_tasks(compare, out)

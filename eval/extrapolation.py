@@ -46,6 +46,7 @@ from eval.scoring import score_incremental, score_windows
 from eval.segments import (
     Segments,
     choose_segments,
+    reference_in_tiling,
     reference_layout,
     reference_windows,
     tiled_layout,
@@ -200,6 +201,22 @@ class CheckpointEvaluation:
         return None if values is None else float(values.mean())
 
 
+def score_reference(model: Transformer, ids: np.ndarray, segments: Segments, trained: int, stride: int,
+                    at_trained: np.ndarray | None, amp: torch.dtype | None, progress: bool) -> np.ndarray:
+    """The L-window reference's losses (windows, stride): only each window's last `stride` targets are scored,
+    and the windows that are windows of the L cell take their losses from it (`at_trained`, that cell's losses in
+    window layout, or None)."""
+    windows = reference_windows(ids, segments, trained, stride)
+    losses = np.empty((len(windows), stride), dtype=np.float32)
+    shared, cell = reference_in_tiling(segments, trained, stride) if at_trained is not None else ([], [])
+    rest = np.setdiff1d(np.arange(len(windows)), shared)
+    losses[rest] = score_windows(model, windows[rest], amp, progress=progress, desc=f"reference @ {trained}",
+                                 last=stride)
+    if len(shared):
+        losses[shared] = at_trained[cell, -stride:]
+    return losses
+
+
 def evaluate_checkpoint(model: Transformer, ids: np.ndarray, plan: EvalPlan, methods: list[str],
                         amp: torch.dtype | None = None, progress: bool = False) -> CheckpointEvaluation:
     """Score `ids` under the plan with each applicable method (and "none"), the reference, and the probe."""
@@ -207,14 +224,28 @@ def evaluate_checkpoint(model: Transformer, ids: np.ndarray, plan: EvalPlan, met
     own = model.config.to_dict()
     trained, segments = plan.trained, plan.segments
     METHODS[NONE].setup(model, own, trained, trained)
-    reference = score_windows(model, reference_windows(ids, segments, trained, plan.reference_stride), amp,
-                              progress=progress, desc=f"reference @ {trained}")
-    evaluation = CheckpointEvaluation(plan.key(), reference_layout(reference, segments, plan.reference_stride))
-    chosen = [NONE] + [method for method in methods if method != NONE and applies(method, model.config.position, model.config.layer_positions())]
+    at_trained: dict[str, np.ndarray] = {}  # method -> its losses at L in window layout (the probe's offset 0)
+    if trained in plan.lengths:  # the L cell first: every (L / stride)-th reference window is one of its windows
+        at_trained[NONE] = score_windows(model, tiled_windows(ids, segments, trained), amp, progress=progress,
+                                         desc=f"{NONE} @ {trained}")
+    evaluation = CheckpointEvaluation(plan.key(), reference_layout(
+        score_reference(model, ids, segments, trained, plan.reference_stride, at_trained.get(NONE), amp, progress),
+        segments, plan.reference_stride))
+    chosen = [NONE] + [method for method in methods if method != NONE and applies(method, model.config.position,
+                                                                                  model.config.layer_positions())]
     for method in chosen:
         spec = method_spec(method)
         for length in plan.lengths:
             key = key_for(method, length)
+            if method != NONE and spec.as_trained_at(own, length, trained) and key_for(NONE, length) in \
+                    evaluation.losses:  # scored as the checkpoint is: that cell, not scored twice
+                evaluation.losses[key] = evaluation.losses[key_for(NONE, length)]
+                if length == trained and NONE in at_trained:
+                    at_trained[method] = at_trained[NONE]
+                continue
+            if method == NONE and length == trained:
+                evaluation.losses[key] = tiled_layout(at_trained[NONE], segments, length)
+                continue
             spec.setup(model, own, length, trained)
             windows = tiled_windows(ids, segments, length)
             try:
@@ -222,6 +253,8 @@ def evaluate_checkpoint(model: Transformer, ids: np.ndarray, plan: EvalPlan, met
                     losses = score_incremental(model, windows, trained, amp, progress, desc=f"{method} @ {length}")
                 else:
                     losses = score_windows(model, windows, amp, progress=progress, desc=f"{method} @ {length}")
+                    if length == trained:
+                        at_trained[method] = losses
                 evaluation.losses[key] = tiled_layout(losses, segments, length)
             except PositionRangeError as error:
                 evaluation.errors[key] = str(error).split(";")[0]
@@ -230,7 +263,9 @@ def evaluate_checkpoint(model: Transformer, ids: np.ndarray, plan: EvalPlan, met
             windows = tiled_windows(ids, segments, trained)
             for offset in plan.probe_offsets:
                 try:
-                    losses = score_windows(model, windows, amp, position_offset=offset)
+                    # Offset 0 is the L cell itself (the same windows, positions and settings).
+                    losses = at_trained[method] if offset == 0 and method in at_trained else \
+                        score_windows(model, windows, amp, position_offset=offset)
                     evaluation.probe[key_for(method, offset)] = losses.mean(axis=1)
                 except PositionRangeError as error:
                     evaluation.errors[key_for(f"probe:{method}", offset)] = str(error).split(";")[0]

@@ -1,5 +1,6 @@
 """What every worker job of eval.compare and eval.tasks does around its work: its output to its own log file
-(when it runs in a worker process) and its torch thread count; and what every worker process does first."""
+(when it runs in a worker process) and its torch thread count; what every worker process does first; and how a
+job takes the cores of workers that have gone idle (eval.compare: the last jobs of a run)."""
 from __future__ import annotations
 
 import contextlib
@@ -8,9 +9,11 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
+
+_FREE_CORES: Any = None  # in a worker process of eval.compare: the threads a running job may use now (0: its own)
 
 
 @contextlib.contextmanager
@@ -37,3 +40,21 @@ def die_with_parent(parent: int | None = None) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
         if parent is not None and os.getppid() != parent:
             os._exit(1)
+
+
+def share_cores(threads: Any) -> None:
+    """A worker process's second act (eval.compare): remember the pool's shared thread count (a
+    multiprocessing.Value the main process raises when workers go idle), for adopt_free_cores."""
+    global _FREE_CORES
+    _FREE_CORES = threads
+
+
+def adopt_free_cores() -> None:
+    """In a worker whose pool has idle workers, take the threads it may now use (torch.set_num_threads); elsewhere
+    nothing. Called between the batches of scoring (eval/scoring.py), so the last jobs of a comparison finish on
+    every core instead of one each. The thread count changes how fast, not what, a forward computes (float
+    rounding aside: tests/test_jobs.py)."""
+    if _FREE_CORES is not None:
+        wanted = _FREE_CORES.value
+        if wanted and wanted != torch.get_num_threads():
+            torch.set_num_threads(wanted)

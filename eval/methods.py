@@ -44,6 +44,10 @@ class InferenceMethod:
     incremental: bool = False
     summary: str = ""
     shift_probe: bool = False  # also run the position-shift probe under this method (length-independent methods)
+    # (the checkpoint's own config, length, trained length) -> True where the method scores windows of that length
+    # exactly as the checkpoint as trained does (a RoPE scaling with factor 1, a learned table never past its end):
+    # the evaluation then reuses that cell instead of scoring it again (tests/test_methods.py checks each claim).
+    as_trained_at: Callable[[dict, int, int], bool] = lambda own, length, trained: False
 
     def setup(self, model: Transformer, own: dict, length: int, trained: int) -> None:
         """Put `model` in this method's settings for `length`: its own inference-time settings, then the changes."""
@@ -60,6 +64,17 @@ def _as_trained(own: dict, length: int, trained: int) -> dict:
 
 def _original(own: dict) -> int:
     return ModelConfig.from_dict(own).original_length  # the checkpoint's own, not the current setting
+
+
+def _plain_rope_within(bound: Callable[[dict, int], int]) -> Callable[[dict, int, int], bool]:
+    """A RoPE scaling on a checkpoint without a scaling of its own, at lengths up to bound(own, trained): its
+    factor is then 1, and linear, NTK, YaRN and Llama 3 with factor 1 are plain RoPE (the same frequencies, attention
+    factor 1), as is dynamic NTK within the trained length."""
+    def as_trained(own: dict, length: int, trained: int) -> bool:
+        scaling = own.get("rope_scaling") or {}
+        return scaling.get("rope_type", "default") == "default" and length <= bound(own, trained)
+
+    return as_trained
 
 
 def _rope_scaling(name: str) -> Changes:
@@ -102,13 +117,17 @@ def _summary(name: str) -> str:
 # length-dependent one (dynamic NTK) with its own factor, scored incrementally.
 METHODS: dict[str, InferenceMethod] = {
     NONE: InferenceMethod(None, _as_trained, summary="the checkpoint as trained", shift_probe=True),
-    **{name: InferenceMethod(("rope",), _rope_scaling(name), summary=f"{_summary(name)}, factor = length / L")
+    **{name: InferenceMethod(("rope",), _rope_scaling(name), summary=f"{_summary(name)}, factor = length / L",
+                             as_trained_at=_plain_rope_within(lambda own, trained: _original(own)))
        for name in ROPE_SCALINGS if name != "default" and name not in LENGTH_DEPENDENT_SCALINGS},
     **{name: InferenceMethod(("rope",), _dynamic(name), incremental=True,
-                             summary=f"{_summary(name)}, factor 1, each token under the base of its own prefix")
+                             summary=f"{_summary(name)}, factor 1, each token under the base of its own prefix",
+                             as_trained_at=_plain_rope_within(lambda own, trained: trained))
        for name in sorted(LENGTH_DEPENDENT_SCALINGS)},
     "clamp": InferenceMethod(("learned",), _clamp, summary="positions past the learned table reuse its last row",
-                             shift_probe=True),
+                             shift_probe=True,
+                             as_trained_at=lambda own, length, trained:
+                             length <= (own.get("learned_max_positions") or own["max_seq_len"])),
     **{name: InferenceMethod(applicable_encodings(cls), _attention(name),
                              summary=(cls.__doc__ or name).strip().split("\n")[0].rstrip("."))
        for name, cls in ATTENTION_METHODS.items()},
@@ -139,7 +158,9 @@ def method_spec(name: str) -> InferenceMethod:
 
     return InferenceMethod(tuple(sorted(set.intersection(*allowed))) if allowed else None, changes,
                            incremental=any(part.incremental for part in parts),
-                           summary=" + ".join(part.summary for part in parts))
+                           summary=" + ".join(part.summary for part in parts),
+                           as_trained_at=lambda own, length, trained: all(part.as_trained_at(own, length, trained)
+                                                                          for part in parts))
 
 
 def check_methods(names: list[str]) -> list[str]:

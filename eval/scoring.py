@@ -1,6 +1,7 @@
 """Per-token losses of a model on windows of a token stream: the one primitive every evaluation builds on.
 
-    score_windows      one full forward per window (positions may be offset, for the position-shift probe)
+    score_windows      one full forward per window (positions may be offset, for the position-shift probe; only
+                       the last `last` targets may be scored, as the L-window reference does)
     score_incremental  a prefill, then one token at a time through the KV cache, so every token is scored
                        exactly as generation would see it (dynamic NTK: under the base of its own prefix length)
 
@@ -13,6 +14,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from eval.jobs import adopt_free_cores
 from model.kv_cache import KVCache
 from model.runtime import autocast
 from model.transformer import Transformer
@@ -26,7 +28,9 @@ def _device(model: Transformer) -> torch.device:
 
 
 def _batches(count: int, per_batch: int, desc: str, progress: bool):
-    return tqdm(range(0, count, per_batch), desc=desc, disable=not progress, leave=False)
+    for first in tqdm(range(0, count, per_batch), desc=desc, disable=not progress, leave=False):
+        adopt_free_cores()  # a worker of eval.compare whose pool has gone partly idle takes the freed cores
+        yield first
 
 
 @torch.inference_mode()
@@ -37,19 +41,23 @@ def score_windows(
     position_offset: int = 0,
     progress: bool = False,
     desc: str = "scoring",
+    last: int = 0,
 ) -> np.ndarray:
-    """Loss of every target of every window, one full forward per window; positions start at position_offset."""
+    """Loss of every target of every window, one full forward per window; positions start at position_offset.
+    last > 0: only the last `last` targets of each window (losses (n, last)); the head and the last block's
+    feed-forward part then skip the other rows (model.forward's logits_to_keep), and the losses are those a full
+    scoring gives to float rounding (tested)."""
     model.eval()
     device = _device(model)
     count, width = windows.shape
     length = width - 1
-    losses = np.empty((count, length), dtype=np.float32)
+    losses = np.empty((count, last or length), dtype=np.float32)
     positions = (torch.arange(length, device=device) + position_offset)[None, :]
     per_batch = max(1, TOKENS_PER_BATCH // length)
     for first in _batches(count, per_batch, desc, progress):
         rows = torch.from_numpy(np.asarray(windows[first : first + per_batch], dtype=np.int64)).to(device)
         with autocast(device, amp):
-            _, loss = model(rows[:, :-1], rows[:, 1:], positions=positions, loss_reduction="none")
+            _, loss = model(rows[:, :-1], rows[:, 1:], positions=positions, loss_reduction="none", logits_to_keep=last)
         losses[first : first + per_batch] = loss.float().cpu().numpy()
     return losses
 
@@ -80,6 +88,8 @@ def score_incremental(
             _, loss = model(rows[:, :prefill], rows[:, 1 : prefill + 1], kv_cache=cache, loss_reduction="none")
             columns = [loss.float()]
             for position in range(prefill, length):
+                if position % 64 == 0:
+                    adopt_free_cores()
                 _, loss = model(rows[:, position : position + 1], rows[:, position + 1 : position + 2],
                                 kv_cache=cache, loss_reduction="none")
                 columns.append(loss.float())

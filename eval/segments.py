@@ -87,3 +87,17 @@ def reference_windows(ids: np.ndarray, segments: Segments, context: int, stride:
 def reference_layout(losses: np.ndarray, segments: Segments, stride: int) -> np.ndarray:
     """The last `stride` losses of each reference window, in segment layout (segments, M)."""
     return losses[:, -stride:].reshape(len(segments.starts), segments.length).astype(np.float32)
+
+
+def reference_in_tiling(segments: Segments, context: int, stride: int) -> tuple[np.ndarray, np.ndarray]:
+    """The reference windows (reference_windows(ids, segments, context, stride)) that are windows of the tiling by
+    `context` (tiled_windows(ids, segments, context)), the same inputs and targets: (their indices among the
+    reference windows, their indices among the tiled ones). Every context / stride-th reference window is one."""
+    per_context = context // stride
+    reference_per_segment, tiled_per_segment = segments.length // stride, segments.length // context
+    ends = np.arange(1, reference_per_segment + 1)  # reference window j ends after (j + 1) strides
+    hit = (ends % per_context == 0) & (ends // per_context <= tiled_per_segment)
+    segment = np.arange(len(segments.starts))[:, None]
+    reference = (segment * reference_per_segment + (ends[hit] - 1)[None, :]).reshape(-1)
+    tiled = (segment * tiled_per_segment + (ends[hit] // per_context - 1)[None, :]).reshape(-1)
+    return reference, tiled

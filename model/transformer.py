@@ -32,10 +32,14 @@ class Block(nn.Module):
 
     def forward(
         self, x: torch.Tensor, position: PositionEncoding, position_state: Any, kv_cache: KVCache | None,
-        methods: MethodContext | None = None, pass_states: list[Any] | None = None,
+        methods: MethodContext | None = None, pass_states: list[Any] | None = None, keep: int = 0,
     ) -> torch.Tensor:
+        """keep > 0: only the last `keep` rows go on through the feed-forward part and are returned (the rows
+        before them still serve as keys and values)."""
         x = x + self.dropout(self.attention(self.attention_norm(x), position, position_state, kv_cache,
                                             methods=methods, pass_states=pass_states))
+        if keep:
+            x = x[:, -keep:]
         return x + self.dropout(self.ffn(self.ffn_norm(x)))
 
 
@@ -126,6 +130,7 @@ class Transformer(nn.Module):
         kv_cache: KVCache | None = None,
         loss_reduction: str = "mean",
         return_logits: bool = True,
+        logits_to_keep: int = 0,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """idx: (batch, time) token ids. Returns (logits (batch, time, vocab), loss or None).
 
@@ -134,8 +139,14 @@ class Transformer(nn.Module):
         loss_reduction: "mean" over scored tokens, "sum", or "none" for per-token loss (batch, time).
         return_logits=False (with targets, reduction "mean" or "sum"): the head and the loss run in chunks of rows
         and never hold the (batch, time, vocab) logits (model/loss.py); the logits returned are None.
+        logits_to_keep > 0 (transformers' name): logits and loss for the last that many positions only (targets
+        may be given for every position or for those); the last block's feed-forward part and the head skip the
+        rows before them, whose values are the same either way (each row of those steps is computed alone).
         """
         batch, time = idx.shape
+        if not 0 <= logits_to_keep <= time:
+            raise ConfigError(f"logits_to_keep must be between 0 and the input length {time}, got {logits_to_keep}")
+        keep = 0 if logits_to_keep == time else logits_to_keep
         if positions is None:
             positions = (kv_cache.next_positions(time, idx.device) if kv_cache is not None
                          else torch.arange(time, device=idx.device)[None, :])
@@ -145,14 +156,20 @@ class Transformer(nn.Module):
         methods = method_context(self.attention_methods, positions, key_positions)
         passes = methods.passes if methods is not None else None
         states: dict[str, Any] = {}  # each encoding prepares once per forward, for all its layers
-        for layer, name in zip(self.layers, self.config.layer_positions()):
+        last = len(self.layers) - 1
+        for index, (layer, name) in enumerate(zip(self.layers, self.config.layer_positions())):
             encoding = self.encoding_of(name)
             if name not in states:
                 states[name] = (encoding.prepare(positions, key_positions), None if passes is None else
                                 [encoding.prepare(p.queries, p.keys, all_keys=True) for p in passes])
-            x = layer(x, encoding, states[name][0], kv_cache, methods, states[name][1])
+            x = layer(x, encoding, states[name][0], kv_cache, methods, states[name][1],
+                      keep=keep if index == last else 0)
         if kv_cache is not None:
             kv_cache.advance(time)
+        if keep:
+            batch, time = x.shape[:2]
+            if targets is not None and targets.shape[1] != time:
+                targets = targets[:, -keep:]
         if not return_logits and targets is not None and loss_reduction in ("mean", "sum"):
             return None, linear_cross_entropy(self.norm(x), self.lm_head.weight, targets, loss_reduction)
         logits = self.lm_head(self.norm(x))

@@ -1,6 +1,7 @@
 """eval.compare at micro scale: seeds, intervals, cached re-runs, workers, failure isolation, findings."""
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -85,6 +86,18 @@ def test_results_do_not_depend_on_the_number_of_workers(small_text_file, tmp_pat
     cells = [json.loads((runs[w] / "results.json").read_text())["cells"] for w in (1, 2)]
     assert cells[0] == cells[1]
     assert (runs[2] / "logs" / "rope-seed3.log").read_text().count("final val_loss") == 1
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores to free one")
+def test_the_last_job_scores_on_the_cores_of_idle_workers(small_text_file, tmp_path, capsys):
+    """With threads automatic, once one job is left for two workers it takes both cores for its scoring; with
+    compare.threads set, every job keeps its threads."""
+    out = tmp_path / "adapt"
+    extra = ['--compare.encodings=["alibi", "rope", "none"]', "--compare.seeds=[1]", "--compare.workers=2"]
+    assert main(arguments(small_text_file, out, *extra)) == 0
+    assert "1 job(s) left for 2 workers: each scores with 2 threads from now on" in capsys.readouterr().out
+    assert main(arguments(small_text_file, tmp_path / "fixed", *extra, "--compare.threads=1")) == 0
+    assert "job(s) left" not in capsys.readouterr().out
 
 
 def test_the_jobs_that_evaluate_the_most_models_start_first():

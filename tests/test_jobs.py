@@ -68,3 +68,37 @@ def test_a_worker_whose_parent_died_before_it_asked_exits_at_once(tmp_path):
                       "print('still here')\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "still here" not in done.stdout
+
+
+def test_a_job_takes_the_cores_its_pool_frees_between_scoring_batches():
+    """adopt_free_cores: nothing outside a pool; in one, the shared count once the main process raises it; and the
+    scores do not change with the thread count beyond float rounding."""
+    import multiprocessing
+
+    import numpy as np
+    import torch
+
+    import eval.jobs as jobs
+    from eval.scoring import score_windows
+    from model.transformer import Transformer
+    from tests.conftest import micro_config
+
+    before = torch.get_num_threads()
+    model = Transformer(micro_config(position="rope")).eval()
+    windows = np.random.default_rng(0).integers(0, 97, (16, 33))
+    try:
+        torch.set_num_threads(1)
+        jobs.share_cores(None)
+        jobs.adopt_free_cores()
+        assert torch.get_num_threads() == 1
+        shared = multiprocessing.get_context("spawn").Value("i", 0)
+        jobs.share_cores(shared)
+        one_thread = score_windows(model, windows)
+        assert torch.get_num_threads() == 1  # 0: each job keeps its own threads
+        shared.value = 2
+        two_threads = score_windows(model, windows)  # adopts before its first batch
+        assert torch.get_num_threads() == 2
+        assert np.abs(one_thread - two_threads).max() < 1e-5
+    finally:
+        jobs.share_cores(None)
+        torch.set_num_threads(before)
