@@ -5,7 +5,8 @@ Encodings without a score bias take the fused SDPA path with no (time x time) ma
 each against only the keys it can see (the causal prefix, or the window), so the (heads x rows x keys) bias and
 mask stay bounded at long lengths and a window costs O(time x window). An encoding with a value term (Shaw) or
 whose bias depends on the scores (CoPE) needs the attention logits explicitly. A long evaluation forward of one
-sequence with a distance bias (ALiBi, T5, KERPLE) takes compiled FlexAttention instead (model/flex.py).
+sequence with a distance bias (ALiBi, T5, KERPLE) or a clipped one (Shaw) takes compiled FlexAttention instead
+(model/flex.py).
 """
 from __future__ import annotations
 

@@ -1,22 +1,39 @@
 """FlexAttention (torch.nn.attention.flex_attention, compiled) for the long evaluation forwards of encodings whose
-bias depends on the distance i - j alone (ALiBi, T5, KERPLE).
+bias depends on the distance i - j alone (ALiBi, T5, KERPLE), and of those whose bias and value term depend on the
+query and on min(i - j, clip) (Shaw: `clipped_distance`).
 
-Measured (`python -m scripts.flex_costs`, `scripts.encoding_costs`, README): for these biases and one sequence,
-FlexAttention is 1.7-2.5x faster than the chunked path at 16 L for the whole model, with a lower peak memory; a
-sliding window is slower with it, and torch 2.13 has no FlexAttention backward on CPU. With two or more sequences
-the chunked path builds each chunk's bias once for all of them and measured as fast or faster (README). So it
-serves forwards of one sequence without gradients, on the CPU (where it was measured), in float32, with no KV
-cache, no attention method and no window: the scoring of one long window. Everything else, and any forward
-shorter than MIN_LENGTH (one or two chunks, where a compilation per shape would not pay), keeps the chunked path,
-which stays the reference (parity: tests/test_flex.py).
+Measured (`python -m scripts.flex_costs`, `scripts.encoding_costs`, README): for the distance biases and one
+sequence, FlexAttention is 1.7-2.5x faster than the chunked path at 16 L for the whole model, with a lower peak
+memory; a sliding window is slower with it, and torch 2.13 has no FlexAttention backward on CPU. With two or more
+sequences the chunked path builds each chunk's distance bias once for all of them and measured as fast or faster
+(README), so a distance bias takes FlexAttention for one sequence only. Shaw's bias depends on each query, so the
+chunked path shares nothing between sequences, and the clipped path measured faster for batches too (README). So
+FlexAttention serves forwards without gradients, on the CPU (where it was measured), in float32, with no KV cache,
+no attention method and no window: the scoring of long windows. Everything else, and any forward shorter than
+MIN_LENGTH (one or two chunks, where a compilation per shape would not pay), keeps the chunked path, which stays
+the reference (parity: tests/test_flex.py).
 
 The bias enters as a (heads, time) table of its values at each distance, read by the score_mod: the encoding's own
 score_bias fills it from the last query row, so the two paths add the same numbers. The block mask (causal) is
-built once per length. If compiling fails (no C++ compiler, say), a warning names the error and every later
-forward takes the chunked path; PELAB_FLEX_ATTENTION=0 turns it off.
+built once per length.
+
+A clipped encoding (Shaw) gives each query's bias at distance min(i - j, clip) and one value vector per clipped
+distance; its value term sum_d w_id a_d needs the attention probabilities w_id of the clip nearest keys (d < clip)
+and the far keys' sum (d >= clip). So the two parts are computed apart and merged, as split-key attention merges
+partial softmaxes: the near band (clip keys per query) explicitly, the far keys through FlexAttention with no bias
+(theirs, table[i, clip], is one constant per query, which the softmax ignores once the near logits are taken
+relative to it). FlexAttention on the CPU returns no log-sum-exp, so the far keys' mass comes from an extra key: a
+sink before the first key, seen by every query, scored m_i (the largest near logit), with a value that is 1 in an
+extra channel and 0 elsewhere. That channel is s_i = e^m_i / (F_i + e^m_i), so the far mass is
+F_i / e^m_i = (1 - s_i) / s_i, the near masses are exp(logit - m_i) <= 1, and every probability is a mass over
+their sum; the far keys' output is the other channels / (s_i * total), with no division by 1 - s_i.
+
+If compiling fails (no C++ compiler, say), a warning names the error and every later forward takes the chunked
+path; PELAB_FLEX_ATTENTION=0 turns it off.
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -28,24 +45,37 @@ from model.compiled import Compiled
 # compiling is unwanted); tests set ENABLED directly.
 ENABLED = os.environ.get("PELAB_FLEX_ATTENTION", "1") != "0"
 MIN_LENGTH = 512  # shorter forwards keep the chunked path
-_block_masks: dict[tuple[int, str], Any] = {}
+_block_masks: dict[tuple[int, str, int], Any] = {}
+
+
+def kind(position: Any) -> str | None:
+    """"clipped" (bias and value term a function of the query and min(i - j, clip): Shaw), "distance" (a bias that
+    is a function of i - j alone: ALiBi, T5, KERPLE), or None (the chunked path)."""
+    if not position.relative_only:
+        return None
+    if position.clipped_distance:
+        return "clipped"
+    if position.has_score_bias and not position.has_value_term and not position.bias_needs_scores:
+        return "distance"
+    return None
 
 
 def applies(q: torch.Tensor, k: torch.Tensor, position: Any, state: Any, causal: bool, kv_cache: Any,
             methods: Any, window: int, observed: bool, dropout: float) -> bool:
     """True when this forward can take FlexAttention: see the module docstring. `observed`: the attention
     diagnostics read the probabilities; `dropout`: the attention dropout this forward applies."""
-    if not ENABLED or _kernel.failure is not None or torch.is_grad_enabled() or q.device.type != "cpu":
+    if not ENABLED or torch.is_grad_enabled() or q.device.type != "cpu":
         return False
     if torch.compiler.is_compiling():  # inside a compiled model (training's validation): its own graph
         return False
     if not causal or kv_cache is not None or methods is not None or window or observed or dropout:
         return False
-    if q.shape[0] != 1 or q.dtype != torch.float32 or q.shape[2] != k.shape[2] or q.shape[2] < MIN_LENGTH:
+    if q.dtype != torch.float32 or q.shape[2] != k.shape[2] or q.shape[2] < MIN_LENGTH:
         return False
-    if not position.has_score_bias or position.has_value_term or position.bias_needs_scores:
+    path = kind(position)
+    if path is None or not hasattr(state, "queries") or (_far_kernel if path == "clipped" else _kernel).failure:
         return False
-    if not position.relative_only or not hasattr(state, "queries"):
+    if path == "distance" and q.shape[0] != 1:  # the chunked path shares each chunk's bias between sequences
         return False
     # The table is indexed by i - j: the positions must be consecutive (and the keys the queries).
     queries, keys = state.queries, state.keys
@@ -72,24 +102,79 @@ def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor
     return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=enable_gqa)
 
 
-def block_mask(time: int, device: torch.device) -> Any:
-    """The causal block mask for `time` queries and keys, built once per (time, device)."""
+def _flex_far(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink: torch.Tensor, block_mask: Any,
+              enable_gqa: bool) -> torch.Tensor:
+    """Plain scaled logits over the keys the block mask shows; key 0 is the sink, scored sink[b, h, i]."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    def score_mod(score, b, h, i, j):  # noqa: ANN001, ANN202 (flex's signature)
+        return torch.where(j == 0, sink[b, h, i], score)
+
+    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=enable_gqa)
+
+
+def block_mask(time: int, device: torch.device, clip: int = 0) -> Any:
+    """Built once per (time, device, clip). clip = 0: the causal block mask for `time` queries and keys. clip > 0:
+    for `time` queries and a sink followed by the `time` keys (key j + 1 is token j): the sink, and the tokens at
+    distance clip or more (j <= i - clip)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    key = (time, str(device))
+    key = (time, str(device), clip)
     if key not in _block_masks:
         if len(_block_masks) >= 16:
             _block_masks.clear()
-        _block_masks[key] = create_block_mask(lambda b, h, i, j: i >= j, None, None, time, time, device=str(device))
+        if clip:
+            mask, keys = (lambda b, h, i, j: (j == 0) | (j <= i + 1 - clip)), time + 1
+        else:
+            mask, keys = (lambda b, h, i, j: i >= j), time
+        _block_masks[key] = create_block_mask(mask, None, None, time, keys, device=str(device))
     return _block_masks[key]
 
 
-_kernel = Compiled(_flex, "FlexAttention", "evaluation continues on the chunked attention path (model/flex.py)")
+_INSTEAD = "evaluation continues on the chunked attention path (model/flex.py)"
+_kernel = Compiled(_flex, "FlexAttention", _INSTEAD)
+_far_kernel = Compiled(_flex_far, "FlexAttention (a clipped encoding's far keys)", _INSTEAD)
+
+
+def clipped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position: Any, state: Any,
+                      layer: int) -> torch.Tensor | None:
+    """Causal attention of a clipped encoding (bias and value term): the far keys through FlexAttention with a sink
+    that yields their softmax mass, the near band explicitly, the two merged (module docstring). None when
+    compiling failed."""
+    table, values = position.clipped_tables(q, state, layer)  # (batch, heads, time, clip + 1), (clip + 1, dim)
+    batch, heads, time, dim = q.shape
+    clip = table.shape[-1] - 1
+    k_all = k.repeat_interleave(heads // k.shape[1], dim=1)
+    v_all = v.repeat_interleave(heads // v.shape[1], dim=1)
+    # The near logits less the far keys' bias table[..., clip] (a constant per query: the softmax is unchanged).
+    near = torch.full((batch, heads, time, clip), float("-inf"), dtype=torch.float32, device=q.device)
+    for d in range(min(clip, time)):  # the key at distance d of every query i >= d
+        near[:, :, d:, d] = (q[:, :, d:] * k_all[:, :, : time - d]).sum(-1).float()
+    near = near / math.sqrt(dim) + (table[..., :clip] - table[..., clip:])
+    top = near.amax(-1)  # every query has its own key (d = 0)
+    zero = k.new_zeros(batch, k.shape[1], 1, dim)
+    k_sink = torch.cat((zero, k), dim=2)
+    v_sink = torch.cat((torch.cat((zero, zero.new_ones(batch, k.shape[1], 1, 1)), dim=-1),
+                        torch.cat((v, v.new_zeros(*v.shape[:3], 1)), dim=-1)), dim=2)
+    out = _far_kernel(q, k_sink, v_sink, top, block_mask(time, q.device, clip), k.shape[1] != heads)
+    if out is None:
+        return None
+    share = out[..., dim].float().clamp_min(torch.finfo(torch.float32).tiny)  # e^top / (far mass + e^top)
+    far = (1 - share) / share  # the far keys' mass, in units of e^top (0 for queries i < clip)
+    near = torch.exp(near - top[..., None])  # each near key's mass, in the same units
+    total = far + near.sum(-1)
+    weights = torch.cat((near, far[..., None]), dim=-1) / total[..., None]  # probabilities at d < clip, and d >= clip
+    output = out[..., :dim] / (share * total)[..., None] + weights @ values.to(weights.dtype)
+    for d in range(min(clip, time)):
+        output[:, :, d:] += weights[:, :, d:, d, None] * v_all[:, :, : time - d]
+    return output
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position: Any, state: Any,
               layer: int) -> torch.Tensor | None:
-    """Causal attention with the encoding's distance bias through compiled FlexAttention, or None when compiling
-    failed (then the caller takes the chunked path, as every later forward does)."""
+    """Causal attention with the encoding's bias (and value term) through compiled FlexAttention, or None when
+    compiling failed (then the caller takes the chunked path, as every later forward does)."""
+    if kind(position) == "clipped":
+        return clipped_attention(q, k, v, position, state, layer)
     table = distance_table(q, position, state, layer)
     return _kernel(q, k, v, table, block_mask(q.shape[2], q.device), k.shape[1] != q.shape[1])

@@ -144,6 +144,7 @@ class ShawRelative(PositionEncoding):
         layers = [str(index) for index in self.layers_using()]
         self.relative_keys = nn.ModuleDict({index: nn.Embedding(size, config.head_dim) for index in layers})
         self.relative_values = nn.ModuleDict({index: nn.Embedding(size, config.head_dim) for index in layers})
+        self.clipped_distance = config.shaw_max_distance  # causal: j - i in [-k, 0] only, as d = i - j in [0, k]
 
     @classmethod
     def validate(cls, config: "ModelConfig") -> None:
@@ -169,6 +170,13 @@ class ShawRelative(PositionEncoding):
         size = 2 * self.config.shaw_max_distance + 1
         weight_per_distance = probs.new_zeros(batch, heads, time, size).scatter_add_(-1, index, probs)
         return weight_per_distance @ self.relative_values[str(layer)].weight.to(probs.dtype)
+
+    def clipped_tables(self, q: torch.Tensor, state: Positions, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row k - d of each table is distance d = i - j (clip(j - i, -k, k) + k = k - min(d, k) for j <= i)."""
+        k = self.config.shaw_max_distance
+        vectors = self.relative_keys[str(layer)].weight[: k + 1].flip(0)
+        bias = (q @ vectors.to(q.dtype).T).float() / math.sqrt(self.config.head_dim)
+        return bias, self.relative_values[str(layer)].weight[: k + 1].flip(0)
 
 
 def sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:

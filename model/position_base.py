@@ -16,11 +16,16 @@ Hooks (each has a do-nothing default):
                                             hidden) is given when `bias_needs_scores` (CoPE), else None
   value_term(probs, state, layer, rows, keys)
                                             a term added to the attention output (Shaw's relative values)
+  clipped_tables(q, state, layer)           when `clipped_distance` = c > 0 (Shaw): the bias as a function of the
+                                            query and min(i - j, c), (batch, heads, time, c + 1), and the value
+                                            term's vector per min(i - j, c), (c + 1, head_dim); lets a long
+                                            evaluation forward take FlexAttention (model/flex.py)
   reset_parameters()                        re-initialises parameters the reference initialises differently
   constrain_()                              projects the encoding's parameters back onto their domain; the
                                             training loop calls it after every optimizer step (KERPLE's r1, r2 > 0)
 
-Capabilities the attention reads: `has_score_bias`, `bias_needs_scores`, `has_value_term`, `caches_rotated_keys`.
+Capabilities the attention reads: `has_score_bias`, `bias_needs_scores`, `has_value_term`, `caches_rotated_keys`,
+`relative_only`, `clipped_distance`.
 `per_layer` is False for encodings that act on the whole model (absolute ones, through `embed`): those cannot be
 mixed with others layer by layer. New encodings register with `@register("name")`.
 """
@@ -70,6 +75,7 @@ class PositionEncoding(nn.Module):
     per_layer = True
     encodes_positions = True  # False: NoPE (Llama 4's temperature tuning acts on such layers only)
     relative_only = True  # False: scores also depend on a query's absolute position (FIRE past its threshold)
+    clipped_distance = 0  # c > 0: bias and value term depend on the query and min(i - j, c) only (clipped_tables)
     exact_buffers: tuple[str, ...] = ()  # buffers kept in float32 when the model is cast (frequencies, slopes)
     # AdamW settings for this encoding's own parameters, if it has any (train/loop.py: position_group_settings):
     # "lr_scale" multiplies train.lr, "weight_decay" replaces train.weight_decay. Chosen by measurement (README)
@@ -123,6 +129,11 @@ class PositionEncoding(nn.Module):
     def value_term(self, probs: torch.Tensor, state: Any, layer: int, rows: slice,
                    keys: slice = ALL) -> torch.Tensor | None:
         return None
+
+    def clipped_tables(self, q: torch.Tensor, state: Any, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """For `clipped_distance` = c > 0: (bias (batch, heads, time, c + 1) float32, the bias of query i at
+        distance d = min(i - j, c); values (c + 1, head_dim), the value term's vector at d)."""
+        raise NotImplementedError(f"{type(self).__name__} sets no clipped_distance")
 
     def reset_parameters(self) -> None:
         """Initialise this encoding's own parameters where it differs from the model's (called after the model's

@@ -14,6 +14,8 @@ which the parent compares (the max |difference| is in the table). FlexAttention 
     (heads, L) table that the encoding's own score_bias fills, plus a causal block mask;
   - Shaw's score part (shaw-score: q_i . a_clip(j - i) / sqrt(d), its value term left out on both paths) as a
     score_mod reading the (heads, time, 2k + 1) products of each query with the k-clipped distance vectors;
+  - Shaw whole (shaw: bias and value term): the model's own path (model/flex.py clipped_attention: the k nearest
+    keys explicitly, the far ones through FlexAttention with a sink key for their softmax mass);
   - a sliding window (rope, model.attention_window) as a block mask (causal and i - j < window).
 The time is the median over --repeats calls after a first, compiling, call (its time is reported apart; the block
 mask, built once per length as a model would cache it, is outside the timed calls); each
@@ -22,8 +24,8 @@ case is measured --rounds times, in rotating order, and the figures are medians 
 torch 2.13 has no FlexAttention backward on CPU ("FlexAttention does not support backward on CPU"), so training
 cannot use it here. `--device cuda` measures the same forwards on a GPU (timed between synchronisations; the peak is
 torch.cuda.max_memory_allocated, not the process's resident set). What these figures decided: the
-model evaluates one sequence with a distance bias through FlexAttention (model/flex.py; batches keep the
-chunked path, which shares each chunk's bias between sequences), and keeps windows on the chunked path.
+model evaluates one sequence with a distance bias, or Shaw's, through FlexAttention (model/flex.py; batches keep
+the chunked path, which shares each chunk's bias between sequences), and keeps windows on the chunked path.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+import model.flex as flex
 from commands import add_device, add_out, comma_list, command_parser
 from errors import ConfigError, cli_command
 from model.config import ModelConfig
@@ -52,6 +55,7 @@ CASES = {
     "t5": {"position": "t5"},
     "kerple": {"position": "kerple"},
     "shaw-score": {"position": "shaw"},
+    "shaw": {"position": "shaw"},
     "window": {"position": "rope", "attention_window": [64]},
 }
 
@@ -128,7 +132,10 @@ def measure_one(case: str, length: int, path: str, repeats: int, output: Path, d
     if case == "shaw-score":
         encoding.has_value_term = False  # the score part only, on both paths
     positions = torch.arange(length, device=device)[None, :]
-    if path == "flex":
+    if path == "flex" and case == "shaw":
+        def call(q, k, v):  # the model's own path (a fresh state, as each forward prepares one)
+            return flex.attention(q, k, v, encoding, encoding.prepare(positions, positions), attention.layer_index)
+    elif path == "flex":
         call = flex_call(attention, encoding, positions, length)
     else:
         def call(q, k, v):  # a fresh state, as each forward prepares one (T5's shared bias is built again)

@@ -54,17 +54,18 @@ def test_encoding_costs_measures_each_variant_in_its_own_process(tmp_path, capsy
 
 
 def test_flex_costs_times_both_paths_in_fresh_processes_and_checks_they_agree(tmp_path):
-    """scripts.flex_costs: for a distance bias (ALiBi, through the encoding's own score_bias), Shaw's score part and
-    a sliding window, FlexAttention's output equals the chunked path's (compared across the two processes), with
+    """scripts.flex_costs: for a distance bias (ALiBi, through the encoding's own score_bias), Shaw's score part,
+    Shaw whole (the model's own path) and a sliding window, FlexAttention's output equals the chunked path's (compared across the two processes), with
     times and peaks."""
     import json
 
     from scripts.flex_costs import main
 
-    assert main(["--cases", "alibi,shaw-score,window", "--multiples", "1", "--repeats", "1", "--rounds", "1",
+    assert main(["--cases", "alibi,shaw-score,shaw,window", "--multiples", "1", "--repeats", "1", "--rounds", "1",
                  "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "flex_costs.json").read_text())["rows"]
-    assert [(row["case"], row["length"]) for row in rows] == [("alibi", 256), ("shaw-score", 256), ("window", 256)]
+    assert [(row["case"], row["length"]) for row in rows] == [("alibi", 256), ("shaw-score", 256), ("shaw", 256),
+                                                                 ("window", 256)]
     for row in rows:
         assert row["max_abs_diff"] < 1e-5
         assert row["chunked"]["seconds"] > 0 and row["flex"]["seconds"] > 0 and row["flex"]["peak_mib"] > 0

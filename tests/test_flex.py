@@ -1,7 +1,7 @@
-"""FlexAttention for long evaluation forwards of distance biases (model/flex.py) against the chunked path, which
-stays the reference: the same logits (< 1e-4, fp32) where it is taken, the chunked path wherever it does not apply
-(training, a KV cache, windows, batches, biases that are not a function of i - j), and a clean fall-back if
-compiling fails."""
+"""FlexAttention for long evaluation forwards of distance biases and of Shaw's clipped bias and value term
+(model/flex.py) against the chunked path, which stays the reference: the same logits (< 1e-4, fp32) where it is
+taken, the chunked path wherever it does not apply (training, a KV cache, windows, batches, biases that are not a
+function of i - j), and a clean fall-back if compiling fails."""
 import pytest
 import torch
 
@@ -78,15 +78,69 @@ def test_training_decoding_windows_and_other_biases_keep_the_chunked_path(flex_c
         model(idx)  # bf16 scores
     logits(model, idx[:, :40])  # shorter than MIN_LENGTH
     logits(model, idx.repeat(2, 1))  # two sequences: the chunked path shares each chunk's bias between them
-    for settings in ({"position": "fire"}, {"position": "shaw"}, {"position": "cope"},
-                     {"position": "alibi", "attention_window": [16]}):
+    for settings in ({"position": "fire"}, {"position": "cope"}, {"position": "alibi", "attention_window": [16]},
+                     {"position": "shaw", "attention_window": [16]}):
         logits(Transformer(micro_config(**settings, max_seq_len=64)).eval(), idx)
     assert not flex_calls
 
 
-@pytest.mark.parametrize("position", ["alibi", "t5"])
+def shaw_model(n_kv_heads: int = 2, clip: int = 16, std: float = 1.0) -> Transformer:
+    """A Shaw model whose key and value vectors are far from their initial near-zero values (a trained model's
+    differ from distance to distance)."""
+    model = Transformer(micro_config(position="shaw", n_kv_heads=n_kv_heads, max_seq_len=64,
+                                     shaw_max_distance=clip)).eval()
+    with torch.no_grad():
+        for parameter in model.position.parameters():
+            parameter.normal_(0.0, std)
+    return model
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+@pytest.mark.parametrize("clip", [16, 3])
+def test_flex_attention_gives_the_chunked_paths_logits_for_shaws_bias_and_value_term(n_kv_heads, clip, flex_calls):
+    model = shaw_model(n_kv_heads, clip)
+    idx = torch.randint(0, model.config.vocab_size, (1, LENGTH))
+    batch = torch.randint(0, model.config.vocab_size, (3, LENGTH))  # several sequences take it too
+    for tokens, positions in ((idx, None), (idx, torch.arange(37, 37 + LENGTH)[None, :]), (batch, None)):
+        reference = logits(model, tokens, positions, use_flex=False)
+        assert not flex_calls
+        fast = logits(model, tokens, positions)
+        assert len(flex_calls) == model.config.n_layers
+        flex_calls.clear()
+        assert (fast - reference).abs().max() < 1e-4
+    reference = logits(model, idx, use_flex=False)
+    # A wrong value vector (at one near distance, or the far keys') or a wrong near bias is seen: the check can fail.
+    tables = model.position.clipped_tables
+    for part, distance in (("values", 2), ("values", clip), ("bias", 1)):
+        def wrong(*args, part=part, distance=distance):
+            bias, values = (table.clone() for table in tables(*args))
+            if part == "values":
+                values[distance] += 0.5
+            else:
+                bias[..., distance] += 0.5
+            return bias, values
+
+        model.position.clipped_tables = wrong
+        try:
+            assert (logits(model, idx) - reference).abs().max() > 1e-3, (part, distance)
+        finally:
+            model.position.clipped_tables = tables
+
+
+def test_shaws_flex_path_stays_exact_when_the_bias_dominates_the_scores(flex_calls):
+    """Large key vectors: the near band's logits dwarf (or, per query, fall far below) the far keys', so one part's
+    softmax mass is many orders of magnitude below the other's."""
+    model = shaw_model(std=6.0)
+    idx = torch.randint(0, model.config.vocab_size, (1, LENGTH))
+    reference = logits(model, idx, use_flex=False)
+    fast = logits(model, idx)
+    assert flex_calls and torch.isfinite(fast).all()
+    assert (fast - reference).abs().max() < 1e-4 * max(1.0, reference.abs().max().item())
+
+
+@pytest.mark.parametrize("position", ["alibi", "t5", "shaw"])
 def test_cached_decoding_equals_a_full_forward_that_takes_flex(position, flex_calls):
-    model = Transformer(micro_config(position=position, max_seq_len=64)).eval()
+    model = shaw_model() if position == "shaw" else Transformer(micro_config(position=position, max_seq_len=64)).eval()
     idx = torch.randint(0, model.config.vocab_size, (1, LENGTH))
     full = logits(model, idx)
     assert flex_calls
@@ -99,14 +153,17 @@ def test_cached_decoding_equals_a_full_forward_that_takes_flex(position, flex_ca
     assert (torch.cat(pieces, dim=1) - full).abs().max() < 1e-4
 
 
-def test_a_compiler_failure_warns_once_and_falls_back_to_the_chunked_path(flex_calls, monkeypatch):
-    monkeypatch.setattr(flex, "_kernel", Compiled(flex._flex, "FlexAttention", "the chunked path"))
+@pytest.mark.parametrize("position, kernel, function", [("alibi", "_kernel", flex._flex),
+                                                        ("shaw", "_far_kernel", flex._flex_far)])
+def test_a_compiler_failure_warns_once_and_falls_back_to_the_chunked_path(position, kernel, function, flex_calls,
+                                                                          monkeypatch):
+    monkeypatch.setattr(flex, kernel, Compiled(function, "FlexAttention", "the chunked path"))
 
     def no_compiler(*args, **kwargs):
         raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
 
     monkeypatch.setattr(torch, "compile", no_compiler)
-    model = Transformer(micro_config(position="alibi", max_seq_len=64)).eval()
+    model = shaw_model() if position == "shaw" else Transformer(micro_config(position=position, max_seq_len=64)).eval()
     idx = torch.randint(0, 97, (1, LENGTH))
     reference = logits(model, idx, use_flex=False)
     with pytest.warns(UserWarning, match="could not be compiled .*No working C"):
