@@ -38,6 +38,17 @@ def logits(model, idx, positions=None, use_flex=True):
         flex.ENABLED = flex_was
 
 
+def assert_flex_matches_the_chunked_path(model, tokens, positions, flex_calls):
+    """Every layer of this forward takes FlexAttention, and its logits are the chunked path's within 1e-4."""
+    reference = logits(model, tokens, positions, use_flex=False)
+    assert not flex_calls
+    fast = logits(model, tokens, positions)
+    assert len(flex_calls) == model.config.n_layers
+    flex_calls.clear()
+    assert (fast - reference).abs().max() < 1e-4
+    return reference
+
+
 @pytest.mark.parametrize("n_kv_heads", [4, 2])
 @pytest.mark.parametrize("position", ["alibi", "t5", "kerple"])
 def test_flex_attention_gives_the_chunked_paths_logits_for_a_distance_bias(position, n_kv_heads, flex_calls):
@@ -46,12 +57,7 @@ def test_flex_attention_gives_the_chunked_paths_logits_for_a_distance_bias(posit
         torch.nn.init.normal_(model.position.relative_attention_bias.weight, std=1.0)
     idx = torch.randint(0, model.config.vocab_size, (1, LENGTH))
     for positions in (None, torch.arange(37, 37 + LENGTH)[None, :]):  # from 0, and shifted
-        reference = logits(model, idx, positions, use_flex=False)
-        assert not flex_calls
-        fast = logits(model, idx, positions)
-        assert len(flex_calls) == model.config.n_layers
-        flex_calls.clear()
-        assert (fast - reference).abs().max() < 1e-4
+        reference = assert_flex_matches_the_chunked_path(model, idx, positions, flex_calls)
     # A wrong bias (one distance's entry off) is seen: the check can fail.
     table = flex.distance_table
 
@@ -101,14 +107,8 @@ def test_flex_attention_gives_the_chunked_paths_logits_for_shaws_bias_and_value_
     model = shaw_model(n_kv_heads, clip)
     idx = torch.randint(0, model.config.vocab_size, (1, LENGTH))
     batch = torch.randint(0, model.config.vocab_size, (3, LENGTH))  # several sequences take it too
-    for tokens, positions in ((idx, None), (idx, torch.arange(37, 37 + LENGTH)[None, :]), (batch, None)):
-        reference = logits(model, tokens, positions, use_flex=False)
-        assert not flex_calls
-        fast = logits(model, tokens, positions)
-        assert len(flex_calls) == model.config.n_layers
-        flex_calls.clear()
-        assert (fast - reference).abs().max() < 1e-4
-    reference = logits(model, idx, use_flex=False)
+    for tokens, positions in ((batch, None), (idx, torch.arange(37, 37 + LENGTH)[None, :]), (idx, None)):
+        reference = assert_flex_matches_the_chunked_path(model, tokens, positions, flex_calls)
     # A wrong value vector (at one near distance, or the far keys') or a wrong near bias is seen: the check can fail.
     tables = model.position.clipped_tables
     for part, distance in (("values", 2), ("values", clip), ("bias", 1)):
