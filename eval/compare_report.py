@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 
 from data.batches import read_meta
-from eval import figures
+from eval.compare_plots import plot_position_penalty, plot_snapshots, plot_training_curves, plot_with_bands
 from eval.compare_probes import report_sections
 from eval.extrapolation import CheckpointEvaluation, resolve_length
-from eval.figures import colour, method_style
+from eval.figures import colour
 from eval.methods import NONE, applies, label, method_spec
 from eval.stats import Estimate, seeds_and_windows, separated, t_interval
 from model.checkpoint import has_checkpoint, load_trainer_state
@@ -431,100 +431,6 @@ def probe_findings(variants: dict[str, Variant], offsets: list[int], trained: in
         lines[-1] += "; changed for " + "; ".join(moved)
     lines[-1] += "."
     return lines
-
-
-def plot_with_bands(variants: dict[str, Variant], lengths: list[int], value, path: Path, ylabel: str, title: str,
-                    log_y: bool, trained: int, zero_line: bool = False) -> None:
-    figure, axis = figures.new()
-    for name, variant in variants.items():
-        points = [(length, value(variant, length)) for length in lengths]
-        points = [(length, estimate) for length, estimate in points if estimate is not None]
-        if not points:
-            continue
-        xs = [length for length, _ in points]
-        means = [estimate.mean for _, estimate in points]
-        line, = axis.plot(xs, means, **figures.style(variant.encoding, variant.method), markersize=3, label=name,
-                          linewidth=1.3)
-        if all(estimate.has_interval for _, estimate in points):
-            axis.fill_between(xs, [e.low for _, e in points], [e.high for _, e in points], color=line.get_color(),
-                              alpha=0.15, linewidth=0)
-    axis.axvline(trained, color="grey", linestyle=":", linewidth=1)
-    if zero_line:
-        axis.axhline(0, color="black", linewidth=0.8)
-    axis.set_xscale("log", base=2)
-    if log_y:
-        axis.set_yscale("log")
-    axis.set_xlabel("evaluation length (tokens, log scale); dotted = trained length L")
-    axis.set_ylabel(ylabel)
-    axis.set_title(title, fontsize=10)
-    axis.grid(True, which="both", alpha=0.3)
-    figures.save(figure, path, axis)
-
-
-def plot_position_penalty(variants: dict[str, Variant], longest: int, trained: int, path: Path) -> None:
-    """Penalty by position in the longest windows (window loss minus reference loss of the same tokens)."""
-    figure, axis = figures.new()
-    bucket = max(1, longest // 64)
-    for name, variant in variants.items():
-        if not variant.curves:
-            continue
-        curves = np.stack([variant.curves[s] for s in sorted(variant.curves)])[:, : (longest // bucket) * bucket]
-        binned = curves.reshape(len(curves), -1, bucket).mean(axis=2)
-        xs = bucket * (np.arange(binned.shape[1]) + 0.5)
-        line, = axis.plot(xs, binned.mean(axis=0), linestyle=method_style(variant.method),
-                          color=colour(variant.encoding), label=name, linewidth=1.2)
-        if len(binned) > 1:
-            axis.fill_between(xs, binned.min(axis=0), binned.max(axis=0), color=line.get_color(), alpha=0.12,
-                              linewidth=0)
-    axis.axvline(trained, color="grey", linestyle=":", linewidth=1)
-    axis.axhline(0, color="black", linewidth=0.8)
-    axis.set_xlabel(f"position in a {longest}-token window, in bins of {bucket} positions (each bin: every scored "
-                    "window's tokens there); dotted = L; band: range over seeds")
-    axis.set_ylabel("loss in the window minus L-window reference (nats)")
-    axis.set_title("Where a model breaks: per-position penalty at the longest length (< L: early-token curse)",
-                   fontsize=10)
-    axis.grid(True, alpha=0.3)
-    figures.save(figure, path, axis)
-
-
-def plot_training_curves(training: dict[str, dict[int, dict]], path: Path) -> None:
-    figure, axis = figures.new()
-    for encoding, by_seed in training.items():
-        curves = [summary["curve"] for summary in by_seed.values() if summary and summary.get("curve")]
-        if not curves:
-            continue
-        steps = [step for step, _ in curves[0]]
-        mean = [statistics.fmean(curve[i][1] for curve in curves if i < len(curve)) for i in range(len(steps))]
-        axis.plot(steps, mean, color=colour(encoding), label=f"{encoding} (train)", linewidth=1)
-        val = [summary["val_curve"] for summary in by_seed.values() if summary and summary.get("val_curve")]
-        if val:
-            val_steps = [step for step, _ in val[0]]
-            val_mean = [statistics.fmean(c[i][1] for c in val if i < len(c)) for i in range(len(val_steps))]
-            axis.plot(val_steps, val_mean, "o--", color=colour(encoding), markersize=3, linewidth=0.8)
-    axis.set_xlabel("step")
-    axis.set_ylabel("loss (nats/token), mean over seeds; dashed = validation")
-    axis.set_title("Training curves (same data, budget, seeds, shape)")
-    axis.grid(True, alpha=0.3)
-    figures.save(figure, path, axis)
-
-
-def plot_snapshots(snapshots: dict, tokens_per_step: int, max_steps: int, path: Path, longest_multiple: float) -> None:
-    figure, axis = figures.new()
-    for name, rows in snapshots.items():
-        encoding = name.split("+")[0]
-        xs = [fraction * max_steps * tokens_per_step / 1e6 for fraction, *_ in rows]
-        means = [penalty.mean for _, penalty, _, _ in rows]
-        errors = [[penalty.mean - (penalty.low if penalty.has_interval else penalty.mean) for _, penalty, _, _ in rows],
-                  [(penalty.high if penalty.has_interval else penalty.mean) - penalty.mean for _, penalty, _, _ in rows]]
-        axis.errorbar(xs, means, yerr=errors, marker=figures.marker(encoding), markersize=4, capsize=3,
-                      color=colour(encoding),
-                      label=name, linewidth=1.2)
-    axis.axhline(0, color="black", linewidth=0.8)
-    axis.set_xlabel("training tokens (millions)")
-    axis.set_ylabel(f"extrapolation penalty at {longest_multiple:g}x (nats, 95% t interval over seeds and windows)")
-    axis.set_title("Extrapolation against training tokens (models kept during training)", fontsize=10)
-    axis.grid(True, alpha=0.3)
-    figures.save(figure, path, axis)
 
 
 def estimate_dict(estimate: Estimate | None) -> dict | None:

@@ -45,6 +45,24 @@ def method_style(method: str) -> Any:
     return METHOD_STYLES.get(method, METHOD_STYLES.get(method.split("+")[0], "--"))
 
 
+def method_colour(method: str) -> str:
+    """The colour of an inference-time method (a composition: its whole name), the same in every figure; black for
+    the model as trained. For panels that put one encoding under several methods."""
+    import matplotlib
+
+    if method == "none":
+        return "#000000"
+    # The most distinct hues first (a method panel holds one encoding, so they may repeat the encodings' colours);
+    # Dark2 without its grey for the rest and for compositions.
+    palette = list(matplotlib.colormaps["tab10"].colors) + list(matplotlib.colormaps["Dark2"].colors)[:7]
+    names = list(METHODS)[1:]  # the registry's methods take the first colours; compositions share the rest
+    if method in names:
+        index = names.index(method)
+    else:
+        index = len(names) + zlib.crc32(method.encode()) % max(1, len(palette) - len(names))
+    return matplotlib.colors.to_hex(palette[index % len(palette)])
+
+
 def style(encoding: str, method: str = "none") -> dict[str, Any]:
     """plot() keywords for a line of `encoding` under `method`."""
     return {"color": colour(encoding), "marker": marker(encoding), "linestyle": method_style(method)}
@@ -58,6 +76,17 @@ def new(columns: int = 1, width: float = 8.5, height: float = 5.2):
     import matplotlib.pyplot as plt
 
     return plt.subplots(1, columns, figsize=(width, height))
+
+
+def grid(rows: int, columns: int, panel_width: float = 4.4, panel_height: float = 3.3):
+    """A figure of rows x columns panels sharing their x and y axes, and the 2-D array of its axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(rows, columns, figsize=(columns * panel_width, rows * panel_height), sharex=True,
+                        sharey=True, squeeze=False)
 
 
 def save(figure, path: Path, legend_axis=None, below: bool = False) -> Path:

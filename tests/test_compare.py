@@ -387,14 +387,16 @@ def test_probes_and_tasks_add_their_sections_and_are_cached(small_text_file, tmp
         assert heading in report
     assert "| rope @ 16x |" in report and (out / "attention.png").stat().st_size > 0
     assert " | 3* / 3* |" in report and "until validation exact match at L reaches 0.95, at most 3 steps" in report
-    from eval.figures import colour
+    from eval.figures import colour, method_colour
 
     pngs = sorted(out.rglob("*.png"))
     assert len(pngs) >= 6 and all(png.with_suffix(".svg").exists() for png in pngs)  # every figure also vector
     for name in ("plot", "penalty", "train_curves", "attention", "tasks/flipflop/flipflop"):
         svg = (out / f"{name}.svg").read_text()
         assert f"stroke: {colour('rope')}" in svg, name  # one colour per encoding in every figure
-        assert (f"stroke: {colour('learned')}" in svg) == (name != "attention"), name  # (no table at 16x)
+        # learned: no table at 16x (attention) and no penalty as trained (its clamp row is in its own panel)
+        assert (f"stroke: {colour('learned')}" in svg) == (name not in ("attention", "penalty")), name
+    assert f"stroke: {method_colour('clamp')}" in (out / "penalty.svg").read_text()  # learned under each method
     capsys.readouterr()
     assert main(args) == 0
     output = capsys.readouterr().out
