@@ -47,7 +47,7 @@ from errors import ConfigError, cli_command
 from eval.compare_probes import PROBES, run_probes, run_tasks
 from eval.compare_report import eval_path, run_dir, write_outputs
 from eval.extrapolation import CheckpointEvaluation, evaluate_checkpoint, make_plan, parse_lengths, resolve_length
-from eval.jobs import die_with_parent, job_output, share_cores
+from eval.jobs import die_with_parent, job_output, share_cores, usable_cores, worker_layout
 from eval.methods import applies, check_methods
 from eval.task_generators import TASKS
 from model.checkpoint import WEIGHTS, has_checkpoint, load_model, load_trainer_state, trained_length
@@ -84,7 +84,7 @@ class CompareConfig:
     tasks: list = field(default_factory=list)  # synthetic tasks trained per encoding (eval/task_generators.py)
     task_steps: int = 12000  # the cap on each task model's training steps (eval.tasks default)
     task_until: float = 0.95  # stop a task model's training at this validation exact match at L (0: train to the cap)
-    workers: int = 0  # 0: one per CPU core (one per GPU on CUDA)
+    workers: int = 0  # 0: one per usable CPU core (one per GPU on CUDA)
     threads: int = 0  # torch threads per worker; 0: CPU cores / workers
     out: str = "runs/compare"
 
@@ -379,20 +379,6 @@ def run_job(job: Job, log_path: Path | None = None) -> dict[str, Any]:
     return result
 
 
-def worker_layout(compare: CompareConfig, jobs: int) -> tuple[int, int]:
-    """(workers, torch threads per worker): one worker per core with one thread each by default (two 1-thread
-    processes measured faster than one 2-thread process on a 2-core CPU), or one per GPU."""
-    cores = os.cpu_count() or 1
-    if compare.workers:
-        workers = compare.workers
-    elif torch.cuda.is_available():
-        workers = torch.cuda.device_count()
-    else:
-        workers = cores
-    workers = max(1, min(workers, jobs))
-    return workers, compare.threads or max(1, cores // workers)
-
-
 def _init_worker(slots: Any, progress: Any = None, parent: int | None = None, cores: Any = None) -> None:
     global _PROGRESS
     die_with_parent(parent)
@@ -476,7 +462,7 @@ def run_jobs(jobs: list[Job], workers: int, out: Path, adapt_threads: bool = Fal
                               "status": f"failed: worker died ({type(error).__name__}: {error})"[:300]}
                 finished(job, result)
             if adapt_threads and done and 0 < len(pending) < workers:
-                threads = max(jobs[0].threads, (os.cpu_count() or 1) // len(pending))
+                threads = max(jobs[0].threads, usable_cores() // len(pending))
                 if threads > max(cores.value, jobs[0].threads):
                     cores.value = threads
                     print(f"[{progress()}] {len(pending)} job(s) left for {workers} workers: each scores with "
@@ -527,7 +513,8 @@ def run_comparison(compare: CompareConfig, shared: dict, preset: str, out: Path,
     configs = {(encoding, seed): variant_config(shared, encoding, seed, data_dir, compare)
                for seed in compare.seeds for encoding in compare.encodings}
     check_existing_runs(configs)
-    workers, threads = worker_layout(compare, len(configs))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    workers, threads = worker_layout(compare.workers, len(configs), gpus, compare.threads)
     jobs = [Job(encoding, seed, config.to_dict(), asdict(compare), threads)
             for (encoding, seed), config in configs.items()]
     results = run_jobs(largest_first(jobs, configs), workers, out, adapt_threads=not compare.threads)

@@ -16,6 +16,24 @@ import torch
 _FREE_CORES: Any = None  # in a worker process of eval.compare: the threads a running job may use now (0: its own)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS reports one, e.g. under taskset or a
+    container's cpuset; else every core)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def worker_layout(workers: int, jobs: int, gpus: int = 0, threads: int = 0) -> tuple[int, int]:
+    """(worker processes, torch threads each) for `jobs` independent jobs: `workers` if given, else one per GPU
+    where there are `gpus`, else one per usable core (on this project's 2-core CPU two single-thread processes
+    train faster than one two-thread process); never more than the jobs. `threads` if given, else the cores split
+    evenly between the workers."""
+    cores = usable_cores()
+    workers = max(1, min(workers or gpus or cores, jobs))
+    return workers, threads or max(1, cores // workers)
+
+
 @contextlib.contextmanager
 def job_output(log_path: Path | None, threads: int) -> Iterator[None]:
     """Inside: stdout and stderr appended, line by line, to log_path (if given), and `threads` torch threads (if

@@ -39,7 +39,7 @@ from commands import add_out, comma_list, command_parser, deprecated
 from data.batches import IGNORE_INDEX
 from errors import ConfigError, cli_command
 from eval import figures
-from eval.jobs import die_with_parent, job_output
+from eval.jobs import die_with_parent, job_output, worker_layout
 from eval.stats import Estimate, t_interval
 from eval.task_generators import TASKS, Task, TaskBatch, get_task, score
 from model.checkpoint import load_model
@@ -188,14 +188,6 @@ def run_jobs(jobs: list[TaskJob], workers: int, logs: Path) -> list[dict[str, An
                           "status": f"failed: worker died ({type(error).__name__}: {error})"[:300]}
             finished(job, result)
     return results
-
-
-def worker_layout(workers: int, jobs: int) -> tuple[int, int]:
-    """(processes, torch threads each): by default one single-thread process per core (on this project's 2-core
-    CPU, two single-thread processes train faster than one two-thread process)."""
-    cores = os.cpu_count() or 1
-    workers = max(1, min(workers or cores, jobs))
-    return workers, max(1, cores // workers)
 
 
 def run_suite(tasks: list[str], encodings: dict[str, dict], seeds: list[int], length: int, multiples: list[int],

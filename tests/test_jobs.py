@@ -102,3 +102,15 @@ def test_a_job_takes_the_cores_its_pool_frees_between_scoring_batches():
     finally:
         jobs.share_cores(None)
         torch.set_num_threads(before)
+
+
+def test_the_worker_layout_follows_the_usable_cores_gpus_and_what_was_asked(monkeypatch):
+    from eval import jobs
+
+    monkeypatch.setattr(jobs.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    assert jobs.usable_cores() == 4  # the affinity, not every core of the machine
+    assert jobs.worker_layout(0, 10) == (4, 1)  # one single-thread worker per core
+    assert jobs.worker_layout(0, 3) == (3, 1)  # never more workers than jobs
+    assert jobs.worker_layout(1, 10) == (1, 4)  # one worker takes every core
+    assert jobs.worker_layout(0, 10, gpus=2) == (2, 2)  # one worker per GPU
+    assert jobs.worker_layout(2, 10, threads=1) == (2, 1)  # threads as asked
