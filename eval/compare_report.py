@@ -178,6 +178,21 @@ def order_statement(variants: dict[str, Variant], length: int, multiple: float) 
     return f"Perplexity at {multiple:g}x, best to worst: " + " ".join(parts) + "."
 
 
+def separated_pairs(variants: dict[str, Variant], length: int) -> str | None:
+    """Every pair whose perplexity intervals separate, not only neighbours in the order (overlap is not transitive:
+    a chain of '≈' can join two variants whose intervals separate). None when fewer than two have an interval."""
+    estimates = sorted(((v.ppl(length), name) for name, v in variants.items()
+                        if v.ppl(length) and v.ppl(length).has_interval), key=lambda p: p[0].mean)
+    if len(estimates) < 2:
+        return None
+    pairs = []
+    for index, (better, name) in enumerate(estimates):
+        worse = [other for estimate, other in estimates[index + 1:] if separated(better, estimate)]
+        if worse:
+            pairs.append(f"{name} < {', '.join(worse)}")
+    return "; ".join(pairs) if pairs else "none"
+
+
 def verdict(estimate: Estimate | None, threshold: float, holds_above: bool) -> str:
     """'reproduced' when the interval lies on the claim's side of the threshold, 'not reproduced' when it lies on
     the other side, 'within noise' when it straddles it (or there is no interval)."""
@@ -229,13 +244,24 @@ def findings(variants: dict[str, Variant], lengths: list[int], trained: int, pro
     if not variants:
         return ["No variant could be evaluated; see the status column above."]
     first, longest = min(lengths), max(lengths)
+    # With inference-time methods the orderings and the per-variant penalties cover the encodings as trained; the
+    # methods are compared with the same trained models below, paired by seed, and grouped by penalty side.
+    as_trained = {name: v for name, v in variants.items() if v.method == NONE}
+    ordered = as_trained if as_trained and len(as_trained) < len(variants) else variants
     lines = []
     for length in sorted({first, longest}):
-        statement = order_statement(variants, length, length / trained)
+        statement = order_statement(ordered, length, length / trained)
         if statement:
             lines.append(f"- {statement}")
-    lines.append("  ('<': the 95% intervals over seeds separate; '≈': they overlap, so the order is within noise.)")
-    penalties = [penalty_statement(v, longest) for v in variants.values()]
+            pairs = separated_pairs(ordered, length)
+            if pairs:
+                lines.append(f"  Pairs whose intervals separate at {length / trained:g}x (better < worse): {pairs}.")
+    lines.append("  ('<': the 95% intervals over seeds separate; '≈': they overlap, so the order is within noise; "
+                 "overlap is not transitive, hence the pairs.)")
+    if ordered is not variants:
+        lines.append("  (The encodings as trained; each inference-time method against the same trained models: "
+                     "below, paired by seed.)")
+    penalties = [penalty_statement(v, longest) for v in ordered.values()]
     penalties = [p for p in penalties if p]
     if penalties:
         lines.append(f"- Extrapolation penalty at {longest / trained:g}x (positions >= L against the L-window "
@@ -444,8 +470,14 @@ def wall_time_line(out: Path, wall_s: float) -> str:
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
     line = f"This invocation: {wall_s / 60:.1f} min wall on this machine"
     if len(records) > 1:
+        trained = [r for r in records if set(r.get("jobs", {})) != {"skipped"}]
+        idle = [r for r in records if r not in trained]
         line += (f"; all {len(records)} invocations on record (OUT/invocations.jsonl), whatever each trained or "
                  f"reused: {sum(r['wall_s'] for r in records) / 60:.1f} min wall")
+        if trained and idle:
+            line += (f", of which {sum(r['wall_s'] for r in trained) / 60:.1f} min in the {len(trained)} that "
+                     f"trained and {sum(r['wall_s'] for r in idle) / 60:.1f} min in the {len(idle)} that trained "
+                     "nothing (they evaluated what was missing, or re-rendered the report from the cache)")
     return line
 
 

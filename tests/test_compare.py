@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -70,6 +71,7 @@ def test_compare_end_to_end_with_seeds_snapshots_and_a_cached_rerun(small_text_f
     invocations = [json.loads(line) for line in (out / "invocations.jsonl").read_text().splitlines()]
     assert [r["jobs"] for r in invocations] == [{"trained": 2 * len(ENCODINGS)}, {"skipped": 2 * len(ENCODINGS)}]
     assert "all 2 invocations on record" in (out / "report.md").read_text()
+    assert re.search(r"in the 1 that trained and 0\.\d min in the 1 that trained nothing", (out / "report.md").read_text())
 
 
 def test_results_do_not_depend_on_the_number_of_workers(small_text_file, tmp_path):
@@ -447,3 +449,22 @@ def test_the_passkey_section_gives_an_interval_over_seeds_not_pooled_trials(tmp_
     assert table["alibi"] == f"| alibi | {agree.format()} | n/a |"
     assert split.high - split.low > 2 * (wilson_interval(10, 60).high - wilson_interval(10, 60).low)
     assert (agree.low, agree.high) == (wilson_interval(6, 60).low, wilson_interval(6, 60).high)
+
+
+def test_findings_name_every_separated_pair_and_order_the_encodings_as_trained_when_methods_are_there():
+    """A chain of '≈' can join two variants whose intervals separate (overlap is not transitive): the separated
+    pairs are listed; with methods, the orderings hold the encodings as trained only."""
+    rows = {name: variant(name, {16: ppl, 64: ppl}) for name, ppl in
+            (("alibi", [10.0, 10.1, 9.9]), ("rope", [10.6, 10.7, 10.5]), ("none", [11.2, 11.3, 11.1]))}
+    text = "\n".join(findings(rows, [16, 64], 16, []))
+    assert "Perplexity at 1x, best to worst: alibi (10.0) < rope (10.6) < none (11.2)." in text
+    assert "(better < worse): alibi < rope, none; rope < none." in text
+    wide = {name: variant(name, {16: ppl, 64: ppl}) for name, ppl in
+            (("alibi", [10.0, 10.2, 9.8]), ("rope", [10.5, 11.5, 9.5]), ("none", [11.0, 11.2, 10.8]))}
+    text = "\n".join(findings(wide, [16, 64], 16, []))
+    assert "alibi (10.0) ≈ rope (10.5) ≈ none (11.0)" in text and "(better < worse): alibi < none." in text
+    yarn = variant("rope", {16: [10.6, 10.7, 10.5], 64: [9.0, 9.1, 8.9]})
+    yarn.method, yarn.label = "yarn", "rope+yarn"
+    text = "\n".join(findings({**rows, "rope+yarn": yarn}, [16, 64], 16, []))
+    assert "rope+yarn" not in text.split("(The encodings as trained;")[0]  # orderings: as trained only
+    assert "Perplexity at 4x, best to worst: alibi (10.0) < rope (10.6) < none (11.2)." in text
