@@ -242,9 +242,11 @@ class LearnedAbsolute(PositionEncoding):
             )
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # Compiled, the range check would break the graph at a data-dependent int(): it is skipped there (a compiled
+        # training step never goes past the table, which validate() keeps at least max_seq_len long).
         if self.config.learned_clamp:
             positions = positions.clamp(max=self.size - 1)
-        elif int(positions.max()) >= self.size:
+        elif not torch.compiler.is_compiling() and int(positions.max()) >= self.size:
             raise PositionRangeError(
                 f"position {int(positions.max())} is beyond the learned table of {self.size} positions "
                 f"(model.learned_max_positions); evaluate at <= {self.size} tokens, or set "

@@ -126,6 +126,12 @@ def xpos_zeta(rotated: int) -> torch.Tensor:
 XPOS_MAX_LOG_SCALE = 80.0
 
 
+def xpos_position_limit(config: "ModelConfig") -> int:
+    """The largest position whose xPos key scale stays below e^XPOS_MAX_LOG_SCALE."""
+    smallest_log_zeta = float(torch.log(xpos_zeta(rotary_dim(config))).min())
+    return int(XPOS_MAX_LOG_SCALE * config.xpos_scale_base / -smallest_log_zeta)
+
+
 @register("xpos")
 class XPos(RoPE):
     """xPos (Sun et al. 2022): RoPE with an exponential decay; the scales are folded into the cos/sin tables, so
@@ -138,22 +144,30 @@ class XPos(RoPE):
     def __init__(self, config: "ModelConfig") -> None:
         super().__init__(config)
         self.register_buffer("log_zeta", torch.log(xpos_zeta(self.rotary_dim)), persistent=False)
+        self.position_limit = xpos_position_limit(config)
 
     @classmethod
     def validate(cls, config: "ModelConfig") -> None:
         super().validate(config)
         if config.xpos_scale_base <= 0:
             raise ConfigError(f"model.xpos_scale_base must be positive, got {config.xpos_scale_base}")
+        limit = xpos_position_limit(config)
+        if config.max_seq_len > limit:
+            raise ConfigError(f"xpos: model.max_seq_len = {config.max_seq_len} overflows the decay scale (limit "
+                              f"{limit} at model.xpos_scale_base = {config.xpos_scale_base:g}); raise the scale base")
 
     def tables(self, inv_freq: torch.Tensor, positions: torch.Tensor, attention_factor: float,
                keys: bool) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = super().tables(inv_freq, positions, attention_factor, keys)
         gamma = self.config.xpos_scale_base
-        largest = float(positions.abs().max()) if positions.numel() else 0.0
-        if largest * -float(self.log_zeta.min()) / gamma > XPOS_MAX_LOG_SCALE:
-            limit = int(XPOS_MAX_LOG_SCALE * gamma / -float(self.log_zeta.min()))
-            raise PositionRangeError(f"xpos: position {int(largest)} overflows the decay scale (limit {limit} at "
-                                     f"model.xpos_scale_base = {gamma:g}); evaluate shorter sequences")
+        # Compiled, the range check would break the graph at a data-dependent float(): it is skipped there (a
+        # compiled training step stays below max_seq_len, which validate() keeps within the limit).
+        if positions.numel() and not torch.compiler.is_compiling():
+            largest = int(positions.abs().max())
+            if largest > self.position_limit:
+                raise PositionRangeError(f"xpos: position {largest} overflows the decay scale (limit "
+                                         f"{self.position_limit} at model.xpos_scale_base = {gamma:g}); evaluate "
+                                         "shorter sequences")
         with torch.autocast(device_type=positions.device.type, enabled=False):
             exponent = positions.to(torch.float32)[..., None] / gamma * self.log_zeta.to(positions.device)
             if keys:

@@ -238,3 +238,14 @@ def test_learned_clamp_reuses_the_last_row():
     x = torch.zeros(1, 3, 64)
     out = model.position.embed(x, torch.tensor([[7, 8, 50]]))
     assert torch.equal(out[0, 0], out[0, 1]) and torch.equal(out[0, 1], out[0, 2])
+
+
+@pytest.mark.parametrize("name", sorted(POSITION_ENCODINGS))
+def test_the_training_forward_of_every_encoding_compiles_into_one_graph(name):
+    """No graph break (a data-dependent int() or .item() in a range check, say) in a training forward with a loss:
+    each would split the compiled step and print dynamo's warning at the first step of every run."""
+    torch._dynamo.reset()
+    model = Transformer(micro_config(position=name)).train()
+    idx = torch.randint(0, 97, (2, 16))
+    explanation = torch._dynamo.explain(model)(idx, idx)
+    assert explanation.graph_break_count == 0, [str(b.reason)[:200] for b in explanation.break_reasons]

@@ -342,3 +342,14 @@ def test_every_parameter_of_a_hybrid_gets_a_gradient(layers):
     model(idx[:, :-1], idx[:, 1:])[1].backward()
     unused = [name for name, parameter in model.named_parameters() if parameter.grad is None]
     assert unused == []
+
+
+def test_xpos_refuses_a_trained_length_whose_scale_would_overflow_and_accepts_the_limit():
+    from model.position_rotary import xpos_position_limit
+
+    limit = xpos_position_limit(micro_config(position="xpos", xpos_scale_base=8.0))
+    assert 0 < limit < 10_000
+    with pytest.raises(ConfigError, match="raise the scale base"):
+        Transformer(micro_config(position="xpos", xpos_scale_base=8.0, max_seq_len=limit + 1))
+    model = Transformer(micro_config(position="xpos", xpos_scale_base=8.0, max_seq_len=limit)).eval()
+    assert torch.isfinite(model(torch.zeros(1, 2, dtype=torch.long), positions=torch.tensor([[0, limit]]))[0]).all()
