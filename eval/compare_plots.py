@@ -40,6 +40,11 @@ def panel_groups(variants: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return groups
 
 
+def _by_method(groups: list[tuple[str, dict[str, Any]]], title: str) -> bool:
+    """Whether the panel `title` of `groups` holds one encoding under its methods (coloured by method)."""
+    return len(groups) > 1 and title != AS_TRAINED
+
+
 def _style(variant: Any, by_method: bool) -> dict[str, Any]:
     """A line's colour, marker and style: the encoding's colour, or in a panel of one encoding's methods the
     method's colour (black as trained), so that the methods stand apart and match across panels."""
@@ -90,7 +95,7 @@ def plot_with_bands(variants: dict[str, Any], lengths: list[int], value, path: P
     groups = panel_groups(variants)
     figure, axes = _panels(len(groups))
     for axis, (panel_title, members) in zip(axes, groups):
-        by_method = len(groups) > 1 and panel_title != AS_TRAINED
+        by_method = _by_method(groups, panel_title)
         for name, variant in members.items():
             points = [(length, value(variant, length)) for length in lengths]
             points = [(length, estimate) for length, estimate in points if estimate is not None]
@@ -121,7 +126,7 @@ def plot_position_penalty(variants: dict[str, Any], longest: int, trained: int, 
     figure, axes = _panels(len(groups))
     bucket = max(1, longest // 64)
     for axis, (panel_title, members) in zip(axes, groups):
-        by_method = len(groups) > 1 and panel_title != AS_TRAINED
+        by_method = _by_method(groups, panel_title)
         for name, variant in members.items():
             curves = np.stack([variant.curves[s] for s in sorted(variant.curves)])[:, : (longest // bucket) * bucket]
             binned = curves.reshape(len(curves), -1, bucket).mean(axis=2)

@@ -181,8 +181,8 @@ def order_statement(variants: dict[str, Variant], length: int, multiple: float) 
 def separated_pairs(variants: dict[str, Variant], length: int) -> str | None:
     """Every pair whose perplexity intervals separate, not only neighbours in the order (overlap is not transitive:
     a chain of '≈' can join two variants whose intervals separate). None when fewer than two have an interval."""
-    estimates = sorted(((v.ppl(length), name) for name, v in variants.items()
-                        if v.ppl(length) and v.ppl(length).has_interval), key=lambda p: p[0].mean)
+    estimates = [(v.ppl(length), name) for name, v in variants.items()]
+    estimates = sorted(((e, name) for e, name in estimates if e and e.has_interval), key=lambda p: p[0].mean)
     if len(estimates) < 2:
         return None
     pairs = []

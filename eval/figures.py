@@ -68,25 +68,25 @@ def style(encoding: str, method: str = "none") -> dict[str, Any]:
     return {"color": colour(encoding), "marker": marker(encoding), "linestyle": method_style(method)}
 
 
-def new(columns: int = 1, width: float = 8.5, height: float = 5.2):
-    """A figure and its axes (one, or a list of `columns`), on the non-interactive backend."""
+def _pyplot():
+    """matplotlib.pyplot on the non-interactive backend."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt.subplots(1, columns, figsize=(width, height))
+    return plt
+
+
+def new(columns: int = 1, width: float = 8.5, height: float = 5.2):
+    """A figure and its axes (one, or a list of `columns`), on the non-interactive backend."""
+    return _pyplot().subplots(1, columns, figsize=(width, height))
 
 
 def grid(rows: int, columns: int, panel_width: float = 4.4, panel_height: float = 3.3):
     """A figure of rows x columns panels sharing their x and y axes, and the 2-D array of its axes."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt.subplots(rows, columns, figsize=(columns * panel_width, rows * panel_height), sharex=True,
-                        sharey=True, squeeze=False)
+    return _pyplot().subplots(rows, columns, figsize=(columns * panel_width, rows * panel_height), sharex=True,
+                              sharey=True, squeeze=False)
 
 
 def save(figure, path: Path, legend_axis=None, below: bool = False) -> Path:
