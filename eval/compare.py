@@ -77,6 +77,8 @@ class CompareConfig:
     reference_stride: int = 0  # 0: L / 8
     seeds: list = field(default_factory=lambda: [1337])
     snapshots: list = field(default_factory=list)  # fractions of train.max_steps whose models are also evaluated
+    # the inference-time methods of compare.methods that the snapshots are evaluated under too (where they apply)
+    snapshot_methods: list = field(default_factory=lambda: ["clamp"])
     probes: list = field(default_factory=list)  # of "attention", "induction", "passkey" (eval/compare_probes.py)
     probe_lengths: list = field(default_factory=lambda: ["1x", "4x"])
     probe_tokens: int = 16384  # held-out tokens per length for the attention diagnostics
@@ -92,6 +94,9 @@ class CompareConfig:
         check_field_types(self, "compare")
         parse_lengths(",".join(self.lengths))
         check_methods(self.methods)
+        if [m for m in self.snapshot_methods if m not in self.methods]:
+            raise ConfigError(f"compare.snapshot_methods {self.snapshot_methods} must be among compare.methods "
+                              f"{self.methods}")
         for name, settings in self.variants.items():
             if name in POSITION_ENCODINGS or not isinstance(settings, dict) or "position" not in settings:
                 raise ConfigError(f"compare.variants.{name}: a variant is a table of model settings that sets "
@@ -358,9 +363,11 @@ def run_job(job: Job, log_path: Path | None = None) -> dict[str, Any]:
             notes = []
             for step in steps:
                 checkpoint = out if step is None else out / SNAPSHOTS / f"step-{step:06d}"
-                # Snapshots: the model as trained, and a learned table clamped (its only numbers beyond L), at the
-                # shortest and longest lengths (what the snapshot table reports), on the same tokens.
-                methods = compare.methods if step is None else [m for m in compare.methods if m == "clamp"]
+                # Snapshots: the model as trained and under compare.snapshot_methods (by default a learned table
+                # clamped, its only numbers beyond L), at the shortest and longest lengths (what the snapshot table
+                # reports), on the same tokens.
+                methods = compare.methods if step is None else [m for m in compare.methods
+                                                                if m in compare.snapshot_methods]
                 lengths = None if step is None else extreme_lengths(compare.lengths, config.model.max_seq_len)
                 notes.append(evaluate_cached(checkpoint, eval_path(compare.out, job.encoding, job.seed, step),
                                              compare, methods, probe=step is None, lengths=lengths))

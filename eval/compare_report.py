@@ -26,6 +26,7 @@ from eval.compare_plots import plot_position_penalty, plot_snapshots, plot_train
 from eval.compare_probes import report_sections
 from eval.extrapolation import CheckpointEvaluation, resolve_length
 from eval.figures import colour
+from eval.jobs import machine_description
 from eval.methods import NONE, applies, label, method_spec
 from eval.stats import Estimate, seeds_and_windows, separated, t_interval
 from model.checkpoint import has_checkpoint, load_trainer_state
@@ -126,13 +127,18 @@ def collect(out: Path, compare: Any, lengths: list[int], trained: int, configs: 
     return {name: variant for name, variant in variants.items() if variant.nll}
 
 
-def collect_snapshots(out: Path, compare: Any, steps: list[int], max_steps: int, lengths: list[int]) -> dict:
+def collect_snapshots(out: Path, compare: Any, steps: list[int], max_steps: int, lengths: list[int],
+                      configs: dict) -> dict:
     """label -> [(fraction, penalty estimate at the longest length, ppl estimates at 1x and at the longest)]: each
-    encoding as trained, or clamped when it has no numbers beyond L (a learned table)."""
+    encoding as trained and under each of compare.snapshot_methods that applies to it, where the snapshots have
+    numbers at the longest length (a learned table has them only clamped)."""
     longest, shortest = max(lengths), min(lengths)
     table: dict[str, list] = {}
     for encoding in compare.encodings:
-        for method in (NONE, "clamp"):
+        layers = configs[(encoding, compare.seeds[0])].model.layer_positions()
+        methods = [NONE] + [m for m in compare.snapshot_methods
+                            if m != NONE and m in compare.methods and applies(m, compare.position_of(encoding), layers)]
+        for method in methods:
             rows = []
             for step in [*steps, None]:
                 windows, nll_long, nll_short = [], [], []
@@ -152,7 +158,6 @@ def collect_snapshots(out: Path, compare: Any, steps: list[int], max_steps: int,
                                  t_interval(nll_short), t_interval(nll_long)))
             if rows:
                 table[label(encoding, method)] = rows
-                break
     return table
 
 
@@ -468,7 +473,7 @@ def wall_time_line(out: Path, wall_s: float) -> str:
     """This invocation's wall time, and the total over every invocation recorded in OUT/invocations.jsonl."""
     path = Path(out) / "invocations.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    line = f"This invocation: {wall_s / 60:.1f} min wall on this machine"
+    line = f"This invocation: {wall_s / 60:.1f} min wall on this machine ({machine_description()})"
     if len(records) > 1:
         trained = [r for r in records if set(r.get("jobs", {})) != {"skipped"}]
         idle = [r for r in records if r not in trained]
@@ -492,7 +497,7 @@ def write_outputs(out: Path, compare: Any, shared: dict, data_dir: Path, configs
     probe_offsets = sorted({offset for v in variants.values() for offset in v.probe})
     steps = first_config.train.keep_steps
     max_steps = first_config.train.max_steps
-    snapshots = collect_snapshots(out, compare, steps, max_steps, lengths) if steps else {}
+    snapshots = collect_snapshots(out, compare, steps, max_steps, lengths, configs) if steps else {}
     training = {encoding: {seed: training_summary(Path(configs[(encoding, seed)].out.dir)) for seed in compare.seeds}
                 for encoding in compare.encodings}
     multiples = [length / trained for length in lengths]
@@ -551,7 +556,10 @@ def write_outputs(out: Path, compare: Any, shared: dict, data_dir: Path, configs
     (out / "results.json").write_text(json.dumps({
         "settings": {"compare": {k: getattr(compare, k) for k in compare.__dataclass_fields__}, "shared": shared,
                      "trained_length": trained, "lengths": lengths, "wall_s": wall_s, "workers": workers,
-                     "threads": threads},
+                     "threads": threads, "tokens_per_step": tokens_per_step, "max_steps": max_steps,
+                     "machine": machine_description(),
+                     "parameters": {e: Transformer(configs[(e, compare.seeds[0])].model).num_parameters()
+                                    for e in compare.encodings}},
         "status": {name: result for name, result in results.items()},
         "training": {e: {str(s): t for s, t in by_seed.items()} for e, by_seed in training.items()},
         "cells": cells, "probe": probes, "snapshots": snapshot_rows}, indent=1) + "\n")

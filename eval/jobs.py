@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import platform
 import signal
 import sys
 from pathlib import Path
@@ -22,6 +23,23 @@ def usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return max(1, len(os.sched_getaffinity(0)))
     return os.cpu_count() or 1
+
+
+def machine_description() -> str:
+    """The machine a comparison ran on, for its report: the GPU(s) where CUDA is used, else the CPU model (from
+    /proc/cpuinfo where there is one) and the cores this process may use."""
+    if torch.cuda.is_available():
+        names = [torch.cuda.get_device_name(index) for index in range(torch.cuda.device_count())]
+        return ", ".join(f"{names.count(name)} x {name}" for name in dict.fromkeys(names))
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {usable_cores()} usable core(s)"
 
 
 def worker_layout(workers: int, jobs: int, gpus: int = 0, threads: int = 0) -> tuple[int, int]:
