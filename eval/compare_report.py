@@ -30,6 +30,7 @@ from eval.jobs import machine_description
 from eval.methods import NONE, applies, label, method_spec
 from eval.stats import Estimate, seeds_and_windows, separated, t_interval
 from model.checkpoint import has_checkpoint, load_trainer_state
+from model.position import POSITION_ENCODINGS
 from model.transformer import Transformer
 from train.loop import METRICS, position_group_settings
 
@@ -237,11 +238,47 @@ MEANINGS = {"flat": f"flat (the interval lies within +-{FLAT} nats)",
             "single": "one seed, no interval"}
 
 
-def penalty_statement(variant: Variant, length: int) -> str | None:
+def absolute_gap(variants: dict[str, Variant], variant: Variant, first: int) -> str:
+    """For an absolute encoding (it adds positions to the embeddings: sinusoidal, learned), its 1x perplexity
+    against RoPE's, the gap every claim about its extrapolation should be read with; '' otherwise."""
+    encoding = POSITION_ENCODINGS.get(variant.encoding)
+    rope = variants.get("rope")
+    if encoding is None or encoding.per_layer or rope is None or not rope.ppl(first) or not variant.ppl(first):
+        return ""
+    ratio = variant.ppl(first).mean / rope.ppl(first).mean
+    return (f" (absolute encoding; its 1x perplexity is {ratio:.2f}x RoPE's, "
+            f"{'within' if abs(ratio - 1) <= 0.10 else 'not within'} 10%)")
+
+
+def penalty_statement(variant: Variant, length: int, gap: str = "") -> str | None:
     estimate = variant.penalty_estimate(length)
     if estimate is None:
         return None
-    return f"{variant.label} {estimate.format(3, signed=True)} nats: {MEANINGS[penalty_side(estimate)]}"
+    return f"{variant.label} {estimate.format(3, signed=True)} nats: {MEANINGS[penalty_side(estimate)]}{gap}"
+
+
+# The ALiBi paper's order of degradation beyond L (its Figure 1, perplexity against evaluation length): the
+# sinusoid worst, then rotary, then the T5 bias; ALiBi flat.
+PAPER_ORDER = ["sinusoidal", "rope", "t5", "alibi"]
+
+
+def paper_order_finding(variants: dict[str, Variant], longest: int, first: int, trained: int) -> str | None:
+    """Each neighbouring pair of PAPER_ORDER present here, by the penalty at the longest length: 'agrees' where
+    the intervals separate in the paper's direction, 'reversed' where they separate the other way, else 'within
+    noise'."""
+    present = [name for name in PAPER_ORDER if name in variants and variants[name].penalty_estimate(longest)]
+    if len(present) < 2:
+        return None
+    parts = []
+    for worse, better in zip(present, present[1:]):
+        a, b = variants[worse].penalty_estimate(longest), variants[better].penalty_estimate(longest)
+        word = ("agrees" if a.low > b.high else "reversed" if b.low > a.high else "within noise") \
+            if a.has_interval and b.has_interval else "undetermined (no interval)"
+        parts.append(f"{worse} ({a.mean:+.3f}) > {better} ({b.mean:+.3f}): {word}")
+    gaps = "".join(f" {name}{absolute_gap(variants, variants[name], first)}." for name in present
+                   if absolute_gap(variants, variants[name], first))
+    return ("  - the order of degradation beyond L (sinusoidal > rotary > T5 > ALiBi), by the penalty at "
+            f"{longest / trained:g}x: " + "; ".join(parts) + "." + gaps)
 
 
 def findings(variants: dict[str, Variant], lengths: list[int], trained: int, probe_offsets: list[int]) -> list[str]:
@@ -266,7 +303,7 @@ def findings(variants: dict[str, Variant], lengths: list[int], trained: int, pro
     if ordered is not variants:
         lines.append("  (The encodings as trained; each inference-time method against the same trained models: "
                      "below, paired by seed.)")
-    penalties = [penalty_statement(v, longest) for v in ordered.values()]
+    penalties = [penalty_statement(v, longest, absolute_gap(variants, v, first)) for v in ordered.values()]
     penalties = [p for p in penalties if p]
     if penalties:
         lines.append(f"- Extrapolation penalty at {longest / trained:g}x (positions >= L against the L-window "
@@ -282,7 +319,9 @@ def findings(variants: dict[str, Variant], lengths: list[int], trained: int, pro
                  f"{names['above']}. Flat (interval within +-{FLAT} nats, i.e. +-1% perplexity): {names['flat']}. "
                  f"Gain from the longer context (interval below 0): {names['below']}. "
                  f"Within noise of 0: {names['noise']}." + (f" One seed, so no interval: {names['single']}."
-                                                             if grouped["single"] else ""))
+                                                             if grouped["single"] else "")
+                 + "".join(f" {v.label}{absolute_gap(variants, v, first)}." for v in ordered.values()
+                           if absolute_gap(variants, v, first)))
     lines += probe_findings(variants, probe_offsets, trained)
     lines += method_findings(variants, lengths, trained)
     lines += newer_claim_findings(variants, lengths, trained)
@@ -298,7 +337,11 @@ def findings(variants: dict[str, Variant], lengths: list[int], trained: int, pro
         variant = variants.get(name)
         estimate = variant.ratio(length, first) if variant and length in lengths else None
         shown = f" ({name} at {length / trained:g}x = {estimate.format(2)}x its 1x perplexity)" if estimate else ""
-        lines.append(f"  - {claim}: {verdict(estimate, threshold, above)}{shown}.")
+        gap = absolute_gap(variants, variant, first) if variant else ""
+        lines.append(f"  - {claim}: {verdict(estimate, threshold, above)}{shown}{gap}.")
+    order = paper_order_finding(variants, longest, first, trained)
+    if order:
+        lines.append(order)
     sinusoidal, rope = variants.get("sinusoidal"), variants.get("rope")
     if sinusoidal and rope and sinusoidal.ppl(first) and rope.ppl(first):
         ratio = sinusoidal.ppl(first).mean / rope.ppl(first).mean

@@ -468,3 +468,25 @@ def test_findings_name_every_separated_pair_and_order_the_encodings_as_trained_w
     text = "\n".join(findings({**rows, "rope+yarn": yarn}, [16, 64], 16, []))
     assert "rope+yarn" not in text.split("(The encodings as trained;")[0]  # orderings: as trained only
     assert "Perplexity at 4x, best to worst: alibi (10.0) < rope (10.6) < none (11.2)." in text
+
+
+def test_findings_give_the_absolute_encodings_1x_gap_and_check_the_papers_order_of_degradation():
+    """The sinusoid (absolute) gets its 1x perplexity against RoPE's next to its extrapolation claims; the ALiBi
+    paper's order (sinusoidal > rope > t5 > alibi by the penalty) is checked pair by pair: here the sinusoid and
+    RoPE separate as the paper has them, RoPE and T5 are reversed, T5 and ALiBi agree."""
+    rows = {}
+    for name, ppl, penalty in (("sinusoidal", [15.0, 15.2, 14.8], [0.9, 1.0, 1.1]),
+                               ("rope", [10.0, 10.2, 9.8], [0.3, 0.35, 0.4]),
+                               ("t5", [10.0, 10.1, 9.9], [0.6, 0.65, 0.7]),
+                               ("alibi", [10.0, 10.2, 9.8], [0.0, 0.004, -0.004])):
+        v = variant(name, {16: ppl, 64: ppl})
+        v.penalty[64] = {seed: np.full(8, value) for seed, value in enumerate(penalty)}
+        rows[name] = v
+    text = "\n".join(findings(rows, [16, 64], 16, []))
+    assert "sinusoidal +1.000 [" in text and "(absolute encoding; its 1x perplexity is 1.50x RoPE's, not within 10%)" \
+        in text
+    assert "rope +0.350" in text and "rope +0.350 [+0.226, +0.474] nats: positions beyond L cost more than the " \
+        "longer context gives;" in text  # a relative encoding gets no gap
+    assert ("the order of degradation beyond L (sinusoidal > rotary > T5 > ALiBi), by the penalty at 4x: "
+            "sinusoidal (+1.000) > rope (+0.350): agrees; rope (+0.350) > t5 (+0.650): reversed; "
+            "t5 (+0.650) > alibi (+0.000): agrees.") in text

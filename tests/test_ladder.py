@@ -6,8 +6,15 @@ import pytest
 
 from errors import ConfigError
 from eval.compare import load_compare_config
-from eval.ladder import collect_ladder, findings, load_ladder_config, main, ordering_comparison, size_trend, \
-    training_trends
+from eval.ladder import (
+    collect_ladder,
+    findings,
+    load_ladder_config,
+    main,
+    ordering_comparison,
+    size_trend,
+    training_trends,
+)
 from tests.conftest import ROOT
 from tests.test_compare import MICRO
 
