@@ -77,7 +77,7 @@ class CompareConfig:
     reference_stride: int = 0  # 0: L / 8
     seeds: list = field(default_factory=lambda: [1337])
     snapshots: list = field(default_factory=list)  # fractions of train.max_steps whose models are also evaluated
-    # the inference-time methods of compare.methods that the snapshots are evaluated under too (where they apply)
+    # inference-time methods the snapshots are evaluated under too, where they are among compare.methods and apply
     snapshot_methods: list = field(default_factory=lambda: ["clamp"])
     probes: list = field(default_factory=list)  # of "attention", "induction", "passkey" (eval/compare_probes.py)
     probe_lengths: list = field(default_factory=lambda: ["1x", "4x"])
@@ -94,9 +94,7 @@ class CompareConfig:
         check_field_types(self, "compare")
         parse_lengths(",".join(self.lengths))
         check_methods(self.methods)
-        if [m for m in self.snapshot_methods if m not in self.methods]:
-            raise ConfigError(f"compare.snapshot_methods {self.snapshot_methods} must be among compare.methods "
-                              f"{self.methods}")
+        check_methods(self.snapshot_methods)  # applied where they are also among compare.methods
         for name, settings in self.variants.items():
             if name in POSITION_ENCODINGS or not isinstance(settings, dict) or "position" not in settings:
                 raise ConfigError(f"compare.variants.{name}: a variant is a table of model settings that sets "

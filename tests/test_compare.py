@@ -20,6 +20,7 @@ MICRO = ["--model.dim=32", "--model.n_layers=1", "--model.n_heads=2", "--model.n
          "--compare.eval_tokens=512", '--compare.methods=["yarn", "dynamic", "clamp"]',
          '--compare.lengths=["1x", "2x", "4x"]', "--compare.seeds=[1]"]
 ENCODINGS = ["none", "sinusoidal", "learned", "shaw", "t5", "alibi", "rope"]
+EVERY = '--compare.encodings=["none", "sinusoidal", "learned", "shaw", "t5", "alibi", "rope"]'  # quick's + learned
 
 
 def arguments(source, out, *extra):
@@ -30,7 +31,7 @@ def arguments(source, out, *extra):
 def test_compare_end_to_end_with_seeds_snapshots_and_a_cached_rerun(small_text_file, tmp_path, capsys):
     out = tmp_path / "cmp"
     args = arguments(small_text_file, out, "--compare.seeds=[1, 2]", "--compare.snapshots=[0.5]",
-                     "--compare.workers=1")
+                     "--compare.workers=1", EVERY)
     assert main(args) == 0
     report = (out / "report.md").read_text()
     results = json.loads((out / "results.json").read_text())
@@ -172,7 +173,7 @@ def test_the_newer_encodings_and_named_variants_run_through_compare(small_text_f
     ('--compare.methods=["yarn+linear"]', "at most one RoPE scaling"),
     ("--compare.seeds=[1, 1]", "distinct integers"),
     ("--compare.snapshots=[1.5]", "fractions of training"),
-    ("--model.learned_max_positions=8", "beyond the learned table of 8 positions"),
+    ((EVERY, "--model.learned_max_positions=8"), "beyond the learned table of 8 positions"),
 ])
 def test_bad_settings_are_refused_before_anything_trains(small_text_file, tmp_path, capsys, override, message):
     out = tmp_path / "cmp"

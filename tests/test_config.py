@@ -17,9 +17,13 @@ def test_shipped_configs_load():
     assert {"tiny.toml", "compare.toml", "sft_stdlib.toml", "passkey_finetune.toml"} <= {path.name for path in paths}
     for path in paths:
         if path.name == "compare.toml":
-            for preset in ("quick", "full"):
+            for preset in ("quick", "full", "newer"):
                 compare, shared, _ = load_compare_config(path, preset, [])
                 assert compare.encodings and shared["model"]["max_seq_len"] > 0
+        elif path.name == "ladder.toml":
+            from eval.ladder import load_ladder_config
+
+            assert len(load_ladder_config(path).rungs) >= 3
         else:
             assert load_run_config(path).train.max_steps > 0, path
 
