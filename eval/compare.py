@@ -76,6 +76,9 @@ class CompareConfig:
     eval_tokens: int = 16384
     reference_stride: int = 0  # 0: L / 8
     seeds: list = field(default_factory=lambda: [1337])
+    # model settings of one encoding, wherever it is trained (alone or as a variant's position), e.g.
+    # {t5 = {t5_max_distance = 64}}: a run of another encoding does not change when these do
+    encoding_settings: dict = field(default_factory=dict)
     snapshots: list = field(default_factory=list)  # fractions of train.max_steps whose models are also evaluated
     # inference-time methods the snapshots are evaluated under too, where they are among compare.methods and apply
     snapshot_methods: list = field(default_factory=lambda: ["clamp"])
@@ -99,6 +102,11 @@ class CompareConfig:
             if name in POSITION_ENCODINGS or not isinstance(settings, dict) or "position" not in settings:
                 raise ConfigError(f"compare.variants.{name}: a variant is a table of model settings that sets "
                                   f"model.position, under a name that is not an encoding's; got {settings!r}")
+        for name, settings in self.encoding_settings.items():
+            if name not in POSITION_ENCODINGS or not isinstance(settings, dict) or "position" in settings:
+                raise ConfigError(f"compare.encoding_settings.{name}: a table of model settings under an encoding's "
+                                  f"name ({sorted(POSITION_ENCODINGS)}), not setting model.position; got "
+                                  f"{settings!r}")
         valid = sorted(POSITION_ENCODINGS) + sorted(self.variants)
         unknown = [name for name in self.encodings if name not in valid]
         if unknown or not self.encodings:
@@ -127,8 +135,10 @@ class CompareConfig:
 
 
     def model_settings(self, name: str) -> dict[str, Any]:
-        """The model settings that make `name` (an encoding or a variant) differ from the shared [model]."""
-        return copy.deepcopy(self.variants.get(name, {"position": name}))
+        """The model settings that make `name` (an encoding or a variant) differ from the shared [model]: its
+        encoding's compare.encoding_settings, then a variant's own."""
+        own = self.variants.get(name, {"position": name})
+        return copy.deepcopy({**self.encoding_settings.get(own["position"], {}), **own})
 
     def position_of(self, name: str) -> str:
         return self.model_settings(name)["position"]
@@ -492,7 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "--model.key=value, --train.key=value")
     parser.add_argument("--config", type=Path, default=Path("configs/compare.toml"), metavar="FILE",
                         help="TOML compare config")
-    parser.add_argument("--preset", help="a [presets.NAME] table of the config: quick, full or wikitext103")
+    parser.add_argument("--preset", help="a [presets.NAME] table of the config: quick, newer, full or wikitext103 "
+                        "(docs/presets.md: what each answers and costs)")
     add_out(parser, "output folder (default: compare.out of the config)")
     return parser
 

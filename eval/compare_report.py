@@ -632,10 +632,10 @@ def report_markdown(compare, shared, data_dir, configs, results, training, varia
         + (f" Held out: {', '.join(meta['val_names'][:12])}." if meta.get("val_names") else ""),
         f"- Every variant: {json.dumps(model)}; training {json.dumps(train)}; "
         f"{first_config.train.max_steps * tokens_per_step:,} training tokens each; only `model.position` differs"
-        + ("" if not set(compare.variants) & set(compare.encodings) else " (and, for the variants, the settings "
-           "listed here: " + "; ".join(
-            f"{name}: {json.dumps(settings)}" for name, settings in compare.variants.items()
-            if name in compare.encodings) + ")") + ". "
+        + ("" if not (own := {name: settings for name in compare.encodings
+                              if len(settings := compare.model_settings(name)) > 1}) else
+           " (and the settings listed here: " + "; ".join(f"{name}: {json.dumps(settings)}"
+                                                          for name, settings in own.items()) + ")") + ". "
         f"Seeds {compare.seeds}: each seed sets the initialisation and the data order, shared by all encodings.",
         f"- Evaluation: {compare.eval_tokens:,} held-out tokens requested per cell, in segments of "
         f"{longest:,} tokens spread evenly over all held-out documents; every length "

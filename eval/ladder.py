@@ -128,6 +128,14 @@ class Ladder:
     def series(self, rung: str, label: str) -> list[Point]:
         return sorted((p for p in self.points if p.rung == rung and p.label == label), key=lambda p: p.fraction)
 
+    def distinct_at_1x(self) -> list[str]:
+        """The variants whose 1x perplexity is not their base model's at every rung and budget (a context-matched
+        RoPE scaling is the identity at 1x, so rope+yarn repeats rope there)."""
+        def values(label: str) -> list:
+            return [(p.rung, p.fraction, p.ppl and p.ppl.mean) for p in self.points if p.label == label]
+        return [label for label in self.labels()
+                if "+" not in label or values(label) != [(r, f, m) for r, f, m in values(label.split("+")[0])]]
+
     def final(self, rung: str, label: str) -> Point | None:
         points = [p for p in self.series(rung, label) if math.isclose(p.fraction, 1.0)]
         return points[0] if points else None
@@ -282,7 +290,7 @@ def findings(ladder: Ladder) -> list[str]:
         lines += ["", f"- **Order of the variants by their {ladder.longest_multiple:g}x penalty** at the full budget "
                   f"('<' where the 95% intervals separate): {ladder.rungs[0]}: {order_chain(ladder, ladder.rungs[0])};"
                   f" {ladder.rungs[-1]}: {order_chain(ladder, ladder.rungs[-1])}. Between the smallest and the largest"
-                  f" rung the order is {ordering_verdict(kinds)}."]
+                  f" rung: {ordering_verdict(kinds)}."]
         for key, text in (("same", "separated the same way at both"), ("reversed", "reversed"),
                           ("only_small", f"separated at {ladder.rungs[0]} only"),
                           ("only_large", f"separated at {ladder.rungs[-1]} only")):
@@ -298,9 +306,12 @@ def findings(ladder: Ladder) -> list[str]:
 def plot_ladder(ladder: Ladder, measure: str, path: Path) -> None:
     """One panel per rung: `measure` ('penalty' or 'ppl') against training tokens, a line per variant, a band
     where it has an interval."""
+    from matplotlib.ticker import FormatStrFormatter, NullLocator
+
     figure, axes = _panels(len(ladder.rungs))
+    labels = ladder.labels() if measure == "penalty" else ladder.distinct_at_1x()
     for axis, rung in zip(axes, ladder.rungs):
-        for label in ladder.labels():
+        for label in labels:
             points = [(p.tokens, getattr(p, measure)) for p in ladder.series(rung, label)]
             points = [(tokens, e) for tokens, e in points if e is not None]
             if not points:
@@ -317,6 +328,12 @@ def plot_ladder(ladder: Ladder, measure: str, path: Path) -> None:
         else:
             axis.set_yscale("log")
         axis.set_xscale("log", base=2)
+        ticks = sorted({p.tokens / 1e6 for p in ladder.points if p.rung == rung})
+        axis.set_xticks(ticks, [f"{tick:.2g}" for tick in ticks])
+        axis.xaxis.set_minor_locator(NullLocator())
+        if measure != "penalty":
+            axis.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+            axis.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
         axis.grid(True, which="both", alpha=0.3)
     if len(axes) == 1:
         axes[0].set_title(ladder.rungs[0])
@@ -330,7 +347,7 @@ def ladder_table(ladder: Ladder, measure: str) -> list[str]:
     digits, signed = (3, True) if measure == "penalty" else (2, False)
     lines = ["| variant | rung | " + " | ".join(f"{f:g} of training" for f in fractions) + " |",
              "|---|---|" + "---:|" * len(fractions)]
-    for label in ladder.labels():
+    for label in (ladder.labels() if measure == "penalty" else ladder.distinct_at_1x()):
         for rung in ladder.rungs:
             by_fraction = {p.fraction: p for p in ladder.series(rung, label)}
             if not by_fraction:
@@ -361,7 +378,10 @@ def rung_wall(folder: Path) -> float:
 def write_ladder(out: Path, ladder: Ladder, config: LadderConfig, command: str, wall_s: float) -> None:
     tables = [f"### Penalty at {ladder.longest_multiple:g}x (nats; mean [95% interval] over seeds and windows; "
               "training tokens in brackets)", "", *ladder_table(ladder, "penalty"), "",
-              "### Perplexity at 1x (mean [95% t interval] over seeds)", "", *ladder_table(ladder, "ppl"), ""]
+              "### Perplexity at 1x (mean [95% t interval] over seeds)", "",
+              *([f"Not repeated: {', '.join(same)} (at 1x the same numbers as the model without the method)", ""]
+                if (same := [label for label in ladder.labels() if label not in ladder.distinct_at_1x()]) else []),
+              *ladder_table(ladder, "ppl"), ""]
     (out / "table.md").write_text("\n".join(tables))
     if ladder.points:
         plot_ladder(ladder, "penalty", out / "penalty.png")
@@ -377,8 +397,9 @@ def write_ladder(out: Path, ladder: Ladder, config: LadderConfig, command: str, 
     for rung in ladder.rungs:
         params = ladder.parameters.get(rung, {})
         settings = ", ".join(f"{k} = {json.dumps(v)}" for k, v in config.rungs.get(rung, {}).items())
-        rung_lines.append(f"| {rung} | {settings} | {min(params.values()) if params else 0:,} - "
-                          f"{max(params.values()) if params else 0:,} | "
+        counts = sorted(set(params.values())) or [0]
+        count = f"{counts[0]:,}" if len(counts) == 1 else f"{counts[0]:,} - {counts[-1]:,}"
+        rung_lines.append(f"| {rung} | {settings} | {count} | "
                           f"{ladder.settings[rung]['max_steps'] * ladder.settings[rung]['tokens_per_step']:,} | "
                           f"{rung_wall(out / rung) / 60:.1f} min |")
     lines = [

@@ -171,6 +171,8 @@ def test_the_newer_encodings_and_named_variants_run_through_compare(small_text_f
     (('--compare.encodings=["rope", "partial-rope"]', "--model.n_heads=16"), "rotates 0 of the 2 dimensions"),
     ('--compare.methods=["yarn", "rerope2"]', "unknown inference-time method"),
     ('--compare.methods=["yarn+linear"]', "at most one RoPE scaling"),
+    ('--compare.encoding_settings={rop = {rope_theta = 500.0}}', "compare.encoding_settings.rop"),
+    ('--compare.encoding_settings={t5 = {position = "rope"}}', "compare.encoding_settings.t5"),
     ("--compare.seeds=[1, 1]", "distinct integers"),
     ("--compare.snapshots=[1.5]", "fractions of training"),
     ((EVERY, "--model.learned_max_positions=8"), "beyond the learned table of 8 positions"),
@@ -181,6 +183,18 @@ def test_bad_settings_are_refused_before_anything_trains(small_text_file, tmp_pa
     error = capsys.readouterr().err
     assert error.startswith("error:") and message in error and "Traceback" not in error
     assert not (out / "runs").exists()
+
+
+def test_encoding_settings_reach_the_encoding_and_its_variants_only():
+    from eval.compare import load_compare_config
+
+    compare, _, _ = load_compare_config(ROOT / "configs" / "compare.toml", "quick", [
+        '--compare.variants={t5-short = {position = "t5", t5_num_buckets = 16}, t5-own = {position = "t5", '
+        't5_max_distance = 32}}'])
+    assert compare.model_settings("t5") == {"position": "t5", "t5_max_distance": 64}  # the quick preset's
+    assert compare.model_settings("t5-short") == {"position": "t5", "t5_max_distance": 64, "t5_num_buckets": 16}
+    assert compare.model_settings("t5-own")["t5_max_distance"] == 32  # a variant's own setting wins
+    assert compare.model_settings("rope") == {"position": "rope"}
 
 
 def variant(name, values_by_length):
