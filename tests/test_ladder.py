@@ -9,6 +9,7 @@ from eval.compare import load_compare_config
 from eval.ladder import (
     collect_ladder,
     findings,
+    ladder_table,
     load_ladder_config,
     main,
     ordering_comparison,
@@ -142,6 +143,20 @@ def test_aggregation_against_hand_made_results(tmp_path):
     text = "\n".join(findings(ladder))
     assert "rope: with training grows (small), within noise (large); with size shrinks" in text
     assert "differs" in text and "alibi: with training within noise at every rung" in text
+    # every hand-made row has the same 1x perplexity, so a method variant would repeat its base: none here
+    assert ladder.distinct_at_1x() == ["rope", "alibi", "sinusoidal"]
+
+
+def test_a_method_is_left_out_of_the_1x_measure_only_where_it_repeats_its_model(tmp_path):
+    write_rung(tmp_path / "r", [("rope", 1.0, (0.4, 0.05)), ("rope+yarn", 1.0, (0.2, 0.05)),
+                                ("alibi", 1.0, (0.0, 0.01)), ("alibi+logn", 1.0, (0.0, 0.01))])
+    results = json.loads((tmp_path / "r" / "results.json").read_text())
+    results["snapshots"][3]["ppl_1x"] = estimate(101.0, 5.0)  # a method that changes 1x
+    (tmp_path / "r" / "results.json").write_text(json.dumps(results))
+    ladder = collect_ladder(tmp_path, ["r"])
+    assert ladder.distinct_at_1x() == ["rope", "alibi", "alibi+logn"]
+    assert "rope+yarn" in "\n".join(ladder_table(ladder, "penalty"))
+    assert "rope+yarn" not in "\n".join(ladder_table(ladder, "ppl"))
 
 
 def test_ladder_refuses_rungs_evaluated_at_different_lengths(tmp_path):
