@@ -31,9 +31,10 @@ from commands import add_checkpoint, add_device, add_out, comma_list, command_pa
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, DataError, cli_command
 from eval import figures
-from eval.data import load_eval_tokens, training_data_dir, training_val_fraction
+from eval.data import checkpoint_eval_tokens
 from eval.extrapolation import parse_lengths, resolve_length
 from model.checkpoint import load_model, trained_length
+from model.data_folder import training_data_dir
 from model.runtime import resolve_device
 from model.transformer import Transformer
 
@@ -156,7 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lengths", default="1x,4x", help="comma-separated multiples of the trained length (4x) or "
                                                            "token counts (1024)")
     parser.add_argument("--data", help="prepared folder, source or path (default: each checkpoint's own held-out "
-                                       "val.bin)")
+                                       "val.bin); a raw source that is the checkpoint's training source keeps only "
+                                       "its held-out documents, any other is scored whole")
+    parser.add_argument("--all-documents", action="store_true",
+                        help="raw --data that is the checkpoint's training source: score every document, training "
+                             "documents included")
     parser.add_argument("--tokens", type=int, default=16384, help="tokens of held-out text per length")
     parser.add_argument("--sink-tokens", type=int, default=4, help="how many first tokens count as the sink")
     add_device(parser)
@@ -179,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         trained = trained_length(checkpoint)
         tokenizer = load_tokenizer(checkpoint)
         data = args.data or training_data_dir(checkpoint)
-        ids = load_eval_tokens(data, tokenizer, None, training_val_fraction(checkpoint))
+        ids, scored = checkpoint_eval_tokens(data, checkpoint, tokenizer, all_documents=args.all_documents)
+        print(f"{checkpoint}: {scored}")
         entry: dict[str, Any] = {"checkpoint": str(checkpoint), "position": model.config.position,
                                  "trained": trained, "lengths": {}}
         for item in lengths:

@@ -40,7 +40,7 @@ from commands import add_checkpoint, add_device, add_out, comma_list, command_pa
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, PositionRangeError, cli_command
 from eval import figures
-from eval.data import describe_eval_data, load_eval_tokens, training_data_dir, training_val_fraction
+from eval.data import checkpoint_eval_tokens
 from eval.methods import METHODS, NONE, applies, check_methods, label, method_spec
 from eval.scoring import score_incremental, score_windows
 from eval.segments import (
@@ -54,6 +54,7 @@ from eval.segments import (
 )
 from eval.stats import crossed_bootstrap
 from model.checkpoint import load_model, trained_length
+from model.data_folder import training_data_dir
 from model.runtime import autocast_dtype, resolve_device
 from model.transformer import Transformer
 
@@ -368,11 +369,13 @@ def build_parser() -> argparse.ArgumentParser:
                              f"{', '.join(sorted(METHODS))}, or compositions such as yarn+logn")
     deprecated(parser, "--scalings", "--methods", "methods")
     parser.add_argument("--data", help="prepared folder, source or path (default: each checkpoint's own held-out "
-                                       "val.bin); of a raw source only its held-out documents are scored")
+                                       "val.bin); a raw source that is the checkpoint's training source keeps only "
+                                       "its held-out documents, any other is scored whole")
     parser.add_argument("--val-fraction", type=float, default=None,
                         help="raw --data: the held-out share used to split it (default: the checkpoint's, else 0.05)")
     parser.add_argument("--all-documents", action="store_true",
-                        help="raw --data: score every document, training documents included")
+                        help="raw --data that is the checkpoint's training source: score every document, training "
+                             "documents included (other sources are always scored whole)")
     parser.add_argument("--tokens", type=int, default=65536, help="tokens scored per length")
     parser.add_argument("--reference-stride", type=int, default=0,
                         help="stride S of the L-window reference (0: L / 8)")
@@ -397,9 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         trained = trained_length(checkpoint)
         tokenizer = load_tokenizer(checkpoint)
         data = args.data or training_data_dir(checkpoint)
-        val_fraction = args.val_fraction or training_val_fraction(checkpoint)
-        print(f"{checkpoint}: evaluating on {describe_eval_data(data, args.all_documents, val_fraction)}")
-        ids = load_eval_tokens(data, tokenizer, None, val_fraction, args.all_documents)
+        ids, scored = checkpoint_eval_tokens(data, checkpoint, tokenizer, None, args.val_fraction, args.all_documents)
+        print(f"{checkpoint}: {scored}")
         plan = make_plan(len(ids), trained, lengths, args.tokens, args.reference_stride)
         evaluation = evaluate_checkpoint(model, ids, plan, methods, amp, progress=True)
         rows += summary_rows(evaluation, Path(checkpoint).name, model.config.position, str(checkpoint))

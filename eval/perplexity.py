@@ -5,8 +5,9 @@
         --length 1024 --stride 256 --rope-scaling yarn --rope-factor 4 --out runs/ppl
 
 --data is a prepared data folder (its val.bin is read), a named source (stdlib) or a local file/folder,
-tokenized with the checkpoint's tokenizer; of a raw source only the documents data.prepare holds out are scored
-(the same document-hash rule, with the checkpoint's val_fraction), unless --all-documents. Nonoverlapping mode scores every token of each window; with
+tokenized with the checkpoint's tokenizer. A raw source that is the checkpoint's own training source keeps only the
+documents data.prepare held out (the same document-hash rule, with the checkpoint's val_fraction) unless
+--all-documents; any other source is scored whole. Nonoverlapping mode scores every token of each window; with
 --stride S each window advances by S tokens and scores only its last S tokens (the first window scores all),
 so every token is scored exactly once, with at least length - S tokens of context after the first window.
 Bits-per-byte = total NLL / ln 2 / UTF-8 bytes of the scored tokens: comparable across tokenizers.
@@ -28,7 +29,7 @@ from commands import add_checkpoint, add_device, add_out, command_parser, deprec
 from data.batches import windows_at
 from data.tokenizer import token_byte_lengths
 from errors import ConfigError, DataError, cli_command
-from eval.data import describe_eval_data, load_eval_tokens, training_val_fraction
+from eval.data import checkpoint_eval_tokens
 from infer.rope_args import add_rope_scaling_args, load_for_inference
 from model.runtime import autocast, autocast_dtype
 from model.transformer import Transformer
@@ -129,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--val-fraction", type=float, default=None,
                         help="raw --data: the held-out share used to split it (default: the checkpoint's, else 0.05)")
     parser.add_argument("--all-documents", action="store_true",
-                        help="raw --data: score every document, training documents included")
+                        help="raw --data that is the checkpoint's training source: score every document, training "
+                             "documents included (other sources are always scored whole)")
     add_device(parser)
     parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | auto")
     add_out(parser, "also write OUT/results.json: the result with the per-position loss curve")
@@ -144,9 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     require(parser, args, "checkpoint", "data", "length")
     model, tokenizer, device = load_for_inference(args)
-    val_fraction = args.val_fraction or training_val_fraction(args.checkpoint)
-    print(f"evaluating on {describe_eval_data(args.data, args.all_documents, val_fraction)}")
-    ids = load_eval_tokens(args.data, tokenizer, args.tokens, val_fraction, args.all_documents)
+    ids, scored = checkpoint_eval_tokens(args.data, args.checkpoint, tokenizer, args.tokens, args.val_fraction,
+                                         args.all_documents)
+    print(scored)
     result = evaluate_stream(model, ids, token_byte_lengths(tokenizer), args.length, args.stride,
                              autocast_dtype(device, args.dtype))
     mode = f"sliding, stride {args.stride}" if args.stride else "nonoverlapping"

@@ -1,5 +1,6 @@
-"""Text generation from a Transformer: sampling, KV-cached decoding (optionally compiled), streaming decoded text,
-and chat turns fitted to the context. Used by scripts.generate, eval.passkey and scripts.bench."""
+"""Text generation from a Transformer: sampling (with optional repetition controls), KV-cached decoding (optionally
+compiled), streaming decoded text, and chat turns fitted to the context. Used by scripts.generate, eval.passkey and
+scripts.bench."""
 from __future__ import annotations
 
 import sys
@@ -10,6 +11,7 @@ import torch
 
 from data.tokenizer import ENDOFTEXT, IM_END
 from errors import ConfigError
+from infer.repetition import repetition_processors
 from model.kv_cache import KVCache, StaticKVCache
 from model.transformer import Transformer
 
@@ -60,14 +62,19 @@ def generate_tokens(
     seed: int | None = None,
     stop_ids: tuple[int, ...] = (),
     compile: bool = False,
+    repetition_penalty: float = 1.0,
+    no_repeat_ngram: int = 0,
 ) -> Iterator[int]:
     """Yield sampled token ids one by one: one forward over the prompt, then one cached step per token.
 
     compile: run the one-token steps through torch.compile over a static-shape cache (the prompt still runs
     eagerly); the first call pays the compilation (seconds), later calls on the same model reuse it.
+    repetition_penalty, no_repeat_ngram: see infer/repetition.py; applied to each step's logits (over the prompt and
+    the tokens generated so far) before temperature, top-k and top-p.
     """
     if not prompt_ids:
         raise ConfigError("the prompt is empty: give at least one token")
+    processors = repetition_processors(repetition_penalty, no_repeat_ngram)
     model.eval()
     device = next(model.parameters()).device
     generator = torch.Generator(device=device)
@@ -79,16 +86,24 @@ def generate_tokens(
     cache = (StaticKVCache if compile else KVCache).for_model(model.config, batch_size=1, max_len=max_len)
     step = compiled_step(model) if compile else model
     tokens = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+    context = torch.zeros((1, len(prompt_ids) + max_new_tokens), dtype=torch.long, device=device)  # (1, time)
+    context[:, : len(prompt_ids)] = tokens
+    filled = len(prompt_ids)
     forward = model  # the prompt, eagerly
     for _ in range(max_new_tokens):
         logits, _ = forward(tokens, kv_cache=cache)
         forward = step
-        next_token = sample_next(logits[:, -1], temperature, top_k, top_p, generator)
+        next_logits = logits[:, -1]  # (1, vocab)
+        for process in processors:
+            next_logits = process(context[:, :filled], next_logits.float())
+        next_token = sample_next(next_logits, temperature, top_k, top_p, generator)
         token_id = int(next_token)
         yield token_id
         if token_id in stop_ids:
             return
         tokens = next_token.view(1, 1)
+        context[:, filled] = next_token
+        filled += 1
 
 
 class StreamPrinter:

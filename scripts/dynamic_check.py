@@ -21,7 +21,7 @@ import torch
 from commands import add_checkpoint, comma_list, command_parser, deprecated, require
 from data.tokenizer import load_tokenizer
 from errors import CheckpointError, cli_command
-from eval.data import load_eval_tokens
+from eval.data import checkpoint_eval_tokens
 from eval.methods import method_spec
 from eval.scoring import score_incremental, score_prefixes, score_windows
 from eval.segments import choose_segments, tiled_windows
@@ -33,7 +33,8 @@ def compare_dynamic(checkpoint: str, data: str, multiples: list[int], windows: i
     if model.config.position != "rope":
         raise CheckpointError(f"{checkpoint} uses position = {model.config.position!r}; dynamic NTK needs a RoPE checkpoint")
     trained = trained_length(checkpoint)
-    ids = load_eval_tokens(data, load_tokenizer(checkpoint))
+    ids, scored = checkpoint_eval_tokens(data, checkpoint, load_tokenizer(checkpoint))
+    print(f"{checkpoint}: {scored}")
     own = model.config.to_dict()
     rows = []
     for multiple in multiples:

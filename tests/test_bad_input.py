@@ -145,7 +145,7 @@ def test_extrapolation_on_a_checkpoint_that_records_no_data_asks_for_data(good_r
     imported = tmp_path / "imported"
     shutil.copytree(good_run, imported)
     state = json.loads((imported / "trainer_state.json").read_text())
-    del state["run_config"]
+    del state["run_config"], state["data_folder"]
     (imported / "trainer_state.json").write_text(json.dumps(state))
     assert extrapolation(["--checkpoint", str(imported), "--out", str(tmp_path / "out")]) == 2
     assert "does not record the data it was trained on" in one_line_error(capsys)

@@ -10,8 +10,8 @@ import pytest
 from data.prepare import main as prepare_main
 from data.sources import load_source
 from data.tokenizer import load_tokenizer
-from errors import SourceError
-from eval.data import load_eval_tokens, training_val_fraction
+from errors import DataError, SourceError
+from eval.data import OTHER, checkpoint_eval_tokens, load_eval_tokens, training_source_relation, training_val_fraction
 from train.pretrain import main as pretrain_main
 
 
@@ -64,12 +64,64 @@ def test_eval_commands_score_held_out_documents_of_a_raw_source(marked_corpus, m
     val_tokens = json.loads((data / "meta.json").read_text())["val_tokens"]
     assert perplexity_main(["--checkpoint", str(run), "--data", str(marked_corpus), "--length", "32"]) == 0
     printed = capsys.readouterr().out
-    assert "held-out documents only: val_fraction 0.25" in printed
+    assert "evaluating on held-out documents only" in printed and "val_fraction 0.25" in printed
+    assert f"{marked_corpus} is this checkpoint's training source (pass --all-documents" in printed
     scored = int(printed.split(" tokens,")[0].split("| ")[-1].replace(",", ""))
     assert scored == (val_tokens - 1) // 32 * 32
     assert perplexity_main(["--checkpoint", str(run), "--data", str(marked_corpus), "--length", "32",
                             "--all-documents"]) == 0
     assert "training documents included" in capsys.readouterr().out
+
+
+def scored_tokens(printed: str) -> int:
+    return int(printed.split(" tokens,")[0].split("| ")[-1].replace(",", ""))
+
+
+def test_a_raw_source_the_checkpoint_never_trained_on_is_scored_whole(marked_corpus, marked_checkpoint, tmp_path,
+                                                                       capsys):
+    """Another file is scored whole (no document dropped); a part of the training folder keeps its held-out
+    documents by the hash rule, each document judged alone; a named source is matched by name."""
+    from eval.perplexity import main as perplexity_main
+
+    data, run = marked_checkpoint
+    other = tmp_path / "other.txt"
+    other.write_text("\n<|endoftext|>\n".join(" ".join(f"doc{i} says word{j % 7}." for j in range(60))
+                                               for i in range(40)) + "\n")
+    tokenizer = load_tokenizer(run)
+    whole = load_eval_tokens(str(other), tokenizer, all_documents=True)
+    assert perplexity_main(["--checkpoint", str(run), "--data", str(other), "--length", "32"]) == 0
+    printed = capsys.readouterr().out
+    assert f"evaluating on all {len(whole):,} tokens: {other} is not this checkpoint's training source" in printed
+    assert scored_tokens(printed) == (len(whole) - 1) // 32 * 32
+
+    meta = json.loads((data / "meta.json").read_text())
+    held_out = sorted(name for name in meta["val_names"])
+    trained = sorted({f"d{i:02d}.txt" for i in range(40)} - set(held_out))
+    assert meta["source_path"] == str(marked_corpus.resolve())
+    one_held_out = marked_corpus / held_out[0]
+    ids, line = checkpoint_eval_tokens(str(one_held_out), run, tokenizer)
+    assert line.startswith("evaluating on held-out documents only") and "lies inside this checkpoint's training source" in line
+    assert np.array_equal(ids, load_eval_tokens(str(one_held_out), tokenizer, all_documents=True))  # all of it
+    with pytest.raises(DataError, match="none of the 1 documents .* was held out from training"):
+        checkpoint_eval_tokens(str(marked_corpus / trained[0]), run, tokenizer)
+    assert training_source_relation("stdlib", run)[0] == OTHER
+    _, line = checkpoint_eval_tokens(str(other), run, tokenizer, all_documents=True)
+    assert line.startswith(f"evaluating on all {len(whole):,} tokens: {other} is not this checkpoint's training")
+    _, line = checkpoint_eval_tokens(str(marked_corpus), run, tokenizer, all_documents=True)
+    assert line.startswith("evaluating on all ") and "training documents included (--all-documents)" in line
+
+
+def test_every_eval_command_makes_the_same_held_out_decision(marked_corpus, marked_checkpoint, tmp_path, capsys):
+    from eval.attention import main as attention_main
+    from eval.extrapolation import main as extrapolation_main
+
+    _, run = marked_checkpoint
+    common = ["--checkpoint", str(run), "--lengths", "1x", "--out", str(tmp_path / "out")]
+    for command in (extrapolation_main, attention_main):
+        assert command([*common, "--data", str(marked_corpus), "--tokens", "64"]) == 0
+        assert "evaluating on held-out documents only" in capsys.readouterr().out
+        assert command([*common, "--data", str(marked_corpus), "--tokens", "64", "--all-documents"]) == 0
+        assert "training documents included (--all-documents)" in capsys.readouterr().out
 
 
 def write_hub_layout(root):

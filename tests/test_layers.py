@@ -143,6 +143,14 @@ def test_each_rope_scaling_is_defined_once_in_the_registry():
     assert set(choices) == (set(ROPE_SCALINGS) - {"default"}) | {"none"}
 
 
+def test_a_checkpoints_data_folder_is_found_through_one_function():
+    """Only model.data_folder reads where a checkpoint's data folder is (the record, or the run's data.dir); every
+    command that defaults to it calls model.data_folder.training_data_dir."""
+    readers = [module for module, text in project_sources().items()
+               if '"data_folder"' in text or '.get("data", {}).get("dir"' in text]
+    assert readers == ["model.data_folder"], readers
+
+
 def test_the_trained_length_is_read_through_one_accessor():
     """Only model.checkpoint.trained_length reads trainer_state["trained_seq_len"]; the trainer and import_hf
     write it."""

@@ -23,8 +23,9 @@ import sys
 from commands import deprecated, require
 from data.batches import PoseBatches, PretrainBatches, read_meta
 from data.tokenizer import load_tokenizer
-from errors import ConfigError
+from errors import ConfigError, DataError
 from model.checkpoint import load_config, load_trainer_state, trained_length
+from model.data_folder import training_data_dir
 from model.rope import ROPE_SCALINGS
 from train.cli import build_parser as training_parser
 from train.cli import check_vocab, model_factory, parse_args, resolve_resume, run_cli
@@ -70,9 +71,13 @@ def main(argv: list[str] | None = None) -> int:
         seq_len = args.length or int(round(args.rope_factor * trained))
         model = {**base.to_dict(), "max_seq_len": seq_len, "rope_scaling": {
             "rope_type": args.rope_scaling, "factor": args.rope_factor, "original_max_position_embeddings": trained}}
+        try:  # the checkpoint's own data folder, unless --data or the config names one
+            own_data, data_missing = training_data_dir(args.checkpoint), None
+        except DataError as error:
+            own_data, data_missing = "", error
         defaults = {
             "train": DEFAULT_TRAIN,
-            "data": {"dir": state.get("run_config", {}).get("data", {}).get("dir", "")},
+            "data": {"dir": own_data},
             "out": {"dir": f"{args.checkpoint.rstrip('/')}_{args.rope_scaling}{args.rope_factor:g}x"
                            f"{'_pose' if args.method == 'pose' else ''}"},
         }
@@ -80,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         defaults["train"] = {**DEFAULT_TRAIN, "eval_interval": max(1, steps // 4)}  # unless set otherwise
         config, resume = resolve_resume(load_run_config(args.config, overrides, model_base=model, base=defaults),
                                         overrides, args.resume)
+        if data_missing is not None and not config.data.dir:
+            raise data_missing
         meta = read_meta(config.data.dir)
         check_vocab(config, int(meta["vocab_size"]), config.data.dir)
         pretrain_tokens = int(state.get("tokens_seen", 0))

@@ -34,6 +34,7 @@ from model.checkpoint import (
     save_checkpoint,
 )
 from model.config import ModelConfig
+from model.data_folder import DATA_FOLDER, data_folder_record
 from model.folder_lock import FolderLock
 from model.runtime import autocast, autocast_dtype, resolve_device
 from model.transformer import IGNORE_INDEX, Transformer
@@ -52,6 +53,7 @@ class TrainingInterrupted(Exception):
 
 
 class BatchSource(Protocol):
+    # A source that reads a prepared data folder names it as `data_dir` (PretrainBatches); each save records it.
     # (inputs, targets), or (inputs, targets, positions) for batches with their own position ids (PoSE)
     def train_batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, ...]: ...
 
@@ -318,9 +320,10 @@ class Trainer:
             self.record({"step": step, "stopped": reason})
         return bool(reason)
 
-    def trainer_state(self, step: int) -> dict[str, Any]:
+    def trainer_state(self, step: int, folder: Path) -> dict[str, Any]:
+        """The trainer_state.json of a save into `folder` (the run folder or a snapshot)."""
         self.state["elapsed_s"] = time.perf_counter() - self.started
-        return {
+        state = {
             **self.state,
             "step": step,
             "task": self.task,
@@ -329,6 +332,10 @@ class Trainer:
             "trackers": self.trackers.ids,
             **self.extra_state,
         }
+        data_dir = getattr(self.batches, "data_dir", None)  # batches read from a prepared data folder
+        if data_dir is not None:
+            state[DATA_FOLDER] = data_folder_record(data_dir, folder)
+        return state
 
     def save(self, step: int, rng_state: torch.Tensor | None = None) -> None:
         """Checkpoint the state at the start of `step` (i.e. after `step` optimizer steps); rank 0 only."""
@@ -336,13 +343,13 @@ class Trainer:
             return
         rng = rng_state if rng_state is not None else torch.get_rng_state()
         training_state = {"optimizer": self.optimizer.state_dict(), "torch_rng": rng}
-        save_checkpoint(self.out, self.model, self.tokenizer, self.trainer_state(step), training_state)
+        save_checkpoint(self.out, self.model, self.tokenizer, self.trainer_state(step, self.out), training_state)
 
     def save_snapshot(self, step: int) -> None:
         """Keep the model at `step` (train.keep_steps) as a checkpoint folder of its own (no optimizer state)."""
         folder = self.out / SNAPSHOTS / f"step-{step:06d}"
         if self.dist.is_main and not has_checkpoint(folder):
-            save_checkpoint(folder, self.model, self.tokenizer, self.trainer_state(step))
+            save_checkpoint(folder, self.model, self.tokenizer, self.trainer_state(step, folder))
             self.say(f"step {step:5d} | kept a snapshot in {folder}")
 
     def train_step(self, step: int) -> None:
