@@ -54,7 +54,7 @@ from model.checkpoint import WEIGHTS, has_checkpoint, load_model, load_trainer_s
 from model.config import build_dataclass, check_field_types
 from model.folder_lock import FolderLock
 from model.position import POSITION_ENCODINGS
-from model.runtime import autocast_dtype, resolve_device
+from model.runtime import autocast_dtype, configure_runtime, resolve_device
 from model.transformer import Transformer
 from train.config import RunConfig, build_run_config, parse_override_value
 from train.loop import SNAPSHOTS, run_training
@@ -361,6 +361,7 @@ def run_job(job: Job, log_path: Path | None = None) -> dict[str, Any]:
         try:
             compare = CompareConfig(**job.compare)
             config = build_run_config(copy.deepcopy(job.run_config), f"variant {job.name}")
+            configure_runtime(config.runtime)  # the evaluation below too, not just the training
             print(f"=== {job.name} ===", flush=True)
             report_phase(job, "training")
             result["status"] = train_variant(config)

@@ -601,6 +601,7 @@ def write_outputs(out: Path, compare: Any, shared: dict, data_dir: Path, configs
                      "trained_length": trained, "lengths": lengths, "wall_s": wall_s, "workers": workers,
                      "threads": threads, "tokens_per_step": tokens_per_step, "max_steps": max_steps,
                      "machine": machine_description(),
+                     "runtime": vars(configs[(compare.encodings[0], compare.seeds[0])].runtime),
                      "parameters": {e: Transformer(configs[(e, compare.seeds[0])].model).num_parameters()
                                     for e in compare.encodings}},
         "status": {name: result for name, result in results.items()},

@@ -57,10 +57,12 @@ def training_data_meta(checkpoint: str | Path) -> dict | None:
 
 
 def source_path(meta: dict) -> Path | None:
-    """The local path a data folder was prepared from (None for a named source). Data prepared before meta.json
-    recorded the absolute path holds the path as given to data.prepare: taken from the current directory."""
-    if meta.get("source_path"):
-        return Path(meta["source_path"])
+    """The local path a data folder was prepared from: a local source's own path, the folder a local named source
+    reads (stdlib: its stdlib_path), or None for a hub source. Data prepared before meta.json recorded the absolute
+    path holds the path as given to data.prepare: taken from the current directory."""
+    for key in ("source_path", "stdlib_path"):
+        if meta.get(key):
+            return Path(meta[key])
     source = str(meta.get("source", ""))
     if not source or source in SOURCE_NAMES:
         return None

@@ -29,21 +29,18 @@ F_i / e^m_i = (1 - s_i) / s_i, the near masses are exp(logit - m_i) <= 1, and ev
 their sum; the far keys' output is the other channels / (s_i * total), with no division by 1 - s_i.
 
 If compiling fails (no C++ compiler, say), a warning names the error and every later forward takes the chunked
-path; PELAB_FLEX_ATTENTION=0 turns it off.
+path; runtime.flex_attention = false (model/runtime.py) turns it off.
 """
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import torch
 
 from model.compiled import Compiled
+from model.runtime import runtime_config
 
-# PELAB_FLEX_ATTENTION=0 in the environment: always the chunked path (an A/B measurement, or a machine where
-# compiling is unwanted); tests set ENABLED directly.
-ENABLED = os.environ.get("PELAB_FLEX_ATTENTION", "1") != "0"
 MIN_LENGTH = 512  # shorter forwards keep the chunked path
 _block_masks: dict[tuple[int, str, int], Any] = {}
 
@@ -64,7 +61,7 @@ def applies(q: torch.Tensor, k: torch.Tensor, position: Any, state: Any, causal:
             methods: Any, window: int, observed: bool, dropout: float) -> bool:
     """True when this forward can take FlexAttention: see the module docstring. `observed`: the attention
     diagnostics read the probabilities; `dropout`: the attention dropout this forward applies."""
-    if not ENABLED or torch.is_grad_enabled() or q.device.type != "cpu":
+    if not runtime_config().flex_attention or torch.is_grad_enabled() or q.device.type != "cpu":
         return False
     if torch.compiler.is_compiling():  # inside a compiled model (training's validation): its own graph
         return False

@@ -6,13 +6,13 @@ signature of transformers' ROPE_INIT_FUNCTIONS, so a config means the same thing
 from __future__ import annotations
 
 import math
-import os
 from typing import Callable
 
 import torch
 
 from errors import ConfigError
 from model.compiled import Compiled
+from model.runtime import runtime_config
 
 
 def default_inv_freq(head_dim: int, theta: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -232,15 +232,14 @@ def _rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
 _ROTATE = {"half": _rotate_halves, "interleaved": _rotate_pairs}
 
 # Long rotations without gradients (evaluation; above all dynamic NTK's decoding step, which rotates every cached
-# key at every token) run compiled: one pass over x instead of several. PELAB_COMPILED_ROPE=0 turns it off.
-COMPILED_ROPE = os.environ.get("PELAB_COMPILED_ROPE", "1") != "0"
+# key at every token) run compiled: one pass over x instead of several. runtime.compiled_rope = false turns it off.
 COMPILED_MIN_ELEMENTS = 2**20
 _COMPILED = {layout: Compiled(rotate, "RoPE's rotation", "rotations run eagerly (model/rope.py)", dynamic=True)
              for layout, rotate in _ROTATE.items()}
 
 
 def _compiles(x: torch.Tensor) -> bool:
-    return (COMPILED_ROPE and x.device.type == "cpu" and x.numel() >= COMPILED_MIN_ELEMENTS
+    return (runtime_config().compiled_rope and x.device.type == "cpu" and x.numel() >= COMPILED_MIN_ELEMENTS
             and not torch.is_grad_enabled() and not torch.compiler.is_compiling())
 
 

@@ -1,14 +1,47 @@
-"""Device and precision choices shared by training, generation and evaluation."""
+"""Device and precision choices shared by training, generation and evaluation, and the process's runtime switches
+(RuntimeConfig): which faster path computes the same numbers, and how the process keeps memory."""
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 import platform
+from dataclasses import dataclass
 
 import torch
 
 from errors import ConfigError
+
+
+@dataclass
+class RuntimeConfig:
+    """How, not what, this process computes: the `[runtime]` section of a run config (train/config.py), saved in
+    run_config.toml and in a comparison's results.json. Each switch picks between paths that compute the same
+    numbers (within float rounding, tested); turning one off is for an A/B measurement or a machine where
+    compiling is unwanted."""
+
+    flex_attention: bool = True  # long no-grad CPU forwards of distance biases take FlexAttention (model/flex.py)
+    compiled_rope: bool = True  # long no-grad CPU rotations run compiled (model/rope.py)
+    keep_freed_memory: bool = True  # glibc keeps freed blocks for reuse (keep_freed_memory below)
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if not isinstance(value, bool):
+                raise ConfigError(f"runtime.{name} must be true or false, got {value!r}")
+
+
+_RUNTIME = RuntimeConfig()
+
+
+def runtime_config() -> RuntimeConfig:
+    """The switches in effect in this process (the defaults until configure_runtime is called)."""
+    return _RUNTIME
+
+
+def configure_runtime(config: RuntimeConfig) -> None:
+    """Put `config`'s switches in effect for this process (a training run, or a comparison's job, calls it first).
+    keep_freed_memory acts once, when the process builds its first model."""
+    for name, value in vars(config).items():
+        setattr(_RUNTIME, name, value)
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -66,12 +99,12 @@ def keep_freed_memory() -> bool:
     high-water mark instead of returning memory between steps. Measured (README, "Memory allocation"): training
     steps 8-10% faster on 2 threads, dynamic NTK's decoding step 3.5x.
 
-    Called when a model is built; once per process; glibc only (elsewhere, or with PELAB_KEEP_FREED_MEMORY=0,
-    nothing changes). Returns whether the setting is in effect."""
+    Called when a model is built; once per process; glibc only (elsewhere, or with runtime.keep_freed_memory =
+    false, nothing changes). Returns whether the setting is in effect."""
     global _freed_memory_kept
     if _freed_memory_kept is None:
         _freed_memory_kept = False
-        if os.environ.get("PELAB_KEEP_FREED_MEMORY", "1") != "0" and platform.libc_ver()[0] == "glibc":
+        if _RUNTIME.keep_freed_memory and platform.libc_ver()[0] == "glibc":
             mallopt = ctypes.CDLL(None).mallopt
             mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
             _freed_memory_kept = bool(mallopt(_M_MMAP_THRESHOLD, 1 << 30) and mallopt(_M_TRIM_THRESHOLD, 1 << 30))

@@ -10,7 +10,8 @@ peaks do not mix:
   - evaluation: one forward (--eval-batch sequences, 1 by default; fp32, inference mode) of k x L tokens each, for
     each k of --lengths, shortest first;
     tokens/s is the median over --repeats forwards after a warm-up forward (FlexAttention compiles there for a
-    distance bias at 2x and longer, model/flex.py; PELAB_FLEX_ATTENTION=0 measures the chunked path instead); peak memory is the process's peak resident memory after that
+    distance bias at 2x and longer, model/flex.py; scripts.flex_costs sets it against the chunked path); peak memory is
+    the process's peak resident memory after that
     length (it includes the interpreter and torch, the same for every variant: compare within a column);
   - training: the train loop's own step (its default precision: bf16 autocast where the CPU supports it; AdamW,
     clipping) at L with --batch sequences; the median tokens/s over --repeats runs of --train-steps steps, after a

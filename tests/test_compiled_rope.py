@@ -13,7 +13,7 @@ import torch
 from eval.scoring import score_incremental
 from model import Transformer, rope
 from model.compiled import Compiled
-from model.runtime import keep_freed_memory
+from model.runtime import keep_freed_memory, runtime_config
 from tests.conftest import micro_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +24,7 @@ def compiled_calls(monkeypatch):
     """Every rotation without gradients takes the compiled kernel (not only long ones); counts its calls."""
     calls = []
     monkeypatch.setattr(rope, "COMPILED_MIN_ELEMENTS", 1)
-    monkeypatch.setattr(rope, "COMPILED_ROPE", True)
+    monkeypatch.setattr(runtime_config(), "compiled_rope", True)
     monkeypatch.setattr(rope, "_COMPILED", {layout: _Counting(kernel, calls) for layout, kernel in rope._COMPILED.items()})
     return calls
 
@@ -39,12 +39,12 @@ class _Counting:
 
 
 def eager(x, cos, sin, layout):
-    was = rope.COMPILED_ROPE
-    rope.COMPILED_ROPE = False
+    was = runtime_config().compiled_rope
+    runtime_config().compiled_rope = False
     try:
         return rope.apply_rope(x, cos, sin, layout)
     finally:
-        rope.COMPILED_ROPE = was
+        runtime_config().compiled_rope = was
 
 
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
@@ -81,14 +81,14 @@ def test_dynamic_ntk_decoding_with_the_compiled_rotation_scores_as_the_eager_one
     windows = np.random.default_rng(0).integers(0, 97, (3, 33))
     fast = score_incremental(model, windows, prefill=8)
     assert len(compiled_calls) > 2 * 25  # every decoding step rotated its queries and all cached keys compiled
-    rope.COMPILED_ROPE = False
+    runtime_config().compiled_rope = False  # the fixture's monkeypatch restores it
     slow = score_incremental(model, windows, prefill=8)
     assert np.abs(fast - slow).max() < 1e-5
 
 
 def test_a_compiler_failure_warns_once_and_rotates_eagerly(monkeypatch):
     monkeypatch.setattr(rope, "COMPILED_MIN_ELEMENTS", 1)
-    monkeypatch.setattr(rope, "COMPILED_ROPE", True)
+    monkeypatch.setattr(runtime_config(), "compiled_rope", True)
     kernel = Compiled(rope._rotate_halves, "RoPE's rotation", "rotations run eagerly")
     monkeypatch.setattr(rope, "_COMPILED", {"half": kernel, "interleaved": kernel})
 
@@ -109,9 +109,11 @@ def test_a_compiler_failure_warns_once_and_rotates_eagerly(monkeypatch):
 
 
 FAULTS = """
-import resource, torch
+import resource, sys, torch
 from model import Transformer
+from model.runtime import RuntimeConfig, configure_runtime
 from tests.conftest import micro_config
+configure_runtime(RuntimeConfig(keep_freed_memory=sys.argv[1] == "true"))
 Transformer(micro_config())
 faults = []
 for _ in range(5):
@@ -130,10 +132,10 @@ def test_a_process_with_a_model_reuses_the_memory_of_freed_tensors():
     faults, and in some processes so does the second or third, when small allocations made meanwhile, e.g. by the
     thread pool's start, split the freed block; measured 12 processes: from the third on, none faulted again.)"""
     def page_faults(setting):
-        env = {"PYTHONPATH": str(ROOT), "PELAB_KEEP_FREED_MEMORY": setting, "PATH": "/usr/bin:/bin"}
-        result = subprocess.run([sys.executable, "-c", FAULTS], cwd=ROOT, env=env, capture_output=True, text=True,
+        env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+        result = subprocess.run([sys.executable, "-c", FAULTS, setting], cwd=ROOT, env=env, capture_output=True, text=True,
                                 check=True)
         return int(result.stdout.split()[-1])
 
-    assert page_faults("1") < 1000
-    assert page_faults("0") > 16000
+    assert page_faults("true") < 1000  # runtime.keep_freed_memory, the default
+    assert page_faults("false") > 16000

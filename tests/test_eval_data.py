@@ -11,7 +11,16 @@ from data.prepare import main as prepare_main
 from data.sources import load_source
 from data.tokenizer import load_tokenizer
 from errors import DataError, SourceError
-from eval.data import OTHER, checkpoint_eval_tokens, load_eval_tokens, training_source_relation, training_val_fraction
+from eval.data import (
+    HOLDS,
+    INSIDE,
+    OTHER,
+    SAME,
+    checkpoint_eval_tokens,
+    load_eval_tokens,
+    training_source_relation,
+    training_val_fraction,
+)
 from train.pretrain import main as pretrain_main
 
 
@@ -178,3 +187,19 @@ def test_hub_sources_offline_fail_at_once_naming_the_alternatives(tmp_path, monk
     with pytest.raises(SourceError, match="has no folder emozilla/pg19"):
         load_source("pg19")
     assert not (tmp_path / "x").exists()
+
+
+def test_a_file_of_a_named_local_source_counts_as_the_training_source(monkeypatch, tmp_path):
+    """A checkpoint trained on the named source stdlib: a path inside the stdlib folder (its meta's stdlib_path)
+    may be a training document, so it is judged by the hash rule; a path elsewhere is not the training source."""
+    import eval.data as eval_data
+
+    stdlib = tmp_path / "lib" / "python3.x"
+    (stdlib / "json").mkdir(parents=True)
+    monkeypatch.setattr(eval_data, "training_data_meta", lambda checkpoint: {"source": "stdlib",
+                                                                            "stdlib_path": str(stdlib)})
+    assert training_source_relation(str(stdlib / "argparse.py"), "run")[0] == INSIDE
+    assert training_source_relation(str(stdlib), "run")[0] == SAME
+    assert training_source_relation(str(tmp_path), "run")[0] == HOLDS
+    assert training_source_relation(str(tmp_path / "elsewhere.py"), "run")[0] == OTHER
+    assert training_source_relation("stdlib", "run")[0] == SAME

@@ -7,6 +7,7 @@ import torch
 
 from model import KVCache, Transformer, flex
 from model.compiled import Compiled
+from model.runtime import runtime_config
 from tests.conftest import micro_config
 
 LENGTH = 150  # not a multiple of flex's 128-row blocks
@@ -24,18 +25,18 @@ def flex_calls(monkeypatch):
 
     monkeypatch.setattr(flex, "attention", counted)
     monkeypatch.setattr(flex, "MIN_LENGTH", 64)
-    monkeypatch.setattr(flex, "ENABLED", True)
+    monkeypatch.setattr(runtime_config(), "flex_attention", True)
     return calls
 
 
 def logits(model, idx, positions=None, use_flex=True):
-    flex_was = flex.ENABLED
-    flex.ENABLED = use_flex
+    flex_was = runtime_config().flex_attention
+    runtime_config().flex_attention = use_flex
     try:
         with torch.inference_mode():
             return model(idx, positions=positions)[0]
     finally:
-        flex.ENABLED = flex_was
+        runtime_config().flex_attention = flex_was
 
 
 def assert_flex_matches_the_chunked_path(model, tokens, positions, flex_calls):

@@ -8,6 +8,7 @@ are annotations only and do not count.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from tests.conftest import ROOT
@@ -156,3 +157,23 @@ def test_the_trained_length_is_read_through_one_accessor():
     write it."""
     readers = [module for module, text in project_sources().items() if '"trained_seq_len"' in text]
     assert sorted(readers) == ["model.checkpoint", "scripts.import_hf", "train.loop"], readers
+
+
+def test_no_environment_variable_chooses_a_numeric_path():
+    """Switches of how the model computes are config keys ([runtime], model/runtime.py), saved with each run; the
+    environment is read only for what it is the standard place of: torchrun's ranks, the hub's offline and mirror
+    settings, trackers' and tokenizers' own variables."""
+    allowed = {"WORLD_SIZE", "RANK", "LOCAL_RANK", "WANDB_MODE", "WANDB_SILENT", "WANDB_PROJECT", "HF_HUB_OFFLINE",
+               "HF_DATASETS_OFFLINE", "TOKENIZERS_PARALLELISM"}
+    reads = {}
+    for module, text in project_sources().items():
+        if module.startswith("tests"):
+            continue
+        names = set(re.findall(r"os\.environ(?:\.get|\.setdefault)?\(\s*\"?([A-Za-z_]+)", text))
+        names |= set(re.findall(r"os\.environ\[\"([A-Za-z_]+)\"\]", text))
+        names |= set(re.findall(r"os\.getenv\(\s*\"([A-Za-z_]+)", text))
+        if names - allowed - {"HUB_MIRROR_ENV"}:
+            reads[module] = sorted(names - allowed - {"HUB_MIRROR_ENV"})
+    assert not reads, reads
+    switches = {module: re.findall(r"PELAB_\w+", text) for module, text in project_sources().items()}
+    assert {name for found in switches.values() for name in found} <= {"PELAB_HUB_MIRROR"}, switches

@@ -1,6 +1,7 @@
 """Run configuration: dataclass defaults -> TOML file -> `--section.key=value` overrides, strictly typed.
 
-Sections: [model] (ModelConfig), [data], [train], [out]. Unknown sections or keys and wrong types are errors
+Sections: [model] (ModelConfig), [data], [train], [out], [runtime] (RuntimeConfig: switches of how, not what,
+the process computes). Unknown sections or keys and wrong types are errors
 that name the key; the resolved config is printed and saved with the run as run_config.toml.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from errors import ConfigError
 from model.config import ModelConfig, build_dataclass, check_field_types, parse_override_value
+from model.runtime import RuntimeConfig
 from train.trackers import TRACKERS
 
 
@@ -111,13 +113,15 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     out: OutConfig = field(default_factory=OutConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
 
 
 SECTIONS = {field.name: field.type for field in dataclasses.fields(RunConfig)}
-SECTION_CLASSES = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "out": OutConfig}
+SECTION_CLASSES = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "out": OutConfig,
+                   "runtime": RuntimeConfig}
 
 
 def apply_overrides(values: dict[str, dict[str, Any]], overrides: list[str]) -> None:

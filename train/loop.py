@@ -36,7 +36,7 @@ from model.checkpoint import (
 from model.config import ModelConfig
 from model.data_folder import DATA_FOLDER, data_folder_record
 from model.folder_lock import FolderLock
-from model.runtime import autocast, autocast_dtype, resolve_device
+from model.runtime import autocast, autocast_dtype, configure_runtime, resolve_device
 from model.transformer import IGNORE_INDEX, Transformer
 from train.config import RunConfig, to_toml
 from train.distributed import Distributed
@@ -226,6 +226,7 @@ class Trainer:
         self.task = task
         self.extra_state = extra_state or {}
         train = config.train
+        configure_runtime(config.runtime)  # before the first model is built
         self.dist = Distributed()
         if stop_when is not None and self.dist.enabled:
             raise ConfigError("a training that stops on a validation criterion runs in one process, not under DDP")
