@@ -1,4 +1,4 @@
-"""The command-line convention every entry point follows (README, "Command line").
+"""The command-line convention every entry point follows (docs/guide/commands.md).
 
 One name for one thing in every command: --checkpoint (a checkpoint folder to read), --data (data to read: a
 prepared folder, a named source or a text path), --out (the output folder), --length / --lengths (token counts,
@@ -10,7 +10,6 @@ them.
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 
@@ -33,8 +32,8 @@ def command_parser(module: str, description: str | None, epilog: str | None = No
                                    formatter_class=HelpFormatter)
 
 
-class Deprecated(argparse.Action):
-    """An old spelling of an option: it still works for one release and prints what replaces it."""
+class Renamed(argparse.Action):
+    """An option's former name: refused with the name that replaced it (exit 2, nothing run)."""
 
     def __init__(self, option_strings: list[str], dest: str, new: str, **kwargs: Any) -> None:
         self.new = new
@@ -42,19 +41,17 @@ class Deprecated(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
-        print(f"note: {option_string} is deprecated and will be removed in the next release; use {self.new}",
-              file=sys.stderr)
-        setattr(namespace, self.dest, True if self.nargs == 0 else values)
+        parser.error(f"{option_string} was renamed: use {self.new}")
 
 
-def deprecated(parser: argparse.ArgumentParser, old: str, new: str, dest: str, **kwargs: Any) -> None:
-    """Accept `old` as a hidden alias that fills `dest` (the new option's) and names `new`."""
-    parser.add_argument(old, dest=dest, action=Deprecated, new=new, help=argparse.SUPPRESS,
-                        default=argparse.SUPPRESS, **kwargs)
+def renamed(parser: argparse.ArgumentParser, old: str, new: str) -> None:
+    """Refuse `old`, a former spelling, naming `new` (hidden from --help)."""
+    parser.add_argument(old, dest=f"renamed_{old.lstrip('-').replace('-', '_')}", action=Renamed, new=new,
+                        nargs="?", help=argparse.SUPPRESS, default=argparse.SUPPRESS)
 
 
 def require(parser: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
-    """argparse's `required`, for options that also have a deprecated spelling."""
+    """argparse's `required`, checked after parsing (for commands whose options are also read from a config)."""
     missing = [f"--{name.replace('_', '-')}" for name in names if getattr(args, name, None) is None]
     if missing:
         parser.error(f"the following arguments are required: {', '.join(missing)}")

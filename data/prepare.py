@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from commands import add_out, command_parser, deprecated
+from commands import add_out, command_parser, renamed
 from data.sources import ENCODING_ERRORS, HUB_SOURCES, TextSource, load_source
 from data.tokenizer import ENDOFTEXT, batched, load_tokenizer, train_bpe, wrap_tokenizer
 from errors import ConfigError, cli_command
@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = command_parser("data.prepare", __doc__)
     parser.add_argument("--data", default="stdlib", metavar="SOURCE",
                         help=f"stdlib (offline), {', '.join(HUB_SOURCES)} (hub), or a local file or folder")
-    deprecated(parser, "--source", "--data", "data")
+    renamed(parser, "--source", "--data")
     add_out(parser, "output folder (tokenizer, train.bin, val.bin, meta.json)", required=True, type=Path)
     parser.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary size")
     parser.add_argument("--tokenizer", help="reuse this tokenizer.json or tokenizer folder instead of training one")

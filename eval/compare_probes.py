@@ -281,7 +281,7 @@ def passkey_section(out: Path, compare: Any) -> list[str]:
              "depths: accuracy, the mean over seeds [95% interval holding the t interval over seeds and the Wilson "
              "interval on all the trials; one seed: Wilson, trials only] (eval/passkey.py, eval/stats.py "
              "seeds_and_trials). Base models are not fine-tuned on the template, so 0 is expected of small ones; "
-             "README's passkey recipe fine-tunes one.", "",
+             "docs/evaluation.md's passkey recipe fine-tunes one.", "",
              *_header("encoding", list(compare.probe_lengths))]
 
     def accuracy(rows: dict[int, dict], item: str) -> str:

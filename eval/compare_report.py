@@ -558,7 +558,7 @@ def write_outputs(out: Path, compare: Any, shared: dict, data_dir: Path, configs
                      "between-seed and the between-window variance (the same windows in every seed). With one seed "
                      "there is no interval: one training run says nothing about the next (RoPE's penalty at 16x "
                      "was +0.72 and +1.01 nats for two trainings of one seed that differed only in compiling; "
-                     "README).")
+                     "docs/results.md).")
     tables = "\n".join([
         "### Perplexity (nonoverlapping windows)", "", *ppl_lines, "",
         "### Extrapolation penalty (nats): positions >= L, window loss minus L-window reference loss", "",

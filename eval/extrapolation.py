@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, deprecated, require
+from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, renamed, require
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, PositionRangeError, cli_command
 from eval import figures
@@ -367,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--methods", default=DEFAULT_METHODS,
                         help=f"inference-time methods, each where it applies ('none' is always evaluated); valid: "
                              f"{', '.join(sorted(METHODS))}, or compositions such as yarn+logn")
-    deprecated(parser, "--scalings", "--methods", "methods")
+    renamed(parser, "--scalings", "--methods")
     parser.add_argument("--data", help="prepared folder, source or path (default: each checkpoint's own held-out "
                                        "val.bin); a raw source that is the checkpoint's training source keeps only "
                                        "its held-out documents, any other is scored whole")

@@ -1,6 +1,6 @@
 """One look for every figure of every command: a fixed colour and marker per encoding (and comparison variant), a
 fixed line style per inference-time method, legends beside the data rather than on it, and each figure written as
-PNG (for README) and SVG (vector, for a paper) side by side.
+PNG (for the markdown pages) and SVG (vector, for a paper) side by side.
 
     figure, axis = figures.new()
     axis.plot(x, y, **figures.style("rope", "yarn"), label="rope+yarn")

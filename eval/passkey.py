@@ -3,7 +3,7 @@
     python -m eval.passkey --checkpoint runs/passkey_ft --lengths 1x,2x,4x --depths 0,0.5,1 --trials 5 \\
         --out runs/passkey
     python -m eval.passkey --make-data runs/passkey_data/train.jsonl --checkpoint runs/tiny --lengths 64,128,256 \\
-        --samples 4000          # training documents for the passkey fine-tune recipe (see README)
+        --samples 4000          # training documents for the passkey fine-tune recipe (docs/evaluation.md)
 
 The prompt is the landmark-attention / YaRN template, lines joined by newlines: the task description,
 filler ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, deprecated, require
+from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, renamed, require
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, cli_command
 from eval import figures
@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = command_parser("eval.passkey", __doc__)
     add_checkpoint(parser, "the checkpoint to evaluate; with --make-data, the one whose tokenizer sizes the "
                            "prompts (required)")
-    deprecated(parser, "--tokenizer", "--checkpoint", "checkpoint")
+    renamed(parser, "--tokenizer", "--checkpoint")
     parser.add_argument("--lengths", default="1x,2x,4x",
                         help="comma-separated multiples of the trained length (2x) or token counts")
     parser.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="key positions as fractions of the filler")

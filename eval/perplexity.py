@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from commands import add_checkpoint, add_device, add_out, command_parser, deprecated, require
+from commands import add_checkpoint, add_device, add_out, command_parser, renamed, require
 from data.batches import windows_at
 from data.tokenizer import token_byte_lengths
 from errors import ConfigError, DataError, cli_command
@@ -123,10 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data", help="a prepared data folder (its val.bin), a source name, or a text path "
                                        "(required)")
     parser.add_argument("--length", type=int, help="window length in tokens (required)")
-    deprecated(parser, "--seq-len", "--length", "length", type=int)
+    renamed(parser, "--seq-len", "--length")
     parser.add_argument("--stride", type=int, default=None, help="sliding-window stride (default: nonoverlapping)")
     parser.add_argument("--tokens", type=int, default=None, help="score only the first N tokens (default: all)")
-    deprecated(parser, "--max-tokens", "--tokens", "tokens", type=int)
+    renamed(parser, "--max-tokens", "--tokens")
     parser.add_argument("--val-fraction", type=float, default=None,
                         help="raw --data: the held-out share used to split it (default: the checkpoint's, else 0.05)")
     parser.add_argument("--all-documents", action="store_true",
@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_device(parser)
     parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | auto")
     add_out(parser, "also write OUT/results.json: the result with the per-position loss curve")
-    deprecated(parser, "--json", "--out DIR (writes DIR/results.json)", "json", type=Path)
+    renamed(parser, "--json", "--out DIR (writes DIR/results.json)")
     add_rope_scaling_args(parser)
     return parser
 
@@ -157,7 +157,6 @@ def main(argv: list[str] | None = None) -> int:
         f"bpb {result.bpb:.4f} | {result.tokens:,} tokens, {result.bytes:,} bytes"
     )
     paths = [Path(args.out) / "results.json"] if args.out else []
-    paths += [args.json] if getattr(args, "json", None) else []
     record = {"checkpoint": str(args.checkpoint), "data": args.data, "rope_scaling": model.config.rope_scaling,
               **asdict(result)}
     for path in paths:

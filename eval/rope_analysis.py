@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from commands import add_out, command_parser, deprecated, require
+from commands import add_out, command_parser, renamed, require
 from errors import cli_command
 from eval.figures import save as save_figure
 from model.attention import Attention
@@ -314,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--head-dim", type=int, default=64, help="head dimension d (even)")
     parser.add_argument("--base", type=float, default=10000.0, help="RoPE base (theta)")
     parser.add_argument("--length", type=int, default=256, help="the training length L the scalings refer to")
-    deprecated(parser, "--train-len", "--length", "length", type=int)
+    renamed(parser, "--train-len", "--length")
     parser.add_argument("--factor", type=float, default=4.0, help="scaling factor of the frequency map")
     return parser
 

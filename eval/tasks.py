@@ -35,7 +35,7 @@ from typing import Any, Iterator
 
 import torch
 
-from commands import add_out, comma_list, command_parser, deprecated
+from commands import add_out, comma_list, command_parser, renamed
 from data.batches import IGNORE_INDEX
 from errors import ConfigError, cli_command
 from eval import figures
@@ -49,7 +49,7 @@ from model.transformer import Transformer
 from train.config import build_run_config
 from train.loop import run_training
 
-SUITE = ["copy", "flipflop"]  # the tasks every encoding learns at 1x at the default budget (README)
+SUITE = ["copy", "flipflop"]  # the tasks every encoding learns at 1x at the default budget (docs/evaluation.md)
 DEFAULT_LENGTH = 32
 EVAL_SEED = 10**6  # evaluation sequences: a seed no training batch uses
 VAL_COUNT = 256  # validation sequences at L for the stop check
@@ -313,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = command_parser("eval.tasks", __doc__, epilog="Overrides: --model.key=value, --train.key=value "
                                                           f"(defaults: model {DEFAULT_MODEL}, train {DEFAULT_TRAIN})")
     parser.add_argument("--tasks", default=",".join(SUITE), help=f"comma-separated, from {sorted(TASKS)}")
-    deprecated(parser, "--task", "--tasks", dest="tasks")
+    renamed(parser, "--task", "--tasks")
     parser.add_argument("--encodings", default="rope,alibi,none,sinusoidal", help="comma-separated model.position names")
     parser.add_argument("--length", type=int, default=DEFAULT_LENGTH, help="training length L in tokens")
     parser.add_argument("--multiples", default="1,2,4,8", help="evaluation lengths as multiples of L")

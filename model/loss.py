@@ -68,6 +68,6 @@ def _linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
 
 
 # Never traced: under torch.compile (torch 2.11, CUDA) this Function's traced graph returned no gradients at all,
-# so the compiled model never learned (README, "On a GPU"). A compiled model runs it eagerly (one graph break at
+# so the compiled model never learned (docs/performance.md, "GPU"). A compiled model runs it eagerly (one graph break at
 # the head), which kept its gradients there and keeps the (tokens x vocab) logits out of memory.
 linear_cross_entropy = torch.compiler.disable(_linear_cross_entropy)

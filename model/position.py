@@ -100,7 +100,7 @@ class T5Bias(PositionEncoding):
     """T5's learned relative bias: log-spaced distance buckets, one scalar per (bucket, head), shared by layers."""
 
     has_score_bias = True
-    # Measured (README, "Learned position parameters"): at train.lr Adam moves a bias by about one nat over the whole
+    # Measured (docs/baselines.md, "Learned position parameters"): at train.lr Adam moves a bias by about one nat over the whole
     # schedule; 10x without weight decay lowers the full preset's validation loss by 0.26 nats (30x: by 0.23).
     optimizer_defaults = {"lr_scale": 10.0, "weight_decay": 0.0}
 
@@ -133,7 +133,7 @@ class ShawRelative(PositionEncoding):
 
     has_score_bias = True
     has_value_term = True
-    # Measured (README): 10x without weight decay is 0.018 nats better than train.lr with decay (within noise).
+    # Measured (docs/baselines.md): 10x without weight decay is 0.018 nats better than train.lr with decay (within noise).
     optimizer_defaults = {"lr_scale": 10.0, "weight_decay": 0.0}
 
     def __init__(self, config: "ModelConfig") -> None:
@@ -224,7 +224,7 @@ class LearnedAbsolute(PositionEncoding):
     are an error unless model.learned_clamp is set, which reuses the last row."""
 
     per_layer = False
-    # Measured (README): weight decay changes nothing (0.0015 nats); 10x the learning rate is 0.48 nats worse.
+    # Measured (docs/baselines.md): weight decay changes nothing (0.0015 nats); 10x the learning rate is 0.48 nats worse.
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}
 
     def __init__(self, config: "ModelConfig") -> None:

@@ -78,8 +78,8 @@ class PositionEncoding(nn.Module):
     clipped_distance = 0  # c > 0: bias and value term depend on the query and min(i - j, c) only (clipped_tables)
     exact_buffers: tuple[str, ...] = ()  # buffers kept in float32 when the model is cast (frequencies, slopes)
     # AdamW settings for this encoding's own parameters, if it has any (train/loop.py: position_group_settings):
-    # "lr_scale" multiplies train.lr, "weight_decay" replaces train.weight_decay. Chosen by measurement (README)
-    # where the README says so, else the reference implementation's.
+    # "lr_scale" multiplies train.lr, "weight_decay" replaces train.weight_decay. Chosen by measurement (docs/baselines.md)
+    # where docs/baselines.md says so, else the reference implementation's.
     optimizer_defaults: dict[str, float] = {}
 
     def __init__(self, config: "ModelConfig") -> None:

@@ -384,12 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--skip takes {','.join(SECTIONS)}, got {unknown}")
     device = resolve_device(args.device)
-    out = Path(args.out or "runs/bench")
-    if out.suffix == ".json":  # the old spelling, --out FILE
-        print(f"note: --out FILE.json is deprecated and will be removed in the next release; --out takes a folder "
-              f"(writing {out} this time)", file=sys.stderr)
-    else:
-        out = out / f"bench-{args.shape}.json"
+    if args.out and Path(args.out).suffix == ".json":
+        parser.error(f"--out takes a folder (it writes bench-{args.shape}.json there), got the file {args.out}")
+    out = Path(args.out or "runs/bench") / f"bench-{args.shape}.json"
     shape = SHAPES[args.shape]
     torch.manual_seed(0)
     results = {

@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import torch
 
-from commands import add_checkpoint, comma_list, command_parser, deprecated, require
+from commands import add_checkpoint, comma_list, command_parser, renamed, require
 from data.tokenizer import load_tokenizer
 from errors import CheckpointError, cli_command
 from eval.data import checkpoint_eval_tokens
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_checkpoint(parser, "a RoPE checkpoint folder (required)")
     parser.add_argument("--data", help="a prepared folder (its val.bin) or a raw source (required)")
     parser.add_argument("--lengths", default="2x,4x", help="comma-separated multiples of the trained length")
-    deprecated(parser, "--multiples", "--lengths 2x,4x", "multiples")
+    renamed(parser, "--multiples", "--lengths 2x,4x")
     parser.add_argument("--windows", type=int, default=4, help="windows per length (exact scoring is quadratic)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     return parser
@@ -71,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     require(parser, args, "checkpoint", "data")
     torch.set_num_threads(args.threads)
-    items = [f"{item}x" for item in comma_list(args.multiples)] if getattr(args, "multiples", None) else \
-        comma_list(args.lengths)
+    items = comma_list(args.lengths)
     if not all(item.endswith("x") and item[:-1].isdigit() and int(item[:-1]) >= 2 for item in items):
         parser.error(f"--lengths must be whole multiples of the trained length, at least 2x (e.g. 2x,4x), got {items}")
     multiples = [int(item[:-1]) for item in items]

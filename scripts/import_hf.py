@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from commands import add_checkpoint, add_out, command_parser, deprecated, require
+from commands import add_checkpoint, add_out, command_parser, renamed, require
 from errors import ConversionError, cli_command
 from infer.hf_convert import from_hf_state_dict, from_llama_config
 from model.checkpoint import load_state_into, save_checkpoint
@@ -81,7 +81,7 @@ def import_hf(model_dir: str | Path, out: str | Path) -> Transformer:
 def build_parser() -> argparse.ArgumentParser:
     parser = command_parser("scripts.import_hf", __doc__)
     add_checkpoint(parser, "a local transformers Llama folder (required)")
-    deprecated(parser, "--model", "--checkpoint", "checkpoint")
+    renamed(parser, "--model", "--checkpoint")
     add_out(parser, "our checkpoint folder to write (required)", required=True)
     parser.add_argument("--overwrite", action="store_true", help="replace files in a non-empty --out")
     return parser

@@ -80,7 +80,7 @@ def test_broken_checkpoints_are_refused_by_generate_and_by_init(damage, good_run
     error = one_line_error(capsys)
     assert str(broken) in error or "model.safetensors" in error
     out = tmp_path / "sft"
-    assert sft([f"--init={broken}", f"--out.dir={out}", "--train.max_steps=1"]) == 2
+    assert sft([f"--checkpoint={broken}", f"--out.dir={out}", "--train.max_steps=1"]) == 2
     one_line_error(capsys)
     assert not (out / "model.safetensors").exists()
 
@@ -95,7 +95,7 @@ def test_sft_refuses_malformed_conversations(record, message, good_run, tmp_path
     data.write_text("\n".join(json.dumps(r) for r in [
         {"conversations": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}, record]))
     out = tmp_path / "sft"
-    assert sft([f"--init={good_run}", f"--data.source={data}", f"--out.dir={out}", "--train.max_steps=1"]) == 2
+    assert sft([f"--checkpoint={good_run}", f"--data.source={data}", f"--out.dir={out}", "--train.max_steps=1"]) == 2
     error = one_line_error(capsys)
     assert message in error
     assert not (out / "model.safetensors").exists()

@@ -1,24 +1,24 @@
-"""The command-line convention: README's table is true of every command, --help shows defaults, old spellings
-still work with a note, and lists are comma-separated everywhere."""
+"""The command-line convention: the guide's flags table (docs/guide/commands.md) is true of every command, --help
+shows defaults, former spellings are refused naming the new one, and lists are comma-separated everywhere. Every command shown
+in README and docs is checked against its parser by tests/test_docs.py."""
 import importlib
 import re
 
 import pytest
 
-from commands import comma_list, command_parser, deprecated
+from commands import comma_list, command_parser, renamed
 from tests.conftest import ROOT
-
-COMMANDS = ["data.prepare", "train.pretrain", "train.sft", "train.extend", "eval.perplexity", "eval.extrapolation",
-            "eval.passkey", "eval.attention", "eval.induction", "eval.tasks", "eval.compare", "eval.rope_analysis", "scripts.generate",
-            "scripts.encoding_costs", "scripts.flex_costs", "scripts.step_profile", "scripts.export_hf",
-            "scripts.import_hf", "scripts.bench", "scripts.dynamic_check"]
+from tests.test_docs import COMMANDS
 
 
-def readme_table() -> list[tuple[list[str], list[str]]]:
-    """(flags, commands) for every row of README's command-line table."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Command line"):]
-    section = section[:section.index("\n### ", 1)]
+def flags_table() -> list[tuple[list[str], list[str]]]:
+    """(flags, commands) for every row of the flags table in docs/guide/commands.md (under the heading that names
+    the command line)."""
+    text = (ROOT / "docs" / "guide" / "commands.md").read_text()
+    start = re.search(r"^#+ .*Command line.*$", text, re.M | re.I)
+    section = text[start.end():]
+    following = re.search(r"^#+ ", section, re.M)
+    section = section[:following.start()] if following else section
     rows = []
     for line in section.splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
@@ -34,7 +34,7 @@ def options(module: str) -> set[str]:
 
 
 def test_every_documented_flag_exists_in_every_command_the_table_names():
-    rows = readme_table()
+    rows = flags_table()
     assert len(rows) >= 12
     named = {command for _, commands in rows for command in commands}
     assert named <= set(COMMANDS), named - set(COMMANDS)
@@ -52,27 +52,28 @@ def test_help_shows_defaults_and_names_the_command_as_typed():
     assert "(default: 1x,2x,4x,8x,16x)" in importlib.import_module("eval.extrapolation").build_parser().format_help()
 
 
-def test_an_old_spelling_works_and_says_what_replaces_it(capsys):
+def test_a_former_spelling_is_refused_with_the_name_that_replaced_it(capsys):
     parser = command_parser("x", None)
     parser.add_argument("--length", type=int)
-    deprecated(parser, "--seq-len", "--length", "length", type=int)
-    assert parser.parse_args(["--seq-len", "7"]).length == 7
-    note = capsys.readouterr().err
-    assert "--seq-len is deprecated" in note and "use --length" in note
+    renamed(parser, "--seq-len", "--length")
+    with pytest.raises(SystemExit) as stop:
+        parser.parse_args(["--seq-len", "7"])
+    assert stop.value.code == 2 and "--seq-len was renamed: use --length" in capsys.readouterr().err
     assert parser.parse_args([]).length is None and parser.parse_args(["--length", "3"]).length == 3
     assert "--seq-len" not in parser.format_help()  # hidden from --help
 
 
-@pytest.mark.parametrize("command, argv, key", [
-    ("train.pretrain", ["--init", "runs/x"], "checkpoint"),
-    ("data.prepare", ["--source", "stdlib", "--out", "o"], "data"),
-    ("eval.perplexity", ["--max-tokens", "5"], "tokens"),
-    ("scripts.import_hf", ["--model", "m", "--out", "o"], "checkpoint"),
+@pytest.mark.parametrize("command, argv, new", [
+    ("train.pretrain", ["--init", "runs/x"], "--checkpoint"),
+    ("data.prepare", ["--source", "stdlib", "--out", "o"], "--data"),
+    ("eval.perplexity", ["--max-tokens", "5"], "--tokens"),
+    ("scripts.import_hf", ["--model", "m", "--out", "o"], "--checkpoint"),
+    ("train.extend", ["--steps", "5"], "--train.max_steps=N"),
 ])
-def test_old_spellings_of_the_commands_fill_the_new_option(command, argv, key, capsys):
-    args, _ = importlib.import_module(command).build_parser().parse_known_args(argv)
-    assert getattr(args, key) not in (None, False)
-    assert "is deprecated" in capsys.readouterr().err
+def test_former_spellings_of_the_commands_name_the_new_option(command, argv, new, capsys):
+    with pytest.raises(SystemExit):
+        importlib.import_module(command).build_parser().parse_known_args(argv)
+    assert f"{argv[0]} was renamed: use {new}" in capsys.readouterr().err
 
 
 def test_lists_are_comma_separated(tmp_path):
@@ -83,40 +84,3 @@ def test_lists_are_comma_separated(tmp_path):
     config.write_text("[compare]\nencodings = ['rope']\n")
     compare, _, _ = load_compare_config(config, None, ["--compare.encodings=rope,alibi", "--compare.seeds=1,2"])
     assert compare.encodings == ["rope", "alibi"] and compare.seeds == [1, 2]
-
-
-def readme_commands() -> list[str]:
-    """Every `python -m ...` command in README: in bash blocks and in inline code."""
-    text = (ROOT / "README.md").read_text()
-    commands = []
-    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = line.strip()
-            if line.startswith("python -m "):
-                commands.append(line.split("  #")[0].split(" # ")[0])
-    commands += [match for match in re.findall(r"`(python -m [^`]+)`", text)]
-    return commands
-
-
-def test_every_readme_command_parses_with_its_command_and_uses_no_old_spelling(capsys):
-    import shlex
-
-    commands = readme_commands()
-    assert len(commands) >= 20
-    for command in commands:
-        text = re.sub(r"\[(?!--)[^\]]*\]", "", command).replace("[", "").replace("]", "")
-        text = re.sub(r"(\S+)\|\S+", r"\1", text)  # "--shape tiny|small": one of the alternatives
-        words: list[str] = []
-        for word in shlex.split(text):  # "..." stands for a value after an option, else for more arguments
-            if word != "...":
-                words.append(word)
-            elif words[-1].startswith("--") and "=" not in words[-1]:
-                words.append("x")
-        module = words[2]
-        if module not in COMMANDS:
-            continue
-        args, unknown = importlib.import_module(module).build_parser().parse_known_args(words[3:])
-        overrides_allowed = module.startswith("train.") or module in ("eval.compare", "eval.tasks")
-        stray = [word for word in unknown if not (overrides_allowed and re.match(r"--\w+\.\w+=", word))]
-        assert not stray, (command, stray)
-        assert "deprecated" not in capsys.readouterr().err, command

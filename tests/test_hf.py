@@ -161,6 +161,8 @@ def test_import_refuses_our_own_checkpoints_and_a_non_empty_out(tokenizer, tmp_p
     assert import_main(["--checkpoint", str(tmp_path / "hf"), "--out", str(tmp_path / "taken")]) == 2
     assert "is not empty; pass --overwrite" in capsys.readouterr().err
     assert (tmp_path / "taken" / "notes.txt").read_text() == "keep me"
-    # the old spelling still works, with a note naming the new one
-    assert import_main(["--model", str(tmp_path / "hf"), "--out", str(tmp_path / "taken"), "--overwrite"]) == 0
-    assert "--model is deprecated" in capsys.readouterr().err and (tmp_path / "taken" / "config.json").exists()
+    # the former spelling is refused with the name that replaced it, and nothing is written
+    with pytest.raises(SystemExit) as stop:
+        import_main(["--model", str(tmp_path / "hf"), "--out", str(tmp_path / "taken"), "--overwrite"])
+    assert stop.value.code == 2 and "--model was renamed: use --checkpoint" in capsys.readouterr().err
+    assert (tmp_path / "taken" / "notes.txt").read_text() == "keep me"

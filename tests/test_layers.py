@@ -1,6 +1,6 @@
 """The import graph, parsed from the source: layers import one way and no module imports itself in a circle.
 
-Layers, bottom first (README, "Layout"): errors and commands, data, model, then train and infer side by side, eval, scripts.
+Layers, bottom first (docs/internals.md): errors and commands, data, model, then train and infer side by side, eval, scripts.
 A module may import its own package and the layers below it, at the top of the file: an import inside a function
 (the usual way to dodge a cycle) of another project package is refused too. Imports under `if TYPE_CHECKING:`
 are annotations only and do not count.

@@ -80,7 +80,7 @@ def test_under_bf16_autocast_the_loss_is_the_plain_paths_within_bf16_precision()
 
 def test_a_compiled_model_runs_the_fused_loss_eagerly_with_the_same_loss_and_gradients(monkeypatch):
     """Under torch.compile the chunked Function runs outside the graph (traced, it lost every gradient on CUDA with
-    torch 2.11: README, "On a GPU"): its forward is never called while compiling, and loss and gradients equal the
+    torch 2.11: docs/performance.md, "GPU"): its forward is never called while compiling, and loss and gradients equal the
     eager model's."""
     from model.loss import _ChunkedLinearCrossEntropy
 

@@ -181,7 +181,7 @@ def test_extend_records_the_scaling_and_original_length(prepared_data, tmp_path)
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_same_config_and_seed_give_the_same_checkpoint(prepared_data, tmp_path, dtype):
-    """The README's determinism guarantee: same machine, same config and seed -> identical weight files."""
+    """The determinism guarantee (docs/guide/training.md): same machine, same config and seed -> identical weight files."""
     for name in ("first", "second"):
         train(make_config(prepared_data, tmp_path / name, "--train.max_steps=6", f"--train.dtype={dtype}",
                           "--model.dropout=0.1"), prepared_data)

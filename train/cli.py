@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from commands import add_checkpoint, add_out, command_parser, deprecated
+from commands import add_checkpoint, add_out, command_parser, renamed
 from errors import ConfigError, UserError
 from model.checkpoint import has_checkpoint, load_config, load_trainer_state, load_weights_into
 from model.transformer import Transformer
@@ -23,7 +23,7 @@ def build_parser(module: str, description: str | None, data_key: str = "data.dir
                                                         "--train.lr=1e-3 --model.position=none")
     parser.add_argument("--config", metavar="FILE", help="TOML run config (see configs/)")
     add_checkpoint(parser, "start from this checkpoint's weights; its config.json is the base of [model]")
-    deprecated(parser, "--init", "--checkpoint", "checkpoint")
+    renamed(parser, "--init", "--checkpoint")
     parser.add_argument("--data", metavar="PATH", help=f"{data_help}: shorthand for --{data_key}=PATH")
     add_out(parser, "the run folder: shorthand for --out.dir=DIR")
     parser.add_argument("--overwrite", action="store_true",

@@ -45,7 +45,7 @@ class TrainConfig:
     weight_decay: float = 0.1  # on weight matrices; norms and the position encoding's own parameters have their own
     # The position encoding's learned parameters (T5 buckets, Shaw vectors, a learned table) have their own AdamW
     # group: learning rate train.lr times position_lr_scale (same warmup and decay), and position_weight_decay.
-    # None: the encoding's own measured defaults (PositionEncoding.optimizer_defaults; see README).
+    # None: the encoding's own measured defaults (PositionEncoding.optimizer_defaults; see docs/baselines.md).
     position_lr_scale: float | None = None
     position_weight_decay: float | None = None
     beta1: float = 0.9

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from commands import deprecated, require
+from commands import renamed, require
 from data.batches import PoseBatches, PretrainBatches, read_meta
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, DataError
@@ -49,8 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--method", choices=["full", "pose"], default="full",
                         help="full: train on windows of the target length; pose: windows of the trained length "
                              "with skipped position ids covering the target length")
-    deprecated(parser, "--seq-len", "--length", "length", type=int)
-    deprecated(parser, "--steps", "--train.max_steps=N", "steps", type=int)
+    renamed(parser, "--seq-len", "--length")
+    renamed(parser, "--steps", "--train.max_steps=N")
     return parser
 
 
@@ -58,8 +58,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, overrides = parse_args(parser, argv)
     require(parser, args, "checkpoint", "rope_scaling", "rope_factor")
-    if getattr(args, "steps", None) is not None:
-        overrides.insert(0, f"--train.max_steps={args.steps}")
 
     def body() -> None:
         base = load_config(args.checkpoint)

@@ -405,7 +405,7 @@ class Trainer:
     def check_gradients(self) -> None:
         """After the first applied step of this process: some gradient reached the weights. A step that lost its
         backward would otherwise train nothing and save a model at its initial loss (as a compiled step did on
-        CUDA with torch 2.11 while the fused loss was traced: README, "On a GPU")."""
+        CUDA with torch 2.11 while the fused loss was traced: docs/performance.md, "GPU")."""
         if not any(p.grad is not None and bool(p.grad.ne(0).any()) for p in self.model.parameters()):
             raise RuntimeError(f"{self.out}: the first training step left every gradient None or zero "
                                f"(compile={self.config.train.compile}, device={self.device.type}); nothing "

@@ -1,0 +1,161 @@
+"""The documentation is checked: every relative link and image in README.md, CHANGELOG.md and docs/ resolves (a
+file, a folder, or a heading of a markdown file), and every `python -m` command shown parses with that command's
+own parser, with no unknown flag and no former spelling. The checkers are tested on broken examples first."""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+# Every entry point: a module with build_parser() that runs as `python -m MODULE` (train.cli is shared, not run).
+COMMANDS = sorted(
+    f"{path.parent.name}.{path.stem}"
+    for folder in ("data", "train", "infer", "eval", "scripts")
+    for path in (ROOT / folder).glob("*.py")
+    if "def build_parser" in path.read_text() and "__main__" in path.read_text()
+)
+# Commands whose configs take `--section.key=value` overrides after the flags.
+OVERRIDES = ("train.", "eval.compare", "eval.tasks", "eval.ladder")
+
+
+def doc_pages() -> list[Path]:
+    """README, CHANGELOG and every markdown page under docs/ (generated reports included)."""
+    return [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def heading_anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation other than - and _ dropped, spaces to hyphens."""
+    text = re.sub(r"[`*]", "", heading.strip().lower())
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)  # a link in a heading keeps its text
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    found: set[str] = set()
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", text, re.M):
+        anchor, n = heading_anchor(heading), 1
+        while anchor in found:  # repeated headings get -1, -2, ...
+            anchor, n = f"{heading_anchor(heading)}-{n}", n + 1
+        found.add(anchor)
+    found |= set(re.findall(r"<a (?:name|id)=\"([^\"]+)\"", text))
+    return found
+
+
+def link_targets(text: str) -> list[str]:
+    """Targets of markdown links and images, reference definitions and HTML src/href, outside code."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    targets = re.findall(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)", text)
+    targets += re.findall(r"^\s*\[[^\]]+\]:\s*(\S+)", text, re.M)
+    targets += re.findall(r"(?:src|href)=\"([^\"]+)\"", text)
+    return targets
+
+
+def broken_links(page: Path) -> list[str]:
+    """Each relative link or image of `page` that does not resolve, with the reason."""
+    broken = []
+    for target in link_targets(page.read_text()):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target, re.I):  # http:, https:, mailto: ...
+            continue
+        path_part, _, fragment = target.partition("#")
+        path = (page.parent / path_part).resolve() if path_part else page
+        if not path.exists():
+            broken.append(f"{target}: no such file")
+        elif fragment and path.suffix == ".md" and fragment.lower() not in anchors(path):
+            broken.append(f"{target}: no heading #{fragment} in {path.name}")
+    return broken
+
+
+def shown_commands(text: str) -> list[str]:
+    """Every `python -m ...` command in bash blocks (continued lines joined, comments cut) and in inline code."""
+    commands = []
+    for block in re.findall(r"```(?:bash|sh|shell)\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.strip()
+            for start in [m.start() for m in re.finditer(r"python3? -m ", line)][:1]:
+                commands.append(re.split(r"\s+#\s", line[start:])[0].split(" && ")[0].split(" | ")[0])
+    commands += re.findall(r"`(python3? -m [^`]+)`", text)
+    return commands
+
+
+def command_problems(command: str) -> list[str]:
+    """What is wrong with one shown command: unknown flags, or what its parser refuses (a former spelling)."""
+    text = re.sub(r"\[(?!--)[^\]]*\]", "", command).replace("[", "").replace("]", "")
+    text = re.sub(r"(\S+)\|\S+", r"\1", text)  # "--shape tiny|small": one of the alternatives
+    text = re.sub(r"\$\(?\{?\w+\}?\)?", "x", text)  # a shell variable stands for a value
+    words: list[str] = []
+    for word in shlex.split(text):  # "..." stands for a value after an option, else for more arguments
+        if word != "...":
+            words.append(word)
+        elif words[-1].startswith("--") and "=" not in words[-1]:
+            words.append("x")
+    if len(words) < 3:  # `python -m ...`: the form, not a command
+        return []
+    module = words[2]
+    if module not in COMMANDS:
+        ours = module.split(".")[0] in ("data", "train", "infer", "eval", "scripts")
+        return [f"{module}: no such command"] if ours else []
+    parser = importlib.import_module(module).build_parser()
+    notes = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(notes):
+            _, unknown = parser.parse_known_args(words[3:])
+    except SystemExit:  # a former spelling, or a bad value
+        return [notes.getvalue().strip().splitlines()[-1]]
+    allowed = module.startswith(OVERRIDES)
+    return [f"unknown {word}" for word in unknown if not (allowed and re.match(r"--\w+\.\w+=", word))]
+
+
+def test_the_link_checker_finds_a_missing_file_and_a_missing_heading(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "here.md").write_text("# Here\n\n## Two words\n")
+    (tmp_path / "fig.png").write_bytes(b"")
+    page = tmp_path / "page.md"
+    page.write_text("# Page\n[ok](docs/here.md#two-words) ![ok](fig.png) [web](https://example.org/x) "
+                    "[self](#page) `[code](nowhere.md)`\n[gone](docs/gone.md) ![gone](img/none.png) "
+                    "[bad anchor](docs/here.md#three)\n```\n[in code](nowhere.md)\n```\n")
+    assert broken_links(page) == ["docs/gone.md: no such file", "img/none.png: no such file",
+                                  "docs/here.md#three: no heading #three in here.md"]
+
+
+def test_the_command_checker_finds_an_unknown_flag_and_a_former_spelling():
+    text = ("```bash\npython -m eval.perplexity --checkpoint runs/demo --data stdlib --length 256  # fine\n"
+            "python -m eval.perplexity --checkpoint runs/demo --no-such-flag 3\n```\n"
+            "and `python -m eval.perplexity --checkpoint runs/demo --max-tokens 5`")
+    commands = shown_commands(text)
+    assert len(commands) == 3
+    assert command_problems(commands[0]) == []
+    assert command_problems(commands[1]) == ["unknown --no-such-flag", "unknown 3"]
+    assert command_problems(commands[2]) == ["python -m eval.perplexity: error: --max-tokens was renamed: use --tokens"]
+    assert command_problems("python -m eval.no_such_module --x") == ["eval.no_such_module: no such command"]
+    assert command_problems("python -m train.pretrain --config c.toml --train.max_steps=3") == []
+
+
+def test_the_pages_exist_and_readme_is_a_guide_not_a_notebook():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 320
+    for needed in ("make demo", "make test"):
+        assert needed in readme
+    assert len(doc_pages()) >= 10
+    written = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "docs" / "guide").glob("*.md")]
+    dated = [page.name for page in written if re.search(r"\b20\d\d-\d\d-\d\d\b", page.read_text())]
+    assert not dated, f"dated paragraphs (history goes in CHANGELOG.md): {dated}"
+
+
+@pytest.mark.parametrize("page", doc_pages(), ids=lambda page: str(page.relative_to(ROOT)))
+def test_every_link_and_image_resolves(page):
+    assert not broken_links(page), broken_links(page)
+
+
+@pytest.mark.parametrize("page", doc_pages(), ids=lambda page: str(page.relative_to(ROOT)))
+def test_every_command_shown_parses_with_its_command(page):
+    problems = {command: command_problems(command) for command in shown_commands(page.read_text())}
+    assert not {command: found for command, found in problems.items() if found}
