@@ -159,3 +159,27 @@ def test_every_link_and_image_resolves(page):
 def test_every_command_shown_parses_with_its_command(page):
     problems = {command: command_problems(command) for command in shown_commands(page.read_text())}
     assert not {command: found for command, found in problems.items() if found}
+
+
+def shown_figures() -> list[tuple[Path, Path]]:
+    """(page, image) for every image that README and the hand-written docs pages show from a report's folder."""
+    written = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "docs" / "guide").glob("*.md")]
+    return [(page, (page.parent / target).resolve()) for page in written
+            for target in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", page.read_text())
+            if (page.parent / target).resolve().parent != (ROOT / "docs").resolve()]
+
+
+def test_a_figure_shown_from_a_report_folder_is_one_its_command_produced():
+    """README and the docs pages show a report's figure by its path in the folder its command wrote (docs/ladder/,
+    docs/tasks/, ...), not a copy that could drift: a page of that folder names the figure, or the figure has the
+    SVG twin eval/figures.py writes with every PNG next to the command's data or report."""
+    figures = shown_figures()
+    assert len(figures) >= 8
+
+    def produced(image: Path) -> bool:
+        named = any(image.name in report.read_text() for report in image.parent.glob("*.md"))
+        generated = image.with_suffix(".svg").exists() and any(image.parent.glob("*.json"))
+        return named or generated
+
+    orphans = [f"{page.name}: {image.relative_to(ROOT)}" for page, image in figures if not produced(image)]
+    assert not orphans, orphans
