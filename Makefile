@@ -1,4 +1,7 @@
 # Two set-up commands: `make demo` and `make test`. Both install what they need first.
+# Test tiers: `make test` (fast: ruff, then every test not marked integration or slow), `make test-integration`
+# (end-to-end tests and the Hypothesis tests at their full example count), `make test-all` (both, as CI runs them),
+# `make test-slow` (the few slow tests, run on purpose; not in CI).
 PYTHON ?= python3
 # A CPU build of torch. On this project's machines pip finds a local CPU wheel of 2.13.0; elsewhere use e.g.
 #   make install TORCH_INDEX="--index-url https://download.pytorch.org/whl/cpu"
@@ -7,7 +10,7 @@ TORCH_INDEX ?=
 RUN ?= runs/demo
 DATA ?= runs/data/stdlib
 
-.PHONY: install demo test test-slow clean
+.PHONY: install demo test test-integration test-all test-slow clean
 
 # pelab itself is not installed: every command runs from the repository root. An editable install left by an
 # older checkout (which mapped model/, data/, ... as top-level packages) is removed.
@@ -26,9 +29,25 @@ demo: install
 	$(PYTHON) -m train.pretrain --config configs/tiny.toml --data.dir=$(DATA) --out.dir=$(RUN) --out.overwrite=true
 	$(PYTHON) -m scripts.generate --checkpoint $(RUN) --prompt "def " --max-new-tokens 200 --temperature 0.8 --top-k 50 --seed 0
 
+# Per-test limits (pytest-timeout): a hang fails its test with a traceback instead of stalling the run. The fast
+# tier's slowest test takes about 9 s on an idle 2-core CPU (the integration marker takes every test over ~10 s);
+# 180 s is 20x that, a margin for a loaded machine: with another job busy on the same 2 cores, tests were seen
+# running 10x (and micro trainings up to 100x) slower. Integration tests run whole training jobs in subprocesses;
+# the longest, tests/test_bench.py's scripts.bench run, spends minutes on its 2048 x 2048 bf16 matmul peak on a CPU
+# without native bf16, hence their larger limit.
+FAST_TIMEOUT ?= 180
+INTEGRATION_TIMEOUT ?= 1800
+
 test: install
 	$(PYTHON) -m ruff check .
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q --durations=15 --timeout=$(FAST_TIMEOUT)
+
+# The Hypothesis tests run again here with each test's full example count (profiles in tests/conftest.py).
+test-integration: install
+	$(PYTHON) -m pytest -q -m "integration or fuzz" --hypothesis-profile=full --durations=15 \
+		--timeout=$(INTEGRATION_TIMEOUT)
+
+test-all: test test-integration
 
 test-slow: install
 	$(PYTHON) -m pytest -q -m slow

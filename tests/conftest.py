@@ -6,11 +6,23 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 from data.sources import stdlib_files
 from model.config import ModelConfig
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# Hypothesis profiles, one per test tier. Each Hypothesis test names its full example count (tests/test_fuzz.py's
+# fuzz(n)); a profile's max_examples caps it. "fast" (the default: `pytest -q`, `make test`) runs every property on
+# FAST_EXAMPLES generated inputs each; "full" (`make test-integration` passes --hypothesis-profile=full) caps
+# nothing, so each test runs its full count. Both are deterministic: no deadline, derandomized, no example database.
+FAST_EXAMPLES = 25
+_COMMON = dict(deadline=None, derandomize=True, database=None,
+               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+settings.register_profile("fast", max_examples=FAST_EXAMPLES, **_COMMON)
+settings.register_profile("full", max_examples=100_000, **_COMMON)
+settings.load_profile("fast")  # Hypothesis' own pytest option --hypothesis-profile=NAME loads another after this
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
 

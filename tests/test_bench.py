@@ -5,6 +5,8 @@ import pytest
 
 from scripts.bench import main as bench
 
+pytestmark = pytest.mark.integration  # end-to-end benchmark runs (bf16 matmul peaks, fresh processes, compile)
+
 
 def test_bench_writes_every_section(tmp_path, capsys):
     out = tmp_path / "bench-micro.json"

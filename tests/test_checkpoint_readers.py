@@ -5,11 +5,14 @@ import sys
 import textwrap
 import time
 
+import pytest
 import torch
 
 from model.checkpoint import READY, load_model, load_trainer_state
 from tests.conftest import ROOT
 from tests.test_crash_safety import ENV, command
+
+pytestmark = pytest.mark.integration  # a writer or a training run in a subprocess, readers in a loop
 
 # Save 300 times in a tight loop; save i has rope_theta 1000 + i, every weight equal to i and trainer_state step i.
 WRITER = textwrap.dedent("""

@@ -91,6 +91,7 @@ def test_results_do_not_depend_on_the_number_of_workers(small_text_file, tmp_pat
     assert (runs[2] / "logs" / "rope-seed3.log").read_text().count("final val_loss") == 1
 
 
+@pytest.mark.integration  # a comparison with two workers, ~14 s
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores to free one")
 def test_the_last_job_scores_on_the_cores_of_idle_workers(small_text_file, tmp_path, capsys):
     """With threads automatic, once one job is left for two workers it takes both cores for its scoring; with
@@ -237,7 +238,7 @@ def test_findings_name_the_penalty_side_and_the_paper_checks():
 
 def test_one_seed_states_no_penalty_side_however_many_windows_agree():
     """One trained model per encoding: its windows agree closely (a narrow interval over windows), but another
-    training run of the same seed can move RoPE's 16x penalty by 0.3 nats (README), so nothing is claimed."""
+    training run of the same seed can move RoPE's 16x penalty by 0.3 nats (docs/results.md), so nothing is claimed."""
     rows = {}
     for name, penalty in (("alibi", 0.0), ("rope", 0.7)):
         v = variant(name, {16: [10.0], 64: [12.0]})
@@ -329,6 +330,7 @@ def test_a_rerun_in_which_every_job_fails_keeps_the_previous_report(small_text_f
     assert "the previous report" in capsys.readouterr().err
 
 
+@pytest.mark.integration  # SIGKILLed comparisons in subprocesses
 def test_a_comparison_killed_at_random_moments_ends_as_an_uninterrupted_one(small_text_file, tmp_path):
     """SIGKILL a small comparison (2 encodings x 2 seeds) at random moments (fractions of an uninterrupted run's
     time) three times, re-run it to the end: the numbers equal those of an uninterrupted run and the report has
@@ -379,6 +381,7 @@ def test_a_negligible_paired_change_is_not_called_better_or_worse():
     assert verdict_word(Estimate(1.0, 0.97, 1.03, 3)) == "within noise"
 
 
+@pytest.mark.integration  # a comparison with probes and tasks, ~14 s
 def test_probes_and_tasks_add_their_sections_and_are_cached(small_text_file, tmp_path, capsys):
     """compare.probes run on every trained model (a length a learned table cannot run is recorded, not fatal),
     compare.tasks trains the task suite per encoding, the report gets their sections, and a re-run reuses both."""

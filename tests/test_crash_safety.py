@@ -7,11 +7,14 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 from model.checkpoint import READY, STAGING, has_checkpoint, load_model, load_trainer_state
 from tests.conftest import ROOT
 from tests.test_distributed import MICRO
+
+pytestmark = pytest.mark.integration  # SIGKILLed training runs in subprocesses, then resumed
 
 ENV = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 

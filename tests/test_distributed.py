@@ -35,6 +35,7 @@ def records(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.integration  # torchrun, 2 gloo processes
 @pytest.mark.parametrize("grad_accum", [1, 2])
 def test_two_gloo_processes_match_one_process(prepared_data, tmp_path, grad_accum):
     extra = [f"--train.grad_accum={grad_accum}"]
@@ -70,6 +71,7 @@ def test_global_batch_must_divide_over_the_processes(monkeypatch):
         Distributed().start(torch.device("cpu"), 3)
 
 
+@pytest.mark.integration  # torchrun, 2 gloo processes
 def test_sft_under_two_gloo_processes_matches_one_process(prepared_data, tmp_path):
     """train.sft under torchrun: the same losses and weights as one process with the same global batch."""
     from tests.test_sft import write_conversations

@@ -1,7 +1,9 @@
 """Property-based fuzzing (Hypothesis) of everything a user types: overrides, TOML config files, --lengths strings,
 RoPE scaling parameters and SFT conversation records. Each generated input either works or is refused with one
 `error:` line (exit code 2 through the CLI), never a traceback, and a good run folder it is pointed at stays byte
-for byte as it was. 2,000 generated inputs in all (the max_examples below)."""
+for byte as it was. 2,000 generated inputs in all (the counts below) in the integration tier (`make test-integration`,
+Hypothesis profile "full"); the fast tier (`make test`, profile "fast") runs the same properties on fewer inputs each
+(tests/conftest.py)."""
 import contextlib
 import hashlib
 import io
@@ -19,11 +21,15 @@ from model.config import ModelConfig
 from model.rope import ROPE_SCALINGS, normalize_rope_scaling
 from train.pretrain import main as pretrain
 
+pytestmark = pytest.mark.fuzz  # the integration tier selects these again, at their full example count
+
 
 def fuzz(examples: int) -> settings:
-    """Deterministic (the same inputs in every run, no example database), no deadline (in-process CLI calls)."""
-    return settings(max_examples=examples, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    """`examples` inputs, capped by the loaded profile's max_examples (tests/conftest.py: "fast" by default, "full" in
+    the integration tier). Deterministic (the same inputs in every run, no example database), no deadline (in-process
+    CLI calls)."""
+    return settings(max_examples=min(examples, settings.default.max_examples), deadline=None, derandomize=True,
+                    database=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 # Real keys (so that many inputs get past the key check and reach value validation) and some that are not.
 KEYS = ["model.dim", "model.n_layers", "model.n_heads", "model.n_kv_heads", "model.max_seq_len", "model.vocab_size",

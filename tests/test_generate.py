@@ -80,6 +80,7 @@ def run(*args):
     return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.integration  # pretrain and generate as subprocesses
 def test_pretrain_then_generate_end_to_end(prepared_data, tmp_path):
     out = tmp_path / "run"
     result = run(
@@ -104,6 +105,7 @@ def test_pretrain_then_generate_end_to_end(prepared_data, tmp_path):
     assert missing.returncode == 2 and "no such checkpoint folder" in missing.stderr
 
 
+@pytest.mark.integration  # pretrain and generate as subprocesses, ~35 s
 def test_generate_cli_rope_scaling_flags(prepared_data, tmp_path):
     out = tmp_path / "run"
     result = run(

@@ -90,6 +90,7 @@ def test_sequence_length_beyond_a_learned_table_is_a_config_error():
         micro_config(position="learned", max_seq_len=64, learned_max_positions=32)
 
 
+@pytest.mark.integration  # trains a run, ~20 s
 def test_prompt_longer_than_the_context_is_refused(prepared_data, tmp_path):
     from train.pretrain import main as pretrain
 
@@ -184,6 +185,7 @@ def test_damaged_token_files_are_refused_on_open(prepared_data, tmp_path, damage
     assert result.stderr.strip().splitlines()[-1].startswith("error:")
 
 
+@pytest.mark.integration  # trains and resumes a run, ~15 s
 def test_resume_continues_that_run_with_its_own_settings(prepared_data, tmp_path):
     """The newcomer findings: --config with a longer run does not extend a short one on --resume (and its
     run_config.toml is not rewritten from the file); --train.max_steps on the command line does, with a note; a
@@ -235,6 +237,7 @@ def test_a_run_killed_before_its_first_checkpoint_starts_over(prepared_data, tmp
     assert load_trainer_state(out)["step"] == 2
 
 
+@pytest.mark.integration  # a training run on a small tmpfs, ~12 s
 def test_a_full_disk_during_a_checkpoint_keeps_the_last_one_and_stops_with_one_line(prepared_data, tmp_path):
     """On a real size-limited file system (tmpfs; skipped where one cannot be mounted): the first checkpoint fits,
     the second does not (a save stages a whole new checkpoint beside the old one). The run stops with exit 2 and

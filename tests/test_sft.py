@@ -94,6 +94,7 @@ def test_malformed_conversations_are_rejected(record, message):
         check_conversation(record, "data.jsonl, record 3")
 
 
+@pytest.mark.integration  # pretrain and SFT end to end, ~45 s
 def test_stdlib_conversations_answer_with_real_source():
     records = stdlib_conversations()
     assert len(records) > 1000
@@ -163,6 +164,6 @@ def test_sft_end_to_end_learns_the_format(prepared_data, tmp_path, capsys):
     assert chat.returncode == 0, chat.stderr[-2000:]
     replies = [part.split("user>")[0].strip() for part in chat.stdout.split("assistant> ")[1:]]  # drop the prompts
     assert len(replies) == 2 and replies[0].strip() == reply.strip() and replies[1].startswith("def f")
-    # Without --init, train.sft refuses to start.
+    # Without --checkpoint, train.sft refuses to start.
     with pytest.raises(SystemExit):
         sft(["--data.source=stdlib"])

@@ -145,6 +145,7 @@ def test_a_failed_training_is_reported_and_the_others_go_on(tmp_path):
     assert done["status"] == "ok" and set(done["rows"]) == {"1x"}
 
 
+@pytest.mark.integration  # trains a task model to its target, ~18 s
 def test_a_task_training_stops_once_validation_exact_match_reaches_the_target(tmp_path):
     """--until: the stop check runs at each evaluation step; a target met stops there (steps recorded), one never
     met trains to max_steps and is marked in the table."""
