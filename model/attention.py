@@ -25,10 +25,9 @@ from model.position import PositionEncoding
 
 # Chunks hold at most this many (batch x heads x rows x keys) elements: 2^24 floats (64 MiB) through SDPA with
 # a float mask; 2^20 (4 MiB) through the explicit steps (scores, softmax, probabilities @ values, each a pass over
-# the chunk), which then stay in cache. Measured at the full preset's shape (docs/performance.md; "Smaller chunks for the
-# explicit steps"): with 2^20 instead of 2^24 a training step at batch 16 took 0.54-0.64x the time for T5 and KERPLE and
-# 0.38-0.52x for Shaw, and a no-grad Shaw forward of 2 x 4,096 tokens 0.47-0.50x; the SDPA path at 2^20 measured
-# -6% to +9% against 2^24 (ALiBi, T5 and KERPLE without gradients), so it keeps 2^24.
+# the chunk), which then stay in cache. Both sizes were chosen by `python -m scripts.encoding_costs` at the full
+# preset's shape (docs/performance.md): the explicit steps are much faster with the smaller chunks, the SDPA path
+# the same within noise, so it keeps the larger.
 BIAS_CHUNK_ELEMENTS = 2**24
 EXPLICIT_CHUNK_ELEMENTS = 2**20
 # A bias with parameters, when gradients are wanted, goes through the explicit steps (False: through SDPA's mask, the
@@ -180,8 +179,8 @@ class Attention(nn.Module):
         window = 0 if window > k_len else window
         # A bias with parameters, when gradients are wanted (T5, KERPLE, FIRE in training) on the CPU: SDPA's fused
         # CPU kernel takes no mask gradient, and its math fallback measured slower than these explicit steps (it
-        # also guards every row against having no visible key): T5 trains at 0.88x -> 0.99x rope (docs/encodings.md, encoding
-        # costs). Not measured on CUDA, whose memory-efficient kernel has a mask gradient: it keeps SDPA.
+        # also guards every row against having no visible key; the encoding cost table in docs/encodings.md). Not
+        # measured on CUDA, whose memory-efficient kernel has a mask gradient: it keeps SDPA.
         learned_bias = q.device.type == "cpu" and position.has_score_bias and torch.is_grad_enabled() and \
             any(p.requires_grad for p in position.parameters())
         explicit = position.has_value_term or position.bias_needs_scores or bool(passes) or \

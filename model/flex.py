@@ -2,13 +2,12 @@
 bias depends on the distance i - j alone (ALiBi, T5, KERPLE), and of those whose bias and value term depend on the
 query and on min(i - j, clip) (Shaw: `clipped_distance`).
 
-Measured (`python -m scripts.flex_costs`, `scripts.encoding_costs`; docs/performance.md): for the distance biases and one
-sequence, FlexAttention is 1.7-2.5x faster than the chunked path at 16 L for the whole model, with a lower peak
-memory; a sliding window is slower with it, and torch 2.13 has no FlexAttention backward on CPU. With two or more
-sequences the chunked path builds each chunk's distance bias once for all of them and measured as fast or faster
-(docs/performance.md), so a distance bias takes FlexAttention for one sequence only. Shaw's bias depends on each query, so the
-chunked path shares nothing between sequences, and the clipped path measured faster for batches too (docs/performance.md). So
-FlexAttention serves forwards without gradients, on the CPU (where it was measured), in float32, with no KV cache,
+Where it is used follows the measurements of `python -m scripts.flex_costs` (figures in docs/performance.md): for a
+distance bias and one sequence FlexAttention is faster than the chunked path at long lengths, with a lower peak
+memory; a sliding window is slower with it, and torch has no FlexAttention backward on CPU. With two or more
+sequences the chunked path builds each chunk's distance bias once for all of them and is as fast or faster, so a
+distance bias takes FlexAttention for one sequence only. Shaw's bias depends on each query, so the chunked path
+shares nothing between sequences, and the clipped path is faster for batches too. So FlexAttention serves forwards without gradients, on the CPU (where it was measured), in float32, with no KV cache,
 no attention method and no window: the scoring of long windows. Everything else, and any forward shorter than
 MIN_LENGTH (one or two chunks, where a compilation per shape would not pay), keeps the chunked path, which stays
 the reference (parity: tests/test_flex.py).

@@ -94,10 +94,10 @@ def keep_freed_memory() -> bool:
 
     glibc's malloc serves every allocation above its mmap threshold (at most 32 MiB) with newly mapped pages and
     unmaps them when freed, so each large tensor of every step faults all of its pages in again (the kernel zeroes
-    each one): on this 2-core CPU a 66 MB elementwise result took 24 ms instead of 7 ms. With both thresholds
-    raised, freed blocks stay in the heap and the next step reuses them; the price is that the process keeps its
-    high-water mark instead of returning memory between steps. Measured (docs/performance.md, "Dynamic NTK's key rotation and freed memory"): training
-    steps 8-10% faster on 2 threads, dynamic NTK's decoding step 3.5x.
+    each one). With both thresholds raised, freed blocks stay in the heap and the next step reuses them; the price
+    is that the process keeps its high-water mark instead of returning memory between steps. What it gains, for
+    training steps and for dynamic NTK's decoding: docs/performance.md ("Dynamic NTK's key rotation and freed
+    memory").
 
     Called when a model is built; once per process; glibc only (elsewhere, or with runtime.keep_freed_memory =
     false, nothing changes). Returns whether the setting is in effect."""
