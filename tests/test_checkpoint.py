@@ -104,3 +104,33 @@ def test_a_checkpoint_written_before_the_architecture_changes_loads_with_identic
     assert trained_length(folder) == 16
     if position == "rope":
         assert model.config.original_length == 16 and model.config.rope_scaling["rope_type"] == "yarn"
+
+
+FIXTURE_5D4370C = ["rope", "xpos", "alibi", "t5", "shaw", "kerple", "fire", "cope", "sinusoidal", "learned", "none",
+                   "hybrid"]
+
+
+@pytest.mark.parametrize("name", FIXTURE_5D4370C)
+def test_a_checkpoint_with_the_flat_encoding_settings_loads_with_identical_logits(name):
+    """tests/fixtures/checkpoint_5d4370c: one micro checkpoint per encoding with non-default settings of its own,
+    written by commit 5d4370c (tests/fixtures/make_checkpoint_5d4370c.py), with that commit's logits, also under an
+    inference-time change (YaRN for RoPE, the clamp for the learned table) where it recorded one."""
+    import numpy as np
+
+    from eval.methods import METHODS
+    from tests.conftest import ROOT
+
+    folder = ROOT / "tests" / "fixtures" / "checkpoint_5d4370c" / name
+    model = load_model(folder).eval()
+    ids = torch.arange(40)[None] * 7 % 97
+    length = 24 if name == "learned" else 40
+    with torch.no_grad():
+        logits = model(ids[:, :length])[0]
+    assert torch.equal(logits, torch.from_numpy(np.load(folder / "logits.npy")))
+    own = model.config.to_dict()
+    for extra, method, evaluated in (("yarn", "yarn", 64), ("clamp", "clamp", 40)):
+        if (folder / f"extra_{extra}.npy").exists():
+            METHODS[method].setup(model, own, evaluated, 16)
+            with torch.no_grad():
+                logits = model(ids)[0]
+            assert torch.equal(logits, torch.from_numpy(np.load(folder / f"extra_{extra}.npy")))
