@@ -52,11 +52,11 @@ from eval.methods import applies, check_methods
 from eval.task_generators import TASKS
 from model.checkpoint import WEIGHTS, has_checkpoint, load_model, load_trainer_state, trained_length
 from model.config import build_dataclass, check_field_types
+from model.encodings import POSITION_ENCODINGS
 from model.folder_lock import FolderLock
-from model.position import POSITION_ENCODINGS
 from model.runtime import autocast_dtype, configure_runtime, resolve_device
 from model.transformer import Transformer
-from train.config import RunConfig, build_run_config, parse_override_value
+from train.config import RunConfig, build_run_config, parse_override_value, set_dotted
 from train.loop import SNAPSHOTS, run_training
 from train.trackers import log_summary
 
@@ -69,16 +69,14 @@ class CompareConfig:
     val_fraction: float = 0.05
     encodings: list = field(default_factory=lambda: ["none", "sinusoidal", "learned", "shaw", "t5", "alibi", "rope"])
     # Named model variants that compare.encodings may list besides the registered encodings: name -> the model
-    # settings that define it, e.g. {"p-rope" = {position = "rope", rope_p = 0.75}} ([compare.variants] in TOML).
+    # settings that define it, e.g. {p-rope = {position = "rope", position_args = {rope = {p = 0.75}}}}
+    # ([compare.variants] in TOML).
     variants: dict = field(default_factory=dict)
     methods: list = field(default_factory=lambda: ["linear", "ntk", "dynamic", "yarn", "clamp"])
     lengths: list = field(default_factory=lambda: ["1x", "2x", "4x", "8x", "16x"])
     eval_tokens: int = 16384
     reference_stride: int = 0  # 0: L / 8
     seeds: list = field(default_factory=lambda: [1337])
-    # model settings of one encoding, wherever it is trained (alone or as a variant's position), e.g.
-    # {t5 = {t5_max_distance = 64}}: a run of another encoding does not change when these do
-    encoding_settings: dict = field(default_factory=dict)
     snapshots: list = field(default_factory=list)  # fractions of train.max_steps whose models are also evaluated
     # inference-time methods the snapshots are evaluated under too, where they are among compare.methods and apply
     snapshot_methods: list = field(default_factory=lambda: ["clamp"])
@@ -102,11 +100,6 @@ class CompareConfig:
             if name in POSITION_ENCODINGS or not isinstance(settings, dict) or "position" not in settings:
                 raise ConfigError(f"compare.variants.{name}: a variant is a table of model settings that sets "
                                   f"model.position, under a name that is not an encoding's; got {settings!r}")
-        for name, settings in self.encoding_settings.items():
-            if name not in POSITION_ENCODINGS or not isinstance(settings, dict) or "position" in settings:
-                raise ConfigError(f"compare.encoding_settings.{name}: a table of model settings under an encoding's "
-                                  f"name ({sorted(POSITION_ENCODINGS)}), not setting model.position; got "
-                                  f"{settings!r}")
         valid = sorted(POSITION_ENCODINGS) + sorted(self.variants)
         unknown = [name for name in self.encodings if name not in valid]
         if unknown or not self.encodings:
@@ -134,24 +127,21 @@ class CompareConfig:
             raise ConfigError("compare.workers, threads, max_documents and reference_stride must be >= 0")
 
 
-    def model_settings(self, name: str) -> dict[str, Any]:
-        """The model settings that make `name` (an encoding or a variant) differ from the shared [model]: its
-        encoding's compare.encoding_settings, then a variant's own."""
-        own = self.variants.get(name, {"position": name})
-        return copy.deepcopy({**self.encoding_settings.get(own["position"], {}), **own})
+    def model_settings(self, name: str, shared: dict | None = None) -> dict[str, Any]:
+        """The model settings that make `name` (an encoding or a variant) differ from the shared [model] settings
+        `shared`: a variant's own, and the position_args of the encodings it uses, from `shared` and then from the
+        variant (an encoding's settings in the shared [model] reach the runs of that encoding only)."""
+        own = copy.deepcopy(self.variants.get(name, {"position": name}))
+        shared = shared or {}
+        args = copy.deepcopy(shared.get("position_args", {}))
+        for encoding, settings in own.pop("position_args", {}).items():
+            args[encoding] = {**args.get(encoding, {}), **settings}
+        used = set(own.get("position_layers", shared.get("position_layers")) or []) | {own["position"]}
+        args = {encoding: settings for encoding, settings in args.items() if encoding in used}
+        return {**own, "position_args": args} if args else own
 
     def position_of(self, name: str) -> str:
         return self.model_settings(name)["position"]
-
-
-def set_dotted(values: dict[str, Any], dotted: str, value: Any, where: str) -> None:
-    if "." not in dotted:
-        raise ConfigError(f"{where}: {dotted!r} must look like section.key")
-    section, key = dotted.split(".", 1)
-    if (section, key) == ("compare", "scalings"):  # the name before inference-time methods other than scalings
-        print(f"note: {where}: compare.scalings is now compare.methods", file=sys.stderr)
-        key = "methods"
-    values.setdefault(section, {})[key] = value
 
 
 def load_compare_config(path: Path, preset: str | None, overrides: list[str]) -> tuple[CompareConfig, dict, str]:
@@ -163,8 +153,6 @@ def load_compare_config(path: Path, preset: str | None, overrides: list[str]) ->
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: invalid TOML ({error})") from error
     presets = values.pop("presets", {})
-    if "scalings" in values.get("compare", {}):
-        set_dotted(values, "compare.scalings", values["compare"].pop("scalings"), str(path))
     if preset is not None:
         if preset not in presets:
             raise ConfigError(f"--preset {preset!r} is not in {path}; available: {sorted(presets)}")
@@ -176,18 +164,23 @@ def load_compare_config(path: Path, preset: str | None, overrides: list[str]) ->
         dotted, text = override[2:].split("=", 1)
         value = parse_override_value(text)
         if dotted.startswith("compare.") and isinstance(value, (str, int, float)) and not isinstance(value, bool) \
-                and isinstance(getattr(CompareConfig(), dotted.split(".", 1)[1].replace("scalings", "methods"),
-                                       None), list):
+                and isinstance(getattr(CompareConfig(), dotted.split(".", 1)[1], None), list):
             value = [parse_override_value(item) for item in comma_list(str(text))]  # --compare.seeds=1,2,3
         set_dotted(values, dotted, value, "override")
-    compare = build_dataclass(CompareConfig, values.pop("compare", {}), "compare")
+    compare_values = values.pop("compare", {})
+    compare = build_dataclass(CompareConfig, {key: value for key, value in compare_values.items()
+                                              if key != "encoding_settings"}, "compare")
     for section in ("data", "out"):
         if section in values:
             raise ConfigError(f"{path}: [{section}] is set by eval.compare itself; use [compare] source/out instead")
+    if "encoding_settings" in compare_values:
+        raise ConfigError("compare.encoding_settings is now [model] position_args: an encoding's settings there "
+                          "reach the runs of that encoding only (e.g. \"model.position_args\" = {t5 = {max_distance "
+                          "= 64}})")
     for encoding in compare.encodings:  # every variant's config is valid before anything trains
-        build_run_config({**copy.deepcopy(values), "model": {**values.get("model", {}),
-                                                             **compare.model_settings(encoding)}},
-                         f"{path} ({encoding}: {compare.model_settings(encoding)})")
+        settings = compare.model_settings(encoding, values.get("model"))
+        build_run_config({**copy.deepcopy(values), "model": run_model(values.get("model", {}), settings)},
+                         f"{path} ({encoding}: {settings})")
     return compare, values, preset or "default"
 
 
@@ -197,7 +190,8 @@ def saved_run_config(out: Path) -> dict | None:
     if not has_checkpoint(out):
         return None
     try:
-        return build_run_config(copy.deepcopy(load_trainer_state(out).get("run_config")), str(out)).to_dict()
+        return build_run_config(copy.deepcopy(load_trainer_state(out).get("run_config")), str(out),
+                                saved=True).to_dict()
     except (ConfigError, TypeError, AttributeError):
         return None
 
@@ -277,13 +271,19 @@ class Job:
         return f"{self.encoding}-seed{self.seed}"
 
 
+def run_model(shared: dict, settings: dict) -> dict:
+    """A run's [model]: the shared settings without their position_args, and the run's own settings."""
+    return {**{key: value for key, value in copy.deepcopy(shared).items() if key != "position_args"},
+            **copy.deepcopy(settings)}
+
+
 def snapshot_steps(compare: CompareConfig, max_steps: int) -> list[int]:
     return sorted({max(1, round(fraction * max_steps)) for fraction in compare.snapshots})
 
 
 def variant_config(shared: dict, encoding: str, seed: int, data_dir: Path, compare: CompareConfig) -> RunConfig:
     values = copy.deepcopy(shared)
-    values.setdefault("model", {}).update(compare.model_settings(encoding))
+    values["model"] = run_model(shared.get("model", {}), compare.model_settings(encoding, shared.get("model")))
     values["model"]["vocab_size"] = int(read_meta(data_dir)["vocab_size"])
     values["data"] = {"dir": str(data_dir)}
     values["out"] = {"dir": str(run_dir(compare.out, encoding, seed))}
@@ -411,7 +411,7 @@ def largest_first(jobs: list[Job], configs: dict) -> list[Job]:
     configured order. Each job is independent: the order changes the wall time only, not a number."""
     def models_evaluated(job: Job) -> int:
         model = configs[(job.encoding, job.seed)].model
-        return 1 + sum(applies(method, model.position, model.layer_positions()) for method in job.compare["methods"])
+        return 1 + sum(applies(method, model.position, model.layer_encodings()) for method in job.compare["methods"])
 
     return sorted(jobs, key=lambda job: -models_evaluated(job))
 
@@ -537,7 +537,7 @@ def run_comparison(compare: CompareConfig, shared: dict, preset: str, out: Path,
     results = run_jobs(largest_first(jobs, configs), workers, out, adapt_threads=not compare.threads)
     if compare.tasks:
         try:
-            run_tasks(compare, out)
+            run_tasks(compare, out, shared.get("model", {}))
         except Exception as error:  # the perplexity report is still written
             traceback.print_exc()
             print(f"the task suite failed ({type(error).__name__}: {error}); the report leaves it out",

@@ -110,10 +110,11 @@ def run_probes(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: i
     return notes
 
 
-def run_tasks(compare: Any, out: Path) -> None:
-    """The task suite for every encoding of the comparison (its variants' model settings), seeds shared with it,
-    in compare.workers processes; a task whose results exist for the same settings is not trained again."""
-    encodings = {name: compare.model_settings(name) for name in compare.encodings}
+def run_tasks(compare: Any, out: Path, shared_model: dict) -> None:
+    """The task suite for every encoding of the comparison (its variants' model settings, and the position_args of
+    the comparison's [model] that reach it), seeds shared with it, in compare.workers processes; a task whose
+    results exist for the same settings is not trained again."""
+    encodings = {name: compare.model_settings(name, shared_model) for name in compare.encodings}
     train = task_train({"max_steps": compare.task_steps})
     settings = {"encodings": encodings, "seeds": compare.seeds, "length": TASK_LENGTH, "model": DEFAULT_MODEL,
                 "train": train, "until": compare.task_until or None}

@@ -30,7 +30,7 @@ from eval.jobs import machine_description
 from eval.methods import NONE, applies, label, method_spec
 from eval.stats import Estimate, seeds_and_windows, separated, t_interval
 from model.checkpoint import has_checkpoint, load_trainer_state
-from model.position import POSITION_ENCODINGS
+from model.encodings import POSITION_ENCODINGS
 from model.transformer import Transformer
 from train.loop import METRICS, position_group_settings
 
@@ -97,7 +97,7 @@ def collect(out: Path, compare: Any, lengths: list[int], trained: int, configs: 
     variants: dict[str, Variant] = {}
     longest = max(lengths)
     for encoding in compare.encodings:
-        layers = configs[(encoding, compare.seeds[0])].model.layer_positions()
+        layers = configs[(encoding, compare.seeds[0])].model.layer_encodings()
         methods = [NONE] + [m for m in compare.methods
                             if m != NONE and applies(m, compare.position_of(encoding), layers)]
         for method in methods:
@@ -136,7 +136,7 @@ def collect_snapshots(out: Path, compare: Any, steps: list[int], max_steps: int,
     longest, shortest = max(lengths), min(lengths)
     table: dict[str, list] = {}
     for encoding in compare.encodings:
-        layers = configs[(encoding, compare.seeds[0])].model.layer_positions()
+        layers = configs[(encoding, compare.seeds[0])].model.layer_encodings()
         methods = [NONE] + [m for m in compare.snapshot_methods
                             if m != NONE and m in compare.methods and applies(m, compare.position_of(encoding), layers)]
         for method in methods:
@@ -613,7 +613,8 @@ def report_markdown(compare, shared, data_dir, configs, results, training, varia
                     probe_lines, snapshots, tokens_per_step, max_steps, command, wall_s, preset, workers,
                     threads) -> str:
     meta = read_meta(data_dir)
-    model, train = shared.get("model", {}), shared.get("train", {})
+    train = shared.get("train", {})
+    model = {key: value for key, value in shared.get("model", {}).items() if key != "position_args"}
     first_config = next(iter(configs.values()))
     params = {e: Transformer(configs[(e, compare.seeds[0])].model).num_parameters() for e in compare.encodings}
     longest = max(lengths)
@@ -634,7 +635,7 @@ def report_markdown(compare, shared, data_dir, configs, results, training, varia
         f"- Every variant: {json.dumps(model)}; training {json.dumps(train)}; "
         f"{first_config.train.max_steps * tokens_per_step:,} training tokens each; only `model.position` differs"
         + ("" if not (own := {name: settings for name in compare.encodings
-                              if len(settings := compare.model_settings(name)) > 1}) else
+                              if len(settings := compare.model_settings(name, shared.get("model"))) > 1}) else
            " (and the settings listed here: " + "; ".join(f"{name}: {json.dumps(settings)}"
                                                           for name, settings in own.items()) + ")") + ". "
         f"Seeds {compare.seeds}: each seed sets the initialisation and the data order, shared by all encodings.",

@@ -224,7 +224,6 @@ def evaluate_checkpoint(model: Transformer, ids: np.ndarray, plan: EvalPlan, met
     started = time.perf_counter()
     own = model.config.to_dict()
     trained, segments = plan.trained, plan.segments
-    METHODS[NONE].setup(model, own, trained, trained)
     at_trained: dict[str, np.ndarray] = {}  # method -> its losses at L in window layout (the probe's offset 0)
     if trained in plan.lengths:  # the L cell first: every (L / stride)-th reference window is one of its windows
         at_trained[NONE] = score_windows(model, tiled_windows(ids, segments, trained), amp, progress=progress,
@@ -233,7 +232,7 @@ def evaluate_checkpoint(model: Transformer, ids: np.ndarray, plan: EvalPlan, met
         score_reference(model, ids, segments, trained, plan.reference_stride, at_trained.get(NONE), amp, progress),
         segments, plan.reference_stride))
     chosen = [NONE] + [method for method in methods if method != NONE and applies(method, model.config.position,
-                                                                                  model.config.layer_positions())]
+                                                                                  model.config.layer_encodings())]
     for method in chosen:
         spec = method_spec(method)
         for length in plan.lengths:
@@ -247,30 +246,29 @@ def evaluate_checkpoint(model: Transformer, ids: np.ndarray, plan: EvalPlan, met
             if method == NONE and length == trained:
                 evaluation.losses[key] = tiled_layout(at_trained[NONE], segments, length)
                 continue
-            spec.setup(model, own, length, trained)
+            view = spec.view(model, length, trained)
             windows = tiled_windows(ids, segments, length)
             try:
                 if spec.incremental:
-                    losses = score_incremental(model, windows, trained, amp, progress, desc=f"{method} @ {length}")
+                    losses = score_incremental(view, windows, trained, amp, progress, desc=f"{method} @ {length}")
                 else:
-                    losses = score_windows(model, windows, amp, progress=progress, desc=f"{method} @ {length}")
+                    losses = score_windows(view, windows, amp, progress=progress, desc=f"{method} @ {length}")
                     if length == trained:
                         at_trained[method] = losses
                 evaluation.losses[key] = tiled_layout(losses, segments, length)
             except PositionRangeError as error:
                 evaluation.errors[key] = str(error).split(";")[0]
         if spec.shift_probe and plan.probe_offsets:
-            spec.setup(model, own, trained, trained)
+            view = spec.view(model, trained, trained)
             windows = tiled_windows(ids, segments, trained)
             for offset in plan.probe_offsets:
                 try:
                     # Offset 0 is the L cell itself (the same windows, positions and settings).
                     losses = at_trained[method] if offset == 0 and method in at_trained else \
-                        score_windows(model, windows, amp, position_offset=offset)
+                        score_windows(view, windows, amp, position_offset=offset)
                     evaluation.probe[key_for(method, offset)] = losses.mean(axis=1)
                 except PositionRangeError as error:
                     evaluation.errors[key_for(f"probe:{method}", offset)] = str(error).split(";")[0]
-    METHODS[NONE].setup(model, own, trained, trained)
     evaluation.seconds = time.perf_counter() - started
     return evaluation
 

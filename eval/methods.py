@@ -46,16 +46,13 @@ class InferenceMethod:
     shift_probe: bool = False  # also run the position-shift probe under this method (length-independent methods)
     # (the checkpoint's own config, length, trained length) -> True where the method scores windows of that length
     # exactly as the checkpoint as trained does (a RoPE scaling with factor 1, a learned table never past its end):
-    # the evaluation then reuses that cell instead of scoring it again (tests/test_methods.py checks each claim).
+    # the evaluation then reuses that cell instead of scoring it again (tests/test_eval_reuse.py checks each claim).
     as_trained_at: Callable[[dict, int, int], bool] = lambda own, length, trained: False
 
-    def setup(self, model: Transformer, own: dict, length: int, trained: int) -> None:
-        """Put `model` in this method's settings for `length`: its own inference-time settings, then the changes."""
-        wanted = {**own, **self.changes(own, length, trained)}
-        current = model.config.to_dict()
-        differ = {key: value for key, value in wanted.items() if current[key] != value}
-        if differ:
-            model.reconfigure_position(**differ)
+    def view(self, model: Transformer, length: int, trained: int) -> Transformer:
+        """`model` under this method's settings for `length` (a view sharing its weights: model.with_settings);
+        `model` itself is unchanged, and is returned when the method changes nothing."""
+        return model.with_settings(**self.changes(model.config.to_dict(), length, trained))
 
 
 def _as_trained(own: dict, length: int, trained: int) -> dict:
@@ -96,7 +93,12 @@ def _dynamic(name: str) -> Changes:
 
 
 def _clamp(own: dict, length: int, trained: int) -> dict:
-    return {"learned_clamp": True}
+    args = own.get("position_args", {})
+    return {"position_args": {**args, "learned": {**args.get("learned", {}), "clamp": True}}}
+
+
+def _table_size(own: dict) -> int:
+    return own.get("position_args", {}).get("learned", {}).get("max_positions") or own["max_seq_len"]
 
 
 def _attention(name: str) -> Changes:
@@ -127,7 +129,7 @@ METHODS: dict[str, InferenceMethod] = {
     "clamp": InferenceMethod(("learned",), _clamp, summary="positions past the learned table reuse its last row",
                              shift_probe=True,
                              as_trained_at=lambda own, length, trained:
-                             length <= (own.get("learned_max_positions") or own["max_seq_len"])),
+                             length <= _table_size(own)),
     **{name: InferenceMethod(applicable_encodings(cls), _attention(name),
                              summary=(cls.__doc__ or name).strip().split("\n")[0].rstrip("."))
        for name, cls in ATTENTION_METHODS.items()},

@@ -30,7 +30,7 @@ from errors import cli_command
 from eval.figures import save as save_figure
 from model.attention import Attention
 from model.config import ModelConfig
-from model.position import build_position_encoding
+from model.encodings import build_position_encoding
 from model.rope import ROPE_SCALINGS, apply_rope, default_inv_freq, rope_cos_sin, yarn_ramp
 
 CAT, CHASES, MOUSE = "猫", "追", "老鼠"

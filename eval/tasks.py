@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import copy
 import dataclasses
 import json
 import multiprocessing
@@ -44,7 +45,7 @@ from eval.stats import Estimate, t_interval
 from eval.task_generators import TASKS, Task, TaskBatch, get_task, score
 from model.checkpoint import load_model
 from model.config import parse_override_value
-from model.position import POSITION_ENCODINGS
+from model.encodings import POSITION_ENCODINGS
 from model.transformer import Transformer
 from train.config import build_run_config
 from train.loop import run_training
@@ -138,9 +139,10 @@ def run_task_job(job: TaskJob, log_path: Path | None = None) -> dict[str, Any]:
     with job_output(log_path, job.threads):
         try:
             task = get_task(job.task)
-            values = {section: dict(job.shared.get(section, {})) for section in ("model", "train")}
-            values["model"].update(job.settings, vocab_size=task.vocab_size, max_seq_len=job.length)
-            values["model"].setdefault("learned_clamp", job.settings["position"] == "learned")
+            values = {section: copy.deepcopy(job.shared.get(section, {})) for section in ("model", "train")}
+            values["model"].update(copy.deepcopy(job.settings), vocab_size=task.vocab_size, max_seq_len=job.length)
+            if job.settings["position"] == "learned":  # scored past its table: positions there reuse its last row
+                values["model"].setdefault("position_args", {}).setdefault("learned", {}).setdefault("clamp", True)
             values["train"]["seed"] = job.seed
             values["out"] = {"dir": str(Path(job.runs) / job.task / job.encoding / f"seed{job.seed}"),
                              "overwrite": True}

@@ -39,11 +39,14 @@ NOT_EXPORTABLE = {
 }
 # Model settings Llama cannot express, with their Llama value: (setting, value, why).
 LLAMA_DEFAULTS = [
-    ("rope_fraction", 1.0, "LlamaAttention rotates every dimension of a head (partial rotary is GPT-NeoX's)"),
-    ("rope_p", 1.0, "Llama has no p-RoPE (dropped frequencies)"),
     ("position_layers", [], "Llama uses one encoding in every layer"),
     ("attention_window", [], "Llama has no sliding-window attention"),
     ("attention_methods", [], "Llama's attention has no inference-time methods (logn, ReRoPE, SelfExtend, ...)"),
+]
+# RoPE's own settings (model.position_args.rope) Llama cannot express, with their Llama value.
+LLAMA_ROPE_SETTINGS = [
+    ("fraction", 1.0, "LlamaAttention rotates every dimension of a head (partial rotary is GPT-NeoX's)"),
+    ("p", 1.0, "Llama has no p-RoPE (dropped frequencies)"),
 ]
 TRANSFORMERS_V5 = int(transformers.__version__.split(".")[0]) >= 5
 
@@ -110,6 +113,11 @@ def to_llama_config(config: ModelConfig, generation: dict[str, Any] | None = Non
     for setting, llama_value, why in LLAMA_DEFAULTS:
         if getattr(config, setting) != llama_value:
             raise ConversionError(f"cannot export model.{setting} = {getattr(config, setting)!r} to Llama: {why}")
+    rope = config.position_args.get("rope", {})
+    for setting, llama_value, why in LLAMA_ROPE_SETTINGS:
+        if rope.get(setting, llama_value) != llama_value:
+            raise ConversionError(f"cannot export model.position_args.rope.{setting} = {rope[setting]!r} to Llama: "
+                                  f"{why}")
     params = rope_parameters(config)
     # transformers' dynamic NTK measures growth against max_position_embeddings, i.e. the original length.
     max_positions = params.get("original_max_position_embeddings", config.max_seq_len)

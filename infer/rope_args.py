@@ -88,15 +88,17 @@ def rope_scaling_from_args(args: argparse.Namespace) -> dict | None:
     return scaling
 
 
-def apply_rope_scaling_args(model: Transformer, args: argparse.Namespace) -> None:
-    """Switch the model to the scaling the flags ask for; without --rope-scaling it keeps its own."""
+def apply_rope_scaling_args(model: Transformer, args: argparse.Namespace) -> Transformer:
+    """The model under the scaling the flags ask for (a view sharing its weights); without --rope-scaling, the
+    model with its own."""
     if args.rope_scaling is None and args.rope_factor is None and not args.rope_param:
-        return
+        return model
     own = model.config.rope_scaling
-    model.set_rope_scaling(rope_scaling_from_args(args))
+    model = model.with_rope_scaling(rope_scaling_from_args(args))
     if own is not None:
         print(f"note: --rope-scaling replaces the checkpoint's own scaling {own}; the length it refers to stays "
               f"{model.config.original_length} (the length before extension)", file=sys.stderr)
+    return model
 
 
 def load_for_inference(args: argparse.Namespace) -> tuple[Transformer, PreTrainedTokenizerFast, torch.device]:
@@ -104,7 +106,7 @@ def load_for_inference(args: argparse.Namespace) -> tuple[Transformer, PreTraine
     --rope-scaling flags applied, and its tokenizer."""
     device = resolve_device(args.device)
     model = load_model(args.checkpoint, device)
-    apply_rope_scaling_args(model, args)
+    model = apply_rope_scaling_args(model, args)
     if getattr(args, "attention_method", None):
-        model.reconfigure_position(attention_methods=attention_methods_from_args(args.attention_method))
+        model = model.with_settings(attention_methods=attention_methods_from_args(args.attention_method))
     return model, load_tokenizer(args.checkpoint), device

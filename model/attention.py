@@ -1,12 +1,11 @@
-"""Grouped-query causal self-attention through F.scaled_dot_product_attention, with optional sliding windows.
+"""Grouped-query causal self-attention, on the path model/attention_path.py chooses for each forward.
 
 Encodings without a score bias take the fused SDPA path with no (time x time) mask. Encodings with a bias
 (ALiBi, T5, Shaw, KERPLE, FIRE, CoPE), and layers with a sliding window, are computed in chunks of query rows,
 each against only the keys it can see (the causal prefix, or the window), so the (heads x rows x keys) bias and
-mask stay bounded at long lengths and a window costs O(time x window). An encoding with a value term (Shaw) or
-whose bias depends on the scores (CoPE) needs the attention logits explicitly. A long evaluation forward of one
-sequence with a distance bias (ALiBi, T5, KERPLE) or a clipped one (Shaw) takes compiled FlexAttention instead
-(model/flex.py).
+mask stay bounded at long lengths and a window costs O(time x window): through SDPA with a float mask, or through
+explicit steps where the probabilities themselves are needed. A long evaluation forward of a distance bias takes
+compiled FlexAttention (model/flex.py).
 """
 from __future__ import annotations
 
@@ -19,9 +18,10 @@ from torch import nn
 
 import model.flex as flex
 from model.attention_methods import MethodContext
+from model.attention_path import EXPLICIT, FLEX, SDPA, Forward, Path, choose
 from model.config import ModelConfig
+from model.encodings.base import PositionEncoding
 from model.kv_cache import KVCache
-from model.position import PositionEncoding
 
 # Chunks hold at most this many (batch x heads x rows x keys) elements: 2^24 floats (64 MiB) through SDPA with
 # a float mask; 2^20 (4 MiB) through the explicit steps (scores, softmax, probabilities @ values, each a pass over
@@ -30,9 +30,6 @@ from model.position import PositionEncoding
 # the same within noise, so it keeps the larger.
 BIAS_CHUNK_ELEMENTS = 2**24
 EXPLICIT_CHUNK_ELEMENTS = 2**20
-# A bias with parameters, when gradients are wanted, goes through the explicit steps (False: through SDPA's mask, the
-# slower route, kept to measure against and to check the explicit one's gradients: tests/test_shared_bias.py).
-LEARNED_BIAS_EXPLICIT = True
 
 
 def at_least_float32(x: torch.Tensor) -> torch.Tensor:
@@ -87,6 +84,7 @@ class Attention(nn.Module):
         # Diagnostics (eval/attention.py): when set, attention is computed explicitly in chunks and
         # observer(layer, rows, keys, probs) sees each chunk's probabilities (batch, heads, rows, keys).
         self.observer: Any = None
+        self.last_path: Path | None = None  # the path of the latest forward (the trainer and evaluation log it)
         self.q_proj = nn.Linear(config.dim, config.n_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(config.dim, config.n_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.dim, config.n_kv_heads * self.head_dim, bias=False)
@@ -110,11 +108,10 @@ class Attention(nn.Module):
         scale = methods.scale_for(position.encodes_positions) if methods is not None else None
         if scale is not None:
             q = q * scale.to(q.dtype)  # logn / temperature: a factor per query position
-        if methods is not None and methods.passes:
-            # Positions are encoded per pass at score time: the cache holds raw keys.
+        passes = methods is not None and bool(methods.passes)
+        if passes:  # positions are encoded per pass at score time: the cache holds raw keys
             if kv_cache is not None:
                 k, v = kv_cache.update(self.layer_index, k, v)
-            y = self.chunked_attention(q, k, v, position, position_state, causal, kv_cache, methods, pass_states)
         else:
             q = position.rotate_queries(q, position_state)
             if position.caches_rotated_keys:
@@ -123,16 +120,24 @@ class Attention(nn.Module):
                 k, v = kv_cache.update(self.layer_index, k, v)
             if not position.caches_rotated_keys:
                 k = position.rotate_keys(k, position_state)
-            if position.has_score_bias or position.has_value_term or self.window or self.observer is not None or \
-                    (methods is not None and methods.visible is not None):
-                y = None
-                if flex.applies(q, k, position, position_state, causal, kv_cache, methods, self.window,
-                                self.observer is not None, self.dropout if self.training else 0.0):
-                    y = flex.attention(q, k, v, position, position_state, self.layer_index)
-                if y is None:
-                    y = self.chunked_attention(q, k, v, position, position_state, causal, kv_cache, methods)
-            else:
-                y = self.fused_attention(q, k, v, causal, kv_cache)
+        forward = Forward(
+            device=q.device.type, grad=torch.is_grad_enabled(), dtype=q.dtype, batch=batch, queries=q.shape[2],
+            keys=k.shape[2], cache="none" if kv_cache is None else "static" if kv_cache.static else "dynamic",
+            window=self.window, methods=methods is not None, passes=passes,
+            visibility=methods is not None and methods.visible is not None, observed=self.observer is not None,
+            dropout=self.dropout if self.training else 0.0, compiling=torch.compiler.is_compiling(), causal=causal)
+        path = choose(position, forward, lambda: flex.consecutive(position_state))
+        y = None
+        if path.kind == FLEX:
+            y = flex.attention(q, k, v, position, position_state, self.layer_index)
+            if y is None:  # compiling failed: every later forward takes the chunked path (choose knows)
+                path = choose(position, forward)
+        if path.kind == SDPA:
+            y = self.fused_attention(q, k, v, causal, kv_cache)
+        elif y is None:
+            y = self.chunked_attention(q, k, v, position, position_state, causal, kv_cache, methods,
+                                       pass_states, explicit=path.kind == EXPLICIT)
+        self.last_path = path
         # (batch, heads, time, head_dim) -> (batch, time, heads * head_dim)
         y = y.transpose(1, 2).reshape(batch, time, self.n_heads * self.head_dim)
         return self.o_proj(y)
@@ -167,9 +172,11 @@ class Attention(nn.Module):
         kv_cache: KVCache | None = None,
         methods: MethodContext | None = None,
         pass_states: list[Any] | None = None,
+        explicit: bool = True,
     ) -> torch.Tensor:
-        """Attention in chunks of query rows, each against the keys it can see, with the encoding's bias; with an
-        attention method's passes (q and k raw here), each pass encodes positions its own way and the pairs it
+        """Attention in chunks of query rows, each against the keys it can see, with the encoding's bias: through
+        explicit steps (scores, softmax, probabilities @ values) or SDPA with a float mask, as the path says; with
+        an attention method's passes (q and k raw here), each pass encodes positions its own way and the pairs it
         selects take their scores from it."""
         batch, heads, q_len, _ = q.shape
         k_len = k.shape[2]
@@ -177,14 +184,6 @@ class Attention(nn.Module):
         passes = methods.passes if methods is not None else None
         window = min(w for w in (self.window, methods.window if methods is not None else 0, k_len + 1) if w)
         window = 0 if window > k_len else window
-        # A bias with parameters, when gradients are wanted (T5, KERPLE, FIRE in training) on the CPU: SDPA's fused
-        # CPU kernel takes no mask gradient, and its math fallback measured slower than these explicit steps (it
-        # also guards every row against having no visible key; the encoding cost table in docs/encodings.md). Not
-        # measured on CUDA, whose memory-efficient kernel has a mask gradient: it keeps SDPA.
-        learned_bias = q.device.type == "cpu" and position.has_score_bias and torch.is_grad_enabled() and \
-            any(p.requires_grad for p in position.parameters())
-        explicit = position.has_value_term or position.bias_needs_scores or bool(passes) or \
-            self.observer is not None or (learned_bias and LEARNED_BIAS_EXPLICIT)
         span = min(k_len, 2 * window) if window and not static else k_len
         budget = EXPLICIT_CHUNK_ELEMENTS if explicit else BIAS_CHUNK_ELEMENTS
         rows_per_chunk = max(1, budget // (batch * heads * span))

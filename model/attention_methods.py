@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from errors import ConfigError
-from model.position_base import POSITION_ENCODINGS
+from model.encodings import POSITION_ENCODINGS
 from model.rope import LENGTH_DEPENDENT_SCALINGS
 
 if TYPE_CHECKING:
@@ -315,7 +315,7 @@ def applicable_encodings(cls: type[AttentionMethod]) -> tuple[str, ...] | None:
 
 def check_applies(cls: type[AttentionMethod], config: "ModelConfig") -> None:
     """Refuse, naming why, a method that does not apply to this model's encodings or scaling."""
-    reason = refusal(cls, sorted(set(config.layer_positions())), (config.rope_scaling or {}).get("rope_type"))
+    reason = refusal(cls, sorted(set(config.layer_encodings())), (config.rope_scaling or {}).get("rope_type"))
     if reason is not None:
         raise ConfigError(reason)
 

@@ -11,10 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from errors import ConfigError
-from model.attention_methods import ATTENTION_METHODS, check_applies, normalize_methods
-from model.position import POSITION_ENCODINGS, SINUSOIDAL_RECIPES
-from model.position_rotary import RoPE
-from model.rope import normalize_rope_scaling
+
+# The plug-ins' checks (model/plugins.py: check_plugins, refuse_legacy_keys, migrate_saved), installed when the model
+# package is imported. This module names no encoding, scaling or attention method: they depend on it, not it on them.
+_plugins: Any = None
+
+
+def install_plugins(plugins: Any) -> None:
+    global _plugins
+    _plugins = plugins
 
 
 def _type_name(annotation: Any) -> str:
@@ -88,38 +93,19 @@ class ModelConfig:
     init_std: float = 0.02
     tie_word_embeddings: bool = True
     dropout: float = 0.0
-    # Position encoding, by name: see model.position.POSITION_ENCODINGS.
+    # Position encoding, by name: one of the registry's (model/encodings/).
     position: str = "rope"
+    # Settings of the encodings this model uses, a table per encoding, each checked (and completed with its
+    # defaults) by the encoding's own Settings (model/encodings/NAME.py), e.g. {t5 = {max_distance = 64}}, or
+    # --model.position_args.t5.max_distance=64 on the command line. The saved config lists every setting.
+    position_args: dict = dataclasses.field(default_factory=dict)
+    # RoPE's model-level settings (transformers' names, shared with the Hugging Face mapping and the scalings):
     rope_theta: float = 10000.0
     # "half": rotate_half pairs (i, i + d/2) as in transformers; "interleaved": pairs (2i, 2i+1) as in Meta's code.
     rope_layout: str = "half"
     # RoPE scaling with transformers' rope_parameters keys, e.g. {rope_type = "yarn", factor = 4.0}; see model/rope.py.
     # original_max_position_embeddings defaults to max_seq_len, the context the model is trained at.
     rope_scaling: dict | None = None
-    # t5: log-spaced relative-distance buckets, shared across layers.
-    t5_num_buckets: int = 32
-    t5_max_distance: int = 128
-    # shaw: relative distances are clipped to [-k, k].
-    shaw_max_distance: int = 16
-    # learned: table size (0 = max_seq_len); positions past it are an error unless learned_clamp reuses the last row.
-    learned_max_positions: int = 0
-    learned_clamp: bool = False
-    # sinusoidal: how token embeddings meet the fixed sinusoid (model.position.SINUSOIDAL_RECIPES).
-    #   "fairseq": token embeddings initialised with std dim^-0.5 and scaled by sqrt(dim) (Vaswani et al., fairseq);
-    #   "unscaled": added as they are, std init_std (GPT-2 / transformers style);
-    #   "legacy": scaled by sqrt(dim) with std init_std (pelab before 0.2: the sinusoid dominates the input).
-    sinusoidal_embedding: str = "fairseq"
-    # Rotary variants (rope, xpos). rope_fraction < 1: partial rotary, only the first fraction of each head rotates
-    # (GPT-NeoX rotary_pct); rope_p < 1: p-RoPE, the lowest-frequency fraction 1 - p carries no position.
-    rope_fraction: float = 1.0
-    rope_p: float = 1.0
-    # xpos: the decay's scale base gamma (torchscale's scale_base).
-    xpos_scale_base: float = 512.0
-    # fire: the MLP's hidden width, and the threshold T's initial value (0 = max_seq_len; the public code uses 512).
-    fire_mlp_width: int = 32
-    fire_threshold: int = 0
-    # cope: the number of position embeddings (0 = max_seq_len + 1, the reference's default).
-    cope_positions: int = 0
     # Per-layer choices, each a list repeated over the layers (its length must divide n_layers; [] = uniform):
     #   position_layers: the encoding of each layer (e.g. ["rope", "rope", "rope", "none"], iRoPE); it must name
     #     model.position, whose parameters keep their names; absolute encodings (sinusoidal, learned) act on the
@@ -154,42 +140,8 @@ class ModelConfig:
             raise ConfigError("model.norm_eps, model.init_std and model.rope_theta must be positive")
         if self.rope_layout not in ("half", "interleaved"):
             raise ConfigError(f"model.rope_layout must be 'half' or 'interleaved', got {self.rope_layout!r}")
-        if self.rope_scaling is not None:
-            if self.position != "rope":
-                raise ConfigError(f"model.rope_scaling applies to position = 'rope', not {self.position!r}")
-            try:
-                self.rope_scaling = normalize_rope_scaling(self.rope_scaling, self.max_seq_len)
-            except ConfigError as error:
-                raise ConfigError(f"model.rope_scaling: {error}") from error
-        if self.learned_max_positions < 0:
-            raise ConfigError(f"model.learned_max_positions must be >= 0 (0 = max_seq_len), got {self.learned_max_positions}")
-
-        if self.sinusoidal_embedding not in SINUSOIDAL_RECIPES:
-            raise ConfigError(f"model.sinusoidal_embedding must be one of {sorted(SINUSOIDAL_RECIPES)}, "
-                              f"got {self.sinusoidal_embedding!r}")
-        if self.position not in POSITION_ENCODINGS:
-            raise ConfigError(
-                f"model.position: unknown encoding {self.position!r}; valid names are {sorted(POSITION_ENCODINGS)}"
-            )
         self.check_layer_lists()
-        used = set(self.layer_positions())
-        # Defaults that depend on L become numbers, so a later change of max_seq_len (an extension) cannot move them.
-        if "fire" in used and self.fire_threshold == 0:
-            self.fire_threshold = self.max_seq_len
-        if "cope" in used and self.cope_positions == 0:
-            self.cope_positions = self.max_seq_len + 1
-        for name in dict.fromkeys([self.position, *self.position_layers]):
-            POSITION_ENCODINGS[name].validate(self)
-        rotary = any(issubclass(POSITION_ENCODINGS[name], RoPE) for name in self.layer_positions())
-        if not 0 < self.rope_fraction <= 1 or not 0 <= self.rope_p <= 1:
-            raise ConfigError(f"model.rope_fraction must be in (0, 1] and model.rope_p in [0, 1], "
-                              f"got {self.rope_fraction} and {self.rope_p}")
-        if (self.rope_fraction, self.rope_p) != (1.0, 1.0) and not rotary:
-            raise ConfigError("model.rope_fraction and model.rope_p apply to rotary encodings (rope, xpos); "
-                              f"this model uses {sorted(set(self.layer_positions()))}")
-        self.attention_methods = normalize_methods(self.attention_methods, self.original_length)
-        for entry in self.attention_methods:
-            check_applies(ATTENTION_METHODS[entry["method"]], self)
+        _plugins.check_plugins(self)  # the encodings' settings, the RoPE scaling, the attention methods
 
     def check_layer_lists(self) -> None:
         for name in ("position_layers", "attention_window"):
@@ -199,23 +151,14 @@ class ModelConfig:
                                   f"({self.n_layers}); give one entry per layer or a pattern that repeats evenly")
         if any(not isinstance(name, str) for name in self.position_layers):
             raise ConfigError(f"model.position_layers must hold encoding names, got {self.position_layers}")
-        unknown = [name for name in self.position_layers if name not in POSITION_ENCODINGS]
-        if unknown:
-            raise ConfigError(f"model.position_layers: unknown encoding(s) {unknown}; "
-                              f"valid names are {sorted(POSITION_ENCODINGS)}")
-        if self.position_layers:
-            if self.position not in self.position_layers:
-                raise ConfigError(f"model.position_layers {self.position_layers} must include model.position "
-                                  f"({self.position!r}), the encoding whose parameters keep their names")
-            whole_model = sorted({name for name in self.position_layers if not POSITION_ENCODINGS[name].per_layer})
-            if whole_model:
-                raise ConfigError(f"model.position_layers: {whole_model} act on the token embeddings of the whole "
-                                  "model and cannot be chosen per layer; use relative or rotary encodings")
+        if self.position_layers and self.position not in self.position_layers:
+            raise ConfigError(f"model.position_layers {self.position_layers} must include model.position "
+                              f"({self.position!r}), the encoding whose parameters keep their names")
         if any(not isinstance(w, int) or isinstance(w, bool) or w < 0 for w in self.attention_window):
             raise ConfigError(f"model.attention_window must hold integers >= 0 (0 = global), "
                               f"got {self.attention_window}")
 
-    def layer_positions(self) -> list[str]:
+    def layer_encodings(self) -> list[str]:
         """The encoding of every layer: model.position_layers repeated over the layers, or model.position."""
         pattern = self.position_layers or [self.position]
         return [pattern[index % len(pattern)] for index in range(self.n_layers)]
@@ -241,7 +184,14 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "ModelConfig":
+        """From user input (a TOML table, overrides): an encoding setting spelled the old way is refused."""
+        _plugins.refuse_legacy_keys(values)
         return build_dataclass(cls, values, "model")
+
+    @classmethod
+    def from_saved(cls, values: dict[str, Any]) -> "ModelConfig":
+        """From a saved config (config.json, a run's saved settings), of today or of before model.position_args."""
+        return cls.from_dict(_plugins.migrate_saved(values))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
@@ -252,4 +202,4 @@ class ModelConfig:
             values = json.loads(Path(path).read_text())
         except json.JSONDecodeError as error:
             raise ConfigError(f"{path}: not valid JSON ({error}); re-save the checkpoint") from error
-        return cls.from_dict(values)
+        return cls.from_saved(values)

@@ -10,7 +10,8 @@ distance bias takes FlexAttention for one sequence only. Shaw's bias depends on 
 shares nothing between sequences, and the clipped path is faster for batches too. So FlexAttention serves forwards without gradients, on the CPU (where it was measured), in float32, with no KV cache,
 no attention method and no window: the scoring of long windows. Everything else, and any forward shorter than
 MIN_LENGTH (one or two chunks, where a compilation per shape would not pay), keeps the chunked path, which stays
-the reference (parity: tests/test_flex.py).
+the reference (parity: tests/test_flex.py). Whether a forward takes it is decided with every other path in
+model/attention_path.py.
 
 The bias enters as a (heads, time) table of its values at each distance, read by the score_mod: the encoding's own
 score_bias fills it from the last query row, so the two paths add the same numbers. The block mask (causal) is
@@ -38,7 +39,6 @@ from typing import Any
 import torch
 
 from model.compiled import Compiled
-from model.runtime import runtime_config
 
 MIN_LENGTH = 512  # shorter forwards keep the chunked path
 _block_masks: dict[tuple[int, str, int], Any] = {}
@@ -56,27 +56,19 @@ def kind(position: Any) -> str | None:
     return None
 
 
-def applies(q: torch.Tensor, k: torch.Tensor, position: Any, state: Any, causal: bool, kv_cache: Any,
-            methods: Any, window: int, observed: bool, dropout: float) -> bool:
-    """True when this forward can take FlexAttention: see the module docstring. `observed`: the attention
-    diagnostics read the probabilities; `dropout`: the attention dropout this forward applies."""
-    if not runtime_config().flex_attention or torch.is_grad_enabled() or q.device.type != "cpu":
+def consecutive(state: Any) -> bool:
+    """Whether the positions of `state` let the bias be a table indexed by i - j: the keys are the queries, and
+    they are consecutive."""
+    if not hasattr(state, "queries"):
         return False
-    if torch.compiler.is_compiling():  # inside a compiled model (training's validation): its own graph
-        return False
-    if not causal or kv_cache is not None or methods is not None or window or observed or dropout:
-        return False
-    if q.dtype != torch.float32 or q.shape[2] != k.shape[2] or q.shape[2] < MIN_LENGTH:
-        return False
-    path = kind(position)
-    if path is None or not hasattr(state, "queries") or (_far_kernel if path == "clipped" else _kernel).failure:
-        return False
-    if path == "distance" and q.shape[0] != 1:  # the chunked path shares each chunk's bias between sequences
-        return False
-    # The table is indexed by i - j: the positions must be consecutive (and the keys the queries).
     queries, keys = state.queries, state.keys
     return queries.shape == keys.shape and bool(torch.equal(queries, keys)) and \
         bool((queries[:, 1:] - queries[:, :-1] == 1).all())
+
+
+def failed(position: Any) -> bool:
+    """Whether compiling the kernel this encoding would take has failed in this process."""
+    return (_far_kernel if kind(position) == "clipped" else _kernel).failure is not None
 
 
 def distance_table(q: torch.Tensor, position: Any, state: Any, layer: int) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """The decoder: token embedding, pre-norm blocks (RMSNorm, GQA attention, SwiGLU), final norm, tied LM head."""
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -12,13 +13,29 @@ from data.batches import IGNORE_INDEX
 from errors import ConfigError
 from model.attention import Attention
 from model.attention_methods import MethodContext, build_methods, method_context
+from model.attention_path import describe
 from model.config import ModelConfig
+from model.encodings import build_position_encoding
+from model.encodings.base import PositionEncoding
 from model.kv_cache import KVCache
 from model.layers import RMSNorm, SwiGLU
 from model.loss import linear_cross_entropy
-from model.position import PositionEncoding, build_position_encoding
 from model.rope import NEEDS_ORIGINAL_LENGTH, scaling_type
 from model.runtime import keep_freed_memory
+
+
+def share_parameters(target: nn.Module, source: nn.Module, device: torch.device) -> None:
+    """Move `target` to `device` and make each of its parameters the very tensor of `source` at the same name (a
+    view's encoding holds its model's learned position parameters, not copies); the shapes must agree."""
+    target.to(device)
+    own = dict(target.named_parameters())
+    theirs = dict(source.named_parameters())
+    if own.keys() != theirs.keys() or any(own[name].shape != theirs[name].shape for name in own):
+        raise ConfigError(f"{type(source).__name__}: these settings change the shape of its parameters; that is a "
+                          "different model, not an inference-time change")
+    for name, parameter in theirs.items():
+        owner, _, leaf = name.rpartition(".")
+        target.get_submodule(owner)._parameters[leaf] = parameter
 
 
 class Block(nn.Module):
@@ -79,7 +96,7 @@ class Transformer(nn.Module):
         per-layer pattern (model.position_layers), by name; absent when there are none."""
         self.position = build_position_encoding(config)
         self.attention_methods = build_methods(config)  # inference-time methods (model/attention_methods.py)
-        others = [name for name in dict.fromkeys(config.layer_positions()) if name != config.position]
+        others = [name for name in dict.fromkeys(config.layer_encodings()) if name != config.position]
         if others:
             self.layer_positions = nn.ModuleDict({name: build_position_encoding(config, name) for name in others})
         elif "layer_positions" in self._modules:
@@ -93,31 +110,44 @@ class Transformer(nn.Module):
     def encoding_of(self, name: str) -> PositionEncoding:
         return self.position if name == self.config.position else self.layer_positions[name]
 
-    def set_rope_scaling(self, scaling: dict | None) -> None:
-        """Switch this RoPE model to another inference-time scaling (no retraining; None = plain RoPE).
+    def with_rope_scaling(self, scaling: dict | None) -> "Transformer":
+        """A view of this RoPE model under another inference-time scaling (no retraining; None = plain RoPE).
 
         `original_max_position_embeddings` defaults to config.original_length: the length the frequencies were
         set for (for a checkpoint extended with a scaling, the length before extension, not the extended one).
         """
-        if self.config.position != "rope":
+        if "rope_scaling" not in type(self.position).model_settings:
             raise ConfigError(
                 f"rope scaling applies to RoPE checkpoints; this one uses position = {self.config.position!r}"
             )
         if scaling is not None and scaling_type(scaling) in NEEDS_ORIGINAL_LENGTH:
             scaling = {"original_max_position_embeddings": self.config.original_length, **scaling}
-        self.reconfigure_position(rope_scaling=scaling)
+        return self.with_settings(rope_scaling=scaling)
 
-    def reconfigure_position(self, **changes: Any) -> None:
-        """Rebuild the position encoding from the config with `changes` (inference-time settings such as
-        rope_scaling or learned_clamp), keeping its learned parameters."""
-        config = ModelConfig.from_dict({**self.config.to_dict(), **changes})
-        old = {name: self.encoding_of(name).state_dict() for name in dict.fromkeys(self.config.layer_positions())}
-        self.build_positions(config)
-        self.config = config
-        for name, state in old.items():
-            self.encoding_of(name).load_state_dict(state)
-        for encoding in self.position_encodings():
-            encoding.to(self.tok_embeddings.weight.device)
+    def with_settings(self, **changes: Any) -> "Transformer":
+        """A view of this model under other inference-time settings (rope_scaling, position_args such as the
+        learned table's clamp, attention_methods): the same layers and weights, with position encodings and
+        attention methods of its own built from the changed config. This model is unchanged; the view is this
+        model when nothing changes. Settings that would change a weight's shape are refused."""
+        current = self.config.to_dict()
+        if all(key in current and current[key] == value for key, value in changes.items()):
+            return self
+        config = ModelConfig.from_dict({**current, **changes})
+        view = copy.copy(self)  # the same attributes; the module tables below are the view's own
+        view._modules, view._parameters, view._buffers = dict(self._modules), dict(self._parameters), \
+            dict(self._buffers)
+        view.config = config
+        view.build_positions(config)
+        device = self.tok_embeddings.weight.device
+        for name in dict.fromkeys(config.layer_encodings()):
+            share_parameters(view.encoding_of(name), self.encoding_of(name), device)
+        return view
+
+    def attention_paths(self) -> dict[str, str]:
+        """The attention path each layer's latest forward took, and why (model/attention_path.py), with equal
+        neighbouring layers merged: {"layers 0-3": "sdpa: ..."}; {} before any forward."""
+        return describe({index: layer.attention.last_path for index, layer in enumerate(self.layers)
+                         if layer.attention.last_path is not None})
 
     def num_parameters(self) -> int:
         return sum(parameter.numel() for parameter in self.parameters())
@@ -157,7 +187,7 @@ class Transformer(nn.Module):
         passes = methods.passes if methods is not None else None
         states: dict[str, Any] = {}  # each encoding prepares once per forward, for all its layers
         last = len(self.layers) - 1
-        for index, (layer, name) in enumerate(zip(self.layers, self.config.layer_positions())):
+        for index, (layer, name) in enumerate(zip(self.layers, self.config.layer_encodings())):
             encoding = self.encoding_of(name)
             if name not in states:
                 states[name] = (encoding.prepare(positions, key_positions), None if passes is None else

@@ -35,18 +35,16 @@ def compare_dynamic(checkpoint: str, data: str, multiples: list[int], windows: i
     trained = trained_length(checkpoint)
     ids, scored = checkpoint_eval_tokens(data, checkpoint, load_tokenizer(checkpoint))
     print(f"{checkpoint}: {scored}")
-    own = model.config.to_dict()
     rows = []
     for multiple in multiples:
         length = multiple * trained
         batch = tiled_windows(ids, choose_segments(len(ids), length, windows * length, margin=trained), length)
-        method_spec("none").setup(model, own, length, trained)
         plain = score_windows(model, batch)[:, trained:]
-        model.reconfigure_position(rope_scaling={"rope_type": "dynamic", "factor": float(multiple)})
-        before = score_windows(model, batch)[:, trained:]
-        method_spec("dynamic").setup(model, own, length, trained)
-        cached = score_incremental(model, batch, trained)[:, trained:]
-        exact = score_prefixes(model, batch, trained)[:, trained:]
+        before = score_windows(model.with_settings(rope_scaling={"rope_type": "dynamic", "factor": float(multiple)}),
+                               batch)[:, trained:]
+        dynamic = method_spec("dynamic").view(model, length, trained)
+        cached = score_incremental(dynamic, batch, trained)[:, trained:]
+        exact = score_prefixes(dynamic, batch, trained)[:, trained:]
         rows.append({"multiple": multiple, "windows": len(batch), "tokens": int(cached.size),
                      "plain": float(plain.mean()), "before": float(before.mean()), "cached": float(cached.mean()),
                      "exact": float(exact.mean()), "cached_minus_exact": float((cached - exact).mean()),

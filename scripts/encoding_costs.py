@@ -43,10 +43,10 @@ from model.transformer import Transformer
 
 SHAPE = {"vocab_size": 4096, "dim": 256, "n_layers": 4, "n_heads": 8, "n_kv_heads": 4, "max_seq_len": 256}
 DEFAULT_VARIANTS = [
-    {"position": "rope"}, {"position": "none"}, {"position": "sinusoidal"}, {"position": "learned", "learned_clamp": True},
+    {"position": "rope"}, {"position": "none"}, {"position": "sinusoidal"}, {"position": "learned", "position_args": {"learned": {"clamp": True}}},
     {"position": "alibi"}, {"position": "t5"}, {"position": "shaw"}, {"position": "kerple"},
-    {"position": "fire"}, {"position": "xpos"}, {"position": "cope"}, {"position": "rope", "rope_fraction": 0.25},
-    {"position": "rope", "rope_p": 0.75}, {"position": "rope", "position_layers": ["rope", "rope", "rope", "none"]},
+    {"position": "fire"}, {"position": "xpos"}, {"position": "cope"}, {"position": "rope", "position_args": {"rope": {"fraction": 0.25}}},
+    {"position": "rope", "position_args": {"rope": {"p": 0.75}}}, {"position": "rope", "position_layers": ["rope", "rope", "rope", "none"]},
     {"position": "rope", "position_layers": ["rope", "rope", "rope", "none"], "attention_window": [64, 64, 64, 0]},
     {"position": "rope", "attention_methods": [{"method": "rerope"}, {"method": "logn"}]},
     {"position": "rope", "attention_methods": [{"method": "selfextend", "group": 16}]},
@@ -55,9 +55,12 @@ DEFAULT_VARIANTS = [
 
 
 def label(settings: dict) -> str:
-    """'rope', 'rope, rope_p 0.75', 'rope + rerope+logn', ...: the variant as the table names it."""
+    """'rope', 'rope, p 0.75', 'rope + rerope+logn', ...: the variant as the table names it (an encoding's own
+    settings by their names)."""
     methods = "+".join(m["method"] for m in settings.get("attention_methods", []))
-    rest = [f"{key} {value}" for key, value in settings.items() if key not in ("position", "attention_methods")]
+    own = [f"{key} {value}" for args in settings.get("position_args", {}).values() for key, value in args.items()]
+    rest = own + [f"{key} {value}" for key, value in settings.items()
+                  if key not in ("position", "attention_methods", "position_args")]
     return ", ".join([settings["position"] + (f" + {methods}" if methods else ""), *rest])
 
 

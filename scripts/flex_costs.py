@@ -68,7 +68,7 @@ def layer_inputs(settings: dict, length: int, seed: int = 0, device: torch.devic
     config = ModelConfig(**{**SHAPE, **settings, "max_seq_len": SHAPE["max_seq_len"]})
     model = Transformer(config).eval().to(device)
     attention = model.layers[0].attention
-    encoding = model.encoding_of(config.layer_positions()[0])
+    encoding = model.encoding_of(config.layer_encodings()[0])
     positions = torch.arange(length, device=device)[None, :]
     state = encoding.prepare(positions, positions)
     tokens = torch.randint(0, config.vocab_size, (1, length)).to(device)
@@ -100,7 +100,7 @@ def flex_call(attention, encoding, positions, length: int):
         return score + table[h, i - j]
 
     if hasattr(encoding, "relative_keys"):  # Shaw's score part: per query, its products with the 2k + 1 vectors
-        clip = encoding.config.shaw_max_distance
+        clip = encoding.settings.max_distance
         vectors = encoding.relative_keys[str(attention.layer_index)].weight
         scale = attention.head_dim ** -0.5
 

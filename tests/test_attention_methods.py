@@ -8,14 +8,13 @@ import torch
 from errors import ConfigError
 from model import KVCache, StaticKVCache, Transformer
 from model.attention_methods import ATTENTION_METHODS, method_context
-from model.position_rotary import RoPE
+from model.encodings.rotary import RoPE
 from tests.conftest import micro_config
 
 
 def with_methods(model, methods):
     """The same weights under other attention methods."""
-    model.reconfigure_position(attention_methods=methods)
-    return model
+    return model.with_settings(attention_methods=methods)
 
 
 def rope_score(encoding: RoPE, q: torch.Tensor, k: torch.Tensor, query_at: float, key_at: float) -> torch.Tensor:

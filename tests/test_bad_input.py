@@ -40,8 +40,12 @@ PRETRAIN_CASES = {
     "unknown encoding": (["--model.position=rotary"], "model.position: unknown encoding 'rotary'; valid names are"),
     "unknown scaling": (['--model.rope_scaling={rope_type="yarnn", factor=4.0}'], "yarnn"),
     "scaling factor below 1": (['--model.rope_scaling={rope_type="linear", factor=0.5}'], "factor"),
-    "length beyond a learned table": (["--model.position=learned", "--model.learned_max_positions=8"],
+    "length beyond a learned table": (["--model.position=learned", "--model.position_args.learned.max_positions=8"],
                                       "beyond the learned table of 8 positions"),
+    "an encoding setting spelled the old way": (["--model.position=t5", "--model.t5_max_distance=8"],
+                                                "model.t5_max_distance is now model.position_args.t5.max_distance"),
+    "settings of an encoding the model does not use": (["--model.position_args.t5.max_distance=8"],
+                                                       "settings for ['t5'], which this model does not use"),
     "resume with another shape": (["--model.dim=64", "--resume"], "cannot change in a run: model.dim"),
     "out dir holds a run": ([], "already holds a run; pass --resume"),
 }

@@ -36,7 +36,7 @@ def test_encoding_costs_measures_each_variant_in_its_own_process(tmp_path, capsy
 
     from scripts.encoding_costs import main
 
-    variants = '[{"position": "rope"}, {"position": "fire"}, {"position": "rope", "rope_p": 2}]'
+    variants = '[{"position": "rope"}, {"position": "fire"}, {"position": "rope", "position_args": {"rope": {"p": 2}}}]'
     assert main(["--variants", variants, "--lengths", "1,2", "--batch", "1", "--train-steps", "1", "--repeats", "1",
                  "--rounds", "2", "--out", str(tmp_path)]) == 0
     saved = json.loads((tmp_path / "encoding_costs.json").read_text())
@@ -48,7 +48,7 @@ def test_encoding_costs_measures_each_variant_in_its_own_process(tmp_path, capsy
     for row in rows[:2]:
         assert row["train"]["tokens_per_s"] > 0 and row["eval_1x"]["tokens_per_s"] > 0
         assert row["eval_2x"]["peak_rss_mib"] >= row["eval_1x"]["peak_rss_mib"] > 0  # the longer one runs second
-    assert "rope_p" in rows[2]["error"]  # a bad variant is reported, the others still run
+    assert "p in [0, 1]" in rows[2]["error"]  # a bad variant is reported, the others still run
     table = (tmp_path / "encoding_costs.md").read_text()
     assert "| rope | " in table and "(1.00x)" in table and "| fire | " in table and "failed:" in table
     assert main(["--variants", "[1, 2]"]) == 2

@@ -152,10 +152,12 @@ def test_the_newer_encodings_and_named_variants_run_through_compare(small_text_f
     state_path = out / "runs" / "irope" / "seed1" / "trainer_state.json"
     state = json.loads(state_path.read_text())
     assert state["run_config"]["model"]["position_layers"] == ["rope", "rope", "rope", "none"]
-    assert state["run_config"]["model"]["rope_p"] == 1.0
+    assert state["run_config"]["model"]["position_args"] == {"rope": {"fraction": 1.0, "p": 1.0}}
     report = (out / "report.md").read_text()
     assert 'irope: {"position": "rope", "position_layers": ["rope", "rope", "rope", "none"]}' in report
-    del state["run_config"]["model"]["cope_positions"]  # as written by code from before that setting
+    model = state["run_config"]["model"]  # as written by code from before model.position_args: flat keys
+    del model["position_args"]
+    model.update(rope_fraction=1.0, rope_p=1.0, cope_positions=0)
     state_path.write_text(json.dumps(state))
     assert main(args) == 0
     assert json.loads((out / "results.json").read_text())["status"]["irope-seed1"]["status"] == \
@@ -166,17 +168,18 @@ def test_the_newer_encodings_and_named_variants_run_through_compare(small_text_f
     ('--compare.encodings=["rope", "alibl"]', "compare.encodings: unknown ['alibl']"),
     ('--compare.encodings=["rope", "rope"]', "lists a name twice"),
     ('--compare.variants={rope = {position = "alibi"}}', "compare.variants.rope"),
-    ('--compare.variants={mine = {rope_p = 0.5}}', "compare.variants.mine"),
-    (('--compare.variants={mine = {position = "rope", rope_p = 2.0}}', '--compare.encodings=["rope", "mine"]'),
-     "rope_p in [0, 1]"),
+    ('--compare.variants={mine = {position_args = {rope = {p = 0.5}}}}', "compare.variants.mine"),
+    (('--compare.variants={mine = {position = "rope", position_args = {rope = {p = 2.0}}}}',
+      '--compare.encodings=["rope", "mine"]'), "p in [0, 1]"),
     (('--compare.encodings=["rope", "partial-rope"]', "--model.n_heads=16"), "rotates 0 of the 2 dimensions"),
     ('--compare.methods=["yarn", "rerope2"]', "unknown inference-time method"),
     ('--compare.methods=["yarn+linear"]', "at most one RoPE scaling"),
-    ('--compare.encoding_settings={rop = {rope_theta = 500.0}}', "compare.encoding_settings.rop"),
-    ('--compare.encoding_settings={t5 = {position = "rope"}}', "compare.encoding_settings.t5"),
+    ('--compare.encoding_settings={t5 = {t5_max_distance = 64}}', "compare.encoding_settings is now [model] "
+                                                                   "position_args"),
+    ((EVERY, "--model.position_args.t5.max_distanc=64"), "unknown setting(s) ['max_distanc']"),
     ("--compare.seeds=[1, 1]", "distinct integers"),
     ("--compare.snapshots=[1.5]", "fractions of training"),
-    ((EVERY, "--model.learned_max_positions=8"), "beyond the learned table of 8 positions"),
+    ((EVERY, "--model.position_args.learned.max_positions=8"), "beyond the learned table of 8 positions"),
 ])
 def test_bad_settings_are_refused_before_anything_trains(small_text_file, tmp_path, capsys, override, message):
     out = tmp_path / "cmp"
@@ -186,16 +189,21 @@ def test_bad_settings_are_refused_before_anything_trains(small_text_file, tmp_pa
     assert not (out / "runs").exists()
 
 
-def test_encoding_settings_reach_the_encoding_and_its_variants_only():
+def test_an_encodings_settings_reach_the_encoding_and_its_variants_only():
     from eval.compare import load_compare_config
 
-    compare, _, _ = load_compare_config(ROOT / "configs" / "compare.toml", "quick", [
-        '--compare.variants={t5-short = {position = "t5", t5_num_buckets = 16}, t5-own = {position = "t5", '
-        't5_max_distance = 32}}'])
-    assert compare.model_settings("t5") == {"position": "t5", "t5_max_distance": 64}  # the quick preset's
-    assert compare.model_settings("t5-short") == {"position": "t5", "t5_max_distance": 64, "t5_num_buckets": 16}
-    assert compare.model_settings("t5-own")["t5_max_distance"] == 32  # a variant's own setting wins
-    assert compare.model_settings("rope") == {"position": "rope"}
+    compare, shared, _ = load_compare_config(ROOT / "configs" / "compare.toml", "quick", [
+        '--compare.variants={t5-short = {position = "t5", position_args = {t5 = {num_buckets = 16}}}, '
+        't5-own = {position = "t5", position_args = {t5 = {max_distance = 32}}}, '
+        'hybrid = {position = "rope", position_layers = ["rope", "t5"]}}'])
+    model = shared["model"]
+    assert model["position_args"] == {"t5": {"max_distance": 64}}  # the quick preset's
+    assert compare.model_settings("t5", model) == {"position": "t5", "position_args": {"t5": {"max_distance": 64}}}
+    assert compare.model_settings("t5-short", model)["position_args"] == {"t5": {"max_distance": 64,
+                                                                                 "num_buckets": 16}}
+    assert compare.model_settings("t5-own", model)["position_args"]["t5"]["max_distance"] == 32  # the variant's wins
+    assert compare.model_settings("hybrid", model)["position_args"] == {"t5": {"max_distance": 64}}
+    assert compare.model_settings("rope", model) == {"position": "rope"}
 
 
 def variant(name, values_by_length):

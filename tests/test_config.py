@@ -73,3 +73,49 @@ def test_override_values_are_parsed_as_toml():
     assert parse_override_value("true") is True
     assert parse_override_value("runs/x") == "runs/x"
     assert parse_override_value('"12"') == "12"
+
+
+def test_an_encodings_settings_are_a_table_of_its_own_set_by_dotted_overrides_and_saved_whole(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('[model]\nposition = "t5"\nposition_args = { t5 = { num_buckets = 16 } }\n')
+    config = load_run_config(path, ["--model.position_args.t5.max_distance=64"])
+    assert config.model.position_args == {"t5": {"num_buckets": 16, "max_distance": 64}}
+    assert build_run_config(tomllib.loads(to_toml(config))) == config
+    fire = load_run_config(None, ["--model.position=fire", "--model.max_seq_len=48"]).model
+    assert fire.position_args == {"fire": {"mlp_width": 32, "threshold": 48}}  # every setting, derived ones as numbers
+    hybrid = load_run_config(None, ['--model.position_layers=["rope", "t5"]', "--model.n_layers=2"]).model
+    assert set(hybrid.position_args) == {"rope", "t5"}  # each encoding the layers use, rope's first
+
+
+def test_a_saved_config_with_the_flat_encoding_keys_reads_as_the_position_args_it_was():
+    """Checkpoints and runs saved before model.position_args spell the encodings' settings as flat keys, every one
+    of them, used or not: the keys of the encodings the model uses become its position_args, the rest had no
+    effect and are dropped; user input spelled that way is refused with the new name."""
+    from model.config import ModelConfig
+
+    flat = dict(position="rope", position_layers=["rope", "t5"], n_layers=2, rope_fraction=0.5, rope_p=1.0,
+                t5_num_buckets=8, t5_max_distance=16, shaw_max_distance=3, learned_clamp=False, fire_threshold=0,
+                cope_positions=0, xpos_scale_base=512.0, sinusoidal_embedding="fairseq")
+    config = ModelConfig.from_saved(flat)
+    assert config.position_args == {"rope": {"fraction": 0.5, "p": 1.0}, "t5": {"num_buckets": 8, "max_distance": 16}}
+    assert ModelConfig.from_saved(config.to_dict()) == config  # today's form is read as it is
+    with pytest.raises(ConfigError, match="model.rope_fraction is now model.position_args.rope.fraction or "
+                                          "model.position_args.xpos.fraction"):
+        ModelConfig.from_dict({"rope_fraction": 0.5})
+
+
+def test_model_config_names_no_encoding_and_imports_no_plug_in():
+    """model/config.py reaches the encodings, scalings and attention methods only through model/plugins.py, which
+    installs itself: it imports none of them and names no registered encoding."""
+    import ast
+
+    from model.encodings import POSITION_ENCODINGS
+
+    source = (ROOT / "model" / "config.py").read_text()
+    imported = {node.module for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)} | \
+        {alias.name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Import) for alias in node.names}
+    assert not [name for name in imported if name and name.startswith("model")], imported
+    strings = {node.value for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Constant)
+               and isinstance(node.value, str)}
+    assert not [name for name in POSITION_ENCODINGS if name in strings and name != "rope"], strings
+    assert strings & {"rope"} == {"rope"}  # the one default: model.position = "rope"

@@ -111,7 +111,7 @@ def command_problems(command: str) -> list[str]:
     except SystemExit:  # a former spelling, or a bad value
         return [notes.getvalue().strip().splitlines()[-1]]
     allowed = module.startswith(OVERRIDES)
-    return [f"unknown {word}" for word in unknown if not (allowed and re.match(r"--\w+\.\w+=", word))]
+    return [f"unknown {word}" for word in unknown if not (allowed and re.match(r"--\w+(\.\w+)+=", word))]
 
 
 def test_the_link_checker_finds_a_missing_file_and_a_missing_heading(tmp_path):

@@ -81,21 +81,18 @@ def test_a_method_that_claims_to_score_as_trained_does(position):
     """Every claim of every registered method, checked by scoring: the method set up for the length against
     the checkpoint as it is, on the same windows."""
     model = sharp_model(position=position, max_seq_len=8)
-    own = model.config.to_dict()
     windows = {length: np.random.default_rng(length).integers(0, 97, (4, length + 1)) for length in (4, 8, 16)}
     checked = []
     for name, lengths in claims(position, 8).items():
         assert 16 not in lengths  # past L every method changes something
         spec = method_spec(name)
         for length in lengths:
-            METHODS[NONE].setup(model, own, length, 8)
-            as_trained = score_windows(model, windows[length])
-            spec.setup(model, own, length, 8)
-            scored = score_incremental(model, windows[length], 8) if spec.incremental else \
-                score_windows(model, windows[length])
+            as_trained = score_windows(METHODS[NONE].view(model, length, 8), windows[length])
+            view = spec.view(model, length, 8)
+            scored = score_incremental(view, windows[length], 8) if spec.incremental else \
+                score_windows(view, windows[length])
             assert np.abs(scored - as_trained).max() < 1e-5, (name, length)
             checked.append(name)
-    METHODS[NONE].setup(model, own, 8, 8)
     expected = {"rope": {"linear", "ntk", "yarn", "llama3", "dynamic"}, "learned": {"clamp"}}.get(position, set())
     assert expected <= set(checked)
 
@@ -125,21 +122,21 @@ def test_an_evaluation_equals_scoring_every_cell_directly(position):
     for method in chosen:
         spec = method_spec(method)
         for length in plan.lengths:
-            spec.setup(model, own, length, 8)
+            view = spec.view(model, length, 8)
             windows = tiled_windows(ids, plan.segments, length)
             try:
-                losses = score_incremental(model, windows, 8) if spec.incremental else score_windows(model, windows)
+                losses = score_incremental(view, windows, 8) if spec.incremental else score_windows(view, windows)
             except Exception:
                 assert key_for(method, length) in evaluation.errors
                 continue
             direct = tiled_layout(losses, plan.segments, length)
             assert np.allclose(evaluation.losses[key_for(method, length)], direct, atol=1e-5, equal_nan=True)
         if spec.shift_probe:
-            spec.setup(model, own, 8, 8)
+            view = spec.view(model, 8, 8)
             for multiple in PROBE_MULTIPLES:
                 try:
-                    probe = score_windows(model, tiled_windows(ids, plan.segments, 8), position_offset=8 * multiple)
+                    probe = score_windows(view, tiled_windows(ids, plan.segments, 8), position_offset=8 * multiple)
                 except Exception:
                     continue
                 assert np.abs(evaluation.probe[key_for(method, 8 * multiple)] - probe.mean(axis=1)).max() < 1e-5
-    METHODS[NONE].setup(model, own, 8, 8)
+    assert model.config.to_dict() == own  # the caller's model never changed

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from errors import ConfigError, DataError
+from errors import ConfigError, DataError, PositionRangeError
 from eval.extrapolation import (
     PROBE_MULTIPLES,
     CheckpointEvaluation,
@@ -152,17 +152,16 @@ def test_evaluation_round_trips_through_its_cache_file(tmp_path):
     assert by_label[("learned+clamp", 16)]["penalty_low"] <= by_label[("learned+clamp", 16)]["penalty"]
 
 
-def test_methods_set_up_the_model_as_used_and_only_where_they_apply():
+def test_methods_give_a_view_of_the_model_as_used_and_apply_only_where_they_can():
     model = sharp_model(position="rope", max_seq_len=8)
     own = model.config.to_dict()
-    METHODS["yarn"].setup(model, own, 32, 8)
-    assert model.config.rope_scaling["factor"] == 4.0 and model.config.rope_scaling["original_max_position_embeddings"] == 8
-    METHODS["ntk"].setup(model, own, 16, 8)
-    assert model.config.rope_scaling == {"rope_type": "ntk", "factor": 2.0}
-    METHODS["dynamic"].setup(model, own, 128, 8)
-    assert model.config.rope_scaling["factor"] == 1.0 and METHODS["dynamic"].incremental
-    METHODS["none"].setup(model, own, 128, 8)
-    assert model.config.rope_scaling is None
+    yarn = METHODS["yarn"].view(model, 32, 8)
+    assert yarn.config.rope_scaling["factor"] == 4.0 and yarn.config.rope_scaling["original_max_position_embeddings"] == 8
+    assert METHODS["ntk"].view(model, 16, 8).config.rope_scaling == {"rope_type": "ntk", "factor": 2.0}
+    dynamic = METHODS["dynamic"].view(model, 128, 8)
+    assert dynamic.config.rope_scaling["factor"] == 1.0 and METHODS["dynamic"].incremental
+    assert METHODS["none"].view(model, 128, 8) is model
+    assert model.config.to_dict() == own  # each method gave a view; the model itself never changed
     assert applies("clamp", "learned") and not applies("clamp", "rope") and not applies("yarn", "alibi")
     assert label("rope", "none") == "rope" and label("learned", "clamp") == "learned+clamp"
     with pytest.raises(ConfigError, match="unknown inference-time method"):
@@ -175,20 +174,16 @@ def test_attention_methods_are_set_for_the_length_and_compose():
     from eval.methods import method_spec
 
     model = sharp_model(position="rope", max_seq_len=8)
-    own = model.config.to_dict()
-    method_spec("selfextend").setup(model, own, 128, 8)
-    (selfextend,) = model.config.attention_methods
+    (selfextend,) = method_spec("selfextend").view(model, 128, 8).config.attention_methods
     group = selfextend["group"]
     assert selfextend["neighbors"] == 4 and 127 // group + 4 - 4 // group <= 7  # every distance below L
     assert 127 // (group - 1) + 4 - 4 // (group - 1) > 7  # and the smallest such group
-    method_spec("leaky_rerope").setup(model, own, 128, 8)
-    (leaky,) = model.config.attention_methods
+    (leaky,) = method_spec("leaky_rerope").view(model, 128, 8).config.attention_methods
     assert leaky["window"] == 4 and leaky["window"] + (128 - 1 - leaky["window"]) / leaky["k"] < 8
-    method_spec("yarn+logn").setup(model, own, 32, 8)
-    assert model.config.rope_scaling["factor"] == 4.0
-    assert model.config.attention_methods == [{"method": "logn", "base_length": 8}]
-    method_spec("yarn").setup(model, own, 32, 8)
-    assert model.config.attention_methods == []
+    both = method_spec("yarn+logn").view(model, 32, 8)
+    assert both.config.rope_scaling["factor"] == 4.0
+    assert both.config.attention_methods == [{"method": "logn", "base_length": 8}]
+    assert method_spec("yarn").view(model, 32, 8).config.attention_methods == []
     assert applies("sinks", "alibi") and not applies("sinks", "shaw") and not applies("rerope", "alibi")
     assert not applies("temperature", "rope") and applies("temperature", "rope", ["rope", "none"])
     assert not applies("sinks", "fire") and applies("yarn+logn", "rope", ["rope", "none"])
@@ -213,11 +208,20 @@ def test_evaluation_with_attention_methods_scores_every_length():
     assert model.config.attention_methods == []  # left as trained
 
 
-def test_clamp_keeps_the_learned_table():
+def test_clamp_gives_a_view_that_shares_the_learned_table():
     model = sharp_model(position="learned", max_seq_len=8)
-    table = model.position.table.weight.clone()
-    METHODS["clamp"].setup(model, model.config.to_dict(), 32, 8)
-    assert model.config.learned_clamp and torch.equal(model.position.table.weight, table)
+    view = METHODS["clamp"].view(model, 32, 8)
+    assert view.config.position_args["learned"]["clamp"] and not model.config.position_args["learned"]["clamp"]
+    assert view.position.table.weight is model.position.table.weight  # the same tensor, not a copy
+    assert all(a is b for a, b in zip(view.layers.parameters(), model.layers.parameters()))
+    ids = torch.arange(8)[None]
+    with torch.no_grad():
+        assert torch.equal(view(ids)[0], model(ids)[0])  # within the table the clamp changes nothing
+        model.position.table.weight[3] += 1.0  # a change to the model's weights is the view's too
+        assert torch.equal(view(ids)[0], model(ids)[0])
+    with pytest.raises(PositionRangeError):
+        model(torch.arange(9)[None])
+    assert view(torch.arange(12)[None])[0].shape == (1, 12, 97)
 
 
 def test_reference_stride_must_divide_the_trained_length():

@@ -95,7 +95,7 @@ def shaw_model(n_kv_heads: int = 2, clip: int = 16, std: float = 1.0) -> Transfo
     """A Shaw model whose key and value vectors are far from their initial near-zero values (a trained model's
     differ from distance to distance)."""
     model = Transformer(micro_config(position="shaw", n_kv_heads=n_kv_heads, max_seq_len=64,
-                                     shaw_max_distance=clip)).eval()
+                                     position_args={"shaw": {"max_distance": clip}})).eval()
     with torch.no_grad():
         for parameter in model.position.parameters():
             parameter.normal_(0.0, std)

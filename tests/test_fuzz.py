@@ -34,8 +34,10 @@ def fuzz(examples: int) -> settings:
 # Real keys (so that many inputs get past the key check and reach value validation) and some that are not.
 KEYS = ["model.dim", "model.n_layers", "model.n_heads", "model.n_kv_heads", "model.max_seq_len", "model.vocab_size",
         "model.position", "model.rope_scaling", "model.rope_theta", "model.dropout", "model.norm_eps",
-        "model.position_layers", "model.attention_window", "model.attention_methods", "model.rope_fraction",
-        "model.rope_p", "model.learned_max_positions", "model.t5_num_buckets", "model.fire_threshold",
+        "model.position_layers", "model.attention_window", "model.attention_methods",
+        "model.position_args", "model.position_args.rope.fraction", "model.position_args.rope.p",
+        "model.position_args.learned.max_positions", "model.position_args.t5.num_buckets",
+        "model.position_args.fire.threshold", "model.rope_p",
         "train.lr", "train.batch_size", "train.max_steps", "train.warmup_steps", "train.dtype", "train.keep_steps",
         "train.grad_clip", "train.eval_interval", "train.nonfinite", "train.seed", "data.dir", "data.val_fraction",
         "model.nope", "train", "x.y", "model.", ".dim", "model.dim.extra"]

@@ -120,12 +120,15 @@ def test_encodings_llama_cannot_express_are_refused(position, tokenizer, tmp_pat
     assert not (tmp_path / "hf").exists()
 
 
-@pytest.mark.parametrize("setting", [dict(rope_fraction=0.5), dict(rope_p=0.5), dict(position_layers=["rope", "none"]),
+@pytest.mark.parametrize("setting", [dict(position_args={"rope": {"fraction": 0.5}}),
+                                     dict(position_args={"rope": {"p": 0.5}}), dict(position_layers=["rope", "none"]),
                                      dict(attention_window=[8]), dict(attention_methods=[{"method": "logn"}])])
 def test_rope_variants_llama_cannot_express_are_refused(setting, tokenizer, tmp_path, capsys):
     make_checkpoint(tmp_path / "ours", tokenizer, **setting)
     assert export_main(["--checkpoint", str(tmp_path / "ours"), "--out", str(tmp_path / "hf")]) == 2
     name = next(iter(setting))
+    if name == "position_args":
+        name = "position_args.rope." + next(iter(setting[name]["rope"]))
     assert f"cannot export model.{name} = " in capsys.readouterr().err
     assert not (tmp_path / "hf").exists()
 

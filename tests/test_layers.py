@@ -21,9 +21,9 @@ def project_modules() -> dict[str, Path]:
     for package in RANK:
         folder = ROOT / package
         if folder.is_dir():
-            for path in sorted(folder.glob("*.py")):
-                name = package if path.stem == "__init__" else f"{package}.{path.stem}"
-                modules[name] = path
+            for path in sorted(folder.rglob("*.py")):  # sub-packages too (model/encodings/)
+                parts = [package, *path.relative_to(folder).with_suffix("").parts]
+                modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return modules
 
 

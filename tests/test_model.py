@@ -114,3 +114,18 @@ def test_loss_reductions_and_ignore_index():
 def test_model_config_errors_name_the_field(overrides, message):
     with pytest.raises(ConfigError, match=message):
         micro_config(**overrides)
+
+
+def test_a_view_under_other_settings_shares_the_weights_and_leaves_the_model_as_it_was():
+    from tests.conftest import micro_config
+
+    model = Transformer(micro_config(position="t5", max_seq_len=8)).eval()
+    before = model.config.to_dict()
+    view = model.with_settings(attention_methods=[{"method": "window", "window": 4}])
+    assert view is not model and view.config.attention_methods and not model.config.attention_methods
+    assert model.config.to_dict() == before and model.attention_methods == []
+    assert view.position.relative_attention_bias.weight is model.position.relative_attention_bias.weight
+    assert view.tok_embeddings is model.tok_embeddings and view.layers is model.layers
+    assert model.with_settings(position_args=before["position_args"]) is model  # nothing changes: the model itself
+    with pytest.raises(ConfigError, match="change the shape of its parameters"):
+        model.with_settings(position_args={"t5": {"num_buckets": 16}})

@@ -7,14 +7,16 @@ import model.attention as attention_module
 from errors import ConfigError, PositionRangeError
 from model import KVCache, StaticKVCache, Transformer
 from model.attention import Attention
-from model.position import POSITION_ENCODINGS, alibi_slopes, t5_bucket
+from model.encodings import POSITION_ENCODINGS
+from model.encodings.alibi import alibi_slopes
+from model.encodings.t5 import t5_bucket
 from tests.conftest import micro_config
 
 ENCODINGS = ["rope", "alibi", "t5", "shaw", "sinusoidal", "learned", "none", "fire", "kerple", "xpos", "cope"]
 # RoPE variants and layer hybrids (model.position_layers, model.attention_window) run the same battery.
 HYBRIDS = [
-    dict(position="rope", rope_fraction=0.5),  # partial rotary
-    dict(position="rope", rope_p=0.75),  # p-RoPE
+    dict(position="rope", position_args={"rope": {"fraction": 0.5}}),  # partial rotary
+    dict(position="rope", position_args={"rope": {"p": 0.75}}),  # p-RoPE
     dict(position="rope", position_layers=["rope", "none"]),  # iRoPE-style: every 2nd layer NoPE
     dict(position="rope", position_layers=["rope", "none"], attention_window=[6, 0]),  # RNoPE-SWA
     dict(position="alibi", attention_window=[5]),  # a sliding window on a bias encoding
@@ -98,7 +100,7 @@ def test_batch_equals_rows_alone(variant):
 # FIRE is shift-invariant while every query is below its threshold T (a query past T is normalised by its own
 # position, by design): T = 4096 here, past the shifted positions.
 RELATIVE = [dict(position="rope"), dict(position="alibi"), dict(position="t5"), dict(position="shaw"),
-            dict(position="kerple"), dict(position="xpos"), dict(position="fire", fire_threshold=4096)] + [
+            dict(position="kerple"), dict(position="xpos"), dict(position="fire", position_args={"fire": {"threshold": 4096}})] + [
     dict(position="rope", rope_scaling=s) for s in SCALED_ROPE if s["rope_type"] != "dynamic"
 ] + [variant for variant in HYBRIDS]
 
@@ -118,7 +120,8 @@ def test_relative_encodings_ignore_a_shift_of_all_positions(variant):
 
 @pytest.mark.parametrize("position", ["sinusoidal", "learned"])
 def test_absolute_encodings_do_change_with_a_shift(position):
-    model = Transformer(micro_config(position=position, learned_max_positions=64)).eval()
+    args = {"learned": {"max_positions": 64}} if position == "learned" else {}
+    model = Transformer(micro_config(position=position, position_args=args)).eval()
     idx = torch.randint(0, 97, (1, 16))
     with torch.no_grad():
         assert (model(idx)[0] - model(idx, positions=torch.arange(16)[None] + 20)[0]).abs().max() > 1e-3
@@ -174,7 +177,7 @@ def test_t5_buckets_match_transformers():
 
 
 def test_t5_table_is_shared_across_layers():
-    model = Transformer(micro_config(position="t5", n_layers=3, t5_num_buckets=8, t5_max_distance=20))
+    model = Transformer(micro_config(position="t5", n_layers=3, position_args={"t5": {"num_buckets": 8, "max_distance": 20}}))
     tables = [name for name, _ in model.named_parameters() if "relative_attention_bias" in name]
     assert tables == ["position.relative_attention_bias.weight"]
     assert model.position.relative_attention_bias.weight.shape == (8, 4)
@@ -182,7 +185,7 @@ def test_t5_table_is_shared_across_layers():
 
 def test_shaw_matches_direct_formula():
     """e_ij = q_i.(k_j + aK_ij)/sqrt(d), z_i = sum_j softmax(e)_ij (v_j + aV_ij), computed with loops."""
-    config = micro_config(position="shaw", n_kv_heads=4, shaw_max_distance=2)
+    config = micro_config(position="shaw", n_kv_heads=4, position_args={"shaw": {"max_distance": 2}})
     model = Transformer(config).eval()
     layer = model.layers[0].attention
     x = torch.randn(1, 7, config.dim)
@@ -224,7 +227,7 @@ def test_evaluation_at_16x_the_trained_length(variant):
     if variant["position"] == "learned":
         with pytest.raises(PositionRangeError, match="beyond the learned table of 32 positions"):
             model(idx)
-        config = micro_config(**variant, max_seq_len=32, learned_clamp=True)
+        config = micro_config(**variant, max_seq_len=32, position_args={"learned": {"clamp": True}})
         model = Transformer(config).eval()
     with torch.no_grad():
         _, loss = model(idx[:, :-1], idx[:, 1:])
@@ -234,7 +237,7 @@ def test_evaluation_at_16x_the_trained_length(variant):
 
 
 def test_learned_clamp_reuses_the_last_row():
-    model = Transformer(micro_config(position="learned", max_seq_len=8, learned_clamp=True)).eval()
+    model = Transformer(micro_config(position="learned", max_seq_len=8, position_args={"learned": {"clamp": True}})).eval()
     x = torch.zeros(1, 3, 64)
     out = model.position.embed(x, torch.tensor([[7, 8, 50]]))
     assert torch.equal(out[0, 0], out[0, 1]) and torch.equal(out[0, 1], out[0, 2])

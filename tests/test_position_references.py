@@ -9,15 +9,15 @@ import torch
 
 from errors import ConfigError
 from model import KVCache, StaticKVCache, Transformer
-from model.position_contextual import cope_positions
-from model.position_rotary import xpos_zeta
+from model.encodings.cope import cope_positions
+from model.encodings.rotary import xpos_zeta
 from tests.conftest import micro_config
 
 
 def attention_logits(model, layer_index, x, positions):
     """The (heads, time, time) pre-softmax logits of one layer, from its projections and encoding hooks."""
     layer = model.layers[layer_index].attention
-    encoding = model.encoding_of(model.config.layer_positions()[layer_index])
+    encoding = model.encoding_of(model.config.layer_encodings()[layer_index])
     state = encoding.prepare(positions, positions)
     time = x.shape[1]
     q = layer.q_proj(x).view(1, time, layer.n_heads, layer.head_dim).transpose(1, 2)
@@ -60,7 +60,7 @@ def test_kerple_is_shared_by_the_layers():
 
 
 def test_fire_bias_for_hand_set_weights_is_the_formula():
-    config = micro_config(position="fire", n_heads=2, fire_mlp_width=3, fire_threshold=6)
+    config = micro_config(position="fire", n_heads=2, position_args={"fire": {"mlp_width": 3, "threshold": 6}})
     model = Transformer(config)
     fire = model.position
     w1, b1 = torch.tensor([[1.5], [-2.0], [0.5]]), torch.tensor([0.1, 0.3, -0.2])
@@ -90,7 +90,7 @@ def test_fire_bias_for_hand_set_weights_is_the_formula():
 def test_fire_past_its_threshold_normalises_by_the_query_position():
     """Below T a shift changes nothing (tests/test_position.py); past T the normaliser is the query's position, so
     the same distance maps to a smaller input: the progressive interpolation."""
-    model = Transformer(micro_config(position="fire", fire_threshold=8))
+    model = Transformer(micro_config(position="fire", position_args={"fire": {"threshold": 8}}))
     fire = model.position
     near, far = torch.tensor([[4, 6]]), torch.tensor([[100, 102]])
     u_near = fire.normalized_distance(fire.prepare(near, near), 0, slice(None), slice(None))
@@ -101,7 +101,7 @@ def test_fire_past_its_threshold_normalises_by_the_query_position():
 
 def test_fire_keeps_torch_default_mlp_initialisation():
     """The reference keeps nn.Linear's default init; the model's normal(0, 0.02) would make f ~ 0."""
-    model = Transformer(micro_config(position="fire", fire_mlp_width=32))
+    model = Transformer(micro_config(position="fire", position_args={"fire": {"mlp_width": 32}}))
     first = model.position.mlps["0"][0].weight  # Linear(1, 32): U(-1, 1)
     assert first.abs().max() > 0.5 and first.abs().max() <= 1.0
 
@@ -110,7 +110,7 @@ def test_fire_keeps_torch_default_mlp_initialisation():
 def test_xpos_scores_are_rope_scores_times_the_decay(layout):
     """For every pair i alone: xpos score(n, m) = rope score(n, m) * zeta_i^((n - m) / gamma)."""
     rope = Transformer(micro_config(position="rope", rope_layout=layout)).eval()
-    xpos = Transformer(micro_config(position="xpos", rope_layout=layout, xpos_scale_base=20.0)).eval()
+    xpos = Transformer(micro_config(position="xpos", rope_layout=layout, position_args={"xpos": {"scale_base": 20.0}})).eval()
     head_dim = rope.config.head_dim
     zeta = xpos_zeta(head_dim)
     # torchscale's XPOS: scale = (arange(0, d, 2) + 0.4 d) / (1.4 d), here d = 16, written out.
@@ -136,8 +136,8 @@ def test_xpos_scores_are_rope_scores_times_the_decay(layout):
 def test_xpos_refuses_positions_whose_scale_would_overflow():
     from errors import PositionRangeError
 
-    model = Transformer(micro_config(position="xpos", xpos_scale_base=8.0)).eval()
-    with pytest.raises(PositionRangeError, match="xpos_scale_base"):
+    model = Transformer(micro_config(position="xpos", position_args={"xpos": {"scale_base": 8.0}})).eval()
+    with pytest.raises(PositionRangeError, match="position_args.xpos.scale_base"):
         model(torch.zeros(1, 2, dtype=torch.long), positions=torch.tensor([[10_000, 10_001]]))
 
 
@@ -151,7 +151,7 @@ def test_cope_positions_on_a_hand_computed_example():
 def test_cope_attention_is_the_reference_formula():
     """The layer's output equals the reference's computation written as loops: gates sigmoid(q.k/sqrt(d)),
     positions summed from j to i, e interpolated between floor and ceil, logits (q.k + q.e[p]) / sqrt(d)."""
-    config = micro_config(position="cope", n_kv_heads=4, cope_positions=5)
+    config = micro_config(position="cope", n_kv_heads=4, position_args={"cope": {"positions": 5}})
     model = Transformer(config).eval()
     with torch.no_grad():
         model.position.embeddings.normal_(0.0, 1.0)
@@ -188,14 +188,14 @@ def test_cope_ignores_token_positions_entirely():
         assert torch.equal(model(idx)[0], model(idx, positions=torch.arange(16)[None] * 7 + 3)[0])
 
 
-@pytest.mark.parametrize("variant", [dict(rope_fraction=0.5), dict(rope_p=0.5), dict(rope_fraction=0.5, rope_p=0.5)])
+@pytest.mark.parametrize("variant", [{"fraction": 0.5}, {"p": 0.5}, {"fraction": 0.5, "p": 0.5}])
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 def test_non_rotated_dimensions_carry_no_position(variant, layout):
     """Scores are invariant to any positions (not only shifts) when only the non-rotated dimensions are set."""
-    model = Transformer(micro_config(position="rope", rope_layout=layout, **variant)).eval()
+    model = Transformer(micro_config(position="rope", rope_layout=layout, position_args={"rope": variant})).eval()
     encoding, head_dim = model.position, model.config.head_dim
     rotated = torch.zeros(head_dim, dtype=torch.bool)
-    if "rope_fraction" in variant:
+    if "fraction" in variant:
         rotated[: encoding.rotary_dim] = True
     frequencies = torch.cat((encoding.inv_freq, encoding.inv_freq)) if layout == "half" \
         else encoding.inv_freq.repeat_interleave(2)
@@ -218,7 +218,7 @@ def test_non_rotated_dimensions_carry_no_position(variant, layout):
 
 
 def test_p_rope_keeps_the_highest_frequencies():
-    model = Transformer(micro_config(position="rope", rope_p=0.25))  # head_dim 16: 8 frequencies, keep 2
+    model = Transformer(micro_config(position="rope", position_args={"rope": {"p": 0.25}}))  # head_dim 16: 8 frequencies, keep 2
     plain = Transformer(micro_config(position="rope"))
     assert torch.equal(model.position.inv_freq[:2], plain.position.inv_freq[:2])
     assert torch.all(model.position.inv_freq[2:] == 0)
@@ -229,7 +229,7 @@ def test_partial_rotary_matches_gpt_neox_in_transformers():
     from transformers import GPTNeoXConfig
     from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXRotaryEmbedding, apply_rotary_pos_emb
 
-    model = Transformer(micro_config(position="rope", rope_fraction=0.25, rope_theta=500.0))
+    model = Transformer(micro_config(position="rope", position_args={"rope": {"fraction": 0.25}}, rope_theta=500.0))
     neox = GPTNeoXConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=64, rope_parameters={
         "rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.25})
     rotary = GPTNeoXRotaryEmbedding(neox)
@@ -293,7 +293,7 @@ def test_hybrid_keeps_the_primary_encodings_parameter_names():
     names = {name.split(".")[0] + "." + name.split(".")[1] for name, _ in model.named_parameters()
              if name.startswith(("position.", "layer_positions."))}
     assert names == {"position.relative_attention_bias", "layer_positions.fire"}
-    assert model.config.layer_positions() == ["t5", "fire"]
+    assert model.config.layer_encodings() == ["t5", "fire"]
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -304,12 +304,18 @@ def test_hybrid_keeps_the_primary_encodings_parameter_names():
     (dict(position_layers=["rope", "ropey"]), "unknown encoding"),
     (dict(position_layers=["rope", 3]), "must hold encoding names"),
     (dict(attention_window=[-1]), "integers >= 0"),
-    (dict(position="alibi", rope_fraction=0.5), "apply to rotary encodings"),
-    (dict(rope_fraction=0.01), "even number >= 2"),
-    (dict(rope_p=1.5), "rope_p in \\[0, 1\\]"),
-    (dict(position="xpos", xpos_scale_base=0.0), "xpos_scale_base must be positive"),
-    (dict(position="cope", cope_positions=1), "cope_positions >= 2"),
-    (dict(position="fire", fire_mlp_width=0), "fire_mlp_width >= 1"),
+    (dict(position="alibi", position_args={"rope": {"fraction": 0.5}}), "settings for \\['rope'\\], which this model "
+                                                                       "does not use"),
+    (dict(position="alibi", position_args={"alibi": {"slope": 0.5}}), "alibi has no settings of its own"),
+    (dict(position_args={"rope": {"fractions": 0.5}}), "position_args.rope: unknown setting\\(s\\) \\['fractions'\\]"),
+    (dict(position_args={"rope": {"fraction": "half"}}), "position_args.rope.fraction: expected float"),
+    (dict(position_args={"rope": {"fraction": 0.01}}), "even number >= 2"),
+    (dict(position_args={"rope": {"p": 1.5}}), "p in \\[0, 1\\]"),
+    (dict(position="xpos", position_args={"xpos": {"scale_base": 0.0}}), "xpos.scale_base must be positive"),
+    (dict(position="cope", position_args={"cope": {"positions": 1}}), "cope.positions: cope needs at least 2"),
+    (dict(position="fire", position_args={"fire": {"mlp_width": 0}}), "fire needs mlp_width >= 1"),
+    (dict(position_args=[1]), "model.position_args: expected dict"),
+    (dict(position_args={"rope": 0.5}), "a table of settings per encoding"),
 ])
 def test_bad_layer_and_variant_settings_are_named(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -345,11 +351,11 @@ def test_every_parameter_of_a_hybrid_gets_a_gradient(layers):
 
 
 def test_xpos_refuses_a_trained_length_whose_scale_would_overflow_and_accepts_the_limit():
-    from model.position_rotary import xpos_position_limit
+    from model.encodings.rotary import xpos_position_limit
 
-    limit = xpos_position_limit(micro_config(position="xpos", xpos_scale_base=8.0))
+    limit = xpos_position_limit(8.0, micro_config(position="xpos").head_dim)
     assert 0 < limit < 10_000
     with pytest.raises(ConfigError, match="raise the scale base"):
-        Transformer(micro_config(position="xpos", xpos_scale_base=8.0, max_seq_len=limit + 1))
-    model = Transformer(micro_config(position="xpos", xpos_scale_base=8.0, max_seq_len=limit)).eval()
+        Transformer(micro_config(position="xpos", position_args={"xpos": {"scale_base": 8.0}}, max_seq_len=limit + 1))
+    model = Transformer(micro_config(position="xpos", position_args={"xpos": {"scale_base": 8.0}}, max_seq_len=limit)).eval()
     assert torch.isfinite(model(torch.zeros(1, 2, dtype=torch.long), positions=torch.tensor([[0, limit]]))[0]).all()

@@ -87,7 +87,7 @@ def test_too_many_skips_stop(prepared_data, tmp_path):
 
 def test_sequence_length_beyond_a_learned_table_is_a_config_error():
     with pytest.raises(ConfigError, match=r"max_seq_len \(64\) is beyond the learned table of 32 positions"):
-        micro_config(position="learned", max_seq_len=64, learned_max_positions=32)
+        micro_config(position="learned", max_seq_len=64, position_args={"learned": {"max_positions": 32}})
 
 
 @pytest.mark.integration  # trains a run, ~20 s

@@ -138,15 +138,15 @@ def test_inference_time_scaling_switch():
     model = Transformer(micro_config(max_seq_len=16)).eval()
     idx = torch.randint(0, 97, (1, 40))
     plain = model(idx)[0]
-    model.set_rope_scaling({"rope_type": "yarn", "factor": 4.0})
-    assert model.config.rope_scaling["original_max_position_embeddings"] == 16
-    scaled = model(idx)[0]
+    yarn = model.with_rope_scaling({"rope_type": "yarn", "factor": 4.0})
+    assert yarn.config.rope_scaling["original_max_position_embeddings"] == 16 and model.config.rope_scaling is None
+    scaled = yarn(idx)[0]
     assert (plain - scaled).abs().max() > 1e-3
-    model.set_rope_scaling(None)
-    assert torch.equal(model(idx)[0], plain)
+    assert torch.equal(model(idx)[0], plain)  # the model itself is unchanged
+    assert torch.equal(yarn.with_rope_scaling(None)(idx)[0], plain)
     alibi = Transformer(micro_config(position="alibi"))
     with pytest.raises(ConfigError, match="rope scaling applies to RoPE checkpoints"):
-        alibi.set_rope_scaling({"rope_type": "linear", "factor": 2.0})
+        alibi.with_rope_scaling({"rope_type": "linear", "factor": 2.0})
 
 
 def test_an_extended_checkpoint_keeps_its_original_length_under_a_new_scaling():
@@ -162,15 +162,14 @@ def test_an_extended_checkpoint_keeps_its_original_length_under_a_new_scaling():
     idx = torch.randint(0, extended.vocab_size, (1, 64))
     with torch.no_grad():
         as_trained = model(idx)[0]
-        own = model.config.to_dict()
-        METHODS["yarn"].setup(model, own, 64, 64)
-        assert model.config.rope_scaling == extended.rope_scaling
-        assert torch.allclose(model(idx)[0], as_trained, atol=1e-6)
-        METHODS["yarn"].setup(model, own, 256, 64)
-        assert model.config.rope_scaling["factor"] == 16.0
-        assert model.config.rope_scaling["original_max_position_embeddings"] == 16
-    model.set_rope_scaling({"rope_type": "yarn", "factor": 8.0})
-    assert model.config.rope_scaling["original_max_position_embeddings"] == 16
+        at_64 = METHODS["yarn"].view(model, 64, 64)
+        assert at_64.config.rope_scaling == extended.rope_scaling
+        assert torch.allclose(at_64(idx)[0], as_trained, atol=1e-6)
+        at_256 = METHODS["yarn"].view(model, 256, 64)
+        assert at_256.config.rope_scaling["factor"] == 16.0
+        assert at_256.config.rope_scaling["original_max_position_embeddings"] == 16
+    assert model.with_rope_scaling({"rope_type": "yarn", "factor": 8.0}).config.rope_scaling[
+        "original_max_position_embeddings"] == 16
 
 
 def test_transformers_default_is_no_scaling_in_pelab():

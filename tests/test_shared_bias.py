@@ -3,7 +3,7 @@ building it in every layer."""
 import pytest
 import torch
 
-import model.position as position_module
+import model.encodings.t5 as t5_module
 from model.config import ModelConfig
 from model.transformer import Transformer
 
@@ -26,7 +26,7 @@ def test_one_forward_builds_the_t5_bias_once_with_the_same_logits_and_gradients(
         model.position.relative_attention_bias.weight.normal_()
     idx, targets = torch.randint(0, 64, (2, 32)), torch.randint(0, 64, (2, 32))
     shared_logits, shared_grads, shared_calls = run(model, idx, targets)
-    monkeypatch.setattr(position_module, "SHARED_BIAS_ELEMENTS", 0)  # nothing kept: every layer builds its own
+    monkeypatch.setattr(t5_module, "SHARED_BIAS_ELEMENTS", 0)  # nothing kept: every layer builds its own
     logits, grads, calls = run(model, idx, targets)
     assert (shared_calls, calls) == (1, 3)
     assert torch.allclose(shared_logits, logits, atol=1e-6)
@@ -42,6 +42,7 @@ def test_a_learned_bias_trains_through_explicit_attention_with_the_same_logits_a
     speed): the logits and every parameter's gradient equal those of the SDPA route, with chunks smaller than the
     sequence so that their stitching is covered too."""
     import model.attention as attention_module
+    import model.attention_path as attention_path
 
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16,
@@ -66,7 +67,7 @@ def test_a_learned_bias_trains_through_explicit_attention_with_the_same_logits_a
                         lambda *args, **kwargs: sdpa_calls.append(1) or sdpa(*args, **kwargs))
     explicit_logits, explicit_grads = logits_and_grads()
     assert not sdpa_calls  # the explicit steps were taken
-    monkeypatch.setattr(attention_module, "LEARNED_BIAS_EXPLICIT", False)
+    monkeypatch.setattr(attention_path, "LEARNED_BIAS_EXPLICIT", False)
     sdpa_logits, sdpa_grads = logits_and_grads()
     assert sdpa_calls  # ... and here SDPA's mask route
     assert torch.allclose(explicit_logits, sdpa_logits, atol=1e-5, rtol=0)

@@ -162,8 +162,7 @@ def test_extend_records_the_scaling_and_original_length(prepared_data, tmp_path)
     assert state["task"] == "extend" and state["extended_from"] == 16 and trained_length(out) == 64
     assert state["tokens_seen"] == 4 * 4 * 64
     # Step 0 of the extension is the short model with YaRN at inference time, at the new length.
-    short = load_model(tmp_path / "short")
-    short.set_rope_scaling({"rope_type": "yarn", "factor": 4.0})
+    short = load_model(tmp_path / "short").with_rope_scaling({"rope_type": "yarn", "factor": 4.0})
     batches = PretrainBatches(prepared_data, 64, 4, 1337, 1)
     from train.loop import evaluate_loss
 
@@ -249,15 +248,18 @@ def test_each_encoding_of_a_hybrid_gets_its_own_group_and_constraints_hold(prepa
 
 
 def test_a_run_saved_before_newer_model_settings_resumes(prepared_data, tmp_path):
-    """trainer_state.json written before model settings were added (here: rope_fraction ... attention_window)
-    still resumes: missing settings take their defaults."""
+    """trainer_state.json written before model settings were added (here: position_layers, attention_window) and
+    before model.position_args (the encodings' settings as flat keys, rope_fraction and rope_p for this RoPE run,
+    t5_max_distance for an encoding it does not use) still resumes: missing settings take their defaults, the flat
+    ones are read as the position_args they were."""
     out = tmp_path / "run"
     train(make_config(prepared_data, out, "--train.max_steps=2"), prepared_data)
     state_path = out / "trainer_state.json"
     state = json.loads(state_path.read_text())
-    for key in ("rope_fraction", "rope_p", "xpos_scale_base", "fire_mlp_width", "fire_threshold", "cope_positions",
-                "position_layers", "attention_window"):
-        del state["run_config"]["model"][key]
+    model = state["run_config"]["model"]
+    for key in ("position_args", "position_layers", "attention_window"):
+        del model[key]
+    model.update(rope_fraction=1.0, rope_p=1.0, t5_max_distance=128)
     state_path.write_text(json.dumps(state))
     train(make_config(prepared_data, out, "--train.max_steps=4"), prepared_data, resume=True)
     assert load_trainer_state(out)["step"] == 4

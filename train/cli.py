@@ -74,13 +74,14 @@ def resolve_resume(requested: RunConfig, overrides: list[str], resume: bool) -> 
         print(f"note: --resume: {out} holds no checkpoint yet (the run stopped before its first save); "
               "starting it from the beginning", file=sys.stderr)
         return requested, False
-    saved = build_run_config(copy.deepcopy(load_trainer_state(out).get("run_config", {})), f"{out} (saved run)")
+    saved = build_run_config(copy.deepcopy(load_trainer_state(out).get("run_config", {})), f"{out} (saved run)",
+                             saved=True)
     values, wanted = saved.to_dict(), requested.to_dict()
     values["out"]["dir"] = wanted["out"]["dir"]  # the folder resumed is the run, wherever it was first written
     explicit = dict.fromkeys(override[2:].split("=", 1)[0] for override in overrides if override.startswith("--"))
     refused, applied = [], []
     for dotted in explicit:
-        section, key = dotted.split(".", 1)
+        section, key = dotted.split(".")[:2]  # a key of a table (model.position_args.t5.max_distance): the table
         if section not in values or key not in values[section] or values[section][key] == wanted[section][key]:
             continue
         if dotted in RESUME_CHANGEABLE:

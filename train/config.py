@@ -124,22 +124,35 @@ SECTION_CLASSES = {"model": ModelConfig, "data": DataConfig, "train": TrainConfi
                    "runtime": RuntimeConfig}
 
 
+def set_dotted(values: dict[str, Any], dotted: str, value: Any, where: str) -> None:
+    """values[section][key] = value for dotted = "section.key"; a longer name sets a key of a table
+    ("model.position_args.t5.max_distance"), creating the tables on the way."""
+    section, *names = dotted.split(".")
+    if not names or not all([section, *names]):
+        raise ConfigError(f"{where}: {dotted!r} must look like section.key")
+    table, path = values, ""
+    for name in [section, *names[:-1]]:
+        path = f"{path}.{name}" if path else name
+        table = table.setdefault(name, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where}: [{path}] must be a table of keys, got {table!r}; cannot set {dotted}")
+    table[names[-1]] = value
+
+
 def apply_overrides(values: dict[str, dict[str, Any]], overrides: list[str]) -> None:
     for override in overrides:
         if not override.startswith("--") or "=" not in override or "." not in override.split("=", 1)[0]:
             raise ConfigError(f"override {override!r} must look like --section.key=value (e.g. --train.lr=1e-3)")
         key, text = override[2:].split("=", 1)
-        section, name = key.split(".", 1)
+        section = key.split(".")[0]
         if section not in SECTION_CLASSES:
             raise ConfigError(f"override {override!r}: unknown section {section!r}; valid: {list(SECTION_CLASSES)}")
-        table = values.setdefault(section, {})
-        if not isinstance(table, dict):
-            raise ConfigError(f"[{section}] must be a table of keys (section.key = value), got {table!r}; "
-                              f"cannot apply {override!r}")
-        table[name] = parse_override_value(text)
+        set_dotted(values, key, parse_override_value(text), f"override {override!r}")
 
 
-def build_run_config(values: dict[str, Any], where: str = "config") -> RunConfig:
+def build_run_config(values: dict[str, Any], where: str = "config", saved: bool = False) -> RunConfig:
+    """The run config of `values` (by section); saved=True: a run's own saved settings, which may spell the
+    encodings' settings as configs did before model.position_args (user input may not)."""
     unknown = sorted(set(values) - set(SECTION_CLASSES))
     if unknown:
         raise ConfigError(f"{where}: unknown section(s) {unknown}; valid sections are {list(SECTION_CLASSES)}")
@@ -148,7 +161,10 @@ def build_run_config(values: dict[str, Any], where: str = "config") -> RunConfig
         section = values.get(name, {})
         if not isinstance(section, dict):
             raise ConfigError(f"{where}: [{name}] must be a table of keys")
-        sections[name] = build_dataclass(cls, section, name)
+        if cls is ModelConfig:
+            sections[name] = ModelConfig.from_saved(section) if saved else ModelConfig.from_dict(section)
+        else:
+            sections[name] = build_dataclass(cls, section, name)
     return RunConfig(**sections)
 
 

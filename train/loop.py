@@ -149,7 +149,7 @@ def check_out_dir(config: RunConfig, resume: bool) -> Path:
             raise ConfigError(f"--resume: {out} holds no checkpoint to resume from")
         saved = load_trainer_state(out).get("run_config", {}).get("model")
         if saved is not None:  # through the dataclass, so settings added since the save take their defaults
-            saved = ModelConfig.from_dict(saved).to_dict()
+            saved = ModelConfig.from_saved(saved).to_dict()
         if saved is not None and saved != config.model.to_dict():
             changed = sorted(key for key in saved if saved.get(key) != config.model.to_dict().get(key))
             raise ConfigError(

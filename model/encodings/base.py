@@ -1,4 +1,4 @@
-"""The position-encoding plug-in interface: the registry, the base class and its hooks.
+"""The position-encoding plug-in interface: the base class, its hooks, and an encoding's own settings.
 
 Hooks (each has a do-nothing default):
   embed(x, positions)                       absolute encodings add to the token embeddings
@@ -24,33 +24,33 @@ Hooks (each has a do-nothing default):
   constrain_()                              projects the encoding's parameters back onto their domain; the
                                             training loop calls it after every optimizer step (KERPLE's r1, r2 > 0)
 
-Capabilities the attention reads: `has_score_bias`, `bias_needs_scores`, `has_value_term`, `caches_rotated_keys`,
-`relative_only`, `clipped_distance`.
+Capabilities the attention path reads (model/attention_path.py): `has_score_bias`, `bias_needs_scores`,
+`has_value_term`, `caches_rotated_keys`, `relative_only`, `clipped_distance`.
 `per_layer` is False for encodings that act on the whole model (absolute ones, through `embed`): those cannot be
-mixed with others layer by layer. New encodings register with `@register("name")`.
+mixed with others layer by layer.
+
+Settings: an encoding with settings of its own declares them as a dataclass `Settings` (subclass of
+EncodingSettings); a model gives them as `model.position_args.NAME` (e.g. `--model.position_args.t5.max_distance=64`),
+ModelConfig has them checked and completed by the class (model/plugins.py), and the encoding reads them as
+`self.settings`. `check_config(config)` refuses model shapes the encoding cannot work with. New encodings live in a
+file of their own under model/encodings/ and register with `@register("name")`; the package lists the files.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
+from errors import ConfigError
+from model.config import check_field_types
+
 if TYPE_CHECKING:
     from model.config import ModelConfig
 
-POSITION_ENCODINGS: dict[str, type["PositionEncoding"]] = {}
-
 ALL = slice(None)
-
-
-def register(name: str) -> Callable[[type["PositionEncoding"]], type["PositionEncoding"]]:
-    def decorator(cls: type["PositionEncoding"]) -> type["PositionEncoding"]:
-        POSITION_ENCODINGS[name] = cls
-        return cls
-
-    return decorator
 
 
 @dataclass
@@ -65,8 +65,46 @@ class Positions:
         return self.keys[:, None, keys] - self.queries[:, rows, None]
 
 
+@dataclass
+class EncodingSettings:
+    """Base of an encoding's own settings (model.position_args.NAME): typed fields with defaults. Subclasses
+    refuse values they cannot take in `check`, and may fill in defaults that depend on the model (0 = derived from
+    max_seq_len, say) in `complete`, so that a saved config holds numbers that a later change of the model (an
+    extension) cannot move."""
+
+    def check(self, config: "ModelConfig", where: str) -> None:
+        """Raise ConfigError naming `where`.FIELD for a value this encoding cannot take."""
+
+    def complete(self, config: "ModelConfig") -> None:
+        """Replace derived defaults by their values for `config`."""
+
+
+def settings_from(cls: type[EncodingSettings], values: Any, config: "ModelConfig", where: str) -> EncodingSettings:
+    """`values` (a table of model.position_args) as `cls`, type-checked, checked and completed."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where} must be a table of settings, got {values!r}")
+    valid = [field.name for field in dataclasses.fields(cls)]
+    unknown = sorted(set(values) - set(valid))
+    if unknown:
+        raise ConfigError(f"{where}: unknown setting(s) {unknown}; valid settings are {valid}")
+    settings = cls(**values)
+    check_field_types(settings, where)
+    settings.check(config, where)
+    settings.complete(config)
+    return settings
+
+
 class PositionEncoding(nn.Module):
     """Base class: no position information at all."""
+
+    name: ClassVar[str] = ""  # the registered name (model/encodings/__init__.py sets it)
+    Settings: ClassVar[type[EncodingSettings] | None] = None  # this encoding's own settings, if it has any
+    # Flat ModelConfig keys that held these settings in checkpoints written before model.position_args, mapped
+    # to their Settings field; a saved config is migrated with them (model/plugins.py), user input is not.
+    legacy_keys: ClassVar[dict[str, str]] = {}
+    # ModelConfig fields beyond the shape that this encoding reads (RoPE: rope_theta, rope_layout, rope_scaling);
+    # model.rope_scaling is refused for a model whose model.position does not read it.
+    model_settings: ClassVar[tuple[str, ...]] = ()
 
     has_score_bias = False
     bias_needs_scores = False
@@ -85,11 +123,17 @@ class PositionEncoding(nn.Module):
     def __init__(self, config: "ModelConfig") -> None:
         super().__init__()
         self.config = config
+        # ModelConfig has checked and completed those of the encodings it uses: building them again only gives
+        # them their type. An encoding built for a config that does not list it (an analysis) takes its defaults.
+        self.settings: Any = None
+        if self.Settings is not None:
+            values = config.position_args.get(self.name)
+            self.settings = self.Settings(**values) if values is not None else \
+                settings_from(self.Settings, {}, config, f"model.position_args.{self.name}")
 
     def layers_using(self) -> list[int]:
         """The indices of the layers that use this encoding (all layers, unless model.position_layers mixes)."""
-        return [index for index, name in enumerate(self.config.layer_positions())
-                if POSITION_ENCODINGS[name] is type(self)]
+        return [index for index, name in enumerate(self.config.layer_encodings()) if name == self.name]
 
     def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 (torch's signature)
         """Moving or casting the model moves these buffers but keeps them float32: a bf16 inv_freq is a phase error
@@ -101,8 +145,9 @@ class PositionEncoding(nn.Module):
         return module
 
     @classmethod
-    def validate(cls, config: "ModelConfig") -> None:
-        """Raise ConfigError for settings this encoding cannot work with."""
+    def check_config(cls, config: "ModelConfig") -> None:
+        """Raise ConfigError for a model (shape, model-level settings) this encoding cannot work with; its own
+        settings, checked already, are config.position_args[cls.name]."""
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return x

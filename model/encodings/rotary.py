@@ -1,15 +1,15 @@
-"""Rotary encodings: RoPE (with partial rotary and p-RoPE) and xPos.
+"""Rotary encodings: rope (with partial rotary and p-RoPE) and xpos.
 
-    rope   Su et al. 2021, with an optional scaling from model.rope.ROPE_SCALINGS.
-           model.rope_fraction < 1: partial rotary (GPT-NeoX `rotary_pct`, transformers' `partial_rotary_factor`):
+    rope   Su et al. 2021, with an optional scaling from model.rope.ROPE_SCALINGS (model.rope_scaling).
+           Settings (model.position_args.rope): fraction < 1: partial rotary (GPT-NeoX `rotary_pct`, transformers' `partial_rotary_factor`):
            only the first round(fraction * head_dim) dimensions of each head rotate, with frequencies over that
            many dimensions; the rest carry no position.
-           model.rope_p < 1: p-RoPE (Barbero et al., ICLR 2025): the lowest-frequency fraction 1 - p of the
+           p < 1: p-RoPE (Barbero et al., ICLR 2025): the lowest-frequency fraction 1 - p of the
            frequencies is set to zero, so those dimensions carry no position (0-RoPE is NoPE, 1-RoPE is RoPE).
     xpos   Sun et al. 2022: RoPE whose pair i is scaled by zeta_i^(n / gamma) on the query at position n and by
            zeta_i^(-m / gamma) on the key at position m, so a score carries zeta_i^((n - m) / gamma), a decay with
-           distance; zeta_i = (2i + 0.4 d) / (1.4 d) and gamma = model.xpos_scale_base, as in torchscale's XPOS.
-           With rope_p < 1 the pairs that no longer rotate keep their decay (a distance signal, not a rotation).
+           distance; zeta_i = (2i + 0.4 d) / (1.4 d) and gamma = the `scale_base` setting, as in torchscale's XPOS.
+           With p < 1 the pairs that no longer rotate keep their decay (a distance signal, not a rotation).
 """
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from errors import ConfigError, PositionRangeError
-from model.position_base import PositionEncoding, register
+from model.encodings import register
+from model.encodings.base import EncodingSettings, PositionEncoding
 from model.rope import LENGTH_DEPENDENT_SCALINGS, ROPE_SCALINGS, apply_rope, rope_cos_sin
 
 if TYPE_CHECKING:
@@ -34,10 +35,27 @@ class RopeState:
     k_sin: torch.Tensor
 
 
-def rotary_dim(config: "ModelConfig") -> int:
-    """The number of dimensions of each head that rotate: int(rope_fraction * head_dim), as GPT-NeoX and
-    transformers round it."""
-    return int(config.rope_fraction * config.head_dim + 1e-9)
+def rotary_dim(fraction: float, head_dim: int) -> int:
+    """The number of dimensions of each head that rotate: int(fraction * head_dim), as GPT-NeoX and transformers
+    round it."""
+    return int(fraction * head_dim + 1e-9)
+
+
+@dataclass
+class RotarySettings(EncodingSettings):
+    # Partial rotary (GPT-NeoX rotary_pct, transformers' partial_rotary_factor): the first fraction of each head
+    # rotates, the rest carries no position.
+    fraction: float = 1.0
+    # p-RoPE (Barbero et al., ICLR 2025): the lowest-frequency fraction 1 - p of the frequencies is set to zero.
+    p: float = 1.0
+
+    def check(self, config: "ModelConfig", where: str) -> None:
+        if not 0 < self.fraction <= 1 or not 0 <= self.p <= 1:
+            raise ConfigError(f"{where}: fraction must be in (0, 1] and p in [0, 1], got {self.fraction} and {self.p}")
+        rotated = rotary_dim(self.fraction, config.head_dim)
+        if rotated < 2 or rotated % 2:
+            raise ConfigError(f"{where}.fraction = {self.fraction} rotates {rotated} of the {config.head_dim} "
+                              "dimensions of a head; it must give an even number >= 2")
 
 
 def keep_highest_frequencies(inv_freq: torch.Tensor, p: float) -> torch.Tensor:
@@ -50,12 +68,16 @@ def keep_highest_frequencies(inv_freq: torch.Tensor, p: float) -> torch.Tensor:
 @register("rope")
 class RoPE(PositionEncoding):
     """Rotary embedding (Su et al. 2021) with an optional scaling from model.rope.ROPE_SCALINGS, partial rotary
-    (model.rope_fraction) and p-RoPE (model.rope_p).
+    (the `fraction` setting) and p-RoPE (`p`). It reads the model-level rope_theta, rope_layout and rope_scaling
+    (transformers' names, shared with the Hugging Face mapping and the scaling methods).
 
     transformers' convention: cos and sin are multiplied by the attention factor, so q and k are each
     scaled by it and the logits by its square (YaRN's sqrt(1/t) on q and k). It is applied once, here.
     """
 
+    Settings = RotarySettings
+    legacy_keys = {"rope_fraction": "fraction", "rope_p": "p"}
+    model_settings = ("rope_theta", "rope_layout", "rope_scaling")
     key_tables_differ = False  # keys use the queries' tables at the same positions
     exact_buffers = ("inv_freq",)
 
@@ -64,29 +86,25 @@ class RoPE(PositionEncoding):
         self.scaling = config.rope_scaling or {"rope_type": "default"}
         self.scaling_name = self.scaling["rope_type"]
         self.init_fn = ROPE_SCALINGS[self.scaling_name]
-        self.rotary_dim = rotary_dim(config)
+        self.rotary_dim = rotary_dim(self.settings.fraction, config.head_dim)
         # Dynamic NTK changes the base with the length, so keys are cached raw and rotated at every step.
         self.caches_rotated_keys = self.scaling_name not in LENGTH_DEPENDENT_SCALINGS
         inv_freq, attention_factor = self.init_fn(self.rotary_dim, config.rope_theta, self.scaling, None)
         # Derived from the config, so not saved with the weights (rebuilt on load).
-        self.register_buffer("inv_freq", keep_highest_frequencies(inv_freq, config.rope_p), persistent=False)
+        self.register_buffer("inv_freq", keep_highest_frequencies(inv_freq, self.settings.p), persistent=False)
         self.attention_factor = attention_factor
 
     @classmethod
-    def validate(cls, config: "ModelConfig") -> None:
+    def check_config(cls, config: "ModelConfig") -> None:
         if config.head_dim % 2:
-            raise ConfigError(f"rope needs an even head_dim, got {config.head_dim} (dim / n_heads)")
-        rotated = rotary_dim(config)
-        if rotated < 2 or rotated % 2:
-            raise ConfigError(f"model.rope_fraction = {config.rope_fraction} rotates {rotated} of the "
-                              f"{config.head_dim} dimensions of a head; it must give an even number >= 2")
+            raise ConfigError(f"{cls.name} needs an even head_dim, got {config.head_dim} (dim / n_heads)")
 
     def frequencies(self, k_positions: torch.Tensor) -> tuple[torch.Tensor, float]:
         if self.caches_rotated_keys:
             return self.inv_freq, self.attention_factor
         seq_len = int(k_positions.max()) + 1
         inv_freq, attention_factor = self.init_fn(self.rotary_dim, self.config.rope_theta, self.scaling, seq_len)
-        return keep_highest_frequencies(inv_freq, self.config.rope_p).to(k_positions.device), attention_factor
+        return keep_highest_frequencies(inv_freq, self.settings.p).to(k_positions.device), attention_factor
 
     def tables(self, inv_freq: torch.Tensor, positions: torch.Tensor, attention_factor: float,
                keys: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -126,10 +144,24 @@ def xpos_zeta(rotated: int) -> torch.Tensor:
 XPOS_MAX_LOG_SCALE = 80.0
 
 
-def xpos_position_limit(config: "ModelConfig") -> int:
-    """The largest position whose xPos key scale stays below e^XPOS_MAX_LOG_SCALE."""
-    smallest_log_zeta = float(torch.log(xpos_zeta(rotary_dim(config))).min())
-    return int(XPOS_MAX_LOG_SCALE * config.xpos_scale_base / -smallest_log_zeta)
+def xpos_position_limit(scale_base: float, rotated: int) -> int:
+    """The largest position whose xPos key scale stays below e^XPOS_MAX_LOG_SCALE, for `rotated` dimensions."""
+    smallest_log_zeta = float(torch.log(xpos_zeta(rotated)).min())
+    return int(XPOS_MAX_LOG_SCALE * scale_base / -smallest_log_zeta)
+
+
+@dataclass
+class XPosSettings(RotarySettings):
+    scale_base: float = 512.0  # the decay's scale base gamma (torchscale's scale_base)
+
+    def check(self, config: "ModelConfig", where: str) -> None:
+        super().check(config, where)
+        if self.scale_base <= 0:
+            raise ConfigError(f"{where}.scale_base must be positive, got {self.scale_base}")
+        limit = xpos_position_limit(self.scale_base, rotary_dim(self.fraction, config.head_dim))
+        if config.max_seq_len > limit:
+            raise ConfigError(f"xpos: model.max_seq_len = {config.max_seq_len} overflows the decay scale (limit "
+                              f"{limit} at {where}.scale_base = {self.scale_base:g}); raise the scale base")
 
 
 @register("xpos")
@@ -138,35 +170,28 @@ class XPos(RoPE):
     rotate_queries / rotate_keys are RoPE's. Positions are absolute (no centring), so the key scale grows as
     zeta_min^(-m / gamma): positions beyond about 80 gamma / |ln zeta_min| (32,700 at gamma = 512) are an error."""
 
+    Settings = XPosSettings
+    legacy_keys = {"rope_fraction": "fraction", "rope_p": "p", "xpos_scale_base": "scale_base"}
+    model_settings = ("rope_theta", "rope_layout")
     key_tables_differ = True
     exact_buffers = ("inv_freq", "log_zeta")
 
     def __init__(self, config: "ModelConfig") -> None:
         super().__init__(config)
         self.register_buffer("log_zeta", torch.log(xpos_zeta(self.rotary_dim)), persistent=False)
-        self.position_limit = xpos_position_limit(config)
-
-    @classmethod
-    def validate(cls, config: "ModelConfig") -> None:
-        super().validate(config)
-        if config.xpos_scale_base <= 0:
-            raise ConfigError(f"model.xpos_scale_base must be positive, got {config.xpos_scale_base}")
-        limit = xpos_position_limit(config)
-        if config.max_seq_len > limit:
-            raise ConfigError(f"xpos: model.max_seq_len = {config.max_seq_len} overflows the decay scale (limit "
-                              f"{limit} at model.xpos_scale_base = {config.xpos_scale_base:g}); raise the scale base")
+        self.position_limit = xpos_position_limit(self.settings.scale_base, self.rotary_dim)
 
     def tables(self, inv_freq: torch.Tensor, positions: torch.Tensor, attention_factor: float,
                keys: bool) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = super().tables(inv_freq, positions, attention_factor, keys)
-        gamma = self.config.xpos_scale_base
+        gamma = self.settings.scale_base
         # Compiled, the range check would break the graph at a data-dependent float(): it is skipped there (a
-        # compiled training step stays below max_seq_len, which validate() keeps within the limit).
+        # compiled training step stays below max_seq_len, which the settings check keeps within the limit).
         if positions.numel() and not torch.compiler.is_compiling():
             largest = int(positions.abs().max())
             if largest > self.position_limit:
                 raise PositionRangeError(f"xpos: position {largest} overflows the decay scale (limit "
-                                         f"{self.position_limit} at model.xpos_scale_base = {gamma:g}); evaluate "
+                                         f"{self.position_limit} at model.position_args.xpos.scale_base = {gamma:g}); evaluate "
                                          "shorter sequences")
         with torch.autocast(device_type=positions.device.type, enabled=False):
             exponent = positions.to(torch.float32)[..., None] / gamma * self.log_zeta.to(positions.device)

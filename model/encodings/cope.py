@@ -1,8 +1,8 @@
-"""CoPE, contextual position encoding (Golovneva et al. 2024), as in the reference code (facebookresearch/RAM,
+"""cope: CoPE, contextual position encoding (Golovneva et al. 2024), as in the reference code (facebookresearch/RAM,
 projects/cope/src/cope/context_position.py, default settings):
 
     gates      g_ij = sigmoid(q_i . k_j / sqrt(d)), zero for keys the query may not attend
-    positions  p_ij = sum_{t = j..i} g_it, clamped to npos - 1 (model.cope_positions; 0 = L + 1, the reference's)
+    positions  p_ij = sum_{t = j..i} g_it, clamped to npos - 1 (the `positions` setting; 0 = L + 1, the reference's)
     bias       (q_i . e[p_ij]) / sqrt(d), with e interpolated linearly between the integer positions floor(p_ij)
                and ceil(p_ij); e is (head_dim x npos) per layer, shared by the heads, initialised to zero.
 
@@ -12,13 +12,15 @@ query rows. Token positions are never used: the encoding is shift-invariant by c
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from errors import ConfigError
-from model.position_base import ALL, PositionEncoding, Positions, register
+from model.encodings import register
+from model.encodings.base import ALL, EncodingSettings, PositionEncoding, Positions
 
 if TYPE_CHECKING:
     from model.config import ModelConfig
@@ -29,22 +31,30 @@ def cope_positions(gates: torch.Tensor, limit: int) -> torch.Tensor:
     return gates.flip(-1).cumsum(-1).flip(-1).clamp(max=limit)
 
 
+@dataclass
+class CoPESettings(EncodingSettings):
+    positions: int = 0  # the number of position embeddings npos (0 = max_seq_len + 1, the reference's default)
+
+    def check(self, config: "ModelConfig", where: str) -> None:
+        if self.positions < 0 or self.positions == 1:
+            raise ConfigError(f"{where}.positions: cope needs at least 2 (0 = max_seq_len + 1), got {self.positions}")
+
+    def complete(self, config: "ModelConfig") -> None:
+        self.positions = self.positions or config.max_seq_len + 1  # a number, so that an extension cannot move it
+
+
 @register("cope")
 class CoPE(PositionEncoding):
+    Settings = CoPESettings
+    legacy_keys = {"cope_positions": "positions"}
     has_score_bias = True
     bias_needs_scores = True
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}
 
     def __init__(self, config: "ModelConfig") -> None:
         super().__init__(config)
-        self.npos = config.cope_positions  # resolved from 0 to L + 1 by ModelConfig
+        self.npos = self.settings.positions  # 0 completed to L + 1
         self.embeddings = nn.Parameter(torch.zeros(config.n_layers, config.head_dim, self.npos))
-
-    @classmethod
-    def validate(cls, config: "ModelConfig") -> None:
-        if config.cope_positions < 0 or config.cope_positions == 1:
-            raise ConfigError(f"cope needs model.cope_positions >= 2 (0 = max_seq_len + 1), "
-                              f"got {config.cope_positions}")
 
     def reset_parameters(self) -> None:
         nn.init.zeros_(self.embeddings)

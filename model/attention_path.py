@@ -1,0 +1,132 @@
+"""Which attention path a forward takes, decided in one place: choose(encoding, forward) returns the path and why.
+
+    sdpa       F.scaled_dot_product_attention fused over the whole sequence (is_causal, or a boolean mask for a
+               KV cache): no score bias, no window, nothing that reads the probabilities
+    sdpa_mask  SDPA in chunks of query rows, each against the keys it can see, with the encoding's bias (and the
+               window) as a float mask: a fixed or non-learned bias, or one on a device with a mask gradient
+    explicit   the explicit steps in chunks (scores, softmax, probabilities @ values): an encoding whose bias reads
+               the scores (CoPE) or that adds a value term (Shaw), an attention method that encodes positions per
+               pass, probabilities a diagnostic reads, or a learned bias wanting gradients on the CPU
+    flex       compiled FlexAttention with the bias as a score_mod (model/flex.py): the long no-grad float32 CPU
+               forwards of a distance bias over one sequence, or of a clipped one (Shaw)
+
+Every input of the decision is a field of Forward, which the attention fills for each forward; choose reads the
+encoding's capabilities (model/encodings/base.py), never its name. `python -m scripts.attention_paths` prints the
+decision for every encoding in training, 16x evaluation and cached decoding.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+import model.flex as flex
+from model.runtime import runtime_config
+
+SDPA, SDPA_MASK, EXPLICIT, FLEX = "sdpa", "sdpa_mask", "explicit", "flex"
+
+# A bias with parameters, when gradients are wanted, goes through the explicit steps on the CPU (False: through
+# SDPA's mask, the slower route, kept to measure against and to check the explicit one's gradients:
+# tests/test_shared_bias.py).
+LEARNED_BIAS_EXPLICIT = True
+
+
+@dataclass(frozen=True)
+class Forward:
+    """What the choice depends on, for one layer's forward."""
+
+    device: str  # "cpu", "cuda", ...
+    grad: bool  # gradients are wanted
+    dtype: torch.dtype  # of the queries (bf16 under autocast)
+    batch: int
+    queries: int
+    keys: int
+    cache: str = "none"  # "none", "dynamic" (a growing KV cache) or "static" (fixed slots)
+    window: int = 0  # the layer's sliding window (0: global)
+    methods: bool = False  # an inference-time attention method is in effect
+    passes: bool = False  # ... one that encodes positions per pass at score time (ReRoPE, SelfExtend, sinks)
+    visibility: bool = False  # ... one that limits which keys a query sees (window, sinks)
+    observed: bool = False  # a diagnostic reads the attention probabilities
+    dropout: float = 0.0
+    compiling: bool = False  # inside a compiled graph (training's validation)
+    causal: bool = True
+
+
+@dataclass(frozen=True)
+class Path:
+    kind: str  # SDPA, SDPA_MASK, EXPLICIT or FLEX
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.reason}"
+
+
+def learned_bias(encoding: Any) -> bool:
+    return encoding.has_score_bias and any(parameter.requires_grad for parameter in encoding.parameters())
+
+
+def why_not_flex(encoding: Any, forward: Forward) -> str | None:
+    """None when FlexAttention serves this forward (model/flex.py says why these conditions), else the first
+    reason it does not."""
+    if flex.kind(encoding) is None:
+        return "no bias that is a function of the distance alone"
+    checks = [
+        (not runtime_config().flex_attention, "runtime.flex_attention is off"),
+        (forward.grad, "gradients are wanted, and it serves no-grad evaluation"),
+        (forward.device != "cpu", f"measured on the CPU only, not on {forward.device}"),
+        (forward.compiling, "inside a compiled graph"),
+        (not forward.causal or forward.cache != "none", "a KV cache or a non-causal forward"),
+        (forward.methods or forward.window or forward.observed or forward.dropout,
+         "an attention method, a window, a diagnostic or dropout"),
+        (forward.dtype != torch.float32, f"{str(forward.dtype).removeprefix('torch.')}, and it serves float32"),
+        (forward.queries != forward.keys or forward.queries < flex.MIN_LENGTH,
+         f"shorter than {flex.MIN_LENGTH} tokens, where compiling for each shape does not pay"),
+        (flex.kind(encoding) == "distance" and forward.batch != 1,
+         "several sequences, between which the chunked path shares each chunk's bias"),
+        (flex.failed(encoding), "compiling FlexAttention failed in this process"),
+    ]
+    return next((reason for failed, reason in checks if failed), None)
+
+
+def choose(encoding: Any, forward: Forward, consecutive: Callable[[], bool] = lambda: True) -> Path:
+    """The path of one layer's attention for `forward` with `encoding`, and why. `consecutive()`: whether the
+    positions are consecutive and the keys the queries (FlexAttention indexes its bias table by i - j); it is asked
+    only when everything else allows FlexAttention."""
+    if forward.passes:
+        return Path(EXPLICIT, "an attention method encodes positions per pass at score time")
+    if not (encoding.has_score_bias or encoding.has_value_term or forward.window or forward.observed
+            or forward.visibility):
+        return Path(SDPA, "no score bias and no window: the fused kernel")
+    blocked = why_not_flex(encoding, forward)
+    if blocked is None:
+        if consecutive():
+            return Path(FLEX, f"a long no-grad forward of a {flex.kind(encoding)} bias")
+        blocked = "positions that are not consecutive"
+    if encoding.has_value_term:
+        return Path(EXPLICIT, f"a value term added to the output; not flex: {blocked}")
+    if encoding.bias_needs_scores:
+        return Path(EXPLICIT, f"a bias that reads the scores; not flex: {blocked}")
+    if forward.observed:
+        return Path(EXPLICIT, "a diagnostic reads the probabilities")
+    # SDPA's fused CPU kernel takes no mask gradient, and its math fallback measured slower than the explicit steps
+    # (it also guards every row against having no visible key; the encoding cost table in docs/encodings.md). Not
+    # measured on CUDA, whose memory-efficient kernel has a mask gradient: a learned bias keeps SDPA there.
+    if LEARNED_BIAS_EXPLICIT and forward.device == "cpu" and forward.grad and learned_bias(encoding):
+        return Path(EXPLICIT, "a learned bias wanting gradients on the CPU, where SDPA's fused kernel takes no mask "
+                              "gradient and its fallback measured slower")
+    what = "a score bias" if encoding.has_score_bias else "a window"
+    return Path(SDPA_MASK, f"{what} as a float mask, in chunks of query rows; not flex: {blocked}")
+
+
+def describe(paths: dict[int, Path]) -> dict[str, str]:
+    """{layer range: path} for the paths the layers took, e.g. {"layers 0-3": "sdpa: ..."}: equal neighbours
+    merged."""
+    merged: list[tuple[list[int], Path]] = []
+    for layer in sorted(paths):
+        if merged and merged[-1][1] == paths[layer] and merged[-1][0][-1] == layer - 1:
+            merged[-1][0].append(layer)
+        else:
+            merged.append(([layer], paths[layer]))
+    return {(f"layer {layers[0]}" if len(layers) == 1 else f"layers {layers[0]}-{layers[-1]}"): str(path)
+            for layers, path in merged}

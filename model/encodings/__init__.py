@@ -1,0 +1,51 @@
+"""The position encodings, one file each, registered by name: the registry.
+
+    none        NoPE: the causal mask only                       none.py
+    alibi       ALiBi's fixed linear distance bias               alibi.py
+    t5          T5's learned bias per distance bucket            t5.py
+    shaw        Shaw et al.'s learned relative key and value     shaw.py
+    sinusoidal  fixed absolute sinusoids added to the input      sinusoidal.py
+    learned     a learned absolute table added to the input      learned.py
+    kerple      KERPLE's learned log-distance kernel             kerple.py
+    fire        FIRE's MLP over normalised distance              fire.py
+    cope        CoPE's contextual (gated) positions              cope.py
+    rope, xpos  rotary, with partial rotary, p-RoPE; xPos decay  rotary.py
+
+The interface and its hooks: base.py. A new encoding is a file here that registers its class with
+`@register("name")`, plus its line in ENCODING_MODULES; nothing else in the model names it. Importing this package
+imports those files. model/config.py never imports it: it asks model/plugins.py, which imports the registry when a
+config is first checked.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from model.config import ModelConfig
+    from model.encodings.base import PositionEncoding
+
+# The files of model/encodings/ that register encodings, in the order of the registry (and of its listings).
+ENCODING_MODULES = ("none", "alibi", "t5", "shaw", "sinusoidal", "learned", "kerple", "fire", "cope", "rotary")
+
+POSITION_ENCODINGS: dict[str, type["PositionEncoding"]] = {}
+
+
+def register(name: str) -> Callable[[type["PositionEncoding"]], type["PositionEncoding"]]:
+    def decorator(cls: type["PositionEncoding"]) -> type["PositionEncoding"]:
+        if name in POSITION_ENCODINGS and POSITION_ENCODINGS[name] is not cls:
+            raise ValueError(f"position encoding {name!r} is registered twice")
+        cls.name = name
+        POSITION_ENCODINGS[name] = cls
+        return cls
+
+    return decorator
+
+
+def build_position_encoding(config: "ModelConfig", name: str | None = None) -> "PositionEncoding":
+    """The encoding `name` (default model.position) for `config`."""
+    return POSITION_ENCODINGS[name or config.position](config)
+
+
+for _module in ENCODING_MODULES:
+    importlib.import_module(f"{__name__}.{_module}")

@@ -1,0 +1,12 @@
+"""none (NoPE): no position encoding; only the causal mask tells tokens apart by order."""
+from __future__ import annotations
+
+from model.encodings import register
+from model.encodings.base import PositionEncoding
+
+
+@register("none")
+class NoPE(PositionEncoding):
+    """No position encoding (NoPE): only the causal mask tells tokens apart by order."""
+
+    encodes_positions = False

@@ -1,0 +1,111 @@
+"""What ModelConfig asks of the plug-ins: the one interface between the config and the registries.
+
+model/config.py checks the model's shape and the fields it owns; what belongs to a plug-in (an encoding's own
+settings and its demands on the model, the RoPE scaling, the inference-time attention methods) is checked here by
+the plug-in's own code, found through its registry (model/encodings/, model/rope.py, model/attention_methods.py).
+The dependency points one way: config.py imports no plug-in; this module imports the registries and installs
+itself into ModelConfig (install_plugins), which the model package does when it is imported, before any config
+can be made. So a new encoding never edits the config.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any
+
+from errors import ConfigError
+from model.attention_methods import ATTENTION_METHODS, check_applies, normalize_methods
+from model.config import ModelConfig, install_plugins
+from model.encodings import POSITION_ENCODINGS
+from model.encodings.base import settings_from
+from model.rope import normalize_rope_scaling
+
+
+def check_plugins(config: ModelConfig) -> None:
+    """Check (and complete, in place) what of `config` belongs to the plug-ins; raise ConfigError naming the key."""
+    valid = sorted(POSITION_ENCODINGS)
+    if config.position not in POSITION_ENCODINGS:
+        raise ConfigError(f"model.position: unknown encoding {config.position!r}; valid names are {valid}")
+    unknown = [name for name in config.position_layers if name not in POSITION_ENCODINGS]
+    if unknown:
+        raise ConfigError(f"model.position_layers: unknown encoding(s) {unknown}; valid names are {valid}")
+    whole_model = sorted({name for name in config.position_layers if not POSITION_ENCODINGS[name].per_layer})
+    if whole_model:
+        raise ConfigError(f"model.position_layers: {whole_model} act on the token embeddings of the whole model and "
+                          "cannot be chosen per layer; use relative or rotary encodings")
+    used = list(dict.fromkeys(config.layer_encodings()))
+    given = config.position_args
+    if not isinstance(given, dict) or any(not isinstance(values, dict) for values in given.values()):
+        raise ConfigError(f"model.position_args holds a table of settings per encoding, e.g. "
+                          f"{{t5 = {{max_distance = 64}}}}; got {given!r}")
+    stray = [name for name in given if name not in used]
+    if stray:
+        raise ConfigError(f"model.position_args: settings for {stray}, which this model does not use (it uses "
+                          f"{used}); remove them or set model.position")
+    for name in used:  # the model's shape first, then the encodings' own settings
+        POSITION_ENCODINGS[name].check_config(config)
+    completed = {}
+    for name in used:
+        cls = POSITION_ENCODINGS[name]
+        if cls.Settings is None:
+            if given.get(name):
+                raise ConfigError(f"model.position_args.{name}: {name} has no settings of its own")
+            continue
+        settings = settings_from(cls.Settings, given.get(name, {}), config, f"model.position_args.{name}")
+        completed[name] = dataclasses.asdict(settings)
+    config.position_args = completed
+    if config.rope_scaling is not None:
+        if "rope_scaling" not in POSITION_ENCODINGS[config.position].model_settings:
+            readers = " or ".join(repr(name) for name, cls in POSITION_ENCODINGS.items()
+                                  if "rope_scaling" in cls.model_settings)
+            raise ConfigError(f"model.rope_scaling applies to position = {readers}, not {config.position!r}")
+        try:
+            config.rope_scaling = normalize_rope_scaling(config.rope_scaling, config.max_seq_len)
+        except ConfigError as error:
+            raise ConfigError(f"model.rope_scaling: {error}") from error
+    config.attention_methods = normalize_methods(config.attention_methods, config.original_length)
+    for entry in config.attention_methods:
+        check_applies(ATTENTION_METHODS[entry["method"]], config)
+
+
+def legacy_keys() -> dict[str, list[tuple[str, str]]]:
+    """Each flat ModelConfig key of the configs written before model.position_args -> [(encoding, setting)]."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    for name, cls in POSITION_ENCODINGS.items():
+        for old, new in cls.legacy_keys.items():
+            found.setdefault(old, []).append((name, new))
+    return found
+
+
+def refuse_legacy_keys(values: dict[str, Any]) -> None:
+    """User input (a TOML file, an override) that spells an encoding's setting the old way: name the new key."""
+    for old, owners in legacy_keys().items():
+        if old in values:
+            spelled = " or ".join(f"model.position_args.{name}.{new}" for name, new in owners)
+            raise ConfigError(f"model.{old} is now {spelled} (on the command line: "
+                              f"--model.position_args.{owners[0][0]}.{owners[0][1]}=...)")
+
+
+def migrate_saved(values: dict[str, Any]) -> dict[str, Any]:
+    """A saved model config (a checkpoint's config.json, a run's saved config) written before model.position_args,
+    in today's form: each flat encoding key moves into position_args for the encodings the model uses that read it,
+    and is dropped for the others (it had no effect on them). A config without such keys is returned unchanged."""
+    owners = legacy_keys()
+    if not any(old in values for old in owners):
+        return values
+    values = dict(values)
+    pattern = values.get("position_layers") or [values.get("position", "rope")]
+    used = set(pattern) | {values.get("position", "rope")}
+    args = {name: dict(settings) for name, settings in (values.get("position_args") or {}).items()}
+    for old, targets in owners.items():
+        if old not in values:
+            continue
+        value = values.pop(old)
+        for name, new in targets:
+            if name in used:
+                args.setdefault(name, {})[new] = value
+    values["position_args"] = args
+    return values
+
+
+install_plugins(sys.modules[__name__])
