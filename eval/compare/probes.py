@@ -21,7 +21,7 @@ import numpy as np
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, PositionRangeError
 from eval import figures
-from eval.attention import STATISTICS, attention_statistics, summarise
+from eval.attention_diagnostics import STATISTICS, attention_statistics, summarise
 from eval.compare.cells import cell, header
 from eval.compare.config import CompareConfig
 from eval.compare.layout import probe_path, task_path
@@ -189,7 +189,8 @@ def attention_section(results: ComparisonResults) -> list[str]:
     if not found:
         return []
     lines = ["### Attention diagnostics", "",
-             f"Per layer and head on {compare.probe_tokens:,} held-out tokens per length (eval/attention.py), "
+             f"Per layer and head on {compare.probe_tokens:,} held-out tokens per length "
+             "(eval/attention_diagnostics.py), "
              "averaged over layers, heads and query positions, mean [95% t interval] over seeds. Entropy in nats; "
              "'rise': the mean at positions >= L minus the mean at positions < L in the same windows; 'uniform rise': "
              "the same for attention spread evenly over the prefix (mean ln(i + 1)), the rise that more keys alone "
