@@ -147,7 +147,7 @@ def load_local(path: str | Path, errors: str = "strict") -> TextSource:
     with tempfile.TemporaryDirectory(prefix="pelab-utf8-") as scratch:
         files = [readable_copy(p, errors, Path(scratch)) if LOCAL_EXTENSIONS[p.suffix] != "parquet" else p for p in files]
         dataset = _load_files(files)
-    # The absolute path tells an evaluation whether a --data path is this source (eval/data.py).
+    # The absolute path tells an evaluation whether a --data path is this source (eval/heldout.py).
     return TextSource(dataset, {"files": len(files), "source_path": str(path.resolve())})
 
 

@@ -40,7 +40,7 @@ from commands import add_checkpoint, add_device, add_out, comma_list, command_pa
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, PositionRangeError, cli_command
 from eval import figures
-from eval.data import checkpoint_eval_tokens
+from eval.heldout import checkpoint_eval_tokens
 from eval.methods import METHODS, NONE, applies, check_methods, label, method_spec
 from eval.scoring import score_incremental, score_windows
 from eval.segments import (

@@ -32,8 +32,10 @@ from pathlib import Path
 from commands import add_out, command_parser
 from errors import ConfigError, cli_command
 from eval import figures
-from eval.compare import load_compare_config, run_comparison
-from eval.compare_plots import _finish, _panels
+from eval.compare.cells import cell, estimate_dict
+from eval.compare.cli import run_comparison
+from eval.compare.config import load_compare_config
+from eval.compare.plots import finish, panels
 from eval.jobs import machine_description
 from eval.stats import Estimate, separated
 from model.folder_lock import FolderLock
@@ -308,7 +310,7 @@ def plot_ladder(ladder: Ladder, measure: str, path: Path) -> None:
     where it has an interval."""
     from matplotlib.ticker import FormatStrFormatter, NullLocator
 
-    figure, axes = _panels(len(ladder.rungs))
+    figure, axes = panels(len(ladder.rungs))
     labels = ladder.labels() if measure == "penalty" else ladder.distinct_at_1x()
     for axis, rung in zip(axes, ladder.rungs):
         for label in labels:
@@ -338,7 +340,7 @@ def plot_ladder(ladder: Ladder, measure: str, path: Path) -> None:
     if len(axes) == 1:
         axes[0].set_title(ladder.rungs[0])
     ylabel = (f"penalty at {ladder.longest_multiple:g}x (nats)" if measure == "penalty" else "perplexity at 1x")
-    _finish(figure, axes, ladder.rungs, path, "training tokens (millions, log scale)", ylabel,
+    finish(figure, axes, ladder.rungs, path, "training tokens (millions, log scale)", ylabel,
             f"Scale ladder: {ylabel} against training tokens, one panel per rung (band: 95% interval over seeds)")
 
 
@@ -357,14 +359,9 @@ def ladder_table(ladder: Ladder, measure: str) -> list[str]:
                 point = by_fraction.get(fraction)
                 estimate = getattr(point, measure) if point else None
                 cells.append("n/a" if estimate is None else
-                             f"{estimate.format(digits, signed)} ({point.tokens / 1e6:.2g}M)")
+                             f"{cell(estimate, digits, signed)} ({point.tokens / 1e6:.2g}M)")
             lines.append(f"| {label} | {rung} | " + " | ".join(cells) + " |")
     return lines
-
-
-def _estimate_dict(estimate: Estimate | None) -> dict | None:
-    return None if estimate is None else {"mean": estimate.mean, "low": estimate.low, "high": estimate.high,
-                                          "n": estimate.n}
 
 
 def rung_wall(folder: Path) -> float:
@@ -429,7 +426,7 @@ def write_ladder(out: Path, ladder: Ladder, config: LadderConfig, command: str, 
                   for rung in ladder.rungs},
         "longest_multiple": ladder.longest_multiple,
         "points": [{"rung": p.rung, "label": p.label, "fraction": p.fraction, "tokens": p.tokens,
-                    "penalty": _estimate_dict(p.penalty), "ppl_1x": _estimate_dict(p.ppl)} for p in ladder.points],
+                    "penalty": estimate_dict(p.penalty), "ppl_1x": estimate_dict(p.ppl)} for p in ladder.points],
         "training_trends": {label: training_trends(ladder, label) for label in ladder.labels()},
         "size_trends": {label: size_trend(ladder, label) for label in ladder.labels()} if len(ladder.rungs) > 1
         else {},
@@ -480,8 +477,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"\n=== rung {name}: {' '.join(config.rung_overrides(name, overrides))} ===", flush=True)
                 share_data(out, out / name)
                 with FolderLock(out / name, "comparison"):
-                    status |= run_comparison(compare, shared, f"{preset}, rung {name}", out / name,
-                                             f"{command} (rung {name})", time.perf_counter())
+                    status |= run_comparison(compare, shared, f"{preset}, rung {name}", f"{command} (rung {name})",
+                                             time.perf_counter())
         wall = time.perf_counter() - started
         with open(out / "invocations.jsonl", "a") as handle:
             handle.write(json.dumps({"command": command, "wall_s": round(wall, 1),

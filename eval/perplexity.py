@@ -29,7 +29,7 @@ from commands import add_checkpoint, add_device, add_out, command_parser, rename
 from data.batches import windows_at
 from data.tokenizer import token_byte_lengths
 from errors import ConfigError, DataError, cli_command
-from eval.data import checkpoint_eval_tokens
+from eval.heldout import checkpoint_eval_tokens
 from infer.rope_args import add_rope_scaling_args, load_for_inference
 from model.runtime import autocast, autocast_dtype
 from model.transformer import Transformer

@@ -81,7 +81,7 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         self.dropout = config.dropout
         self.window = config.layer_windows()[layer_index]
-        # Diagnostics (eval/attention.py): when set, attention is computed explicitly in chunks and
+        # Diagnostics (eval/attention_diagnostics.py): when set, attention is computed explicitly in chunks and
         # observer(layer, rows, keys, probs) sees each chunk's probabilities (batch, heads, rows, keys).
         self.observer: Any = None
         self.last_path: Path | None = None  # the path of the latest forward (the trainer and evaluation log it)

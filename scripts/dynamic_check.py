@@ -21,7 +21,7 @@ import torch
 from commands import add_checkpoint, comma_list, command_parser, renamed, require
 from data.tokenizer import load_tokenizer
 from errors import CheckpointError, cli_command
-from eval.data import checkpoint_eval_tokens
+from eval.heldout import checkpoint_eval_tokens
 from eval.methods import method_spec
 from eval.scoring import score_incremental, score_prefixes, score_windows
 from eval.segments import choose_segments, tiled_windows

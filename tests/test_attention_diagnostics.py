@@ -1,11 +1,12 @@
-"""eval.attention: the statistics against their closed forms, the observer path against the normal forward."""
+"""eval.attention_diagnostics: the statistics against their closed forms, the observer path against the normal
+forward."""
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from eval.attention import attention_statistics, main, pattern_statistics
+from eval.attention_diagnostics import attention_statistics, main, pattern_statistics
 from model import Transformer
 from tests.conftest import micro_config
 

@@ -8,7 +8,7 @@ import pytest
 
 from commands import comma_list, command_parser, renamed
 from tests.conftest import ROOT
-from tests.test_docs import COMMANDS
+from tests.test_docs import COMMANDS, parser_of
 
 
 def flags_table() -> list[tuple[list[str], list[str]]]:
@@ -29,7 +29,7 @@ def flags_table() -> list[tuple[list[str], list[str]]]:
 
 
 def options(module: str) -> set[str]:
-    parser = importlib.import_module(module).build_parser()
+    parser = parser_of(module)
     return {flag for action in parser._actions if action.help != "==SUPPRESS==" for flag in action.option_strings}
 
 
@@ -45,7 +45,7 @@ def test_every_documented_flag_exists_in_every_command_the_table_names():
 
 def test_help_shows_defaults_and_names_the_command_as_typed():
     for module in COMMANDS:
-        text = importlib.import_module(module).build_parser().format_help()
+        text = parser_of(module).format_help()
         assert text.startswith(f"usage: python -m {module}"), module
     generate = importlib.import_module("scripts.generate").build_parser().format_help()
     assert "(default: 200)" in generate and "(default: 0.8)" in generate
@@ -78,7 +78,7 @@ def test_former_spellings_of_the_commands_name_the_new_option(command, argv, new
 
 def test_lists_are_comma_separated(tmp_path):
     assert comma_list("rope, alibi,") == ["rope", "alibi"] and comma_list(["rope", "alibi,t5"]) == ["rope", "alibi", "t5"]
-    from eval.compare import load_compare_config
+    from eval.compare.config import load_compare_config
 
     config = tmp_path / "c.toml"
     config.write_text("[compare]\nencodings = ['rope']\n")

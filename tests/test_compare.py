@@ -7,9 +7,10 @@ import re
 import numpy as np
 import pytest
 
-import eval.compare as compare_module
-from eval.compare import main
-from eval.compare_report import Variant, findings, order_statement, verdict
+from eval.compare import running
+from eval.compare.cli import main
+from eval.compare.report import findings, order_statement, verdict
+from eval.compare.results import Variant
 from eval.extrapolation import CheckpointEvaluation
 from eval.stats import Estimate
 from tests.conftest import ROOT
@@ -116,20 +117,20 @@ def test_the_jobs_that_evaluate_the_most_models_start_first():
                 "rope": {"position": "rope"},
                 "irope": {"position": "rope", "position_layers": ["rope", "none"]}}
     configs = {(name, 1): SimpleNamespace(model=ModelConfig(n_layers=2, **values)) for name, values in settings.items()}
-    jobs = [compare_module.Job(name, 1, {"model": values}, {"methods": methods}, 1) for name, values in settings.items()]
-    assert [job.encoding for job in compare_module.largest_first(jobs, configs)] == \
+    jobs = [running.Job(name, 1, {"model": values}, {"methods": methods}, 1) for name, values in settings.items()]
+    assert [job.encoding for job in running.largest_first(jobs, configs)] == \
         ["rope", "irope", "learned", "none", "alibi"]
 
 
 def test_a_failed_variant_is_reported_and_the_others_go_on(small_text_file, tmp_path, monkeypatch, capsys):
-    real = compare_module.train_variant
+    real = running.train_variant
 
     def failing(config):
         if config.model.position == "t5":
             raise RuntimeError("simulated failure")
         return real(config)
 
-    monkeypatch.setattr(compare_module, "train_variant", failing)
+    monkeypatch.setattr(running, "train_variant", failing)
     out = tmp_path / "cmp"
     assert main(arguments(small_text_file, out, '--compare.encodings=["t5", "rope"]', "--compare.workers=1")) == 1
     results = json.loads((out / "results.json").read_text())
@@ -190,7 +191,7 @@ def test_bad_settings_are_refused_before_anything_trains(small_text_file, tmp_pa
 
 
 def test_an_encodings_settings_reach_the_encoding_and_its_variants_only():
-    from eval.compare import load_compare_config
+    from eval.compare.config import load_compare_config
 
     compare, shared, _ = load_compare_config(ROOT / "configs" / "compare.toml", "quick", [
         '--compare.variants={t5-short = {position = "t5", position_args = {t5 = {num_buckets = 16}}}, '
@@ -264,7 +265,7 @@ def test_one_seed_states_no_penalty_side_however_many_windows_agree():
 def test_method_findings_pair_seeds_against_plain_and_yarn():
     """Seeds differ a lot between themselves, but the method's change on each seed's model is consistent: paired by
     seed it is 'better' than plain; against yarn the per-seed ratios straddle 1: 'within noise'."""
-    from eval.compare_report import method_findings
+    from eval.compare.report import method_findings
 
     def with_method(encoding, method, by_length):
         result = variant(encoding, by_length)
@@ -332,7 +333,7 @@ def test_a_rerun_in_which_every_job_fails_keeps_the_previous_report(small_text_f
     def failing(config):
         raise RuntimeError("simulated failure")
 
-    monkeypatch.setattr(compare_module, "train_variant", failing)
+    monkeypatch.setattr(running, "train_variant", failing)
     assert main(args) == 1
     assert (out / "report.md").read_bytes() == report
     assert "the previous report" in capsys.readouterr().err
@@ -381,7 +382,7 @@ def test_a_comparison_killed_at_random_moments_ends_as_an_uninterrupted_one(smal
 
 
 def test_a_negligible_paired_change_is_not_called_better_or_worse():
-    from eval.compare_report import verdict_word
+    from eval.compare.report import verdict_word
 
     assert verdict_word(Estimate(1.0001, 1.00005, 1.00015, 3)) == "the same within 1%"
     assert verdict_word(Estimate(0.95, 0.93, 0.97, 3)) == "better"
@@ -433,7 +434,7 @@ def test_probes_and_tasks_add_their_sections_and_are_cached(small_text_file, tmp
 
 def test_newer_paper_claims_are_judged_by_their_intervals():
     """Extrapolation claims compare the penalties (intervals over seeds and windows), 1x claims the paired perplexity ratio."""
-    from eval.compare_report import newer_claim_findings
+    from eval.compare.report import newer_claim_findings
 
     rng = np.random.default_rng(0)
 
@@ -459,7 +460,8 @@ def test_newer_paper_claims_are_judged_by_their_intervals():
 def test_the_passkey_section_gives_an_interval_over_seeds_not_pooled_trials(tmp_path):
     from types import SimpleNamespace
 
-    from eval.compare_probes import passkey_section, probe_path
+    from eval.compare.layout import probe_path
+    from eval.compare.probes import passkey_section
     from eval.stats import seeds_and_trials, wilson_interval
 
     compare = SimpleNamespace(encodings=["rope", "alibi"], seeds=[1, 2], probe_lengths=["1x", "4x"], passkey_trials=10)
@@ -469,7 +471,8 @@ def test_the_passkey_section_gives_an_interval_over_seeds_not_pooled_trials(tmp_
         path = probe_path(tmp_path, encoding, seed, "passkey")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"rows": {"1x": rows, "4x": {"error": "too short"}}}))
-    table = {line.split(" | ")[0].strip("| "): line for line in passkey_section(tmp_path, compare) if line.startswith("| ")}
+    results = SimpleNamespace(out=tmp_path, compare=compare)  # what passkey_section reads of ComparisonResults
+    table = {line.split(" | ")[0].strip("| "): line for line in passkey_section(results) if line.startswith("| ")}
     split, agree = seeds_and_trials([10, 0], [30, 30]), seeds_and_trials([3, 3], [30, 30])
     assert table["rope"] == f"| rope | {split.format()} | n/a |"
     assert table["alibi"] == f"| alibi | {agree.format()} | n/a |"

@@ -1,10 +1,11 @@
-"""eval/compare_plots.py: a comparison with inference-time methods is drawn as small multiples (every encoding as
+"""eval/compare/plots.py: a comparison with inference-time methods is drawn as small multiples (every encoding as
 trained, then one panel per encoding under its methods); one without methods keeps one panel."""
 import numpy as np
 import pytest
 
-from eval import compare_plots, figures
-from eval.compare_report import Variant
+from eval import figures
+from eval.compare import plots as compare_plots
+from eval.compare.results import Variant
 from eval.methods import METHODS
 
 LENGTHS = [64, 128, 256]
@@ -56,8 +57,8 @@ def drawn(monkeypatch):
 def test_small_multiples_have_one_panel_per_group_with_its_own_legend_and_method_colours(tmp_path, drawn):
     variants = as_dict(variant("rope"), variant("rope", "yarn", 0.1), variant("rope", "window", -0.1),
                        variant("alibi"), variant("alibi", "logn", 0.05))
-    compare_plots.plot_with_bands(variants, LENGTHS, lambda v, n: v.ppl(n), tmp_path / "plot.png", "ppl", "t",
-                                  True, 128)
+    compare_plots.plot_with_bands(variants, LENGTHS, lambda v, n: v.ppl(n), tmp_path / "plot.png", ("ppl", "t"),
+                                  128, log_y=True)
     compare_plots.plot_position_penalty(variants, 256, 128, tmp_path / "position_loss.png")
     for axes in drawn:
         assert len(axes) == 3
@@ -74,8 +75,8 @@ def test_small_multiples_have_one_panel_per_group_with_its_own_legend_and_method
 
 def test_a_comparison_without_methods_keeps_one_panel_with_the_legend_beside_it(tmp_path, drawn):
     variants = as_dict(variant("rope"), variant("alibi", shift=0.2))
-    compare_plots.plot_with_bands(variants, LENGTHS[1:], lambda v, n: v.ppl(n), tmp_path / "penalty.png", "nats",
-                                  "t", False, 128, zero_line=True)
+    compare_plots.plot_with_bands(variants, LENGTHS[1:], lambda v, n: v.ppl(n), tmp_path / "penalty.png",
+                                  ("nats", "t"), 128, zero_line=True)
     (axis,) = drawn[0]
     assert axis.get_legend_handles_labels()[1] == ["rope", "alibi"]
     assert axis.get_legend().get_window_extent().x0 >= axis.get_window_extent().x1

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_shipped_configs_load():
-    from eval.compare import load_compare_config
+    from eval.compare.config import load_compare_config
 
     paths = sorted((ROOT / "configs").glob("*.toml"))
     assert {"tiny.toml", "compare.toml", "sft_stdlib.toml", "passkey_finetune.toml"} <= {path.name for path in paths}

@@ -32,7 +32,7 @@ def test_the_record_holds_an_absolute_path_and_one_relative_to_the_checkpoint(re
 
 
 def test_an_evaluation_from_another_directory_finds_the_data_folder(relative_run, tmp_path, capsys):
-    from eval.attention import main as attention_main
+    from eval.attention_diagnostics import main as attention_main
 
     checkpoint = relative_run / "runs" / "demo"
     assert training_data_dir(checkpoint) == str((relative_run / "runs" / "data" / "code").resolve())

@@ -3,6 +3,7 @@ file, a folder, or a heading of a markdown file), and every `python -m` command 
 own parser, with no unknown flag and no former spelling. The checkers are tested on broken examples first."""
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib
 import io
@@ -14,13 +15,23 @@ import pytest
 
 from tests.conftest import ROOT
 
-# Every entry point: a module with build_parser() that runs as `python -m MODULE` (train.cli is shared, not run).
+# Every entry point: a module with build_parser() that runs as `python -m MODULE` (train.cli is shared, not run),
+# or a package with a __main__.py (eval.compare).
 COMMANDS = sorted(
-    f"{path.parent.name}.{path.stem}"
-    for folder in ("data", "train", "infer", "eval", "scripts")
-    for path in (ROOT / folder).glob("*.py")
-    if "def build_parser" in path.read_text() and "__main__" in path.read_text()
+    [f"{path.parent.name}.{path.stem}"
+     for folder in ("data", "train", "infer", "eval", "scripts")
+     for path in (ROOT / folder).glob("*.py")
+     if "def build_parser" in path.read_text() and "__main__" in path.read_text()]
+    + [f"{path.parent.parent.name}.{path.parent.name}"
+       for folder in ("data", "train", "infer", "eval", "scripts")
+       for path in (ROOT / folder).glob("*/__main__.py")]
 )
+
+
+def parser_of(command: str) -> argparse.ArgumentParser:
+    """The parser of `python -m COMMAND`: the module's build_parser(), or the one its package's __main__ imports."""
+    package = ROOT.joinpath(*command.split(".")) / "__main__.py"
+    return importlib.import_module(f"{command}.__main__" if package.exists() else command).build_parser()
 # Commands whose configs take `--section.key=value` overrides after the flags.
 OVERRIDES = ("train.", "eval.compare", "eval.tasks", "eval.ladder")
 
@@ -103,7 +114,7 @@ def command_problems(command: str) -> list[str]:
     if module not in COMMANDS:
         ours = module.split(".")[0] in ("data", "train", "infer", "eval", "scripts")
         return [f"{module}: no such command"] if ours else []
-    parser = importlib.import_module(module).build_parser()
+    parser = parser_of(module)
     notes = io.StringIO()
     try:
         with contextlib.redirect_stderr(notes):

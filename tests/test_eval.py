@@ -161,7 +161,7 @@ def test_dynamic_check_command(tiny_checkpoints, prepared_data, capsys):
     assert main(["--checkpoint", tiny_checkpoints[0], "--data", str(prepared_data), "--lengths", "2x",
                  "--windows", "2"]) == 0
     printed = capsys.readouterr().out.splitlines()
-    assert ": evaluating on " in printed[0]  # which text is scored (eval/data.py)
+    assert ": evaluating on " in printed[0]  # which text is scored (eval/heldout.py)
     line = next(line for line in printed if line.startswith("2x, 2 windows"))
     assert line.startswith("2x, 2 windows, 32 tokens at positions >= L: plain") and "cached - exact" in line
     assert main(["--checkpoint", tiny_checkpoints[1], "--data", str(prepared_data)]) == 2  # alibi: refused

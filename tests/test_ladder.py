@@ -5,7 +5,7 @@ import os
 import pytest
 
 from errors import ConfigError
-from eval.compare import load_compare_config
+from eval.compare.config import load_compare_config
 from eval.ladder import (
     collect_ladder,
     findings,

@@ -17,12 +17,13 @@ RANK = {"errors": 0, "commands": 0, "data": 1, "model": 2, "train": 3, "infer": 
 
 
 def project_modules() -> dict[str, Path]:
+    """Dotted name -> file of every module of the project, those of packages inside the layers (eval.compare) too."""
     modules = {"errors": ROOT / "errors.py", "commands": ROOT / "commands.py"}
     for package in RANK:
         folder = ROOT / package
         if folder.is_dir():
-            for path in sorted(folder.rglob("*.py")):  # sub-packages too (model/encodings/)
-                parts = [package, *path.relative_to(folder).with_suffix("").parts]
+            for path in sorted(folder.rglob("*.py")):
+                parts = path.relative_to(ROOT).with_suffix("").parts
                 modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return modules
 

@@ -15,162 +15,21 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
 
 from data.batches import read_meta
-from eval.compare_plots import plot_position_penalty, plot_snapshots, plot_training_curves, plot_with_bands
-from eval.compare_probes import report_sections
-from eval.extrapolation import CheckpointEvaluation, resolve_length
-from eval.figures import colour
-from eval.jobs import machine_description
-from eval.methods import NONE, applies, label, method_spec
-from eval.stats import Estimate, seeds_and_windows, separated, t_interval
-from model.checkpoint import has_checkpoint, load_trainer_state
+from eval.compare.cells import cell, estimate_dict, table
+from eval.compare.plots import write_figures
+from eval.compare.probes import report_sections
+from eval.compare.results import ComparisonResults, Snapshots, Variant
+from eval.extrapolation import CheckpointEvaluation
+from eval.methods import NONE, label, method_spec
+from eval.stats import Estimate, separated, t_interval
 from model.encodings import POSITION_ENCODINGS
 from model.transformer import Transformer
-from train.loop import METRICS, position_group_settings
+from train.loop import position_group_settings
 
 PAPER = "the ALiBi paper (Press et al. 2022; WikiText-103, 247M parameters, L = 512)"
-
-
-@dataclass
-class Variant:
-    encoding: str
-    method: str
-    label: str
-    nll: dict[int, dict[int, float]] = field(default_factory=dict)  # length -> seed -> nll
-    penalty: dict[int, dict[int, np.ndarray]] = field(default_factory=dict)  # length -> seed -> per-window penalty
-    curves: dict[int, np.ndarray] = field(default_factory=dict)  # seed -> penalty by position at the longest length
-    probe: dict[int, dict[int, float]] = field(default_factory=dict)  # offset -> seed -> nll
-    errors: dict[int, str] = field(default_factory=dict)  # length -> why no number
-
-    def ppl(self, length: int) -> Estimate | None:
-        return t_interval([math.exp(v) for v in self.nll.get(length, {}).values()])
-
-    def ratio(self, length: int, base: int) -> Estimate | None:
-        here, there = self.nll.get(length, {}), self.nll.get(base, {})
-        return t_interval([math.exp(here[s] - there[s]) for s in here if s in there])
-
-    def penalty_estimate(self, length: int) -> Estimate | None:
-        by_seed = self.penalty.get(length, {})
-        return seeds_and_windows(np.stack([by_seed[s] for s in sorted(by_seed)])) if by_seed else None
-
-    def probe_estimate(self, offset: int) -> Estimate | None:
-        return t_interval([math.exp(v) for v in self.probe.get(offset, {}).values()])
-
-
-def run_dir(out: str | Path, encoding: str, seed: int) -> Path:
-    """OUT/runs/ENCODING/seedS: one variant's checkpoint folder."""
-    return Path(out) / "runs" / encoding / f"seed{seed}"
-
-
-def eval_path(out: str | Path, encoding: str, seed: int, step: int | None = None) -> Path:
-    """OUT/evals/ENCODING/seedS[-stepN].npz: the cached per-token evaluation of a variant (or of its snapshot)."""
-    suffix = "" if step is None else f"-step{step}"
-    return Path(out) / "evals" / encoding / f"seed{seed}{suffix}.npz"
-
-
-def training_summary(run: Path) -> dict[str, Any] | None:
-    if not has_checkpoint(run):
-        return None
-    state = load_trainer_state(run)
-    records = [json.loads(line) for line in (run / METRICS).read_text().splitlines() if line.strip()]
-    speeds = [record["tok_per_s"] for record in records if "tok_per_s" in record][1:]  # the first interval warms up
-    return {
-        "tokens": int(state["tokens_seen"]),
-        "wall_s": float(state["elapsed_s"]),
-        "tok_per_s": statistics.median(speeds) if speeds else None,
-        "val_loss": state.get("val_loss"),
-        "initial_val_loss": state.get("initial_val_loss"),
-        "curve": [(r["step"], r["loss"]) for r in records if "loss" in r],
-        "val_curve": [(r["step"], r["val_loss"]) for r in records if "val_loss" in r],
-    }
-
-
-def collect(out: Path, compare: Any, lengths: list[int], trained: int, configs: dict) -> dict[str, Variant]:
-    """Every (encoding, method) variant with its per-seed numbers, from the cached evaluations (a method is listed
-    where it applies to the variant's layers, as evaluate_checkpoint decides)."""
-    variants: dict[str, Variant] = {}
-    longest = max(lengths)
-    for encoding in compare.encodings:
-        layers = configs[(encoding, compare.seeds[0])].model.layer_encodings()
-        methods = [NONE] + [m for m in compare.methods
-                            if m != NONE and applies(m, compare.position_of(encoding), layers)]
-        for method in methods:
-            variants[label(encoding, method)] = Variant(encoding, method, label(encoding, method))
-        for seed in compare.seeds:
-            path = eval_path(compare.out, encoding, seed)
-            if not path.exists():
-                continue
-            evaluation = CheckpointEvaluation.load(path)
-            for method in methods:
-                variant = variants[label(encoding, method)]
-                for length in lengths:
-                    nll = evaluation.nll(method, length)
-                    if nll is None:
-                        variant.errors[length] = evaluation.errors.get(f"{method}@{length}", "not evaluated")
-                        continue
-                    variant.nll.setdefault(length, {})[seed] = nll
-                    windows = evaluation.penalty_windows(method, length)
-                    if windows is not None:
-                        variant.penalty.setdefault(length, {})[seed] = windows
-                curve = evaluation.position_curve(method, longest)
-                if curve is not None:
-                    variant.curves[seed] = curve - evaluation.position_curve(method, longest, reference=True)
-                for offset in evaluation.plan.get("probe_offsets", []):
-                    nll = evaluation.probe_nll(method, offset)
-                    if nll is not None:
-                        variant.probe.setdefault(offset, {})[seed] = nll
-    return {name: variant for name, variant in variants.items() if variant.nll}
-
-
-def collect_snapshots(out: Path, compare: Any, steps: list[int], max_steps: int, lengths: list[int],
-                      configs: dict) -> dict:
-    """label -> [(fraction, penalty estimate at the longest length, ppl estimates at 1x and at the longest)]: each
-    encoding as trained and under each of compare.snapshot_methods that applies to it, where the snapshots have
-    numbers at the longest length (a learned table has them only clamped)."""
-    longest, shortest = max(lengths), min(lengths)
-    table: dict[str, list] = {}
-    for encoding in compare.encodings:
-        layers = configs[(encoding, compare.seeds[0])].model.layer_encodings()
-        methods = [NONE] + [m for m in compare.snapshot_methods
-                            if m != NONE and m in compare.methods and applies(m, compare.position_of(encoding), layers)]
-        for method in methods:
-            rows = []
-            for step in [*steps, None]:
-                windows, nll_long, nll_short = [], [], []
-                for seed in compare.seeds:
-                    path = eval_path(compare.out, encoding, seed, step)
-                    if not path.exists():
-                        continue
-                    evaluation = CheckpointEvaluation.load(path)
-                    penalty = evaluation.penalty_windows(method, longest)
-                    if penalty is None:
-                        continue
-                    windows.append(penalty)
-                    nll_short.append(math.exp(evaluation.nll(method, shortest)))
-                    nll_long.append(math.exp(evaluation.nll(method, longest)))
-                if windows:
-                    rows.append(((step or max_steps) / max_steps, seeds_and_windows(np.stack(windows)),
-                                 t_interval(nll_short), t_interval(nll_long)))
-            if rows:
-                table[label(encoding, method)] = rows
-    return table
-
-
-def cell(estimate: Estimate | None, digits: int = 2, signed: bool = False) -> str:
-    return "n/a" if estimate is None else estimate.format(digits, signed)
-
-
-def table(variants: dict[str, Variant], columns: list[int], header: list[str], value) -> list[str]:
-    lines = ["| variant | " + " | ".join(header) + " |", "|---|" + "---:|" * len(columns)]
-    for name, variant in variants.items():
-        lines.append(f"| {name} | " + " | ".join(value(variant, column) for column in columns) + " |")
-    return lines
 
 
 def order_statement(variants: dict[str, Variant], length: int, multiple: float) -> str | None:
@@ -358,7 +217,7 @@ def findings(variants: dict[str, Variant], lengths: list[int], trained: int, pro
     return lines
 
 
-def snapshot_findings(snapshots: dict, budget: int, longest_multiple: float) -> list[str]:
+def snapshot_findings(snapshots: Snapshots, budget: int, longest_multiple: float) -> list[str]:
     """How each variant's penalty at the longest length moves from the first kept model to the final one."""
     moves = []
     for name, rows in snapshots.items():
@@ -507,16 +366,12 @@ def probe_findings(variants: dict[str, Variant], offsets: list[int], trained: in
     return lines
 
 
-def estimate_dict(estimate: Estimate | None) -> dict | None:
-    return None if estimate is None else {"mean": estimate.mean, "low": estimate.low, "high": estimate.high,
-                                          "n": estimate.n}
-
-
-def wall_time_line(out: Path, wall_s: float) -> str:
+def wall_time_line(results: ComparisonResults) -> str:
     """This invocation's wall time, and the total over every invocation recorded in OUT/invocations.jsonl."""
-    path = Path(out) / "invocations.jsonl"
+    path = results.out / "invocations.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    line = f"This invocation: {wall_s / 60:.1f} min wall on this machine ({machine_description()})"
+    line = (f"This invocation: {results.invocation.wall_s / 60:.1f} min wall on this machine "
+            f"({results.invocation.machine})")
     if len(records) > 1:
         trained = [r for r in records if set(r.get("jobs", {})) != {"skipped"}]
         idle = [r for r in records if r not in trained]
@@ -529,60 +384,40 @@ def wall_time_line(out: Path, wall_s: float) -> str:
     return line
 
 
-def write_outputs(out: Path, compare: Any, shared: dict, data_dir: Path, configs: dict, results: dict,
-                  command: str, wall_s: float, preset: str, workers: int, threads: int) -> None:
-    """results.json, table.md, the plots and report.md, from whatever finished (failed jobs are listed)."""
-    first_config = next(iter(configs.values()))
-    trained = first_config.model.max_seq_len
-    lengths = sorted({resolve_length(item, trained) for item in compare.lengths})
-    longest = max(lengths)
-    variants = collect(out, compare, lengths, trained, configs)
-    probe_offsets = sorted({offset for v in variants.values() for offset in v.probe})
-    steps = first_config.train.keep_steps
-    max_steps = first_config.train.max_steps
-    snapshots = collect_snapshots(out, compare, steps, max_steps, lengths, configs) if steps else {}
-    training = {encoding: {seed: training_summary(Path(configs[(encoding, seed)].out.dir)) for seed in compare.seeds}
-                for encoding in compare.encodings}
-    multiples = [length / trained for length in lengths]
-    ppl_lines = table(variants, lengths, [f"{m:g}x" for m in multiples], lambda v, n: cell(v.ppl(n)))
-    penalty_lengths = [n for n in lengths if n > trained]
-    penalty_lines = table(variants, penalty_lengths, [f"{n / trained:g}x" for n in penalty_lengths],
+def tables_markdown(results: ComparisonResults) -> str:
+    """table.md: perplexity, penalty and the ratio to each variant's own 1x, with what the intervals are."""
+    variants, lengths, trained = results.variants, results.lengths, results.trained
+    titles = [f"{length / trained:g}x" for length in lengths]
+    ppl_lines = table(variants, lengths, titles, lambda v, n: cell(v.ppl(n)))
+    penalty_lines = table(variants, results.penalty_lengths, [f"{n / trained:g}x" for n in results.penalty_lengths],
                           lambda v, n: cell(v.penalty_estimate(n), 3, signed=True))
-    ratio_lines = table(variants, lengths, [f"{m:g}x" for m in multiples], lambda v, n: cell(v.ratio(n, lengths[0])))
-    probe_variants = {name: v for name, v in variants.items() if v.probe}
-    probe_lines = table(probe_variants, probe_offsets, [f"offset {o // trained}L" for o in probe_offsets],
-                        lambda v, o: cell(v.probe_estimate(o)))
-    seeds = len(compare.seeds)
-    interval_note = (f"Each cell: mean over {seeds} seed(s) [95% interval]. Perplexity and ratios: Student's t "
-                     "interval over seeds. Penalty: Student's t interval over seeds on a standard error that adds the "
-                     "between-seed and the between-window variance (the same windows in every seed). With one seed "
-                     "there is no interval: one training run says nothing about the next (RoPE's penalty at 16x "
-                     "was +0.72 and +1.01 nats for two trainings of one seed that differed only in compiling; "
-                     "docs/results.md).")
-    tables = "\n".join([
+    ratio_lines = table(variants, lengths, titles, lambda v, n: cell(v.ratio(n, lengths[0])))
+    interval_note = (f"Each cell: mean over {len(results.compare.seeds)} seed(s) [95% interval]. Perplexity and "
+                     "ratios: Student's t interval over seeds. Penalty: Student's t interval over seeds on a standard "
+                     "error that adds the between-seed and the between-window variance (the same windows in every "
+                     "seed). With one seed there is no interval: one training run says nothing about the next "
+                     "(RoPE's penalty at 16x was +0.72 and +1.01 nats for two trainings of one seed that differed "
+                     "only in compiling; docs/results.md).")
+    return "\n".join([
         "### Perplexity (nonoverlapping windows)", "", *ppl_lines, "",
         "### Extrapolation penalty (nats): positions >= L, window loss minus L-window reference loss", "",
         *penalty_lines, "",
         "### Perplexity relative to the same variant at 1x (secondary)", "", *ratio_lines, "",
         interval_note, ""])
-    (out / "table.md").write_text(tables)
-    if variants:
-        plot_with_bands(variants, lengths, lambda v, n: v.ppl(n), out / "plot.png", "perplexity (log scale)",
-                        "Perplexity vs evaluation length (mean over seeds, band: 95% t interval)", True, trained)
-        plot_with_bands(variants, penalty_lengths, lambda v, n: v.penalty_estimate(n), out / "penalty.png",
-                        "extrapolation penalty (nats)", "Penalty for positions >= L vs the L-window reference "
-                        "(band: 95% t interval over seeds and windows)", False, trained, zero_line=True)
-        plot_position_penalty(variants, longest, trained, out / "position_loss.png")
-    plot_training_curves(training, out / "train_curves.png")
-    tokens_per_step = first_config.train.batch_size * first_config.train.grad_accum * trained
-    if snapshots:
-        plot_snapshots(snapshots, tokens_per_step, max_steps, out / "snapshots.png", longest / trained)
-    report = report_markdown(compare, shared, data_dir, configs, results, training, variants, lengths, trained,
-                             tables, probe_lines, snapshots, tokens_per_step, max_steps, command, wall_s, preset,
-                             workers, threads)
-    (out / "report.md").write_text(report)
+
+
+def probe_table(results: ComparisonResults) -> list[str]:
+    """The position-shift probe: perplexity of the L-windows at each offset, for the variants that have it."""
+    offsets = results.probe_offsets
+    return table(results.probe_variants, offsets, [f"offset {o // results.trained}L" for o in offsets],
+                 lambda v, o: cell(v.probe_estimate(o)))
+
+
+def results_record(results: ComparisonResults) -> dict:
+    """results.json: the settings, every job's status, the training summaries and every number of the report."""
+    compare, lengths, trained = results.compare, results.lengths, results.trained
     cells = []
-    for name, variant in variants.items():
+    for name, variant in results.variants.items():
         for length in lengths:
             cells.append({"label": name, "encoding": variant.encoding, "method": variant.method, "length": length,
                           "multiple": length / trained,
@@ -592,50 +427,61 @@ def write_outputs(out: Path, compare: Any, shared: dict, data_dir: Path, configs
                           "penalty": estimate_dict(variant.penalty_estimate(length)),
                           "error": variant.errors.get(length)})
     probes = [{"label": name, "offset": offset, "ppl": estimate_dict(v.probe_estimate(offset))}
-              for name, v in probe_variants.items() for offset in probe_offsets]
+              for name, v in results.probe_variants.items() for offset in results.probe_offsets]
     snapshot_rows = [{"label": encoding, "fraction": fraction, "penalty": estimate_dict(penalty),
                       "ppl_1x": estimate_dict(short), "ppl_longest": estimate_dict(long)}
-                     for encoding, rows in snapshots.items() for fraction, penalty, short, long in rows]
-    (out / "results.json").write_text(json.dumps({
-        "settings": {"compare": {k: getattr(compare, k) for k in compare.__dataclass_fields__}, "shared": shared,
-                     "trained_length": trained, "lengths": lengths, "wall_s": wall_s, "workers": workers,
-                     "threads": threads, "tokens_per_step": tokens_per_step, "max_steps": max_steps,
-                     "machine": machine_description(),
-                     "runtime": vars(configs[(compare.encodings[0], compare.seeds[0])].runtime),
-                     "parameters": {e: Transformer(configs[(e, compare.seeds[0])].model).num_parameters()
-                                    for e in compare.encodings}},
-        "status": {name: result for name, result in results.items()},
-        "training": {e: {str(s): t for s, t in by_seed.items()} for e, by_seed in training.items()},
-        "cells": cells, "probe": probes, "snapshots": snapshot_rows}, indent=1) + "\n")
+                     for encoding, rows in results.snapshots.items() for fraction, penalty, short, long in rows]
+    invocation = results.invocation
+    return {
+        "settings": {"compare": {k: getattr(compare, k) for k in compare.__dataclass_fields__},
+                     "shared": results.shared, "trained_length": trained, "lengths": lengths,
+                     "wall_s": invocation.wall_s, "workers": invocation.workers, "threads": invocation.threads,
+                     "tokens_per_step": results.tokens_per_step, "max_steps": results.max_steps,
+                     "machine": invocation.machine,
+                     "runtime": vars(results.configs[(compare.encodings[0], compare.seeds[0])].runtime),
+                     "parameters": results.parameters},
+        "status": dict(results.statuses),
+        "training": {e: {str(s): t for s, t in by_seed.items()} for e, by_seed in results.training.items()},
+        "cells": cells, "probe": probes, "snapshots": snapshot_rows}
 
 
-def report_markdown(compare, shared, data_dir, configs, results, training, variants, lengths, trained, tables,
-                    probe_lines, snapshots, tokens_per_step, max_steps, command, wall_s, preset, workers,
-                    threads) -> str:
-    meta = read_meta(data_dir)
-    train = shared.get("train", {})
-    model = {key: value for key, value in shared.get("model", {}).items() if key != "position_args"}
-    first_config = next(iter(configs.values()))
-    params = {e: Transformer(configs[(e, compare.seeds[0])].model).num_parameters() for e in compare.encodings}
-    longest = max(lengths)
+def write_outputs(results: ComparisonResults) -> None:
+    """table.md, the figures, report.md and results.json in OUT, from whatever finished (failed jobs are listed)."""
+    out = results.out
+    (out / "table.md").write_text(tables_markdown(results))
+    write_figures(results)
+    (out / "report.md").write_text(report_markdown(results))
+    (out / "results.json").write_text(json.dumps(results_record(results), indent=1) + "\n")
+
+
+def report_markdown(results: ComparisonResults) -> str:
+    """report.md: how it was run, the setup, the tables and figures, the probe and task sections, the findings."""
+    compare, configs, training, variants = results.compare, results.configs, results.training, results.variants
+    lengths, trained, invocation = results.lengths, results.trained, results.invocation
+    max_steps, tokens_per_step, snapshots = results.max_steps, results.tokens_per_step, results.snapshots
+    meta = read_meta(results.data_dir)
+    train = results.shared.get("train", {})
+    model = {key: value for key, value in results.shared.get("model", {}).items() if key != "position_args"}
+    params = results.parameters
+    longest = results.longest
     methods = [m for m in compare.methods if m != NONE]
     train_minutes = sum(s["wall_s"] for by_seed in training.values() for s in by_seed.values() if s) / 60
     eval_minutes = sum(CheckpointEvaluation.load(path).seconds for path in Path(compare.out, "evals").rglob("*.npz")
                        if not path.name.endswith(".tmp.npz")) / 60
     lines = [
-        f"# Position-encoding extrapolation ({preset} preset)", "",
-        f"Reproduce: `{command}`. {wall_time_line(Path(compare.out), wall_s)}, {workers} worker "
-        f"process(es) x {threads} thread(s). Process time summed over all jobs, whenever they ran: training "
-        f"{train_minutes:.1f} min, evaluation {eval_minutes:.1f} min. Re-running skips what is done.", "",
+        f"# Position-encoding extrapolation ({invocation.preset} preset)", "",
+        f"Reproduce: `{invocation.command}`. {wall_time_line(results)}, {invocation.workers} worker "
+        f"process(es) x {invocation.threads} thread(s). Process time summed over all jobs, whenever they ran: "
+        f"training {train_minutes:.1f} min, evaluation {eval_minutes:.1f} min. Re-running skips what is done.", "",
         "## Setup", "",
         f"- Data: `{compare.source}`: {meta['train_documents']} training documents ({meta['train_tokens']:,} tokens), "
         f"{meta['val_documents']} held-out documents ({meta['val_tokens']:,} tokens; "
         f"{meta.get('split', 'document hash')}) never trained on; byte-level BPE with {meta['vocab_size']} tokens."
         + (f" Held out: {', '.join(meta['val_names'][:12])}." if meta.get("val_names") else ""),
         f"- Every variant: {json.dumps(model)}; training {json.dumps(train)}; "
-        f"{first_config.train.max_steps * tokens_per_step:,} training tokens each; only `model.position` differs"
+        f"{max_steps * tokens_per_step:,} training tokens each; only `model.position` differs"
         + ("" if not (own := {name: settings for name in compare.encodings
-                              if len(settings := compare.model_settings(name, shared.get("model"))) > 1}) else
+                              if len(settings := compare.model_settings(name, results.shared.get("model"))) > 1}) else
            " (and the settings listed here: " + "; ".join(f"{name}: {json.dumps(settings)}"
                                                           for name, settings in own.items()) + ")") + ". "
         f"Seeds {compare.seeds}: each seed sets the initialisation and the data order, shared by all encodings.",
@@ -652,7 +498,8 @@ def report_markdown(compare, shared, data_dir, configs, results, training, varia
     ]
     for encoding in compare.encodings:
         summaries = [s for s in training[encoding].values() if s]
-        statuses = sorted({results.get(f"{encoding}-seed{seed}", {}).get("status", "not run") for seed in compare.seeds})
+        statuses = sorted({results.statuses.get(f"{encoding}-seed{seed}", {}).get("status", "not run")
+                           for seed in compare.seeds})
         config = configs[(encoding, compare.seeds[0])]
         model_ = Transformer(config.model)
         optimiser = "none (no parameters)"
@@ -669,7 +516,8 @@ def report_markdown(compare, shared, data_dir, configs, results, training, varia
                          f"{statistics.fmean(speed):,.0f} | {initial:.3f} -> {cell(val, 3)} | {'; '.join(statuses)} |")
         else:
             lines.append(f"| {encoding} | {params[encoding]:,} | {optimiser} | | | | | {'; '.join(statuses)} |")
-    lines += ["", "## Results", "", tables, "![perplexity vs length](plot.png)", "",
+    probe_lines = probe_table(results)
+    lines += ["", "## Results", "", tables_markdown(results), "![perplexity vs length](plot.png)", "",
               "### The extrapolation penalty", "",
               "Nonoverlapping windows of k*L mix three effects: (k-1)/k of their tokens lie beyond L, those tokens "
               "also have more context, and the first tokens of every window have little (the early-token curse). "
@@ -693,11 +541,9 @@ def report_markdown(compare, shared, data_dir, configs, results, training, varia
                 lines.append(f"| {encoding} | {fraction * max_steps * tokens_per_step:,.0f} ({fraction:g}) | "
                              f"{cell(short)} | {cell(long)} | {cell(penalty, 3, signed=True)} |")
         lines += ["", "![penalty against training tokens](snapshots.png)", ""]
-    lines += report_sections(Path(compare.out), compare, trained,
-                             lambda name, length: variants[name].penalty_estimate(length) if name in variants else None,
-                             colour)
+    lines += report_sections(results)
     lines += ["## Training curves", "", "![training curves](train_curves.png)", "", "## What this shows", ""]
-    lines += findings(variants, lengths, trained, sorted({o for v in variants.values() for o in v.probe}))
+    lines += findings(variants, lengths, trained, results.probe_offsets)
     lines += snapshot_findings(snapshots, max_steps * tokens_per_step, longest / trained)
     lines += ["", "The paper's setting differs (word-level WikiText-103, 247M parameters, L = 512); these are small "
               "models trained for minutes, so sizes of effects do not transfer, and statements above hold only "

@@ -1,187 +1,41 @@
-"""Train one model per position encoding and seed with identical budgets, evaluate them context-matched at
-1x..16x the trained context, and write a report with intervals over seeds.
-
-    python -m eval.compare --config configs/compare.toml --preset quick
-    python -m eval.compare --config configs/compare.toml --preset full                     # PG-19, from the hub
-    python -m eval.compare --config configs/compare.toml --preset full --compare.source=PATH   # local books
-
-Every variant shares the data, token budget, shape and context length L; for each seed in compare.seeds it also
-shares the initialisation seed and the data order; only the position settings differ (model.position, or
-the model settings of a variant in compare.variants, e.g. a RoPE/NoPE layer hybrid). Each trained model is evaluated
-as trained and under each inference-time method in compare.methods that applies to it (eval/methods.py), on the
-same held-out tokens at every length, with the L-window reference and the position-shift probe
-(eval/extrapolation.py); compare.snapshots also evaluates the models kept at those fractions of training.
-Jobs (one per encoding and seed) run in compare.workers processes; each writes OUT/logs/ENCODING-seedS.log.
-Re-running skips what is done (trainings resume, evaluations are cached); a job that fails is reported, not
-fatal. Writes OUT/report.md, results.json, table.md and the plots (eval/compare_report.py). Optional sections beyond
-perplexity: compare.probes (attention diagnostics, the induction probe, passkey retrieval, on every model) and
-compare.tasks (the synthetic task suite, trained per encoding); see eval/compare_probes.py.
+"""The comparison's jobs: one per encoding and seed, each trains its model (or resumes, or skips a finished one)
+and evaluates it and its snapshots (cached per weights and plan), then runs compare.probes on it. Also what
+runs before any job (the data, each variant's run config, refusing an output folder made with other settings)
+and after (the record of the invocation).
 """
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import copy
 import hashlib
 import json
 import multiprocessing
 import os
-import shlex
 import statistics
-import sys
 import time
-import tomllib
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from commands import add_out, comma_list, command_parser
 from data.batches import PretrainBatches, open_split, read_meta
 from data.prepare import prepare
 from data.tokenizer import load_tokenizer
-from errors import ConfigError, cli_command
-from eval.compare_probes import PROBES, run_probes, run_tasks
-from eval.compare_report import eval_path, run_dir, write_outputs
-from eval.extrapolation import CheckpointEvaluation, evaluate_checkpoint, make_plan, parse_lengths, resolve_length
-from eval.jobs import die_with_parent, job_output, share_cores, usable_cores, worker_layout
-from eval.methods import applies, check_methods
-from eval.task_generators import TASKS
+from errors import ConfigError
+from eval.compare.config import CompareConfig, RunConfigs, run_model
+from eval.compare.layout import eval_path, run_dir
+from eval.compare.probes import run_probes
+from eval.extrapolation import CheckpointEvaluation, evaluate_checkpoint, make_plan, resolve_length
+from eval.jobs import die_with_parent, job_output, share_cores, usable_cores
+from eval.methods import applies
 from model.checkpoint import WEIGHTS, has_checkpoint, load_model, load_trainer_state, trained_length
-from model.config import build_dataclass, check_field_types
-from model.encodings import POSITION_ENCODINGS
-from model.folder_lock import FolderLock
 from model.runtime import autocast_dtype, configure_runtime, resolve_device
 from model.transformer import Transformer
-from train.config import RunConfig, build_run_config, parse_override_value, set_dotted
+from train.config import RunConfig, build_run_config
 from train.loop import SNAPSHOTS, run_training
-from train.trackers import log_summary
-
-
-@dataclass
-class CompareConfig:
-    source: str = "stdlib"
-    max_documents: int = 0  # hub sources: training documents to stream (0 = the source's own cap)
-    vocab_size: int = 4096
-    val_fraction: float = 0.05
-    encodings: list = field(default_factory=lambda: ["none", "sinusoidal", "learned", "shaw", "t5", "alibi", "rope"])
-    # Named model variants that compare.encodings may list besides the registered encodings: name -> the model
-    # settings that define it, e.g. {p-rope = {position = "rope", position_args = {rope = {p = 0.75}}}}
-    # ([compare.variants] in TOML).
-    variants: dict = field(default_factory=dict)
-    methods: list = field(default_factory=lambda: ["linear", "ntk", "dynamic", "yarn", "clamp"])
-    lengths: list = field(default_factory=lambda: ["1x", "2x", "4x", "8x", "16x"])
-    eval_tokens: int = 16384
-    reference_stride: int = 0  # 0: L / 8
-    seeds: list = field(default_factory=lambda: [1337])
-    snapshots: list = field(default_factory=list)  # fractions of train.max_steps whose models are also evaluated
-    # inference-time methods the snapshots are evaluated under too, where they are among compare.methods and apply
-    snapshot_methods: list = field(default_factory=lambda: ["clamp"])
-    probes: list = field(default_factory=list)  # of "attention", "induction", "passkey" (eval/compare_probes.py)
-    probe_lengths: list = field(default_factory=lambda: ["1x", "4x"])
-    probe_tokens: int = 16384  # held-out tokens per length for the attention diagnostics
-    passkey_trials: int = 50  # per (length, depth) and seed
-    tasks: list = field(default_factory=list)  # synthetic tasks trained per encoding (eval/task_generators.py)
-    task_steps: int = 12000  # the cap on each task model's training steps (eval.tasks default)
-    task_until: float = 0.95  # stop a task model's training at this validation exact match at L (0: train to the cap)
-    workers: int = 0  # 0: one per usable CPU core (one per GPU on CUDA)
-    threads: int = 0  # torch threads per worker; 0: CPU cores / workers
-    out: str = "runs/compare"
-
-    def __post_init__(self) -> None:
-        check_field_types(self, "compare")
-        parse_lengths(",".join(self.lengths))
-        check_methods(self.methods)
-        check_methods(self.snapshot_methods)  # applied where they are also among compare.methods
-        for name, settings in self.variants.items():
-            if name in POSITION_ENCODINGS or not isinstance(settings, dict) or "position" not in settings:
-                raise ConfigError(f"compare.variants.{name}: a variant is a table of model settings that sets "
-                                  f"model.position, under a name that is not an encoding's; got {settings!r}")
-        valid = sorted(POSITION_ENCODINGS) + sorted(self.variants)
-        unknown = [name for name in self.encodings if name not in valid]
-        if unknown or not self.encodings:
-            raise ConfigError(f"compare.encodings: unknown {unknown}; valid names are the encodings "
-                              f"{sorted(POSITION_ENCODINGS)} and the variants {sorted(self.variants)}")
-        if len(set(self.encodings)) != len(self.encodings):
-            raise ConfigError(f"compare.encodings lists a name twice: {self.encodings}")
-        if self.eval_tokens <= 0 or not 0 < self.val_fraction < 1:
-            raise ConfigError("compare.eval_tokens must be positive and compare.val_fraction in (0, 1)")
-        if not self.seeds or any(not isinstance(s, int) or isinstance(s, bool) for s in self.seeds) \
-                or len(set(self.seeds)) != len(self.seeds):
-            raise ConfigError(f"compare.seeds must be a non-empty list of distinct integers, got {self.seeds}")
-        if any(not isinstance(f, (int, float)) or not 0 < f < 1 for f in self.snapshots):
-            raise ConfigError(f"compare.snapshots must be fractions of training in (0, 1), got {self.snapshots}")
-        unknown = [name for name in self.probes if name not in PROBES] + [n for n in self.tasks if n not in TASKS]
-        if unknown:
-            raise ConfigError(f"compare.probes / compare.tasks: unknown {unknown}; probes are {sorted(PROBES)}, "
-                              f"tasks are {sorted(TASKS)}")
-        parse_lengths(",".join(self.probe_lengths))
-        if min(self.probe_tokens, self.passkey_trials, self.task_steps) < 1:
-            raise ConfigError("compare.probe_tokens, passkey_trials and task_steps must be positive")
-        if not 0 <= self.task_until <= 1:
-            raise ConfigError(f"compare.task_until is an exact match in [0, 1] (0: off), got {self.task_until}")
-        if min(self.workers, self.threads, self.max_documents, self.reference_stride) < 0:
-            raise ConfigError("compare.workers, threads, max_documents and reference_stride must be >= 0")
-
-
-    def model_settings(self, name: str, shared: dict | None = None) -> dict[str, Any]:
-        """The model settings that make `name` (an encoding or a variant) differ from the shared [model] settings
-        `shared`: a variant's own, and the position_args of the encodings it uses, from `shared` and then from the
-        variant (an encoding's settings in the shared [model] reach the runs of that encoding only)."""
-        own = copy.deepcopy(self.variants.get(name, {"position": name}))
-        shared = shared or {}
-        args = copy.deepcopy(shared.get("position_args", {}))
-        for encoding, settings in own.pop("position_args", {}).items():
-            args[encoding] = {**args.get(encoding, {}), **settings}
-        used = set(own.get("position_layers", shared.get("position_layers")) or []) | {own["position"]}
-        args = {encoding: settings for encoding, settings in args.items() if encoding in used}
-        return {**own, "position_args": args} if args else own
-
-    def position_of(self, name: str) -> str:
-        return self.model_settings(name)["position"]
-
-
-def load_compare_config(path: Path, preset: str | None, overrides: list[str]) -> tuple[CompareConfig, dict, str]:
-    """The compare settings, the shared [model]/[train] values for every variant, and the preset used."""
-    if not path.exists():
-        raise ConfigError(f"config file {path} not found")
-    try:
-        values = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{path}: invalid TOML ({error})") from error
-    presets = values.pop("presets", {})
-    if preset is not None:
-        if preset not in presets:
-            raise ConfigError(f"--preset {preset!r} is not in {path}; available: {sorted(presets)}")
-        for dotted, value in presets[preset].items():
-            set_dotted(values, dotted, value, f"{path} [presets.{preset}]")
-    for override in overrides:
-        if not override.startswith("--") or "=" not in override:
-            raise ConfigError(f"override {override!r} must look like --section.key=value")
-        dotted, text = override[2:].split("=", 1)
-        value = parse_override_value(text)
-        if dotted.startswith("compare.") and isinstance(value, (str, int, float)) and not isinstance(value, bool) \
-                and isinstance(getattr(CompareConfig(), dotted.split(".", 1)[1], None), list):
-            value = [parse_override_value(item) for item in comma_list(str(text))]  # --compare.seeds=1,2,3
-        set_dotted(values, dotted, value, "override")
-    compare_values = values.pop("compare", {})
-    compare = build_dataclass(CompareConfig, {key: value for key, value in compare_values.items()
-                                              if key != "encoding_settings"}, "compare")
-    for section in ("data", "out"):
-        if section in values:
-            raise ConfigError(f"{path}: [{section}] is set by eval.compare itself; use [compare] source/out instead")
-    if "encoding_settings" in compare_values:
-        raise ConfigError("compare.encoding_settings is now [model] position_args: an encoding's settings there "
-                          "reach the runs of that encoding only (e.g. \"model.position_args\" = {t5 = {max_distance "
-                          "= 64}})")
-    for encoding in compare.encodings:  # every variant's config is valid before anything trains
-        settings = compare.model_settings(encoding, values.get("model"))
-        build_run_config({**copy.deepcopy(values), "model": run_model(values.get("model", {}), settings)},
-                         f"{path} ({encoding}: {settings})")
-    return compare, values, preset or "default"
 
 
 def saved_run_config(out: Path) -> dict | None:
@@ -208,7 +62,7 @@ def comparable(settings: dict | None) -> dict | None:
     return {**settings, "train": {k: v for k, v in settings.get("train", {}).items() if k not in EXECUTION}}
 
 
-def check_existing_runs(configs: dict) -> None:
+def check_existing_runs(configs: RunConfigs) -> None:
     """Refuse, before anything trains, an out folder whose runs were trained with other settings (a mixed report
     would compare unlike things)."""
     differing = []
@@ -269,12 +123,6 @@ class Job:
     @property
     def name(self) -> str:
         return f"{self.encoding}-seed{self.seed}"
-
-
-def run_model(shared: dict, settings: dict) -> dict:
-    """A run's [model]: the shared settings without their position_args, and the run's own settings."""
-    return {**{key: value for key, value in copy.deepcopy(shared).items() if key != "position_args"},
-            **copy.deepcopy(settings)}
 
 
 def snapshot_steps(compare: CompareConfig, max_steps: int) -> list[int]:
@@ -405,7 +253,7 @@ def _init_worker(slots: Any, progress: Any = None, parent: int | None = None, co
         torch.cuda.set_device(index % torch.cuda.device_count())
 
 
-def largest_first(jobs: list[Job], configs: dict) -> list[Job]:
+def largest_first(jobs: list[Job], configs: RunConfigs) -> list[Job]:
     """The jobs that evaluate the most models (their own and one per inference-time method that applies: rope's
     four scalings) first, so that no worker idles at the end while the longest job runs alone; otherwise in the
     configured order. Each job is independent: the order changes the wall time only, not a number."""
@@ -495,67 +343,3 @@ def record_invocation(out: Path, command: str, wall_s: float, workers: int, thre
               "jobs": {status: statuses.count(status) for status in sorted(set(statuses))}}
     with open(out / "invocations.jsonl", "a") as handle:
         handle.write(json.dumps(record) + "\n")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = command_parser("eval.compare", __doc__, epilog="Overrides: --compare.key=value (lists comma-separated, "
-                                                            "e.g. --compare.encodings=rope,alibi --compare.seeds=1,2), "
-                                                            "--model.key=value, --train.key=value")
-    parser.add_argument("--config", type=Path, default=Path("configs/compare.toml"), metavar="FILE",
-                        help="TOML compare config")
-    parser.add_argument("--preset", help="a [presets.NAME] table of the config: quick, newer, full or wikitext103 "
-                        "(docs/presets.md: what each answers and costs)")
-    add_out(parser, "output folder (default: compare.out of the config)")
-    return parser
-
-
-@cli_command
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args, overrides = parser.parse_known_args(argv)
-    command = " ".join(["python -m eval.compare", *map(shlex.quote, (argv if argv is not None else sys.argv[1:]))])
-    if args.out:
-        overrides.append(f"--compare.out={args.out}")
-    started = time.perf_counter()
-    compare, shared, preset = load_compare_config(args.config, args.preset, overrides)
-    out = Path(compare.out)
-    with FolderLock(out, "comparison"):  # one comparison per folder; its trainings lock their own run folders
-        return run_comparison(compare, shared, preset, out, command, started)
-
-
-def run_comparison(compare: CompareConfig, shared: dict, preset: str, out: Path, command: str,
-                   started: float) -> int:
-    check_existing_data(compare)
-    data_dir = prepared_data(compare)
-    configs = {(encoding, seed): variant_config(shared, encoding, seed, data_dir, compare)
-               for seed in compare.seeds for encoding in compare.encodings}
-    check_existing_runs(configs)
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    workers, threads = worker_layout(compare.workers, len(configs), gpus, compare.threads)
-    jobs = [Job(encoding, seed, config.to_dict(), asdict(compare), threads)
-            for (encoding, seed), config in configs.items()]
-    results = run_jobs(largest_first(jobs, configs), workers, out, adapt_threads=not compare.threads)
-    if compare.tasks:
-        try:
-            run_tasks(compare, out, shared.get("model", {}))
-        except Exception as error:  # the perplexity report is still written
-            traceback.print_exc()
-            print(f"the task suite failed ({type(error).__name__}: {error}); the report leaves it out",
-                  file=sys.stderr)
-    wall = time.perf_counter() - started
-    record_invocation(out, command, wall, workers, threads, results)
-    if all(str(result["status"]).startswith("failed") for result in results.values()) and (out / "report.md").exists():
-        print(f"\nevery job failed (see {out / 'logs'}); the previous report in {out} is kept", file=sys.stderr)
-        return 1
-    write_outputs(out, compare, shared, data_dir, configs, results, command, wall, preset, workers, threads)
-    first = next(iter(configs.values())).train
-    if [name for name in first.report_to if name != "jsonl"]:
-        cells = json.loads((out / "results.json").read_text())["cells"]
-        log_summary(first.report_to, out, first.tracker_group, (out / "table.md").read_text(),
-                    {f"{c['label']}/ppl_{c['multiple']:g}x": c["ppl"]["mean"] for c in cells if c["ppl"]})
-    print(f"\nwrote {out / 'report.md'} ({wall / 60:.1f} min)")
-    return 0 if all(not r["status"].startswith("failed") for r in results.values()) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -21,8 +21,13 @@ import numpy as np
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, PositionRangeError
 from eval import figures
-from eval.attention import STATISTICS, attention_statistics, summarise
+from eval.attention_diagnostics import STATISTICS, attention_statistics, summarise
+from eval.compare.cells import cell, header
+from eval.compare.config import CompareConfig
+from eval.compare.layout import probe_path, task_path
+from eval.compare.results import ComparisonResults
 from eval.extrapolation import resolve_length
+from eval.figures import colour
 from eval.induction import induction_probe, ordinary_token_ids
 from eval.passkey import evaluate_passkey
 from eval.stats import Estimate, seeds_and_trials, t_interval
@@ -43,11 +48,7 @@ INDUCTION_BLOCK, INDUCTION_TRIALS = 32, 32
 TASK_LENGTH, TASK_MULTIPLES, TASK_COUNT = DEFAULT_LENGTH, [1, 2, 4, 8], 256
 
 
-def probe_path(out: str | Path, encoding: str, seed: int, probe: str) -> Path:
-    return Path(out) / "probes" / encoding / f"seed{seed}-{probe}.json"
-
-
-def _per_length(compare: Any, trained: int, run: Callable[[int], Any]) -> dict[str, Any]:
+def _per_length(compare: CompareConfig, trained: int, run: Callable[[int], Any]) -> dict[str, Any]:
     """run(length) for every probe length; a length the model cannot run (a learned table's end) is recorded as an
     error, not raised."""
     rows: dict[str, Any] = {}
@@ -59,7 +60,7 @@ def _per_length(compare: Any, trained: int, run: Callable[[int], Any]) -> dict[s
     return rows
 
 
-def _attention(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: int, compare: Any) -> dict:
+def _attention(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: int, compare: CompareConfig) -> dict:
     return _per_length(compare, trained, lambda length: summarise(
         attention_statistics(model, ids, length, compare.probe_tokens), trained))
 
@@ -68,7 +69,7 @@ def induction_block(trained: int) -> int:
     return max(2, min(INDUCTION_BLOCK, trained // 4))
 
 
-def _induction(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: int, compare: Any) -> dict:
+def _induction(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: int, compare: CompareConfig) -> dict:
     """At each probe length, the second copy ends the sequence: distance = length - block."""
     ordinary = ordinary_token_ids(load_tokenizer(checkpoint), model.config.vocab_size)
     block = induction_block(trained)
@@ -76,17 +77,18 @@ def _induction(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: i
         model, ordinary, [length - block], block, INDUCTION_TRIALS, seed=0)[0])
 
 
-def _passkey(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: int, compare: Any) -> dict:
+def _passkey(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: int, compare: CompareConfig) -> dict:
     tokenizer = load_tokenizer(checkpoint)
     return _per_length(compare, trained, lambda length: evaluate_passkey(
         model, tokenizer, [length], PASSKEY_DEPTHS, compare.passkey_trials, seed=0))
 
 
+# name -> the probe; the names are eval/compare/config.py's PROBE_NAMES (tests/test_compare_package.py checks).
 PROBES: dict[str, Callable[..., dict]] = {"attention": _attention, "induction": _induction, "passkey": _passkey}
 
 
-def run_probes(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: int, compare: Any, encoding: str,
-               seed: int, digest: str) -> list[str]:
+def run_probes(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: int, compare: CompareConfig,
+               encoding: str, seed: int, digest: str) -> list[str]:
     """Run compare.probes on one trained model, each unless cached for the same weights and settings."""
     notes = []
     for probe in compare.probes:
@@ -110,7 +112,7 @@ def run_probes(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: i
     return notes
 
 
-def run_tasks(compare: Any, out: Path, shared_model: dict) -> None:
+def run_tasks(compare: CompareConfig, out: Path, shared_model: dict) -> None:
     """The task suite for every encoding of the comparison (its variants' model settings, and the position_args of
     the comparison's [model] that reach it), seeds shared with it, in compare.workers processes; a task whose
     results exist for the same settings is not trained again."""
@@ -121,7 +123,7 @@ def run_tasks(compare: Any, out: Path, shared_model: dict) -> None:
     results: dict[str, Any] = {}
     training: dict[str, Any] = {}
     for name in compare.tasks:
-        path = out / "tasks" / name / "results.json"
+        path = task_path(out, name)
         saved = json.loads(path.read_text()) if path.exists() else {}
         if saved.get("settings") == settings:
             print(f"task {name}: cached")
@@ -138,7 +140,7 @@ def run_tasks(compare: Any, out: Path, shared_model: dict) -> None:
                 training)
 
 
-def _load(out: Path, compare: Any, probe: str) -> dict[str, dict[int, dict]]:
+def _load(out: Path, compare: CompareConfig, probe: str) -> dict[str, dict[int, dict]]:
     """encoding -> seed -> rows of one probe, for what exists."""
     found: dict[str, dict[int, dict]] = {}
     for encoding in compare.encodings:
@@ -149,18 +151,10 @@ def _load(out: Path, compare: Any, probe: str) -> dict[str, dict[int, dict]]:
     return found
 
 
-def _cell(estimate: Estimate | None, digits: int = 2, signed: bool = False) -> str:
-    return "n/a" if estimate is None else estimate.format(digits, signed)
-
-
-def _header(first: str, columns: list[str]) -> list[str]:
-    return [f"| {first} | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
-
-
 def _rows_by_length(found: dict[str, dict[int, dict]], lengths: list[str],
-                    cell: Callable[[dict[int, dict], str], str]) -> list[str]:
-    """One table row per encoding: cell(its rows by seed, length) for each probe length."""
-    return [f"| {encoding} | " + " | ".join(cell(rows, item) for item in lengths) + " |"
+                    value: Callable[[dict[int, dict], str], str]) -> list[str]:
+    """One table row per encoding: value(its rows by seed, length) for each probe length."""
+    return [f"| {encoding} | " + " | ".join(value(rows, item) for item in lengths) + " |"
             for encoding, rows in found.items()]
 
 
@@ -188,40 +182,43 @@ def uniform_rise(item: str, trained: int) -> str:
     return f"{logs[trained:].mean() - logs[:trained].mean():+.2f}"
 
 
-def attention_section(out: Path, compare: Any, trained: int, penalty: Callable[[str, int], Estimate | None],
-                      colour: Callable[[str], str]) -> list[str]:
+def attention_section(results: ComparisonResults) -> list[str]:
+    """The attention statistics within and beyond L per encoding and probe length, their figure, and the entropy
+    rise beside each encoding's extrapolation penalty."""
+    out, compare, trained = results.out, results.compare, results.trained
     found = _load(out, compare, "attention")
     if not found:
         return []
     lines = ["### Attention diagnostics", "",
-             f"Per layer and head on {compare.probe_tokens:,} held-out tokens per length (eval/attention.py), "
+             f"Per layer and head on {compare.probe_tokens:,} held-out tokens per length "
+             "(eval/attention_diagnostics.py), "
              "averaged over layers, heads and query positions, mean [95% t interval] over seeds. Entropy in nats; "
              "'rise': the mean at positions >= L minus the mean at positions < L in the same windows; 'uniform rise': "
              "the same for attention spread evenly over the prefix (mean ln(i + 1)), the rise that more keys alone "
              "cause; far: the share on keys "
              "more than L back; sink: the share on the first 4 tokens.", "",
-             *_header("encoding @ length", ["entropy < L", "entropy >= L", "entropy rise", "uniform rise",
+             *header("encoding @ length", ["entropy < L", "entropy >= L", "entropy rise", "uniform rise",
                                             "distance < L",
                                             "distance >= L", "sink share", "far share >= L"])]
     for encoding, rows in found.items():
         for item in compare.probe_lengths:
             s = attention_summary(rows, item)
-            lines.append(f"| {encoding} @ {item} | {_cell(s['entropy within_L'])} | {_cell(s['entropy beyond_L'])} | "
-                         f"{_cell(s['entropy rise'], signed=True)} | {uniform_rise(item, trained)} | "
-                         f"{_cell(s['distance within_L'], 1)} | "
-                         f"{_cell(s['distance beyond_L'], 1)} | {_cell(s['sink within_L'], 3)} | "
-                         f"{_cell(s['far beyond_L'], 3)} |")
+            lines.append(f"| {encoding} @ {item} | {cell(s['entropy within_L'])} | {cell(s['entropy beyond_L'])} | "
+                         f"{cell(s['entropy rise'], signed=True)} | {uniform_rise(item, trained)} | "
+                         f"{cell(s['distance within_L'], 1)} | "
+                         f"{cell(s['distance beyond_L'], 1)} | {cell(s['sink within_L'], 3)} | "
+                         f"{cell(s['far beyond_L'], 3)} |")
     lines += ["", "![attention diagnostics](attention.png)", ""]
-    plot_attention(found, compare, trained, out / "attention.png", colour)
+    plot_attention(found, compare, trained, out / "attention.png")
     longest = max(compare.probe_lengths, key=lambda item: resolve_length(item, trained))
     length = resolve_length(longest, trained)
     statements = []
     for encoding, rows in found.items():
         rise = attention_summary(rows, longest)["entropy rise"]
-        estimate = penalty(encoding, length)
+        estimate = results.penalty(encoding, length)
         if rise is not None:
             statements.append(f"{encoding}: entropy at positions >= L {rise.format(2, True)} nats against < L, "
-                              f"penalty {_cell(estimate, 3, True)} nats")
+                              f"penalty {cell(estimate, 3, True)} nats")
     if statements and length > trained:
         lines += [f"- At {longest}, attention entropy beside the extrapolation penalty: " + "; ".join(statements)
                   + ". A rise well beyond the uniform one with a positive penalty is attention spreading over "
@@ -230,7 +227,7 @@ def attention_section(out: Path, compare: Any, trained: int, penalty: Callable[[
     return lines
 
 
-def plot_attention(found: dict, compare: Any, trained: int, path: Path, colour: Callable[[str], str]) -> None:
+def plot_attention(found: dict, compare: CompareConfig, trained: int, path: Path) -> None:
     longest = max(compare.probe_lengths, key=lambda item: resolve_length(item, trained))
     figure, axes = figures.new(4, width=18, height=4)
     titles = {"entropy": "entropy (nats)", "distance": "mean distance attended (tokens)",
@@ -254,8 +251,9 @@ def plot_attention(found: dict, compare: Any, trained: int, path: Path, colour: 
     figures.save(figure, path, axes[0], below=True)
 
 
-def induction_section(out: Path, compare: Any, trained: int) -> list[str]:
-    found = _load(out, compare, "induction")
+def induction_section(results: ComparisonResults) -> list[str]:
+    compare, trained = results.compare, results.trained
+    found = _load(results.out, compare, "induction")
     if not found:
         return []
     block = induction_block(trained)
@@ -264,17 +262,18 @@ def induction_section(out: Path, compare: Any, trained: int) -> list[str]:
              f"copies {block} tokens less than the length apart; {INDUCTION_TRIALS} trials per length; "
              "eval/induction.py): the loss on the first copy minus the loss on the second, in nats, mean [95% t "
              "interval] over seeds. Near 0: the model does not copy from that far back.", "",
-             *_header("encoding", list(compare.probe_lengths))]
+             *header("encoding", list(compare.probe_lengths))]
 
     def gain(rows: dict[int, dict], item: str) -> str:
         values = [r[item]["gain"]["mean"] for r in rows.values() if "gain" in r.get(item, {})]
-        return _cell(t_interval(values), signed=True)
+        return cell(t_interval(values), signed=True)
 
     return lines + _rows_by_length(found, compare.probe_lengths, gain) + [""]
 
 
-def passkey_section(out: Path, compare: Any) -> list[str]:
-    found = _load(out, compare, "passkey")
+def passkey_section(results: ComparisonResults) -> list[str]:
+    compare = results.compare
+    found = _load(results.out, compare, "passkey")
     if not found:
         return []
     lines = ["### Passkey retrieval", "",
@@ -283,22 +282,22 @@ def passkey_section(out: Path, compare: Any) -> list[str]:
              "interval on all the trials; one seed: Wilson, trials only] (eval/passkey.py, eval/stats.py "
              "seeds_and_trials). Base models are not fine-tuned on the template, so 0 is expected of small ones; "
              "docs/evaluation.md's passkey recipe fine-tunes one.", "",
-             *_header("encoding", list(compare.probe_lengths))]
+             *header("encoding", list(compare.probe_lengths))]
 
     def accuracy(rows: dict[int, dict], item: str) -> str:
         per_seed = [r[item] for r in rows.values() if isinstance(r.get(item), list)]
         correct = [sum(round(row["accuracy"] * row["trials"]) for row in seed) for seed in per_seed]
         trials = [sum(row["trials"] for row in seed) for seed in per_seed]
         estimate = seeds_and_trials(correct, trials)
-        return _cell(estimate) if estimate else "n/a"
+        return cell(estimate)
 
     return lines + _rows_by_length(found, compare.probe_lengths, accuracy) + [""]
 
 
-def tasks_section(out: Path, compare: Any) -> list[str]:
+def tasks_section(results: ComparisonResults) -> list[str]:
     lines = []
-    for name in compare.tasks:
-        path = out / "tasks" / name / "results.json"
+    for name in results.compare.tasks:
+        path = task_path(results.out, name)
         if not path.exists():
             continue
         saved = json.loads(path.read_text())
@@ -312,17 +311,17 @@ def tasks_section(out: Path, compare: Any) -> list[str]:
                   f"Trained per encoding and seed at L = {saved['length']} (eval/tasks.py, model {DEFAULT_MODEL}, "
                   f"batches of {DEFAULT_TRAIN['batch_size']} sequences, {budget}), exact match on {TASK_COUNT} "
                   "fresh sequences per length, mean [95% t interval] over seeds; steps: each seed's (* reached "
-                  "the cap).", "", *_header("encoding", multiples + ["steps"])]
+                  "the cap).", "", *header("encoding", multiples + ["steps"])]
         for encoding, by_length in results.items():
             steps = steps_cell(training.get(encoding, {}))
             lines.append(f"| {encoding} | " + " | ".join(
-                _cell(estimate(row["exact_match"])) for row in by_length.values()) + f" | {steps} |")
+                cell(estimate(row["exact_match"])) for row in by_length.values()) + f" | {steps} |")
         lines += ["", f"![{name}](tasks/{name}/{name}.png)", ""]
     return lines
 
 
-def report_sections(out: Path, compare: Any, trained: int, penalty: Callable[[str, int], Estimate | None],
-                    colour: Callable[[str], str]) -> list[str]:
-    lines = attention_section(out, compare, trained, penalty, colour) + induction_section(out, compare, trained)
-    lines += passkey_section(out, compare) + tasks_section(out, compare)
+def report_sections(results: ComparisonResults) -> list[str]:
+    """'Beyond perplexity': a section per probe and per task that has results (none: no heading)."""
+    lines = attention_section(results) + induction_section(results)
+    lines += passkey_section(results) + tasks_section(results)
     return (["## Beyond perplexity", ""] + lines) if lines else []

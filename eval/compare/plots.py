@@ -11,19 +11,21 @@ from __future__ import annotations
 import math
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from eval import figures
+from eval.compare.results import ComparisonResults, Snapshots, Variant
 from eval.figures import colour
 from eval.methods import NONE
+from eval.stats import Estimate
 
 COLUMNS = 4  # panels per row of small multiples
 AS_TRAINED = "every encoding as trained"
 
 
-def panel_groups(variants: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def panel_groups(variants: dict[str, Variant]) -> list[tuple[str, dict[str, Variant]]]:
     """[(panel title, {label: variant})]: one untitled panel when no variant has a method; else every encoding as
     trained first, then one panel per encoding that has methods (as trained, then its methods in order)."""
     plain = {name: v for name, v in variants.items() if v.method == NONE}
@@ -40,12 +42,12 @@ def panel_groups(variants: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return groups
 
 
-def _by_method(groups: list[tuple[str, dict[str, Any]]], title: str) -> bool:
+def _by_method(groups: list[tuple[str, dict[str, Variant]]], title: str) -> bool:
     """Whether the panel `title` of `groups` holds one encoding under its methods (coloured by method)."""
     return len(groups) > 1 and title != AS_TRAINED
 
 
-def _style(variant: Any, by_method: bool) -> dict[str, Any]:
+def _style(variant: Variant, by_method: bool) -> dict[str, Any]:
     """A line's colour, marker and style: the encoding's colour, or in a panel of one encoding's methods the
     method's colour (black as trained), so that the methods stand apart and match across panels."""
     style = figures.style(variant.encoding, variant.method)
@@ -54,7 +56,7 @@ def _style(variant: Any, by_method: bool) -> dict[str, Any]:
     return style
 
 
-def _panels(count: int):
+def panels(count: int) -> tuple[Any, list[Any]]:
     """A figure with `count` axes sharing x and y (a grid of COLUMNS when more than one), and the list of them."""
     if count == 1:
         figure, axis = figures.new()
@@ -68,7 +70,8 @@ def _panels(count: int):
     return figure, axes[:count]
 
 
-def _finish(figure, axes, titles, path: Path, xlabel: str, ylabel: str, title: str) -> None:
+def finish(figure: Any, axes: list[Any], titles: list[str], path: Path, xlabel: str, ylabel: str,
+           title: str) -> None:
     """Labels, one legend per panel (beside the only panel, inside each of several) and the figure's title."""
     if len(axes) == 1:
         axes[0].set_xlabel(xlabel)
@@ -89,11 +92,14 @@ def _finish(figure, axes, titles, path: Path, xlabel: str, ylabel: str, title: s
     figures.save(figure, path)
 
 
-def plot_with_bands(variants: dict[str, Any], lengths: list[int], value, path: Path, ylabel: str, title: str,
-                    log_y: bool, trained: int, zero_line: bool = False) -> None:
-    """`value(variant, length)` (an Estimate or None) against length, a band where it has an interval."""
+def plot_with_bands(variants: dict[str, Variant], lengths: list[int], value: Callable[[Variant, int], Estimate | None],
+                    path: Path, labels: tuple[str, str], trained: int, log_y: bool = False,
+                    zero_line: bool = False) -> None:
+    """`value(variant, length)` (an Estimate or None) against length, a band where it has an interval; `labels`:
+    the y axis's and the figure's title."""
+    ylabel, title = labels
     groups = panel_groups(variants)
-    figure, axes = _panels(len(groups))
+    figure, axes = panels(len(groups))
     for axis, (panel_title, members) in zip(axes, groups):
         by_method = _by_method(groups, panel_title)
         for name, variant in members.items():
@@ -115,15 +121,15 @@ def plot_with_bands(variants: dict[str, Any], lengths: list[int], value, path: P
         if log_y:
             axis.set_yscale("log")
         axis.grid(True, which="both", alpha=0.3)
-    _finish(figure, axes, [t for t, _ in groups], path,
+    finish(figure, axes, [t for t, _ in groups], path,
             "evaluation length (tokens, log scale); dotted = trained length L", ylabel, title)
 
 
-def plot_position_penalty(variants: dict[str, Any], longest: int, trained: int, path: Path) -> None:
+def plot_position_penalty(variants: dict[str, Variant], longest: int, trained: int, path: Path) -> None:
     """Penalty by position in the longest windows (window loss minus reference loss of the same tokens)."""
     groups = [(t, {n: v for n, v in members.items() if v.curves}) for t, members in panel_groups(variants)]
     groups = [(t, members) for t, members in groups if members] or [("", {})]
-    figure, axes = _panels(len(groups))
+    figure, axes = panels(len(groups))
     bucket = max(1, longest // 64)
     for axis, (panel_title, members) in zip(axes, groups):
         by_method = _by_method(groups, panel_title)
@@ -140,7 +146,7 @@ def plot_position_penalty(variants: dict[str, Any], longest: int, trained: int, 
         axis.axvline(trained, color="grey", linestyle=":", linewidth=1)
         axis.axhline(0, color="black", linewidth=0.8)
         axis.grid(True, alpha=0.3)
-    _finish(figure, axes, [t for t, _ in groups], path,
+    finish(figure, axes, [t for t, _ in groups], path,
             f"position in a {longest}-token window, in bins of {bucket} positions (each bin: every scored "
             "window's tokens there); dotted = L; band: range over seeds",
             "loss in the window minus L-window reference (nats)",
@@ -168,7 +174,7 @@ def plot_training_curves(training: dict[str, dict[int, dict]], path: Path) -> No
     figures.save(figure, path, axis)
 
 
-def plot_snapshots(snapshots: dict, tokens_per_step: int, max_steps: int, path: Path, longest_multiple: float) -> None:
+def plot_snapshots(snapshots: Snapshots, tokens_per_step: int, max_steps: int, path: Path, longest_multiple: float) -> None:
     figure, axis = figures.new()
     for name, rows in snapshots.items():
         encoding = name.split("+")[0]
@@ -185,3 +191,21 @@ def plot_snapshots(snapshots: dict, tokens_per_step: int, max_steps: int, path: 
     axis.set_title("Extrapolation against training tokens (models kept during training)", fontsize=10)
     axis.grid(True, alpha=0.3)
     figures.save(figure, path, axis)
+
+
+def write_figures(results: ComparisonResults) -> None:
+    """The comparison's figures in OUT: plot.png (perplexity), penalty.png, position_loss.png, train_curves.png and,
+    with kept models, snapshots.png (each also as SVG)."""
+    out, variants, trained = results.out, results.variants, results.trained
+    if variants:
+        plot_with_bands(variants, results.lengths, lambda v, n: v.ppl(n), out / "plot.png",
+                        ("perplexity (log scale)", "Perplexity vs evaluation length (mean over seeds, band: 95% t "
+                         "interval)"), trained, log_y=True)
+        plot_with_bands(variants, results.penalty_lengths, lambda v, n: v.penalty_estimate(n), out / "penalty.png",
+                        ("extrapolation penalty (nats)", "Penalty for positions >= L vs the L-window reference "
+                         "(band: 95% t interval over seeds and windows)"), trained, zero_line=True)
+        plot_position_penalty(variants, results.longest, trained, out / "position_loss.png")
+    plot_training_curves(results.training, out / "train_curves.png")
+    if results.snapshots:
+        plot_snapshots(results.snapshots, results.tokens_per_step, results.max_steps, out / "snapshots.png",
+                       results.longest / trained)

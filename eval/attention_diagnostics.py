@@ -1,7 +1,7 @@
 """Attention diagnostics: why an encoding fails past its trained length, read from its attention.
 
-    python -m eval.attention --checkpoint runs/compare_full/runs/rope/seed1 runs/compare_full/runs/alibi/seed1 \\
-        --lengths 1x,4x --tokens 16384 --out runs/attention
+    python -m eval.attention_diagnostics --checkpoint runs/compare_full/runs/rope/seed1 \\
+        runs/compare_full/runs/alibi/seed1 --lengths 1x,4x --tokens 16384 --out runs/attention
 
 For each checkpoint and length, the held-out text is cut into windows of that length; every layer computes its
 attention explicitly in chunks of query rows (model/attention.py, `observer`), and these statistics are summed per
@@ -31,8 +31,8 @@ from commands import add_checkpoint, add_device, add_out, comma_list, command_pa
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, DataError, cli_command
 from eval import figures
-from eval.data import checkpoint_eval_tokens
 from eval.extrapolation import parse_lengths, resolve_length
+from eval.heldout import checkpoint_eval_tokens
 from model.checkpoint import load_model, trained_length
 from model.data_folder import training_data_dir
 from model.runtime import resolve_device
@@ -152,7 +152,7 @@ def plot(results: dict[str, Any], out: Path) -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = command_parser("eval.attention", __doc__)
+    parser = command_parser("eval.attention_diagnostics", __doc__)
     add_checkpoint(parser, "one or more checkpoint folders (required)", nargs="+")
     parser.add_argument("--lengths", default="1x,4x", help="comma-separated multiples of the trained length (4x) or "
                                                            "token counts (1024)")

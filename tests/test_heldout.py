@@ -11,7 +11,7 @@ from data.prepare import main as prepare_main
 from data.sources import load_source
 from data.tokenizer import load_tokenizer
 from errors import DataError, SourceError
-from eval.data import (
+from eval.heldout import (
     HOLDS,
     INSIDE,
     OTHER,
@@ -121,7 +121,7 @@ def test_a_raw_source_the_checkpoint_never_trained_on_is_scored_whole(marked_cor
 
 
 def test_every_eval_command_makes_the_same_held_out_decision(marked_corpus, marked_checkpoint, tmp_path, capsys):
-    from eval.attention import main as attention_main
+    from eval.attention_diagnostics import main as attention_main
     from eval.extrapolation import main as extrapolation_main
 
     _, run = marked_checkpoint
@@ -192,11 +192,11 @@ def test_hub_sources_offline_fail_at_once_naming_the_alternatives(tmp_path, monk
 def test_a_file_of_a_named_local_source_counts_as_the_training_source(monkeypatch, tmp_path):
     """A checkpoint trained on the named source stdlib: a path inside the stdlib folder (its meta's stdlib_path)
     may be a training document, so it is judged by the hash rule; a path elsewhere is not the training source."""
-    import eval.data as eval_data
+    import eval.heldout as heldout
 
     stdlib = tmp_path / "lib" / "python3.x"
     (stdlib / "json").mkdir(parents=True)
-    monkeypatch.setattr(eval_data, "training_data_meta", lambda checkpoint: {"source": "stdlib",
+    monkeypatch.setattr(heldout, "training_data_meta", lambda checkpoint: {"source": "stdlib",
                                                                             "stdlib_path": str(stdlib)})
     assert training_source_relation(str(stdlib / "argparse.py"), "run")[0] == INSIDE
     assert training_source_relation(str(stdlib), "run")[0] == SAME

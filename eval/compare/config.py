@@ -1,0 +1,152 @@
+"""A comparison's settings: `CompareConfig` ([compare] of the config), and its loading from the TOML file, a
+preset of it and `--section.key=value` overrides, with the shared [model] and [train] values every variant trains
+with. Imports no other module of eval.compare: everything else of the comparison reads it.
+"""
+from __future__ import annotations
+
+import copy
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from commands import comma_list
+from errors import ConfigError
+from eval.extrapolation import parse_lengths
+from eval.methods import check_methods
+from eval.task_generators import TASKS
+from model.config import build_dataclass, check_field_types
+from model.encodings import POSITION_ENCODINGS
+from train.config import RunConfig, build_run_config, parse_override_value, set_dotted
+
+# The probes a comparison can run on every trained model (compare.probes); eval/compare/probes.py runs them.
+PROBE_NAMES = ("attention", "induction", "passkey")
+RunConfigs = dict[tuple[str, int], RunConfig]  # (encoding, seed) -> the run config that variant trains with
+
+
+@dataclass
+class CompareConfig:
+    source: str = "stdlib"
+    max_documents: int = 0  # hub sources: training documents to stream (0 = the source's own cap)
+    vocab_size: int = 4096
+    val_fraction: float = 0.05
+    encodings: list = field(default_factory=lambda: ["none", "sinusoidal", "learned", "shaw", "t5", "alibi", "rope"])
+    # Named model variants that compare.encodings may list besides the registered encodings: name -> the model
+    # settings that define it, e.g. {p-rope = {position = "rope", position_args = {rope = {p = 0.75}}}}
+    # ([compare.variants] in TOML).
+    variants: dict = field(default_factory=dict)
+    methods: list = field(default_factory=lambda: ["linear", "ntk", "dynamic", "yarn", "clamp"])
+    lengths: list = field(default_factory=lambda: ["1x", "2x", "4x", "8x", "16x"])
+    eval_tokens: int = 16384
+    reference_stride: int = 0  # 0: L / 8
+    seeds: list = field(default_factory=lambda: [1337])
+    snapshots: list = field(default_factory=list)  # fractions of train.max_steps whose models are also evaluated
+    # inference-time methods the snapshots are evaluated under too, where they are among compare.methods and apply
+    snapshot_methods: list = field(default_factory=lambda: ["clamp"])
+    probes: list = field(default_factory=list)  # of PROBE_NAMES (eval/compare/probes.py)
+    probe_lengths: list = field(default_factory=lambda: ["1x", "4x"])
+    probe_tokens: int = 16384  # held-out tokens per length for the attention diagnostics
+    passkey_trials: int = 50  # per (length, depth) and seed
+    tasks: list = field(default_factory=list)  # synthetic tasks trained per encoding (eval/task_generators.py)
+    task_steps: int = 12000  # the cap on each task model's training steps (eval.tasks default)
+    task_until: float = 0.95  # stop a task model's training at this validation exact match at L (0: train to the cap)
+    workers: int = 0  # 0: one per usable CPU core (one per GPU on CUDA)
+    threads: int = 0  # torch threads per worker; 0: CPU cores / workers
+    out: str = "runs/compare"
+
+    def __post_init__(self) -> None:
+        check_field_types(self, "compare")
+        parse_lengths(",".join(self.lengths))
+        check_methods(self.methods)
+        check_methods(self.snapshot_methods)  # applied where they are also among compare.methods
+        for name, settings in self.variants.items():
+            if name in POSITION_ENCODINGS or not isinstance(settings, dict) or "position" not in settings:
+                raise ConfigError(f"compare.variants.{name}: a variant is a table of model settings that sets "
+                                  f"model.position, under a name that is not an encoding's; got {settings!r}")
+        valid = sorted(POSITION_ENCODINGS) + sorted(self.variants)
+        unknown = [name for name in self.encodings if name not in valid]
+        if unknown or not self.encodings:
+            raise ConfigError(f"compare.encodings: unknown {unknown}; valid names are the encodings "
+                              f"{sorted(POSITION_ENCODINGS)} and the variants {sorted(self.variants)}")
+        if len(set(self.encodings)) != len(self.encodings):
+            raise ConfigError(f"compare.encodings lists a name twice: {self.encodings}")
+        if self.eval_tokens <= 0 or not 0 < self.val_fraction < 1:
+            raise ConfigError("compare.eval_tokens must be positive and compare.val_fraction in (0, 1)")
+        if not self.seeds or any(not isinstance(s, int) or isinstance(s, bool) for s in self.seeds) \
+                or len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError(f"compare.seeds must be a non-empty list of distinct integers, got {self.seeds}")
+        if any(not isinstance(f, (int, float)) or not 0 < f < 1 for f in self.snapshots):
+            raise ConfigError(f"compare.snapshots must be fractions of training in (0, 1), got {self.snapshots}")
+        unknown = [name for name in self.probes if name not in PROBE_NAMES] + [n for n in self.tasks if n not in TASKS]
+        if unknown:
+            raise ConfigError(f"compare.probes / compare.tasks: unknown {unknown}; probes are {sorted(PROBE_NAMES)}, "
+                              f"tasks are {sorted(TASKS)}")
+        parse_lengths(",".join(self.probe_lengths))
+        if min(self.probe_tokens, self.passkey_trials, self.task_steps) < 1:
+            raise ConfigError("compare.probe_tokens, passkey_trials and task_steps must be positive")
+        if not 0 <= self.task_until <= 1:
+            raise ConfigError(f"compare.task_until is an exact match in [0, 1] (0: off), got {self.task_until}")
+        if min(self.workers, self.threads, self.max_documents, self.reference_stride) < 0:
+            raise ConfigError("compare.workers, threads, max_documents and reference_stride must be >= 0")
+
+    def model_settings(self, name: str, shared: dict | None = None) -> dict[str, Any]:
+        """The model settings that make `name` (an encoding or a variant) differ from the shared [model] settings
+        `shared`: a variant's own, and the position_args of the encodings it uses, from `shared` and then from the
+        variant (an encoding's settings in the shared [model] reach the runs of that encoding only)."""
+        own = copy.deepcopy(self.variants.get(name, {"position": name}))
+        shared = shared or {}
+        args = copy.deepcopy(shared.get("position_args", {}))
+        for encoding, settings in own.pop("position_args", {}).items():
+            args[encoding] = {**args.get(encoding, {}), **settings}
+        used = set(own.get("position_layers", shared.get("position_layers")) or []) | {own["position"]}
+        args = {encoding: settings for encoding, settings in args.items() if encoding in used}
+        return {**own, "position_args": args} if args else own
+
+    def position_of(self, name: str) -> str:
+        return self.model_settings(name)["position"]
+
+
+def run_model(shared: dict, settings: dict) -> dict:
+    """A run's [model]: the shared settings without their position_args, and the run's own settings
+    (CompareConfig.model_settings, which carries the position_args that reach the run)."""
+    return {**{key: value for key, value in copy.deepcopy(shared).items() if key != "position_args"},
+            **copy.deepcopy(settings)}
+
+
+def load_compare_config(path: Path, preset: str | None, overrides: list[str]) -> tuple[CompareConfig, dict, str]:
+    """The compare settings, the shared [model]/[train] values for every variant, and the preset used."""
+    if not path.exists():
+        raise ConfigError(f"config file {path} not found")
+    try:
+        values = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: invalid TOML ({error})") from error
+    presets = values.pop("presets", {})
+    if preset is not None:
+        if preset not in presets:
+            raise ConfigError(f"--preset {preset!r} is not in {path}; available: {sorted(presets)}")
+        for dotted, value in presets[preset].items():
+            set_dotted(values, dotted, value, f"{path} [presets.{preset}]")
+    for override in overrides:
+        if not override.startswith("--") or "=" not in override:
+            raise ConfigError(f"override {override!r} must look like --section.key=value")
+        dotted, text = override[2:].split("=", 1)
+        value = parse_override_value(text)
+        if dotted.startswith("compare.") and isinstance(value, (str, int, float)) and not isinstance(value, bool) \
+                and isinstance(getattr(CompareConfig(), dotted.split(".", 1)[1], None), list):
+            value = [parse_override_value(item) for item in comma_list(str(text))]  # --compare.seeds=1,2,3
+        set_dotted(values, dotted, value, "override")
+    compare_values = values.pop("compare", {})
+    if "encoding_settings" in compare_values:
+        raise ConfigError("compare.encoding_settings is now [model] position_args: an encoding's settings there "
+                          "reach the runs of that encoding only (e.g. \"model.position_args\" = {t5 = {max_distance "
+                          "= 64}})")
+    compare = build_dataclass(CompareConfig, compare_values, "compare")
+    for section in ("data", "out"):
+        if section in values:
+            raise ConfigError(f"{path}: [{section}] is set by eval.compare itself; use [compare] source/out instead")
+    for encoding in compare.encodings:  # every variant's config is valid before anything trains
+        settings = compare.model_settings(encoding, values.get("model"))
+        build_run_config({**copy.deepcopy(values), "model": run_model(values.get("model", {}), settings)},
+                         f"{path} ({encoding}: {settings})")
+    return compare, values, preset or "default"
