@@ -17,7 +17,7 @@ with the same tokenizer and L, scores the same tokens. For each checkpoint, meth
   probe    the position-shift probe: the L-token windows of the 1x cell scored with their positions offset by
            0, L, 3L and 15L; only absolute positions change, the context does not (relative encodings must not
            move at all).
-Methods: "none" (the checkpoint as trained) plus each of --methods that applies (eval/methods.py): RoPE scalings
+Methods: "none" (the checkpoint as trained) plus each of --methods that applies (eval/inference_methods.py): RoPE scalings
 with factor = length / L, dynamic NTK scored token by token, a learned table clamped at its last row.
 Writes OUT/results.json, OUT/table.md and OUT/plot.png.
 """
@@ -41,7 +41,7 @@ from data.tokenizer import load_tokenizer
 from errors import ConfigError, PositionRangeError, cli_command
 from eval import figures
 from eval.heldout import checkpoint_eval_tokens
-from eval.methods import METHODS, NONE, applies, check_methods, label, method_spec
+from eval.inference_methods import METHODS, NONE, applies, check_methods, label, method_spec
 from eval.scoring import score_incremental, score_windows
 from eval.segments import (
     Segments,

@@ -12,7 +12,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from eval.methods import METHODS
+from eval.inference_methods import METHODS
 
 # The order fixes the colours: tab10, then the ten lighter shades of tab20, so the first ten keep their colours.
 ENCODING_ORDER = ["none", "sinusoidal", "learned", "shaw", "t5", "alibi", "rope", "kerple", "fire", "xpos", "cope",

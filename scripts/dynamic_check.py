@@ -22,7 +22,7 @@ from commands import add_checkpoint, comma_list, command_parser, renamed, requir
 from data.tokenizer import load_tokenizer
 from errors import CheckpointError, cli_command
 from eval.heldout import checkpoint_eval_tokens
-from eval.methods import method_spec
+from eval.inference_methods import method_spec
 from eval.scoring import score_incremental, score_prefixes, score_windows
 from eval.segments import choose_segments, tiled_windows
 from model.checkpoint import load_model, trained_length

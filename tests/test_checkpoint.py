@@ -117,7 +117,7 @@ def test_a_checkpoint_with_the_flat_encoding_settings_loads_with_identical_logit
     inference-time change (YaRN for RoPE, the clamp for the learned table) where it recorded one."""
     import numpy as np
 
-    from eval.methods import METHODS
+    from eval.inference_methods import METHODS
     from tests.conftest import ROOT
 
     folder = ROOT / "tests" / "fixtures" / "checkpoint_5d4370c" / name

@@ -6,7 +6,7 @@ import pytest
 from eval import figures
 from eval.compare import plots as compare_plots
 from eval.compare.results import Variant
-from eval.methods import METHODS
+from eval.inference_methods import METHODS
 
 LENGTHS = [64, 128, 256]
 

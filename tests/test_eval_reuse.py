@@ -7,7 +7,7 @@ import torch
 
 from errors import ConfigError
 from eval.extrapolation import PROBE_MULTIPLES, evaluate_checkpoint, key_for, make_plan
-from eval.methods import METHODS, NONE, applies, method_spec
+from eval.inference_methods import METHODS, NONE, applies, method_spec
 from eval.scoring import score_incremental, score_windows
 from eval.segments import (
     Segments,

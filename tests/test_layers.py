@@ -133,7 +133,7 @@ def test_each_rope_scaling_is_defined_once_in_the_registry():
     for name in ROPE_SCALINGS:
         places = [module for module, text in sources.items() if f'@scaling("{name}"' in text]
         assert places == ["model.rope"], (name, places)
-    from eval.methods import METHODS
+    from eval.inference_methods import METHODS
     from infer.rope_args import add_rope_scaling_args
 
     assert set(ROPE_SCALINGS) - {"default"} <= set(METHODS)

@@ -153,7 +153,7 @@ def test_an_extended_checkpoint_keeps_its_original_length_under_a_new_scaling():
     """A model extended from 16 to 64 tokens with YaRN x4: config.original_length is 16 (not the extended 64), an
     inference-time scaling given without an original length refers to 16, and the evaluation's yarn method at the
     extended length reproduces the model as trained (factor 64 / 16 = 4 over the same original)."""
-    from eval.methods import METHODS
+    from eval.inference_methods import METHODS
 
     extended = micro_config(max_seq_len=64, rope_theta=500.0,
                             rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16})

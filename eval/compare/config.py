@@ -13,7 +13,7 @@ from typing import Any
 from commands import comma_list
 from errors import ConfigError
 from eval.extrapolation import parse_lengths
-from eval.methods import check_methods
+from eval.inference_methods import check_methods
 from eval.task_generators import TASKS
 from model.config import build_dataclass, check_field_types
 from model.encodings import POSITION_ENCODINGS

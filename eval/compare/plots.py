@@ -18,7 +18,7 @@ import numpy as np
 from eval import figures
 from eval.compare.results import ComparisonResults, Snapshots, Variant
 from eval.figures import colour
-from eval.methods import NONE
+from eval.inference_methods import NONE
 from eval.stats import Estimate
 
 COLUMNS = 4  # panels per row of small multiples

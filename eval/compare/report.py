@@ -23,7 +23,7 @@ from eval.compare.plots import write_figures
 from eval.compare.probes import report_sections
 from eval.compare.results import ComparisonResults, Snapshots, Variant
 from eval.extrapolation import CheckpointEvaluation
-from eval.methods import NONE, label, method_spec
+from eval.inference_methods import NONE, label, method_spec
 from eval.stats import Estimate, separated, t_interval
 from model.encodings import POSITION_ENCODINGS
 from model.transformer import Transformer

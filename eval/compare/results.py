@@ -20,7 +20,7 @@ import numpy as np
 from eval.compare.config import CompareConfig, RunConfigs
 from eval.compare.layout import eval_path
 from eval.extrapolation import CheckpointEvaluation, resolve_length
-from eval.methods import NONE, applies, label
+from eval.inference_methods import NONE, applies, label
 from eval.stats import Estimate, seeds_and_windows, t_interval
 from model.checkpoint import has_checkpoint, load_trainer_state
 from model.transformer import Transformer

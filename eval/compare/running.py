@@ -29,8 +29,8 @@ from eval.compare.config import CompareConfig, RunConfigs, run_model
 from eval.compare.layout import eval_path, run_dir
 from eval.compare.probes import run_probes
 from eval.extrapolation import CheckpointEvaluation, evaluate_checkpoint, make_plan, resolve_length
+from eval.inference_methods import applies
 from eval.jobs import die_with_parent, job_output, share_cores, usable_cores
-from eval.methods import applies
 from model.checkpoint import WEIGHTS, has_checkpoint, load_model, load_trainer_state, trained_length
 from model.runtime import autocast_dtype, configure_runtime, resolve_device
 from model.transformer import Transformer
