@@ -4,8 +4,7 @@ One name for one thing in every command: --checkpoint (a checkpoint folder to re
 prepared folder, a named source or a text path), --out (the output folder), --length / --lengths (token counts,
 or multiples of the trained length like 4x), --tokens (how many tokens to score), --device, --dtype, --seed,
 --overwrite, and for commands that train, --config FILE plus --section.key=value overrides. Lists are
-comma-separated. --help shows every default. Old spellings still work for one release and say what replaces
-them.
+comma-separated. --help shows every default. A former spelling is refused with the name that replaced it.
 """
 from __future__ import annotations
 

@@ -149,12 +149,14 @@ class CheckpointEvaluation:
     errors: dict[str, str] = field(default_factory=dict)  # key_for(method, length) -> why there is no number
     probe: dict[str, np.ndarray] = field(default_factory=dict)  # key_for(method, offset) -> (L-windows,) mean loss
     seconds: float = 0.0
+    # key_for(method, length) -> the attention path each layer took there (Transformer.attention_paths)
+    paths: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def save(self, path: Path) -> None:
         arrays = {"reference": self.reference}
         arrays.update({f"loss__{key}": value for key, value in self.losses.items()})
         arrays.update({f"probe__{key}": value for key, value in self.probe.items()})
-        meta = {"plan": self.plan, "errors": self.errors, "seconds": self.seconds}
+        meta = {"plan": self.plan, "errors": self.errors, "seconds": self.seconds, "paths": self.paths}
         path.parent.mkdir(parents=True, exist_ok=True)
         staging = path.with_name(path.name + ".tmp.npz")
         np.savez(staging, meta=np.array(json.dumps(meta)), **arrays)
@@ -164,7 +166,8 @@ class CheckpointEvaluation:
     def load(cls, path: Path) -> "CheckpointEvaluation":
         with np.load(path) as data:
             meta = json.loads(str(data["meta"]))
-            evaluation = cls(meta["plan"], data["reference"], errors=meta["errors"], seconds=meta.get("seconds", 0.0))
+            evaluation = cls(meta["plan"], data["reference"], errors=meta["errors"], seconds=meta.get("seconds", 0.0),
+                             paths=meta.get("paths", {}))
             for name in data.files:
                 if name.startswith("loss__"):
                     evaluation.losses[name[len("loss__"):]] = data[name]
@@ -228,9 +231,12 @@ def evaluate_checkpoint(model: Transformer, ids: np.ndarray, plan: EvalPlan, met
     if trained in plan.lengths:  # the L cell first: every (L / stride)-th reference window is one of its windows
         at_trained[NONE] = score_windows(model, tiled_windows(ids, segments, trained), amp, progress=progress,
                                          desc=f"{NONE} @ {trained}")
+    paths = model.attention_paths()
     evaluation = CheckpointEvaluation(plan.key(), reference_layout(
         score_reference(model, ids, segments, trained, plan.reference_stride, at_trained.get(NONE), amp, progress),
         segments, plan.reference_stride))
+    if NONE in at_trained:
+        evaluation.paths[key_for(NONE, trained)] = paths
     chosen = [NONE] + [method for method in methods if method != NONE and applies(method, model.config.position,
                                                                                   model.config.layer_encodings())]
     for method in chosen:
@@ -256,6 +262,7 @@ def evaluate_checkpoint(model: Transformer, ids: np.ndarray, plan: EvalPlan, met
                     if length == trained:
                         at_trained[method] = losses
                 evaluation.losses[key] = tiled_layout(losses, segments, length)
+                evaluation.paths[key] = view.attention_paths()
             except PositionRangeError as error:
                 evaluation.errors[key] = str(error).split(";")[0]
         if spec.shift_probe and plan.probe_offsets:
@@ -284,7 +291,8 @@ def summary_rows(evaluation: CheckpointEvaluation, name: str, position: str, che
             key = key_for(method, length)
             row: dict[str, Any] = {"checkpoint": checkpoint, "name": name, "label": label(name, method),
                                    "method": method, "position": position, "trained_length": plan["trained"],
-                                   "length": length, "multiple": length / plan["trained"]}
+                                   "length": length, "multiple": length / plan["trained"],
+                                   "attention": evaluation.paths.get(key)}
             nll = evaluation.nll(method, length)
             if nll is None:
                 row.update(ppl=None, error=evaluation.errors.get(key, "not evaluated"))
@@ -402,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{checkpoint}: {scored}")
         plan = make_plan(len(ids), trained, lengths, args.tokens, args.reference_stride)
         evaluation = evaluate_checkpoint(model, ids, plan, methods, amp, progress=True)
+        for length in plan.lengths:  # the attention path of each length as trained (model/attention_path.py)
+            for layers, path in evaluation.paths.get(key_for(NONE, length), {}).items():
+                print(f"  attention @ {length} ({layers}): {path}")
         rows += summary_rows(evaluation, Path(checkpoint).name, model.config.position, str(checkpoint))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")

@@ -194,3 +194,18 @@ def test_a_figure_shown_from_a_report_folder_is_one_its_command_produced():
 
     orphans = [f"{page.name}: {image.relative_to(ROOT)}" for page, image in figures if not produced(image)]
     assert not orphans, orphans
+
+
+def test_every_file_a_source_file_names_exists():
+    """Comments and messages that point to a file (docs/PAGE.md, tests/test_X.py, model/X.py, ...) point to one
+    that exists: a moved page or module leaves no pointer to nowhere."""
+    named = re.compile(r"\b((?:docs|tests|model|eval|train|infer|data|scripts|configs)/[a-z0-9_/]+\.(?:md|py|toml))\b")
+    missing = []
+    for path in [*ROOT.glob("*.py"), *(p for folder in ("model", "eval", "train", "infer", "data", "scripts",
+                                                        "configs", "tests") for p in (ROOT / folder).rglob("*.*")
+                                       if p.suffix in (".py", ".toml"))]:
+        if path.name == "test_docs.py" or "fixtures" in path.parts:
+            continue
+        missing += [f"{path.relative_to(ROOT)}: {name}" for name in named.findall(path.read_text())
+                    if not (ROOT / name).exists()]
+    assert not missing, missing

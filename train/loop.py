@@ -392,6 +392,7 @@ class Trainer:
         if not self.gradients_checked:
             self.check_gradients()
             self.gradients_checked = True
+            self.record_attention_paths()
         if train.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), train.grad_clip)
         self.optimizer.step()
@@ -411,6 +412,14 @@ class Trainer:
                                f"(compile={self.config.train.compile}, device={self.device.type}); nothing "
                                "would be learned. This is a bug in pelab or torch: try --train.compile=false, "
                                "and report it with the torch version")
+
+    def record_attention_paths(self) -> None:
+        """Once per run, after the first applied step: the attention path each layer's training forward took
+        (model/attention_path.py; a compiled step records it too), said and kept in the trainer state."""
+        paths = self.model.attention_paths()
+        self.state["attention_paths"] = paths
+        for layers, path in paths.items():
+            self.say(f"attention ({layers}): {path}")
 
     def report(self, record: dict[str, Any], message: str) -> None:
         """A non-finite step: counted in the trainer state, logged, and said (the guard decides the policy)."""

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from data.batches import read_meta
 from eval.compare.cells import cell, estimate_dict, table
+from eval.compare.layout import eval_path
 from eval.compare.plots import write_figures
 from eval.compare.probes import report_sections
 from eval.compare.results import ComparisonResults, Snapshots, Variant
@@ -442,7 +443,23 @@ def results_record(results: ComparisonResults) -> dict:
                      "parameters": results.parameters},
         "status": dict(results.statuses),
         "training": {e: {str(s): t for s, t in by_seed.items()} for e, by_seed in results.training.items()},
+        "attention_paths": attention_paths(results),
         "cells": cells, "probe": probes, "snapshots": snapshot_rows}
+
+
+def attention_paths(results: ComparisonResults) -> dict[str, dict]:
+    """encoding -> the attention path of its first seed's layers in training and at each evaluation length as
+    trained (model/attention_path.py), from its trainer state and its cached evaluation."""
+    found = {}
+    seed = results.compare.seeds[0]
+    for encoding in results.compare.encodings:
+        summary = results.training.get(encoding, {}).get(seed) or {}
+        path = eval_path(results.out, encoding, seed)
+        evaluated = CheckpointEvaluation.load(path).paths if path.exists() else {}
+        found[encoding] = {"training": summary.get("attention_paths"),
+                           "evaluation": {key: paths for key, paths in evaluated.items()
+                                          if key.startswith(f"{NONE}@")}}
+    return found
 
 
 def write_outputs(results: ComparisonResults) -> None:

@@ -76,6 +76,7 @@ def training_summary(run: Path) -> dict[str, Any] | None:
         "initial_val_loss": state.get("initial_val_loss"),
         "curve": [(r["step"], r["loss"]) for r in records if "loss" in r],
         "val_curve": [(r["step"], r["val_loss"]) for r in records if "val_loss" in r],
+        "attention_paths": state.get("attention_paths"),  # the path each layer's training forward took
     }
 
 

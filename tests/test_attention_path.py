@@ -1,0 +1,109 @@
+"""model/attention_path.py: the one place that chooses the attention path, its decision for every encoding in the
+three situations the project runs (scripts.attention_paths), each rule firing, and the trainer and the evaluation
+recording what their forwards took. That each path computes the same numbers is tested where each path lives
+(tests/test_flex.py, tests/test_shared_bias.py, tests/test_position.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from model.attention_path import EXPLICIT, FLEX, SDPA, SDPA_MASK, Forward, Path, choose, describe
+from model.encodings import POSITION_ENCODINGS
+from model.runtime import RuntimeConfig, configure_runtime
+from model.transformer import Transformer
+from scripts.attention_paths import SITUATIONS, paths_of
+from tests.conftest import micro_config
+
+# (training, 16x evaluation, cached decoding) for each encoding at the micro shape (L = 32: 16x is 512 tokens).
+EXPECTED = {
+    "none": (SDPA, SDPA, SDPA),
+    "rope": (SDPA, SDPA, SDPA),
+    "xpos": (SDPA, SDPA, SDPA),
+    "sinusoidal": (SDPA, SDPA, SDPA),
+    "learned": (SDPA, SDPA, SDPA),
+    "alibi": (SDPA_MASK, SDPA_MASK, SDPA_MASK),  # a fixed bias; the evaluation scores two windows at once
+    "t5": (EXPLICIT, SDPA_MASK, SDPA_MASK),  # learned: explicit steps when gradients are wanted on the CPU
+    "kerple": (EXPLICIT, SDPA_MASK, SDPA_MASK),
+    "fire": (EXPLICIT, SDPA_MASK, SDPA_MASK),
+    "shaw": (EXPLICIT, FLEX, EXPLICIT),  # a value term; its clipped form takes FlexAttention for batches too
+    "cope": (EXPLICIT, EXPLICIT, EXPLICIT),  # its bias reads the scores
+}
+
+
+def test_the_expectations_cover_every_registered_encoding():
+    assert set(EXPECTED) == set(POSITION_ENCODINGS)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_every_encoding_takes_its_path_in_training_evaluation_and_decoding(name):
+    shape = {"vocab_size": 97, "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 32}
+    found = paths_of({"position": name}, torch.device("cpu"), batch=2, shape=shape)
+    for situation, expected in zip(SITUATIONS, EXPECTED[name]):
+        (only,) = found[situation].values()  # both layers took the same path
+        assert only.split(":")[0] == expected, (situation, only)
+
+
+def forward(**changes) -> Forward:
+    values = dict(device="cpu", grad=False, dtype=torch.float32, batch=1, queries=1024, keys=1024)
+    return Forward(**{**values, **changes})
+
+
+def test_each_rule_decides_and_says_why():
+    alibi = Transformer(micro_config(position="alibi")).position
+    t5 = Transformer(micro_config(position="t5")).position
+    rope = Transformer(micro_config(position="rope")).position
+    assert choose(alibi, forward()).kind == FLEX
+    assert choose(alibi, forward(), consecutive=lambda: False).reason.endswith("positions that are not consecutive")
+    assert choose(alibi, forward(batch=2)).kind == SDPA_MASK
+    assert "bfloat16" in choose(alibi, forward(dtype=torch.bfloat16)).reason
+    assert choose(alibi, forward(queries=256, keys=256)).kind == SDPA_MASK
+    assert choose(alibi, forward(device="cuda")).kind == SDPA_MASK
+    assert choose(alibi, forward(observed=True)).kind == EXPLICIT
+    assert choose(rope, forward(passes=True, methods=True)).kind == EXPLICIT
+    assert choose(rope, forward(window=8)).kind == SDPA_MASK  # a window: chunks, even without a bias
+    assert choose(rope, forward(visibility=True, methods=True)).kind == SDPA_MASK
+    assert choose(rope, forward()).kind == SDPA
+    assert choose(t5, forward(grad=True, batch=4, queries=64, keys=64)).kind == EXPLICIT
+    assert choose(t5, forward(grad=True, device="cuda", batch=4, queries=64, keys=64)).kind == SDPA_MASK
+    configure_runtime(RuntimeConfig(flex_attention=False))
+    try:
+        assert choose(alibi, forward()).reason.endswith("runtime.flex_attention is off")
+    finally:
+        configure_runtime(RuntimeConfig())
+
+
+def test_layers_with_the_same_path_are_merged_in_the_description():
+    a, b = Path("sdpa", "x"), Path("explicit", "y")
+    assert describe({0: a, 1: a, 2: b, 3: a}) == {"layers 0-1": "sdpa: x", "layer 2": "explicit: y",
+                                                  "layer 3": "sdpa: x"}
+
+
+def test_a_hybrid_reports_each_layers_path():
+    model = Transformer(micro_config(position="rope", position_layers=["rope", "alibi"], n_layers=4)).eval()
+    with torch.no_grad():
+        model(torch.zeros(2, 16, dtype=torch.long))
+    paths = model.attention_paths()
+    assert [path.split(":")[0] for path in paths.values()] == [SDPA, SDPA_MASK, SDPA, SDPA_MASK]
+
+
+def test_the_evaluation_records_the_path_of_each_length():
+    from eval.extrapolation import evaluate_checkpoint, make_plan
+
+    model = Transformer(micro_config(position="alibi", max_seq_len=8)).eval()
+    ids = np.random.default_rng(0).integers(0, 97, 2000)
+    evaluation = evaluate_checkpoint(model, ids, make_plan(len(ids), 8, ["1x", "4x"], 256), [])
+    assert set(evaluation.paths) == {"none@8", "none@32"}
+    assert all(path.startswith(SDPA_MASK) for paths in evaluation.paths.values() for path in paths.values())
+
+
+def test_the_trainer_says_and_keeps_the_path_of_its_training_forward(prepared_data, tmp_path, capsys):
+    from model.checkpoint import load_trainer_state
+    from tests.test_train import make_config, train
+
+    out = tmp_path / "run"
+    train(make_config(prepared_data, out, "--model.position=t5", "--train.max_steps=2"), prepared_data)
+    paths = load_trainer_state(out)["attention_paths"]
+    assert list(paths) == ["layers 0-1"] and paths["layers 0-1"].startswith(f"{EXPLICIT}: a learned bias")
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("attention (")]
+    assert said == [f"attention (layers 0-1): {paths['layers 0-1']}"]  # once per run
