@@ -5,6 +5,10 @@ Hooks (each has a do-nothing default):
   prepare(q_positions, k_positions, all_keys)
                                             per-forward state shared by all layers that use this encoding
                                             (e.g. RoPE's cos/sin)
+  for_layer(x, state, layer)               the state one layer's attention uses, given that layer's input x
+                                            (batch, time, dim): where an encoding's per-layer parameters or
+                                            data-dependent quantities (a gate computed from x) join the state;
+                                            the forward's state by default
   rotate_queries(q, state), rotate_keys(k, state)
                                             rotary encodings; keys are rotated before caching, or, when
                                             `caches_rotated_keys` is False (dynamic NTK), all cached raw keys
@@ -160,6 +164,11 @@ class PositionEncoding(nn.Module):
         """State for queries at q_positions and keys at k_positions; all_keys: keys will be encoded at score time,
         all of them (an attention method's pass), not before caching."""
         return Positions(q_positions, k_positions)
+
+    def for_layer(self, x: torch.Tensor, state: Any, layer: int) -> Any:
+        """The state layer `layer` uses, given its attention input x (batch, time, dim): the hooks below receive it
+        as `state`. The forward's state, unchanged, by default."""
+        return state
 
     def rotate_queries(self, q: torch.Tensor, state: Any) -> torch.Tensor:
         return q
