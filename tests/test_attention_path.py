@@ -28,6 +28,7 @@ EXPECTED = {
     "fire": (EXPLICIT, SDPA_MASK, SDPA_MASK),
     "shaw": (EXPLICIT, FLEX, EXPLICIT),  # a value term; its clipped form takes FlexAttention for batches too
     "cope": (EXPLICIT, EXPLICIT, EXPLICIT),  # its bias reads the scores
+    "ssmax": (SDPA, SDPA, SDPA),  # a factor on the queries, no bias
 }
 
 

@@ -12,7 +12,8 @@ from model.encodings.alibi import alibi_slopes
 from model.encodings.t5 import t5_bucket
 from tests.conftest import micro_config
 
-ENCODINGS = ["rope", "alibi", "t5", "shaw", "sinusoidal", "learned", "none", "fire", "kerple", "xpos", "cope"]
+ENCODINGS = ["rope", "alibi", "t5", "shaw", "sinusoidal", "learned", "none", "fire", "kerple", "xpos", "cope",
+             "ssmax"]
 # RoPE variants and layer hybrids (model.position_layers, model.attention_window) run the same battery.
 HYBRIDS = [
     dict(position="rope", position_args={"rope": {"fraction": 0.5}}),  # partial rotary
@@ -22,6 +23,9 @@ HYBRIDS = [
     dict(position="alibi", attention_window=[5]),  # a sliding window on a bias encoding
     dict(position="kerple", position_layers=["kerple", "xpos"]),  # two learned encodings in one model
 ]
+# Shift-invariant too, but without distances (only the count of keys): its shift test is in
+# tests/test_position_references.py.
+COUNTING = [dict(position="ssmax", attention_window=[5, 0])]  # SSMax counts the keys within the window
 SCALED_ROPE = [
     {"rope_type": "linear", "factor": 2.0},
     {"rope_type": "ntk", "factor": 2.0},
@@ -30,7 +34,7 @@ SCALED_ROPE = [
     {"rope_type": "llama3", "factor": 2.0},
 ]
 VARIANTS = [dict(position=name) for name in ENCODINGS] + [dict(position="rope", rope_scaling=s) for s in SCALED_ROPE] \
-    + HYBRIDS
+    + HYBRIDS + COUNTING
 
 
 def variant_id(variant):
@@ -42,7 +46,7 @@ def variant_id(variant):
 def test_registry_holds_every_encoding_and_unknown_names_list_them():
     assert sorted(POSITION_ENCODINGS) == sorted(ENCODINGS)
     with pytest.raises(ConfigError, match=r"valid names are \['alibi', 'cope', 'fire', 'kerple', 'learned', 'none', "
-                                          r"'rope', 'shaw', 'sinusoidal', 't5', 'xpos'\]"):
+                                          r"'rope', 'shaw', 'sinusoidal', 'ssmax', 't5', 'xpos'\]"):
         micro_config(position="nope")
 
 

@@ -188,6 +188,45 @@ def test_cope_ignores_token_positions_entirely():
         assert torch.equal(model(idx)[0], model(idx, positions=torch.arange(16)[None] * 7 + 3)[0])
 
 
+@pytest.mark.parametrize("window", [0, 3])
+def test_ssmax_attention_is_the_papers_formula(window):
+    """Scalable-Softmax written as loops: each query's weights are softmax((s_h log n) q.k / sqrt(d)) over the n
+    keys it sees (i + 1, or the window), s learned per layer and head; through a KV cache, one token at a time, the
+    same."""
+    config = micro_config(position="ssmax", n_kv_heads=4, attention_window=[window] if window else [])
+    model = Transformer(config).eval()
+    with torch.no_grad():
+        model.position.s.uniform_(0.2, 1.5)
+    layer = model.layers[1].attention
+    x = torch.randn(1, 7, config.dim)
+    positions = torch.arange(7)[None]
+    with torch.no_grad():
+        state = model.position.prepare(positions, positions)
+        out = layer(x, model.position, state, None)
+        q = layer.q_proj(x).view(7, 4, 16).transpose(0, 1)
+        k = layer.k_proj(x).view(7, 4, 16).transpose(0, 1)
+        v = layer.v_proj(x).view(7, 4, 16).transpose(0, 1)
+        z = torch.zeros(4, 7, 16)
+        for h in range(4):
+            for i in range(7):
+                seen = [j for j in range(i + 1) if not window or i - j < window]
+                factor = model.position.s[1, h] * math.log(len(seen))
+                weights = torch.stack([factor * (q[h, i] @ k[h, j]) / 4.0 for j in seen]).softmax(0)
+                z[h, i] = sum(w * v[h, j] for w, j in zip(weights, seen))
+        expected = layer.o_proj(z.transpose(0, 1).reshape(1, 7, config.dim))
+    assert (out - expected).abs().max() < 1e-5
+    # Shifted positions count the same keys: the same output.
+    with torch.no_grad():
+        shifted = torch.arange(7)[None] + 100
+        assert torch.allclose(layer(x, model.position, model.position.prepare(shifted, shifted), None), out,
+                              atol=1e-6)
+
+
+def test_ssmax_starts_as_softmax_at_the_trained_length():
+    model = Transformer(micro_config(position="ssmax", max_seq_len=32))
+    assert torch.allclose(model.position.s * math.log(32), torch.ones_like(model.position.s))
+
+
 @pytest.mark.parametrize("variant", [{"fraction": 0.5}, {"p": 0.5}, {"fraction": 0.5, "p": 0.5}])
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 def test_non_rotated_dimensions_carry_no_position(variant, layout):
@@ -323,7 +362,8 @@ def test_bad_layer_and_variant_settings_are_named(overrides, message):
 
 
 @pytest.mark.parametrize("variant", [dict(position=name) for name in
-                                     ["rope", "xpos", "alibi", "t5", "shaw", "kerple", "fire", "cope", "none"]]
+                                     ["rope", "xpos", "alibi", "t5", "shaw", "kerple", "fire", "cope", "none",
+                                      "ssmax"]]
                          + [dict(position="rope", position_layers=["rope", "fire"], attention_window=[4, 0])])
 def test_a_model_cast_to_bfloat16_runs_and_keeps_float32_frequencies(variant):
     """model.to(bfloat16) (scripts.generate --dtype bfloat16) runs every encoding; RoPE's frequencies, xPos's decay

@@ -10,6 +10,7 @@
     fire        FIRE's MLP over normalised distance              fire.py
     cope        CoPE's contextual (gated) positions              cope.py
     rope, xpos  rotary, with partial rotary, p-RoPE; xPos decay  rotary.py
+    ssmax       Scalable-Softmax: queries times s log n, no RoPE  ssmax.py
 
 The interface and its hooks: base.py. A new encoding is a file here that registers its class with
 `@register("name")`, plus its line in ENCODING_MODULES; nothing else in the model names it. Importing this package
@@ -26,7 +27,8 @@ if TYPE_CHECKING:
     from model.encodings.base import PositionEncoding
 
 # The files of model/encodings/ that register encodings, in the order of the registry (and of its listings).
-ENCODING_MODULES = ("none", "alibi", "t5", "shaw", "sinusoidal", "learned", "kerple", "fire", "cope", "rotary")
+ENCODING_MODULES = ("none", "alibi", "t5", "shaw", "sinusoidal", "learned", "kerple", "fire", "cope", "rotary",
+                    "ssmax")
 
 POSITION_ENCODINGS: dict[str, type["PositionEncoding"]] = {}
 

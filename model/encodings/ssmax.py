@@ -1,0 +1,63 @@
+"""ssmax: Scalable-Softmax (Nakanishi 2025, "Scalable-Softmax Is Superior for Attention", arXiv 2501.19399) on a
+model with no other position information (NoPE).
+
+Softmax over n keys flattens as n grows; SSMax replaces softmax(z) by softmax((s log n) z), n the number of keys
+the query sees and s a learned scalar per layer and head, which is a multiplication of each query by s log n. Here
+n is the query's position less the first key's, plus one (at most the layer's sliding window): the number of keys
+it sees in a sequence or a KV cache, unchanged by a shift of all positions; under positions with gaps (PoSE) it is
+the count those positions stand for, as every other encoding reads them. s starts at 1 / log L, so that at the
+trained length L the logits start as softmax's (the paper learns s with the model; this initial value is ours).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from model.encodings import register
+from model.encodings.base import PositionEncoding, Positions
+
+if TYPE_CHECKING:
+    from model.config import ModelConfig
+
+
+@dataclass
+class ScaledPositions(Positions):
+    """One layer's state: the positions, and each query's factor s log n, (batch|1, heads, q_time, 1) float32."""
+
+    scale: torch.Tensor | None = None
+
+
+def visible_keys(queries: torch.Tensor, keys: torch.Tensor, window: int) -> torch.Tensor:
+    """n for each query (batch|1, q_time): its position less the first key's (keys[:, 0]: the sequence's or the
+    cache's first), plus one; at most `window` when the layer has one."""
+    count = queries - keys[:, :1] + 1
+    return count.clamp(min=1, max=window) if window else count.clamp(min=1)
+
+
+@register("ssmax")
+class SSMax(PositionEncoding):
+    """NoPE with Scalable-Softmax: each query multiplied by s log n, s learned per layer and head."""
+
+    # The model's learning rate; no weight decay, as for the other vectors (norms, position vectors). Not measured.
+    optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}
+
+    def __init__(self, config: "ModelConfig") -> None:
+        super().__init__(config)
+        self.s = nn.Parameter(torch.empty(config.n_layers, config.n_heads))
+        self.windows = config.layer_windows()
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.constant_(self.s, 1.0 / math.log(max(2, self.config.max_seq_len)))
+
+    def for_layer(self, x: torch.Tensor, state: Positions, layer: int) -> ScaledPositions:
+        n = visible_keys(state.queries, state.keys, self.windows[layer]).to(torch.float32)
+        scale = self.s[layer].float()[None, :, None, None] * torch.log(n)[:, None, :, None]
+        return ScaledPositions(state.queries, state.keys, scale)
+
+    def rotate_queries(self, q: torch.Tensor, state: ScaledPositions) -> torch.Tensor:
+        return q * state.scale.to(q.dtype)
