@@ -105,9 +105,9 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(batch, time, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, time, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, time, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        position_state = position.for_layer(x, position_state, self.layer_index)
+        position_state = position.for_layer(x, position_state, self.layer_index, kv_cache)
         if pass_states is not None:
-            pass_states = [position.for_layer(x, state, self.layer_index) for state in pass_states]
+            pass_states = [position.for_layer(x, state, self.layer_index, kv_cache) for state in pass_states]
         scale = methods.scale_for(position.encodes_positions) if methods is not None else None
         if scale is not None:
             q = q * scale.to(q.dtype)  # logn / temperature: a factor per query position
@@ -230,7 +230,7 @@ class Attention(nn.Module):
                                                scores if position.bias_needs_scores else None)
                     if bias is not None:
                         scores = scores + bias
-                probs = torch.softmax(scores, dim=-1)
+                probs = position.attention_weights(scores, state, self.layer_index, visible)
                 if self.observer is not None:
                     self.observer(self.layer_index, rows, keys, probs)
                 probs = F.dropout(probs, dropout, self.training).to(v.dtype)

@@ -286,6 +286,10 @@ def compose(classes: list[type[AttentionMethod]]) -> None:
 
 def refusal(cls: type[AttentionMethod], used: list[str], scaling: str | None = None) -> str | None:
     """Why `cls` cannot run on a model whose layers use the encodings `used` (and this scaling), or None."""
+    own = [name for name in used if POSITION_ENCODINGS[name].own_weights]
+    if own:
+        return (f"attention method {cls.name!r} is defined on softmax attention; {own} compute their attention "
+                "weights otherwise")
     if cls.encodings is not None:
         outside = [name for name in used if name not in cls.encodings and name != "none"]
         if outside or not set(used) & set(cls.encodings):

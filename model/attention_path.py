@@ -95,8 +95,8 @@ def choose(encoding: Any, forward: Forward, consecutive: Callable[[], bool] = la
     only when everything else allows FlexAttention."""
     if forward.passes:
         return Path(EXPLICIT, "an attention method encodes positions per pass at score time")
-    if not (encoding.has_score_bias or encoding.has_value_term or forward.window or forward.observed
-            or forward.visibility):
+    if not (encoding.has_score_bias or encoding.has_value_term or encoding.own_weights or forward.window
+            or forward.observed or forward.visibility):
         return Path(SDPA, "no score bias and no window: the fused kernel")
     blocked = why_not_flex(encoding, forward)
     if blocked is None:
@@ -107,6 +107,8 @@ def choose(encoding: Any, forward: Forward, consecutive: Callable[[], bool] = la
         return Path(EXPLICIT, f"a value term added to the output; not flex: {blocked}")
     if encoding.bias_needs_scores:
         return Path(EXPLICIT, f"a bias that reads the scores; not flex: {blocked}")
+    if encoding.own_weights:
+        return Path(EXPLICIT, f"weights of its own instead of softmax; not flex: {blocked}")
     if forward.observed:
         return Path(EXPLICIT, "a diagnostic reads the probabilities")
     # SDPA's fused CPU kernel takes no mask gradient, and its math fallback measured slower than the explicit steps

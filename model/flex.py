@@ -47,7 +47,7 @@ _block_masks: dict[tuple[int, str, int], Any] = {}
 def kind(position: Any) -> str | None:
     """"clipped" (bias and value term a function of the query and min(i - j, clip): Shaw), "distance" (a bias that
     is a function of i - j alone: ALiBi, T5, KERPLE), or None (the chunked path)."""
-    if not position.relative_only:
+    if not position.relative_only or position.bias_from_content or position.own_weights:
         return None
     if position.clipped_distance:
         return "clipped"

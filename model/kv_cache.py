@@ -29,6 +29,9 @@ class KVCache:
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
         self.positions: torch.Tensor | None = None  # (batch, max_len) position of every cached key
+        # An encoding's own per-token tensors, (batch, channels, max_len) per (layer, name): what it computed from
+        # each cached token's content (FoX's forget gates), kept beside its key.
+        self.extras: dict[tuple[int, str], torch.Tensor] = {}
 
     @classmethod
     def for_model(cls, config, batch_size: int, max_len: int) -> "KVCache":
@@ -66,6 +69,21 @@ class KVCache:
         self.keys[layer, :, :, self.length : end] = keys
         self.values[layer, :, :, self.length : end] = values
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+
+    def update_extra(self, layer: int, name: str, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write an encoding's per-token tensor (batch, channels, time) of the new tokens after the cached ones;
+        return all of them (batch, channels, keys) and the columns of the new tokens among them (time,)."""
+        end = self.length + values.shape[2]
+        self.check_room(end)
+        buffer = self.extra_buffer(layer, name, values)
+        buffer[:, :, self.length : end] = values
+        return buffer[:, :, :end], torch.arange(self.length, end, device=values.device)
+
+    def extra_buffer(self, layer: int, name: str, values: torch.Tensor) -> torch.Tensor:
+        key = (layer, name)
+        if key not in self.extras:
+            self.extras[key] = values.new_zeros(values.shape[0], values.shape[1], self.max_len)
+        return self.extras[key]
 
     def advance(self, steps: int) -> None:
         self.length += steps
@@ -115,6 +133,13 @@ class StaticKVCache(KVCache):
         self.keys[layer].index_copy_(2, index, keys)
         self.values[layer].index_copy_(2, index, values)
         return self.keys[layer], self.values[layer]
+
+    def update_extra(self, layer: int, name: str, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """All max_len slots (unwritten ones zero, hidden by the mask) and the new tokens' slots."""
+        index = self.slot_index(values.shape[2], values.device)
+        buffer = self.extra_buffer(layer, name, values)
+        buffer.index_copy_(2, index, values)
+        return buffer, index
 
     def visible(self, q_len: int, device: torch.device) -> torch.Tensor:
         """(q_len, max_len) True where a new query may attend a slot: filled slots up to its own."""

@@ -5,10 +5,11 @@ Hooks (each has a do-nothing default):
   prepare(q_positions, k_positions, all_keys)
                                             per-forward state shared by all layers that use this encoding
                                             (e.g. RoPE's cos/sin)
-  for_layer(x, state, layer)               the state one layer's attention uses, given that layer's input x
+  for_layer(x, state, layer, kv_cache)     the state one layer's attention uses, given that layer's input x
                                             (batch, time, dim): where an encoding's per-layer parameters or
                                             data-dependent quantities (a gate computed from x) join the state;
-                                            the forward's state by default
+                                            what it needs of earlier tokens it keeps in the KV cache
+                                            (kv_cache.update_extra); the forward's state by default
   rotate_queries(q, state), rotate_keys(k, state)
                                             rotary encodings; keys are rotated before caching, or, when
                                             `caches_rotated_keys` is False (dynamic NTK), all cached raw keys
@@ -18,6 +19,9 @@ Hooks (each has a do-nothing default):
                                             query rows `rows` of this forward and the key columns `keys` of all
                                             keys attended to; `scores` (the scaled q.k logits, -inf where a key is
                                             hidden) is given when `bias_needs_scores` (CoPE), else None
+  attention_weights(scores, state, layer, visible)
+                                            the attention weights from the chunk's scores (softmax by default;
+                                            an encoding with `own_weights` replaces it: stick-breaking)
   value_term(probs, state, layer, rows, keys)
                                             a term added to the attention output (Shaw's relative values)
   clipped_tables(q, state, layer)           when `clipped_distance` = c > 0 (Shaw): the bias as a function of the
@@ -29,7 +33,7 @@ Hooks (each has a do-nothing default):
                                             training loop calls it after every optimizer step (KERPLE's r1, r2 > 0)
 
 Capabilities the attention path reads (model/attention_path.py): `has_score_bias`, `bias_needs_scores`,
-`has_value_term`, `caches_rotated_keys`, `relative_only`, `clipped_distance`.
+`bias_from_content`, `has_value_term`, `own_weights`, `caches_rotated_keys`, `relative_only`, `clipped_distance`.
 `per_layer` is False for encodings that act on the whole model (absolute ones, through `embed`): those cannot be
 mixed with others layer by layer.
 
@@ -118,6 +122,8 @@ class PositionEncoding(nn.Module):
     encodes_positions = True  # False: NoPE (Llama 4's temperature tuning acts on such layers only)
     relative_only = True  # False: scores also depend on a query's absolute position (FIRE past its threshold)
     clipped_distance = 0  # c > 0: bias and value term depend on the query and min(i - j, c) only (clipped_tables)
+    bias_from_content = False  # True: the bias depends on the tokens (a gate of the layer input), not on positions
+    own_weights = False  # True: attention_weights replaces softmax (the explicit steps then compute the weights)
     exact_buffers: tuple[str, ...] = ()  # buffers kept in float32 when the model is cast (frequencies, slopes)
     # AdamW settings for this encoding's own parameters, if it has any (train/loop.py: position_group_settings):
     # "lr_scale" multiplies train.lr, "weight_decay" replaces train.weight_decay. Chosen by measurement (docs/baselines.md)
@@ -165,9 +171,9 @@ class PositionEncoding(nn.Module):
         all of them (an attention method's pass), not before caching."""
         return Positions(q_positions, k_positions)
 
-    def for_layer(self, x: torch.Tensor, state: Any, layer: int) -> Any:
-        """The state layer `layer` uses, given its attention input x (batch, time, dim): the hooks below receive it
-        as `state`. The forward's state, unchanged, by default."""
+    def for_layer(self, x: torch.Tensor, state: Any, layer: int, kv_cache: Any = None) -> Any:
+        """The state layer `layer` uses, given its attention input x (batch, time, dim) and the KV cache of this
+        forward (None without one): the hooks below receive it as `state`. The forward's state by default."""
         return state
 
     def rotate_queries(self, q: torch.Tensor, state: Any) -> torch.Tensor:
@@ -179,6 +185,12 @@ class PositionEncoding(nn.Module):
     def score_bias(self, q: torch.Tensor, state: Any, layer: int, rows: slice, keys: slice = ALL,
                    scores: torch.Tensor | None = None) -> torch.Tensor | None:
         return None
+
+    def attention_weights(self, scores: torch.Tensor, state: Any, layer: int,
+                          visible: torch.Tensor | None) -> torch.Tensor:
+        """The attention weights of a chunk (batch, heads, rows, keys) from its scores, -inf where a key is hidden
+        (`visible`: the boolean mask, or None when every key is seen): softmax over the keys."""
+        return torch.softmax(scores, dim=-1)
 
     def value_term(self, probs: torch.Tensor, state: Any, layer: int, rows: slice,
                    keys: slice = ALL) -> torch.Tensor | None:

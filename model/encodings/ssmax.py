@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -54,7 +54,7 @@ class SSMax(PositionEncoding):
     def reset_parameters(self) -> None:
         nn.init.constant_(self.s, 1.0 / math.log(max(2, self.config.max_seq_len)))
 
-    def for_layer(self, x: torch.Tensor, state: Positions, layer: int) -> ScaledPositions:
+    def for_layer(self, x: torch.Tensor, state: Positions, layer: int, kv_cache: Any = None) -> ScaledPositions:
         n = visible_keys(state.queries, state.keys, self.windows[layer]).to(torch.float32)
         scale = self.s[layer].float()[None, :, None, None] * torch.log(n)[:, None, :, None]
         return ScaledPositions(state.queries, state.keys, scale)
