@@ -29,6 +29,8 @@ EXPECTED = {
     "shaw": (EXPLICIT, FLEX, EXPLICIT),  # a value term; its clipped form takes FlexAttention for batches too
     "cope": (EXPLICIT, EXPLICIT, EXPLICIT),  # its bias reads the scores
     "ssmax": (SDPA, SDPA, SDPA),  # a factor on the queries, no bias
+    "fox": (EXPLICIT, SDPA_MASK, SDPA_MASK),  # a learned bias, from the content (no distance table for flex)
+    "stickbreaking": (EXPLICIT, EXPLICIT, EXPLICIT),  # weights of its own instead of softmax
 }
 
 

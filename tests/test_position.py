@@ -13,7 +13,7 @@ from model.encodings.t5 import t5_bucket
 from tests.conftest import micro_config
 
 ENCODINGS = ["rope", "alibi", "t5", "shaw", "sinusoidal", "learned", "none", "fire", "kerple", "xpos", "cope",
-             "ssmax"]
+             "ssmax", "fox", "stickbreaking"]
 # RoPE variants and layer hybrids (model.position_layers, model.attention_window) run the same battery.
 HYBRIDS = [
     dict(position="rope", position_args={"rope": {"fraction": 0.5}}),  # partial rotary
@@ -25,7 +25,8 @@ HYBRIDS = [
 ]
 # Shift-invariant too, but without distances (only the count of keys): its shift test is in
 # tests/test_position_references.py.
-COUNTING = [dict(position="ssmax", attention_window=[5, 0])]  # SSMax counts the keys within the window
+COUNTING = [dict(position="ssmax", attention_window=[5, 0]),  # SSMax counts the keys within the window
+            dict(position="rope", position_layers=["rope", "fox"])]  # FoX's gates beside RoPE (the paper's FoX+RoPE)
 SCALED_ROPE = [
     {"rope_type": "linear", "factor": 2.0},
     {"rope_type": "ntk", "factor": 2.0},
@@ -45,8 +46,9 @@ def variant_id(variant):
 
 def test_registry_holds_every_encoding_and_unknown_names_list_them():
     assert sorted(POSITION_ENCODINGS) == sorted(ENCODINGS)
-    with pytest.raises(ConfigError, match=r"valid names are \['alibi', 'cope', 'fire', 'kerple', 'learned', 'none', "
-                                          r"'rope', 'shaw', 'sinusoidal', 'ssmax', 't5', 'xpos'\]"):
+    with pytest.raises(ConfigError, match=r"valid names are \['alibi', 'cope', 'fire', 'fox', 'kerple', 'learned', "
+                                          r"'none', 'rope', 'shaw', 'sinusoidal', 'ssmax', 'stickbreaking', 't5', "
+                                          r"'xpos'\]"):
         micro_config(position="nope")
 
 

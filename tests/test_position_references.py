@@ -222,6 +222,123 @@ def test_ssmax_attention_is_the_papers_formula(window):
                               atol=1e-6)
 
 
+def test_fox_attention_is_the_papers_formula():
+    """Forgetting Attention written as loops: f_l = sigmoid(w_h . x_l + b_h) from the layer input, the logit of key
+    j <= i plus sum_{l = j+1..i} log f_l (the reference's kernel is Triton on CUDA only: no golden values here)."""
+    config = micro_config(position="fox", n_kv_heads=2)
+    model = Transformer(config).eval()
+    with torch.no_grad():
+        for gate in model.position.gates.values():
+            gate.weight.normal_(0.0, 0.3)
+            gate.bias.uniform_(-1.0, 2.0)
+    layer = model.layers[1].attention
+    x = torch.randn(1, 7, config.dim)
+    positions = torch.arange(7)[None]
+    with torch.no_grad():
+        out = layer(x, model.position, model.position.prepare(positions, positions), None)
+        q = layer.q_proj(x).view(7, 4, 16).transpose(0, 1)
+        k = layer.k_proj(x).view(7, 2, 16).transpose(0, 1).repeat_interleave(2, 0)
+        v = layer.v_proj(x).view(7, 2, 16).transpose(0, 1).repeat_interleave(2, 0)
+        gate = model.position.gates["1"]
+        z = torch.zeros(4, 7, 16)
+        for h in range(4):
+            forget = [torch.sigmoid(gate.weight[h] @ x[0, t] + gate.bias[h]) for t in range(7)]
+            for i in range(7):
+                logits = [q[h, i] @ k[h, j] / 4.0 + sum(math.log(forget[t]) for t in range(j + 1, i + 1))
+                          for j in range(i + 1)]
+                weights = torch.stack(logits).softmax(0)
+                z[h, i] = sum(weights[j] * v[h, j] for j in range(i + 1))
+        expected = layer.o_proj(z.transpose(0, 1).reshape(1, 7, config.dim))
+    assert (out - expected).abs().max() < 1e-5
+
+
+def test_fox_ignores_positions_and_reads_the_content():
+    model = Transformer(micro_config(position="fox")).eval()
+    idx = torch.randint(0, 97, (2, 16))
+    with torch.no_grad():
+        for gate in model.position.gates.values():
+            gate.weight.normal_(0.0, 0.3)
+        assert torch.equal(model(idx)[0], model(idx, positions=torch.arange(16)[None] * 7 + 3)[0])
+        state = model.position.prepare(torch.arange(16)[None], torch.arange(16)[None])
+        x = torch.randn(1, 16, model.config.dim)
+        one = model.position.for_layer(x, state, 0).queries_sum
+        other = model.position.for_layer(torch.randn(1, 16, model.config.dim), state, 0).queries_sum
+        assert (one - other).abs().max() > 1e-2  # the gates come from the content
+        assert bool((one[..., 1:] <= one[..., :-1]).all())  # log f <= 0: the sums only fall
+
+
+@pytest.mark.parametrize("attend_current, name", [(False, "out_earlier"), (True, "out_current")])
+def test_stick_breaking_equals_the_reference_implementation(attend_current, name):
+    """Golden values: the reference's naive implementation run on fixed inputs (tests/fixtures/README.md)."""
+    import numpy as np
+
+    from model.encodings.stickbreaking import stick_breaking
+    from tests.conftest import ROOT
+
+    saved = np.load(ROOT / "tests" / "fixtures" / "stickbreaking_reference" / "reference.npz")
+    q, k, v = (torch.from_numpy(saved[key]) for key in ("q", "k", "v"))
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    visible = torch.ones(12, 12, dtype=torch.bool).tril()
+    weights = stick_breaking(scores, visible, attend_current)
+    assert torch.allclose(weights.sum(-1), torch.ones(2, 3, 12, dtype=torch.float64), atol=1e-12)
+    assert (weights @ v - torch.from_numpy(saved[name])).abs().max() < 1e-5  # the reference runs in float32
+
+
+def test_stick_breaking_attention_is_the_papers_formula():
+    """Written as loops through the model's attention: key j < i gets beta_ij prod_{j<k<i} (1 - beta_ik), beta =
+    sigmoid(q.k / sqrt(d)), and the query's own value what no key claimed."""
+    config = micro_config(position="stickbreaking", n_kv_heads=4)
+    model = Transformer(config).eval()
+    layer = model.layers[0].attention
+    x = torch.randn(1, 7, config.dim) * 4
+    positions = torch.arange(7)[None]
+    with torch.no_grad():
+        out = layer(x, model.position, model.position.prepare(positions, positions), None)
+        q = layer.q_proj(x).view(7, 4, 16).transpose(0, 1)
+        k = layer.k_proj(x).view(7, 4, 16).transpose(0, 1)
+        v = layer.v_proj(x).view(7, 4, 16).transpose(0, 1)
+        z = torch.zeros(4, 7, 16)
+        for h in range(4):
+            for i in range(7):
+                beta = [torch.sigmoid(q[h, i] @ k[h, j] / 4.0) for j in range(i)]
+                left = 1.0
+                for j in reversed(range(i)):  # nearest first
+                    z[h, i] += beta[j] * left * v[h, j]
+                    left = left * (1 - beta[j])
+                z[h, i] += left * v[h, i]
+        expected = layer.o_proj(z.transpose(0, 1).reshape(1, 7, config.dim))
+    assert (out - expected).abs().max() < 1e-5
+
+
+def test_stick_breaking_at_16x_in_bfloat16_stays_near_float64():
+    """The weights in log space (cumulative log(1 - beta)) at 16x L: a bf16-autocast forward against the same
+    model in float64, and the weights of bf16-rounded scores against float64 ones."""
+    from model.encodings.stickbreaking import stick_breaking
+
+    model = Transformer(micro_config(position="stickbreaking", max_seq_len=32)).eval()
+    idx = torch.randint(0, 97, (1, 512))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        low = model(idx)[0].float()
+    exact = Transformer(micro_config(position="stickbreaking", max_seq_len=32)).double().eval()
+    exact.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        high = exact(idx)[0]
+    assert torch.isfinite(low).all() and (low.double() - high).abs().max() < 0.02
+    scores = torch.randn(2, 512, 512, dtype=torch.float64) * 3
+    visible = torch.ones(512, 512, dtype=torch.bool).tril()
+    reference = stick_breaking(scores, visible, False)
+    rounded = stick_breaking(scores.to(torch.bfloat16).float(), visible, False)
+    assert torch.allclose(rounded.sum(-1), torch.ones(2, 512), atol=1e-5)  # every row still sums to 1
+    assert (rounded.double() - reference).abs().max() < 0.01
+
+
+def test_stick_breaking_ignores_positions():
+    model = Transformer(micro_config(position="stickbreaking")).eval()
+    idx = torch.randint(0, 97, (2, 16))
+    with torch.no_grad():
+        assert torch.equal(model(idx)[0], model(idx, positions=torch.arange(16)[None] * 7 + 3)[0])
+
+
 def test_ssmax_starts_as_softmax_at_the_trained_length():
     model = Transformer(micro_config(position="ssmax", max_seq_len=32))
     assert torch.allclose(model.position.s * math.log(32), torch.ones_like(model.position.s))
@@ -363,7 +480,7 @@ def test_bad_layer_and_variant_settings_are_named(overrides, message):
 
 @pytest.mark.parametrize("variant", [dict(position=name) for name in
                                      ["rope", "xpos", "alibi", "t5", "shaw", "kerple", "fire", "cope", "none",
-                                      "ssmax"]]
+                                      "ssmax", "fox", "stickbreaking"]]
                          + [dict(position="rope", position_layers=["rope", "fire"], attention_window=[4, 0])])
 def test_a_model_cast_to_bfloat16_runs_and_keeps_float32_frequencies(variant):
     """model.to(bfloat16) (scripts.generate --dtype bfloat16) runs every encoding; RoPE's frequencies, xPos's decay

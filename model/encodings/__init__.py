@@ -11,6 +11,9 @@
     cope        CoPE's contextual (gated) positions              cope.py
     rope, xpos  rotary, with partial rotary, p-RoPE; xPos decay  rotary.py
     ssmax       Scalable-Softmax: queries times s log n, no RoPE  ssmax.py
+    fox         Forgetting Attention: a forget gate's cumulative  fox.py
+                log bias, from the content
+    stickbreaking  stick-breaking weights instead of softmax      stickbreaking.py
 
 The interface and its hooks: base.py. A new encoding is a file here that registers its class with
 `@register("name")`, plus its line in ENCODING_MODULES; nothing else in the model names it. Importing this package
@@ -28,7 +31,7 @@ if TYPE_CHECKING:
 
 # The files of model/encodings/ that register encodings, in the order of the registry (and of its listings).
 ENCODING_MODULES = ("none", "alibi", "t5", "shaw", "sinusoidal", "learned", "kerple", "fire", "cope", "rotary",
-                    "ssmax")
+                    "ssmax", "fox", "stickbreaking")
 
 POSITION_ENCODINGS: dict[str, type["PositionEncoding"]] = {}
 
