@@ -281,6 +281,11 @@ NEWER_CLAIMS = [
     ("rnope-swa", "rope", "longest", "lower", "windowed RoPE + global NoPE layers generalise beyond L better than RoPE "
      "(Yang et al. 2025)"),
     ("irope", "rope", "longest", "lower", "interleaved NoPE layers (iRoPE, Llama 4) extrapolate better than RoPE"),
+    ("fox", "rope", "1x", "not higher", "FoX's perplexity is at or below RoPE's (Lin et al. 2025)"),
+    ("fox", "rope", "longest", "lower", "FoX extrapolates beyond L better than RoPE (Lin et al. 2025)"),
+    ("stickbreaking", "rope", "longest", "lower", "stick-breaking attention extrapolates beyond L better than softmax "
+     "with RoPE (Tan et al. 2025)"),
+    ("ssmax", "none", "longest", "lower", "SSMax lowers NoPE's extrapolation penalty (Nakanishi 2025)"),
 ]
 
 
