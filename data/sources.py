@@ -30,6 +30,12 @@ from errors import SourceError
 
 DOCUMENT_SEPARATOR = "<|endoftext|>"
 LOCAL_EXTENSIONS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+def file_kind(path: Path) -> str:
+    """How a local file is read: by its extension (LOCAL_EXTENSIONS), and any other file named on its own as
+    plain text (a .py or .md file the user points at; a folder is read for the extensions above only)."""
+    return LOCAL_EXTENSIONS.get(path.suffix, "text")
 STDLIB_SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
 
 
@@ -136,8 +142,6 @@ def load_local(path: str | Path, errors: str = "strict") -> TextSource:
         if not files:
             raise SourceError(f"{path}: folder holds no {'/'.join(LOCAL_EXTENSIONS)} files")
     elif path.is_file():
-        if path.suffix not in LOCAL_EXTENSIONS:
-            raise SourceError(f"{path}: unsupported file type {path.suffix!r}; use one of {sorted(LOCAL_EXTENSIONS)}")
         files = [path]
     else:
         raise SourceError(f"{path}: no such file or folder")
@@ -145,7 +149,7 @@ def load_local(path: str | Path, errors: str = "strict") -> TextSource:
     if empty:
         raise SourceError(f"{', '.join(empty)}: empty file; give a file with text (or remove it from the folder)")
     with tempfile.TemporaryDirectory(prefix="pelab-utf8-") as scratch:
-        files = [readable_copy(p, errors, Path(scratch)) if LOCAL_EXTENSIONS[p.suffix] != "parquet" else p for p in files]
+        files = [readable_copy(p, errors, Path(scratch)) if file_kind(p) != "parquet" else p for p in files]
         dataset = _load_files(files)
     # The absolute path tells an evaluation whether a --data path is this source (eval/heldout.py).
     return TextSource(dataset, {"files": len(files), "source_path": str(path.resolve())})
@@ -153,8 +157,8 @@ def load_local(path: str | Path, errors: str = "strict") -> TextSource:
 
 def _load_files(files: list[Path]) -> datasets.Dataset:
     parts = []
-    for builder in sorted(set(LOCAL_EXTENSIONS[p.suffix] for p in files)):
-        group = [str(p) for p in files if LOCAL_EXTENSIONS[p.suffix] == builder]
+    for builder in sorted(set(file_kind(p) for p in files)):
+        group = [str(p) for p in files if file_kind(p) == builder]
         if builder == "text":
             dataset = datasets.load_dataset("text", data_files=group, sample_by="document", split="train")
             if len(dataset) == len(group):  # one row per file, in order: keep the file names

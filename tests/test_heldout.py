@@ -157,6 +157,26 @@ def write_hub_layout(root):
             pq.write_table(pa.table({"text": lines}), folder / f"{split}-00000-of-00001.parquet")
 
 
+def test_a_file_of_any_text_type_is_scored_whole(marked_checkpoint, tmp_path, capsys):
+    """A .py (or any) file the user names is read as plain text, one document, scored whole; a folder is read for
+    the known extensions only; bytes that are not UTF-8 are refused with the way out."""
+    from data.sources import load_local
+    from eval.perplexity import main as perplexity_main
+
+    _, run = marked_checkpoint
+    script = tmp_path / "module.py"
+    script.write_text("".join(f"def f{i}(x):\n    return x * {i}\n\n" for i in range(80)))
+    assert load_local(script).dataset["text"] == [script.read_text().strip()]
+    whole = load_eval_tokens(str(script), load_tokenizer(run), all_documents=True)
+    assert perplexity_main(["--checkpoint", str(run), "--data", str(script), "--length", "32"]) == 0
+    assert f"evaluating on all {len(whole):,} tokens: {script} is not this checkpoint's training source" in \
+        capsys.readouterr().out
+    binary = tmp_path / "image.bin"
+    binary.write_bytes(b"\x89PNG\x00\xff\xfe")
+    assert perplexity_main(["--checkpoint", str(run), "--data", str(binary), "--length", "32"]) == 2
+    assert "not UTF-8" in capsys.readouterr().err
+
+
 def test_hub_sources_stream_a_capped_train_split_and_their_own_validation_split(tmp_path, monkeypatch):
     write_hub_layout(tmp_path / "mirror")
     monkeypatch.setenv("PELAB_HUB_MIRROR", str(tmp_path / "mirror"))
