@@ -175,7 +175,8 @@ class Attention(nn.Module):
         kv_cache: KVCache | None = None,
         methods: MethodContext | None = None,
         pass_states: list[Any] | None = None,
-        explicit: bool = True,
+        *,
+        explicit: bool,
     ) -> torch.Tensor:
         """Attention in chunks of query rows, each against the keys it can see, with the encoding's bias: through
         explicit steps (scores, softmax, probabilities @ values) or SDPA with a float mask, as the path says; with

@@ -138,8 +138,13 @@ def measure_one(case: str, length: int, path: str, repeats: int, output: Path, d
     elif path == "flex":
         call = flex_call(attention, encoding, positions, length)
     else:
+        # The chunked path as a no-grad forward takes it: explicit steps where the probabilities are needed (model/
+        # attention_path.py), SDPA with the bias as a mask otherwise.
+        explicit = encoding.has_value_term or encoding.bias_needs_scores or encoding.own_weights
+
         def call(q, k, v):  # a fresh state, as each forward prepares one (T5's shared bias is built again)
-            return attention.chunked_attention(q, k, v, encoding, encoding.prepare(positions, positions), True)
+            return attention.chunked_attention(q, k, v, encoding, encoding.prepare(positions, positions), True,
+                                               explicit=explicit)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     synchronize(device)
