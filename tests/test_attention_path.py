@@ -31,6 +31,7 @@ EXPECTED = {
     "ssmax": (SDPA, SDPA, SDPA),  # a factor on the queries, no bias
     "fox": (EXPLICIT, SDPA_MASK, SDPA_MASK),  # a learned bias, from the content (no distance table for flex)
     "stickbreaking": (EXPLICIT, EXPLICIT, EXPLICIT),  # weights of its own instead of softmax
+    "dape": (EXPLICIT, EXPLICIT, EXPLICIT),  # its bias reads the scores
 }
 
 

@@ -339,6 +339,58 @@ def test_stick_breaking_ignores_positions():
         assert torch.equal(model(idx)[0], model(idx, positions=torch.arange(16)[None] * 7 + 3)[0])
 
 
+def test_dape_equals_the_reference_implementation():
+    """Golden values: the reference's AliBi_DAPE on fixed logits and MLP weights (tests/fixtures/README.md), compared
+    where a query sees the key (elsewhere the reference mixes in the logits of hidden keys, which softmax drops)."""
+    import numpy as np
+
+    from tests.conftest import ROOT
+
+    saved = np.load(ROOT / "tests" / "fixtures" / "dape_reference" / "reference.npz")
+    model = Transformer(micro_config(position="dape", n_heads=4, position_args={"dape": {"mlp_width": 8}})).eval()
+    mlp = model.position.mlps["0"]
+    with torch.no_grad():
+        for name, parameter in mlp.named_parameters():
+            parameter.copy_(torch.from_numpy(saved[f"mlp.{name}"]))
+    logits = torch.from_numpy(saved["logits"])
+    visible = torch.ones(6, 6, dtype=torch.bool).tril()
+    scores = logits.masked_fill(~visible, float("-inf"))
+    positions = torch.arange(6)[None]
+    with torch.no_grad():
+        bias = model.position.score_bias(torch.zeros(2, 4, 6, 16), model.position.prepare(positions, positions), 0,
+                                         slice(0, 6), slice(0, 6), scores)
+    expected = torch.from_numpy(saved["out"])
+    assert ((logits + bias) - expected)[..., visible].abs().max() < 1e-5
+
+
+def test_dape_attention_is_the_papers_formula():
+    """Written as loops: the logit of key j <= i is q.k / sqrt(d) + B_ij + MLP([z_i.; B_i.])_j per head, B ALiBi's
+    (or KERPLE's) bias and z the heads' scaled logits."""
+    for base in ("alibi", "kerple"):
+        config = micro_config(position="dape", n_kv_heads=4, position_args={"dape": {"base": base}})
+        model = Transformer(config).eval()
+        layer = model.layers[1].attention
+        x = torch.randn(1, 5, config.dim) * 3
+        positions = torch.arange(5)[None]
+        with torch.no_grad():
+            state = model.position.prepare(positions, positions)
+            out = layer(x, model.position, state, None)
+            q = layer.q_proj(x).view(5, 4, 16).transpose(0, 1)
+            k = layer.k_proj(x).view(5, 4, 16).transpose(0, 1)
+            v = layer.v_proj(x).view(5, 4, 16).transpose(0, 1)
+            base_bias = model.position.base.score_bias(None, state, 1, slice(None))[0]  # (heads, 5, 5)
+            mlp = model.position.mlps["1"]
+            z = torch.zeros(4, 5, 16)
+            for i in range(5):
+                logits = torch.stack([torch.stack([q[h, i] @ k[h, j] / 4.0 for j in range(i + 1)]) for h in range(4)])
+                adapted = torch.stack([mlp(torch.cat((logits[:, j], base_bias[:, i, j]))) for j in range(i + 1)], 1)
+                weights = (logits + base_bias[:, i, : i + 1] + adapted).softmax(-1)
+                for h in range(4):
+                    z[h, i] = sum(weights[h, j] * v[h, j] for j in range(i + 1))
+            expected = layer.o_proj(z.transpose(0, 1).reshape(1, 5, config.dim))
+        assert (out - expected).abs().max() < 1e-5, base
+
+
 def test_ssmax_starts_as_softmax_at_the_trained_length():
     model = Transformer(micro_config(position="ssmax", max_seq_len=32))
     assert torch.allclose(model.position.s * math.log(32), torch.ones_like(model.position.s))
@@ -480,7 +532,7 @@ def test_bad_layer_and_variant_settings_are_named(overrides, message):
 
 @pytest.mark.parametrize("variant", [dict(position=name) for name in
                                      ["rope", "xpos", "alibi", "t5", "shaw", "kerple", "fire", "cope", "none",
-                                      "ssmax", "fox", "stickbreaking"]]
+                                      "ssmax", "fox", "stickbreaking", "dape"]]
                          + [dict(position="rope", position_layers=["rope", "fire"], attention_window=[4, 0])])
 def test_a_model_cast_to_bfloat16_runs_and_keeps_float32_frequencies(variant):
     """model.to(bfloat16) (scripts.generate --dtype bfloat16) runs every encoding; RoPE's frequencies, xPos's decay

@@ -14,6 +14,8 @@
     fox         Forgetting Attention: a forget gate's cumulative  fox.py
                 log bias, from the content
     stickbreaking  stick-breaking weights instead of softmax      stickbreaking.py
+    dape        an MLP rewrites ALiBi's or KERPLE's bias from the  dape.py
+                logits of all heads
 
 The interface and its hooks: base.py. A new encoding is a file here that registers its class with
 `@register("name")`, plus its line in ENCODING_MODULES; nothing else in the model names it. Importing this package
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
 
 # The files of model/encodings/ that register encodings, in the order of the registry (and of its listings).
 ENCODING_MODULES = ("none", "alibi", "t5", "shaw", "sinusoidal", "learned", "kerple", "fire", "cope", "rotary",
-                    "ssmax", "fox", "stickbreaking")
+                    "ssmax", "fox", "stickbreaking", "dape")
 
 POSITION_ENCODINGS: dict[str, type["PositionEncoding"]] = {}
 
