@@ -286,6 +286,10 @@ NEWER_CLAIMS = [
     ("stickbreaking", "rope", "longest", "lower", "stick-breaking attention extrapolates beyond L better than softmax "
      "with RoPE (Tan et al. 2025)"),
     ("ssmax", "none", "longest", "lower", "SSMax lowers NoPE's extrapolation penalty (Nakanishi 2025)"),
+    ("dape", "alibi", "1x", "not higher", "DAPE's perplexity is at or below that of ALiBi, its base (Zheng et al. "
+     "2024)"),
+    ("dape", "alibi", "longest", "not higher", "DAPE extrapolates at least as well as ALiBi, its base (Zheng et al. "
+     "2024)"),
 ]
 
 
