@@ -8,7 +8,7 @@
                the scores (CoPE) or that adds a value term (Shaw), an attention method that encodes positions per
                pass, probabilities a diagnostic reads, or a learned bias wanting gradients on the CPU
     flex       compiled FlexAttention with the bias as a score_mod (model/flex.py): the long no-grad float32 CPU
-               forwards of a distance bias over one sequence, or of a clipped one (Shaw)
+               forwards of a distance bias over one sequence, or of a clipped one (Shaw) or a separable one (FoX)
 
 Every input of the decision is a field of Forward, which the attention fills for each forward; choose reads the
 encoding's capabilities (model/encodings/base.py), never its name. `python -m scripts.attention_paths` prints the
@@ -70,7 +70,7 @@ def why_not_flex(encoding: Any, forward: Forward) -> str | None:
     """None when FlexAttention serves this forward (model/flex.py says why these conditions), else the first
     reason it does not."""
     if flex.kind(encoding) is None:
-        return "no bias that is a function of the distance alone"
+        return "no bias that is a function of the distance alone (or a query's term less a key's)"
     checks = [
         (not runtime_config().flex_attention, "runtime.flex_attention is off"),
         (forward.grad, "gradients are wanted, and it serves no-grad evaluation"),

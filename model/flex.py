@@ -46,7 +46,10 @@ _block_masks: dict[tuple[int, str, int], Any] = {}
 
 def kind(position: Any) -> str | None:
     """"clipped" (bias and value term a function of the query and min(i - j, clip): Shaw), "distance" (a bias that
-    is a function of i - j alone: ALiBi, T5, KERPLE), or None (the chunked path)."""
+    is a function of i - j alone: ALiBi, T5, KERPLE), "separable" (a bias that is a term of the query minus a term
+    of the key, each from the content: FoX's c_i - c_j, `separable_bias`), or None (the chunked path)."""
+    if position.separable_bias and not position.has_value_term and not position.bias_needs_scores:
+        return "separable"
     if not position.relative_only or position.bias_from_content or position.own_weights:
         return None
     if position.clipped_distance:
@@ -68,7 +71,8 @@ def consecutive(state: Any) -> bool:
 
 def failed(position: Any) -> bool:
     """Whether compiling the kernel this encoding would take has failed in this process."""
-    return (_far_kernel if kind(position) == "clipped" else _kernel).failure is not None
+    kernels = {"clipped": _far_kernel, "separable": _separable_kernel}
+    return kernels.get(kind(position), _kernel).failure is not None
 
 
 def distance_table(q: torch.Tensor, position: Any, state: Any, layer: int) -> torch.Tensor:
@@ -86,6 +90,16 @@ def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor
 
     def score_mod(score, b, h, i, j):  # noqa: ANN001, ANN202 (flex's signature)
         return score + table[h, i - j]
+
+    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=enable_gqa)
+
+
+def _flex_separable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, query_terms: torch.Tensor,
+                    key_terms: torch.Tensor, block_mask: Any, enable_gqa: bool) -> torch.Tensor:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    def score_mod(score, b, h, i, j):  # noqa: ANN001, ANN202 (flex's signature)
+        return score + query_terms[b, h, i] - key_terms[b, h, j]
 
     return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=enable_gqa)
 
@@ -122,6 +136,7 @@ def block_mask(time: int, device: torch.device, clip: int = 0) -> Any:
 _INSTEAD = "evaluation continues on the chunked attention path (model/flex.py)"
 _kernel = Compiled(_flex, "FlexAttention", _INSTEAD)
 _far_kernel = Compiled(_flex_far, "FlexAttention (a clipped encoding's far keys)", _INSTEAD)
+_separable_kernel = Compiled(_flex_separable, "FlexAttention (a separable bias)", _INSTEAD)
 
 
 def clipped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position: Any, state: Any,
@@ -164,5 +179,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position: Any, 
     compiling failed (then the caller takes the chunked path, as every later forward does)."""
     if kind(position) == "clipped":
         return clipped_attention(q, k, v, position, state, layer)
+    if kind(position) == "separable":
+        query_terms, key_terms = position.separable_terms(state)
+        return _separable_kernel(q, k, v, query_terms.contiguous(), key_terms.contiguous(),
+                                 block_mask(q.shape[2], q.device), k.shape[1] != q.shape[1])
     table = distance_table(q, position, state, layer)
     return _kernel(q, k, v, table, block_mask(q.shape[2], q.device), k.shape[1] != q.shape[1])

@@ -29,7 +29,7 @@ EXPECTED = {
     "shaw": (EXPLICIT, FLEX, EXPLICIT),  # a value term; its clipped form takes FlexAttention for batches too
     "cope": (EXPLICIT, EXPLICIT, EXPLICIT),  # its bias reads the scores
     "ssmax": (SDPA, SDPA, SDPA),  # a factor on the queries, no bias
-    "fox": (EXPLICIT, SDPA_MASK, SDPA_MASK),  # a learned bias, from the content (no distance table for flex)
+    "fox": (EXPLICIT, FLEX, SDPA_MASK),  # a learned bias; its separable form takes FlexAttention for batches too
     "stickbreaking": (EXPLICIT, EXPLICIT, EXPLICIT),  # weights of its own instead of softmax
     "dape": (EXPLICIT, EXPLICIT, EXPLICIT),  # its bias reads the scores
 }

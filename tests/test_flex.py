@@ -172,3 +172,16 @@ def test_a_compiler_failure_warns_once_and_falls_back_to_the_chunked_path(positi
     assert torch.equal(fallen_back, reference)
     assert len(flex_calls) == 1  # the first layer tried; the others and later forwards do not
     assert torch.equal(logits(model, idx), reference) and len(flex_calls) == 1
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+def test_flex_attention_gives_the_chunked_paths_logits_for_fox_in_batches(n_kv_heads, flex_calls):
+    """FoX's bias is a query's running sum less a key's (a separable bias): FlexAttention reads both per sequence,
+    so batches take it too."""
+    model = Transformer(micro_config(position="fox", n_kv_heads=n_kv_heads, max_seq_len=64)).eval()
+    with torch.no_grad():
+        for gate in model.position.gates.values():
+            gate.weight.normal_(0.0, 0.3)
+            gate.bias.uniform_(-1.0, 3.0)
+    idx = torch.randint(0, model.config.vocab_size, (3, LENGTH))
+    assert_flex_matches_the_chunked_path(model, idx, None, flex_calls)

@@ -24,6 +24,8 @@ Hooks (each has a do-nothing default):
                                             an encoding with `own_weights` replaces it: stick-breaking)
   value_term(probs, state, layer, rows, keys)
                                             a term added to the attention output (Shaw's relative values)
+  separable_terms(state)                    when `separable_bias` (FoX): the bias as a term of each query less a
+                                            term of each key, for FlexAttention (model/flex.py)
   clipped_tables(q, state, layer)           when `clipped_distance` = c > 0 (Shaw): the bias as a function of the
                                             query and min(i - j, c), (batch, heads, time, c + 1), and the value
                                             term's vector per min(i - j, c), (c + 1, head_dim); lets a long
@@ -33,7 +35,8 @@ Hooks (each has a do-nothing default):
                                             training loop calls it after every optimizer step (KERPLE's r1, r2 > 0)
 
 Capabilities the attention path reads (model/attention_path.py): `has_score_bias`, `bias_needs_scores`,
-`bias_from_content`, `has_value_term`, `own_weights`, `caches_rotated_keys`, `relative_only`, `clipped_distance`.
+`bias_from_content`, `separable_bias`, `has_value_term`, `own_weights`, `caches_rotated_keys`, `relative_only`,
+`clipped_distance`.
 `per_layer` is False for encodings that act on the whole model (absolute ones, through `embed`): those cannot be
 mixed with others layer by layer.
 
@@ -123,6 +126,7 @@ class PositionEncoding(nn.Module):
     relative_only = True  # False: scores also depend on a query's absolute position (FIRE past its threshold)
     clipped_distance = 0  # c > 0: bias and value term depend on the query and min(i - j, c) only (clipped_tables)
     bias_from_content = False  # True: the bias depends on the tokens (a gate of the layer input), not on positions
+    separable_bias = False  # True: the bias is a query's term minus a key's term (separable_terms), FlexAttention's
     own_weights = False  # True: attention_weights replaces softmax (the explicit steps then compute the weights)
     exact_buffers: tuple[str, ...] = ()  # buffers kept in float32 when the model is cast (frequencies, slopes)
     # AdamW settings for this encoding's own parameters, if it has any (train/loop.py: position_group_settings):
@@ -195,6 +199,11 @@ class PositionEncoding(nn.Module):
     def value_term(self, probs: torch.Tensor, state: Any, layer: int, rows: slice,
                    keys: slice = ALL) -> torch.Tensor | None:
         return None
+
+    def separable_terms(self, state: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """For `separable_bias`: (the queries' terms (batch, heads, q_time), the keys' terms (batch, heads, k_time)),
+        float32, whose difference is the bias of every (query, key) pair."""
+        raise NotImplementedError(f"{type(self).__name__} has no separable bias")
 
     def clipped_tables(self, q: torch.Tensor, state: Any, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """For `clipped_distance` = c > 0: (bias (batch, heads, time, c + 1) float32, the bias of query i at

@@ -40,6 +40,7 @@ class ForgettingAttention(PositionEncoding):
 
     has_score_bias = True
     bias_from_content = True
+    separable_bias = True  # c_i - c_j: a long no-grad forward takes FlexAttention (model/flex.py)
     # The model's learning rate and no weight decay. The reference decays the gate's weight as any matrix and not
     # its bias; one group holds both here, and without decay the bias, which sets how fast a head forgets, stays
     # free. Not measured.
@@ -64,6 +65,9 @@ class ForgettingAttention(PositionEncoding):
             log_f, queries = kv_cache.update_extra(layer, "fox_log_f", log_f)
         sums = log_f.cumsum(-1)  # (batch, heads, keys): c_t
         return ForgetSums(state.queries, state.keys, sums[:, :, queries], sums)
+
+    def separable_terms(self, state: ForgetSums) -> tuple[torch.Tensor, torch.Tensor]:
+        return state.queries_sum, state.keys_sum
 
     def score_bias(self, q: torch.Tensor, state: ForgetSums, layer: int, rows: slice, keys: slice = ALL,
                    scores: torch.Tensor | None = None) -> torch.Tensor:
