@@ -14,7 +14,8 @@ whole number of cycles, every model stops annealed, and those that learn the tas
 --train.max_steps below one cycle decays over the whole run instead).
 
 Trainings run in --workers processes (default: one single-thread process per CPU core); a failed one is reported
-and the others go on. Writes OUT/tasks.md (exact match, mean [95% t interval] over seeds, and each seed's steps),
+and the others go on. The same command run again resumes: a training finished with the same settings and target is
+scored again, not retrained, and one interrupted after a checkpoint continues from it. Writes OUT/tasks.md (exact match, mean [95% t interval] over seeds, and each seed's steps),
 OUT/tasks.png, and per task OUT/TASK/results.json (exact match and token accuracy: each seed's value, their mean
 and t interval; each seed's steps) and OUT/TASK/TASK.png; runs and their logs in OUT/runs/.
 """
@@ -43,11 +44,11 @@ from eval import figures
 from eval.jobs import die_with_parent, job_output, worker_layout
 from eval.stats import Estimate, t_interval
 from eval.task_generators import TASKS, Task, TaskBatch, get_task, score
-from model.checkpoint import load_model
-from model.config import parse_override_value
+from model.checkpoint import has_checkpoint, load_model, load_trainer_state
+from model.config import ModelConfig, parse_override_value
 from model.encodings import POSITION_ENCODINGS
 from model.transformer import Transformer
-from train.config import build_run_config
+from train.config import RunConfig, build_run_config
 from train.loop import run_training
 
 SUITE = ["copy", "flipflop"]  # the tasks every encoding learns at 1x at the default budget (docs/evaluation.md)
@@ -147,12 +148,20 @@ def run_task_job(job: TaskJob, log_path: Path | None = None) -> dict[str, Any]:
             values["out"] = {"dir": str(Path(job.runs) / job.task / job.encoding / f"seed{job.seed}"),
                              "overwrite": True}
             config = build_run_config(values, f"task {job.name}")
-            trained = run_training(
-                config, lambda: Transformer(config.model),
-                TaskBatches(task, job.length, config.train.batch_size, job.seed, config.train.eval_batches), None,
-                task=f"task:{task.name}", stop_when=None if job.until is None else stop_at(task, job.length, job.until))
-            result["steps"] = trained.steps
-            result["reached"] = None if job.until is None else trained.stopped is not None  # None: no target
+            earlier = earlier_training(config, job.until)
+            if earlier == "done":
+                state = load_trainer_state(config.out.dir)
+                steps, stopped = int(state["step"]), "stopped" in state
+                print(f"{job.name}: reusing the finished training in {config.out.dir} (step {steps})", flush=True)
+            else:
+                trained = run_training(
+                    config, lambda: Transformer(config.model),
+                    TaskBatches(task, job.length, config.train.batch_size, job.seed, config.train.eval_batches), None,
+                    resume=earlier == "partial", task=f"task:{task.name}", extra_state={"until": job.until},
+                    stop_when=None if job.until is None else stop_at(task, job.length, job.until))
+                steps, stopped = trained.steps, trained.stopped is not None
+            result["steps"] = steps
+            result["reached"] = None if job.until is None else stopped  # None: no target
             model = load_model(config.out.dir)
             result["rows"] = {f"{multiple}x": evaluate(model, task, multiple * job.length, job.count)
                               for multiple in job.multiples}
@@ -161,6 +170,23 @@ def run_task_job(job: TaskJob, log_path: Path | None = None) -> dict[str, Any]:
             result["status"] = f"failed: {type(error).__name__}: {error}"[:300]
     result["seconds"] = time.perf_counter() - started
     return result
+
+
+def earlier_training(config: RunConfig, until: float | None) -> str | None:
+    """What an earlier run left in this job's folder: "done" (a training with the same model, train settings and
+    stop target that reached its target or train.max_steps: scored again, not retrained), "partial" (the same
+    training interrupted after a checkpoint: resumed from it), or None (nothing usable: trained afresh)."""
+    out = Path(config.out.dir)
+    if not has_checkpoint(out):
+        return None
+    state = load_trainer_state(out)
+    saved = state.get("run_config", {})
+    same = (state.get("until", "unrecorded") == until and saved.get("train") == config.to_dict()["train"]
+            and ModelConfig.from_saved(saved.get("model", {})).to_dict() == config.model.to_dict())
+    if not same:
+        return None
+    finished = int(state.get("step", 0)) >= config.train.max_steps or (until is not None and "stopped" in state)
+    return "done" if finished else "partial"
 
 
 def run_jobs(jobs: list[TaskJob], workers: int, logs: Path) -> list[dict[str, Any]]:

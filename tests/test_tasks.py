@@ -171,3 +171,46 @@ def test_a_cap_shorter_than_one_learning_rate_cycle_decays_over_the_whole_run():
     assert task_train({})["lr_cycle"] == DEFAULT_TRAIN["lr_cycle"] == 3000
     assert task_train({"max_steps": 1000})["lr_cycle"] == 0  # one decay to step 1,000: the model ends annealed
     assert task_train({"max_steps": 1000, "lr_cycle": 500})["lr_cycle"] == 500  # set by the user: kept
+
+
+def test_a_rerun_scores_finished_trainings_again_and_resumes_an_interrupted_one(tmp_path, monkeypatch):
+    """The suite resumes: a job whose folder holds a finished training with the same settings and stop target is
+    scored again without training (equal scores); an interrupted one continues from its checkpoint to the same
+    weights as an uninterrupted training; another stop target trains afresh."""
+    import dataclasses
+
+    import eval.tasks as tasks
+    from model.checkpoint import load_model, load_trainer_state
+
+    shared = {"model": {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1},
+              "train": {"batch_size": 4, "max_steps": 20, "eval_interval": 10, "eval_batches": 1, "dtype": "float32"}}
+    job = tasks.TaskJob("copy", "rope", {"position": "rope"}, 1, 16, (1,), 8, shared, str(tmp_path / "a"),
+                        until=1.0)  # not reached by 20 steps of a 1-layer model: trains to max_steps
+    first = tasks.run_task_job(job)
+    assert first["status"] == "ok" and first["steps"] == 20 and first["reached"] is False
+    whole = tmp_path / "a" / "copy" / "rope" / "seed1"
+    stamp = (whole / "model.safetensors").stat().st_mtime_ns
+    calls = []
+    monkeypatch.setattr(tasks, "run_training", lambda *args, **kwargs: calls.append(kwargs) or 1 / 0)
+    again = tasks.run_task_job(job)
+    assert calls == [] and again["rows"] == first["rows"] and (again["steps"], again["reached"]) == (20, False)
+    assert (whole / "model.safetensors").stat().st_mtime_ns == stamp
+    assert tasks.run_task_job(dataclasses.replace(job, until=0.5))["status"].startswith("failed: ZeroDivision")
+    assert calls[-1]["resume"] is False  # another stop target: trained afresh
+    monkeypatch.undo()
+
+    def interrupt_at_10(*args):
+        def check(model, step):
+            raise KeyboardInterrupt
+        return check
+
+    interrupted = dataclasses.replace(job, runs=str(tmp_path / "b"))
+    with monkeypatch.context() as patch:
+        patch.setattr(tasks, "stop_at", interrupt_at_10)
+        assert "TrainingInterrupted" in tasks.run_task_job(interrupted)["status"]
+    parts = tmp_path / "b" / "copy" / "rope" / "seed1"
+    assert load_trainer_state(parts)["step"] == 10
+    resumed = tasks.run_task_job(interrupted)
+    assert resumed["status"] == "ok" and resumed["steps"] == 20 and load_trainer_state(parts)["step"] == 20
+    for (name, a), b in zip(load_model(whole).state_dict().items(), load_model(parts).state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-6), name
