@@ -52,7 +52,8 @@ def score_windows(
     count, width = windows.shape
     length = width - 1
     losses = np.empty((count, last or length), dtype=np.float32)
-    positions = (torch.arange(length, device=device) + position_offset)[None, :]
+    # None: the model's own positions (0, 1, ..., or its randomized ones: model.random_positions)
+    positions = (torch.arange(length, device=device) + position_offset)[None, :] if position_offset else None
     per_batch = max(1, TOKENS_PER_BATCH // length)
     for first in _batches(count, per_batch, desc, progress):
         rows = torch.from_numpy(np.asarray(windows[first : first + per_batch], dtype=np.int64)).to(device)

@@ -117,6 +117,10 @@ class ModelConfig:
     # Inference-time attention methods (model/attention_methods.py), e.g. [{method = "logn"}, {method = "rerope",
     # window = 64}]; a parameter given as 0 is derived from the trained length. [] = attention as trained.
     attention_methods: list = dataclasses.field(default_factory=list)
+    # Randomized positions (Ruoss et al. 2023; model/random_positions.py): N > 0 makes each sequence's position ids a
+    # sorted random subset of [0, N), in training and evaluation, so an encoding meets the position values of
+    # sequences up to N tokens while training at max_seq_len. 0 = positions 0, 1, 2, ...
+    random_positions: int = 0
 
     def __post_init__(self) -> None:
         check_field_types(self, "model")
@@ -141,6 +145,9 @@ class ModelConfig:
         if self.rope_layout not in ("half", "interleaved"):
             raise ConfigError(f"model.rope_layout must be 'half' or 'interleaved', got {self.rope_layout!r}")
         self.check_layer_lists()
+        if self.random_positions and self.random_positions < self.max_seq_len:
+            raise ConfigError(f"model.random_positions ({self.random_positions}) draws each sequence's positions from "
+                              f"[0, N) and must be at least model.max_seq_len ({self.max_seq_len}); 0 turns it off")
         _plugins.check_plugins(self)  # the encodings' settings, the RoPE scaling, the attention methods
 
     def check_layer_lists(self) -> None:

@@ -29,6 +29,9 @@ class KVCache:
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
         self.positions: torch.Tensor | None = None  # (batch, max_len) position of every cached key
+        # With model.random_positions: the positions (batch, max_len) drawn for every slot with the first tokens
+        # (model/random_positions.py); each forward takes those of the slots it fills.
+        self.position_plan: torch.Tensor | None = None
         # An encoding's own per-token tensors, (batch, channels, max_len) per (layer, name): what it computed from
         # each cached token's content (FoX's forget gates), kept beside its key.
         self.extras: dict[tuple[int, str], torch.Tensor] = {}

@@ -42,6 +42,10 @@ def check_plugins(config: ModelConfig) -> None:
     if stray:
         raise ConfigError(f"model.position_args: settings for {stray}, which this model does not use (it uses "
                           f"{used}); remove them or set model.position")
+    if config.random_positions and not any(POSITION_ENCODINGS[name].reads_positions for name in used):
+        raise ConfigError(f"model.random_positions: {used} read no position ids (their attention depends on the "
+                          "content alone), so randomized positions would change nothing; use it with an encoding "
+                          "that reads positions, such as rope, sinusoidal, learned or alibi")
     for name in used:  # the model's shape first, then the encodings' own settings
         POSITION_ENCODINGS[name].check_config(config)
     completed = {}

@@ -20,6 +20,7 @@ from model.encodings.base import PositionEncoding
 from model.kv_cache import KVCache
 from model.layers import RMSNorm, SwiGLU
 from model.loss import linear_cross_entropy
+from model.random_positions import sample_positions
 from model.rope import NEEDS_ORIGINAL_LENGTH, scaling_type
 from model.runtime import keep_freed_memory
 
@@ -149,6 +150,23 @@ class Transformer(nn.Module):
         return describe({index: layer.attention.last_path for index, layer in enumerate(self.layers)
                          if layer.attention.last_path is not None})
 
+    def default_positions(self, idx: torch.Tensor, kv_cache: KVCache | None) -> torch.Tensor:
+        """The positions of idx's tokens when the caller gives none: 0, 1, 2, ... (after what kv_cache holds), or,
+        with model.random_positions = N, a sorted random subset of [0, N) per row (model/random_positions.py); a
+        KV cache draws its whole length's positions with its first tokens and hands them out in order."""
+        time = idx.shape[1]
+        limit = self.config.random_positions
+        if not limit:
+            return (kv_cache.next_positions(time, idx.device) if kv_cache is not None
+                    else torch.arange(time, device=idx.device)[None, :])
+        if kv_cache is None:
+            return sample_positions(idx, time, limit, self.training)
+        if kv_cache.position_plan is None:
+            kv_cache.position_plan = sample_positions(idx, kv_cache.max_len, limit, self.training)
+        if not torch.compiler.is_compiling():  # the bounds check reads the cache's length
+            kv_cache.check_room(kv_cache.length + time)
+        return kv_cache.position_plan[:, kv_cache.next_positions(time, idx.device)[0]]  # the next slots' positions
+
     def num_parameters(self) -> int:
         return sum(parameter.numel() for parameter in self.parameters())
 
@@ -178,8 +196,7 @@ class Transformer(nn.Module):
             raise ConfigError(f"logits_to_keep must be between 0 and the input length {time}, got {logits_to_keep}")
         keep = 0 if logits_to_keep == time else logits_to_keep
         if positions is None:
-            positions = (kv_cache.next_positions(time, idx.device) if kv_cache is not None
-                         else torch.arange(time, device=idx.device)[None, :])
+            positions = self.default_positions(idx, kv_cache)
         key_positions = kv_cache.add_positions(positions) if kv_cache is not None else positions
         x = self.tok_embeddings(idx)
         x = self.position.embed(x, positions)

@@ -290,6 +290,8 @@ NEWER_CLAIMS = [
      "2024)"),
     ("dape", "alibi", "longest", "not higher", "DAPE extrapolates at least as well as ALiBi, its base (Zheng et al. "
      "2024)"),
+    ("rope-randomized", "rope", "longest", "lower", "randomized positions lower RoPE's extrapolation penalty (Ruoss "
+     "et al. 2023)"),
 ]
 
 

@@ -36,7 +36,7 @@ Hooks (each has a do-nothing default):
 
 Capabilities the attention path reads (model/attention_path.py): `has_score_bias`, `bias_needs_scores`,
 `bias_from_content`, `separable_bias`, `has_value_term`, `own_weights`, `caches_rotated_keys`, `relative_only`,
-`clipped_distance`.
+`clipped_distance`; `reads_positions` is asked by model.random_positions' check.
 `per_layer` is False for encodings that act on the whole model (absolute ones, through `embed`): those cannot be
 mixed with others layer by layer.
 
@@ -123,6 +123,8 @@ class PositionEncoding(nn.Module):
     caches_rotated_keys = True
     per_layer = True
     encodes_positions = True  # False: NoPE (Llama 4's temperature tuning acts on such layers only)
+    reads_positions = True  # False: nothing of the encoding depends on the position ids (NoPE, FoX, stick-breaking,
+    # CoPE), so model.random_positions is refused for a model of such encodings only
     relative_only = True  # False: scores also depend on a query's absolute position (FIRE past its threshold)
     clipped_distance = 0  # c > 0: bias and value term depend on the query and min(i - j, c) only (clipped_tables)
     bias_from_content = False  # True: the bias depends on the tokens (a gate of the layer input), not on positions

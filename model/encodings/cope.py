@@ -48,6 +48,7 @@ class CoPE(PositionEncoding):
     Settings = CoPESettings
     legacy_keys = {"cope_positions": "positions"}
     has_score_bias = True
+    reads_positions = False
     bias_needs_scores = True
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}
 

@@ -40,6 +40,7 @@ class ForgettingAttention(PositionEncoding):
 
     has_score_bias = True
     bias_from_content = True
+    reads_positions = False
     separable_bias = True  # c_i - c_j: a long no-grad forward takes FlexAttention (model/flex.py)
     # The model's learning rate and no weight decay. The reference decays the gate's weight as any matrix and not
     # its bias; one group holds both here, and without decay the bias, which sets how fast a head forgets, stays

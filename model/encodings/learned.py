@@ -27,6 +27,11 @@ class LearnedSettings(EncodingSettings):
         if self.max_positions and self.max_positions < config.max_seq_len:
             raise ConfigError(f"model.max_seq_len ({config.max_seq_len}) is beyond the learned table of "
                               f"{self.max_positions} positions ({where}.max_positions); raise the table size")
+        table = self.max_positions or config.max_seq_len
+        if config.random_positions > table:
+            raise ConfigError(f"model.random_positions draws positions up to {config.random_positions - 1}, beyond "
+                              f"the learned table of {table} positions; set {where}.max_positions="
+                              f"{config.random_positions}")
 
 
 @register("learned")

@@ -10,3 +10,4 @@ class NoPE(PositionEncoding):
     """No position encoding (NoPE): only the causal mask tells tokens apart by order."""
 
     encodes_positions = False
+    reads_positions = False

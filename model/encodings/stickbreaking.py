@@ -50,6 +50,7 @@ class StickBreaking(PositionEncoding):
 
     Settings = StickBreakingSettings
     own_weights = True
+    reads_positions = False
 
     def attention_weights(self, scores: torch.Tensor, state: Any, layer: int,
                           visible: torch.Tensor | None) -> torch.Tensor:
