@@ -42,6 +42,8 @@ LLAMA_DEFAULTS = [
     ("position_layers", [], "Llama uses one encoding in every layer"),
     ("attention_window", [], "Llama has no sliding-window attention"),
     ("attention_methods", [], "Llama's attention has no inference-time methods (logn, ReRoPE, SelfExtend, ...)"),
+    ("random_positions", 0, "Llama's positions are 0, 1, 2, ...; the model was trained and is scored on randomized "
+     "ones"),
 ]
 # RoPE's own settings (model.position_args.rope) Llama cannot express, with their Llama value.
 LLAMA_ROPE_SETTINGS = [
