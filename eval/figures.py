@@ -14,10 +14,12 @@ from typing import Any
 
 from eval.inference_methods import METHODS
 
-# The order fixes the colours: tab10, then the ten lighter shades of tab20, so the first ten keep their colours.
+# The order fixes the colours: tab10, then five lighter shades of tab20, then Dark2 (so that the frontier preset's
+# encodings, drawn beside none, alibi, rope, kerple and fire, get no lighter shade of those), and the markers.
 ENCODING_ORDER = ["none", "sinusoidal", "learned", "shaw", "t5", "alibi", "rope", "kerple", "fire", "xpos", "cope",
-                  "partial-rope", "p-rope", "irope", "rnope-swa"]
-MARKERS = ["o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h", "p", "d", "8", "H"]
+                  "partial-rope", "p-rope", "irope", "rnope-swa", "ssmax", "fox", "stickbreaking", "dape",
+                  "rope-randomized"]
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h", "p", "d", "8", "H", "o", "s", "^", "D", "v"]
 # One line style per method, in the registry's order ("none" solid), so a new method needs no entry here.
 LINE_STYLES = ["-", (0, (1, 1)), (0, (3, 1, 1, 1)), "-.", (0, (5, 2)), "--", (0, (3, 3)), (0, (1, 3))]
 METHOD_STYLES = {name: LINE_STYLES[index % len(LINE_STYLES)] for index, name in enumerate(METHODS)}
@@ -32,7 +34,8 @@ def colour(encoding: str) -> str:
     """The colour of an encoding or variant, the same in every figure (unknown names get a stable one)."""
     import matplotlib
 
-    palette = list(matplotlib.colormaps["tab10"].colors) + list(matplotlib.colormaps["tab20"].colors[1::2])
+    palette = (list(matplotlib.colormaps["tab10"].colors) + list(matplotlib.colormaps["tab20"].colors[1:10:2])
+               + list(matplotlib.colormaps["Dark2"].colors))
     return matplotlib.colors.to_hex(palette[_index(encoding) % len(palette)])
 
 

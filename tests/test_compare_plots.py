@@ -87,3 +87,11 @@ def test_every_method_of_the_registry_has_its_own_colour_and_none_is_black():
     assert len(set(colours)) == len(colours) and "#000000" not in colours
     assert figures.method_colour("none") == "#000000"
     assert figures.method_colour("yarn+logn") == figures.method_colour("yarn+logn") not in colours
+
+
+def test_every_named_encoding_and_variant_has_a_colour_of_its_own():
+    from eval import figures
+
+    colours = [figures.colour(name) for name in figures.ENCODING_ORDER]
+    assert len(set(colours)) == len(colours)
+    assert len(figures.MARKERS) >= len(figures.ENCODING_ORDER)
