@@ -30,6 +30,7 @@ import multiprocessing
 import os
 import sys
 import time
+import tomllib
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -342,7 +343,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                           f"(defaults: model {DEFAULT_MODEL}, train {DEFAULT_TRAIN})")
     parser.add_argument("--tasks", default=",".join(SUITE), help=f"comma-separated, from {sorted(TASKS)}")
     renamed(parser, "--task", "--tasks")
-    parser.add_argument("--encodings", default="rope,alibi,none,sinusoidal", help="comma-separated model.position names")
+    parser.add_argument("--encodings", default="rope,alibi,none,sinusoidal",
+                        help="comma-separated model.position names, or names of --variants")
+    parser.add_argument("--variants", default="",
+                        help="named model settings --encodings may list, as a TOML inline table: "
+                             "'{rope-randomized = {position = \"rope\", random_positions = 2048}}'")
     parser.add_argument("--length", type=int, default=DEFAULT_LENGTH, help="training length L in tokens")
     parser.add_argument("--multiples", default="1,2,4,8", help="evaluation lengths as multiples of L")
     parser.add_argument("--seeds", default="1,2,3", help="comma-separated training seeds")
@@ -358,16 +363,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_variants(text: str) -> dict[str, dict]:
+    """--variants: a TOML inline table of named model settings, each naming its model.position."""
+    if not text:
+        return {}
+    try:
+        variants = tomllib.loads(f"variants = {text}")["variants"]
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"--variants is a TOML inline table such as '{{rope-randomized = {{position = \"rope\", "
+                          f"random_positions = 2048}}}}' ({error})") from error
+    if not isinstance(variants, dict) or any(not isinstance(v, dict) or "position" not in v for v in variants.values()):
+        raise ConfigError(f"--variants: each variant is a table of model settings with a position, got {text!r}")
+    return variants
+
+
 @cli_command
 def main(argv: list[str] | None = None) -> int:
     args, overrides = build_parser().parse_known_args(argv)
     tasks = [get_task(name).name for name in comma_list(args.tasks)]
     if args.out is None:
         raise ConfigError("--out DIR is required")
+    variants = parse_variants(args.variants)
     encodings = comma_list(args.encodings)
-    unknown = [name for name in encodings if name not in POSITION_ENCODINGS]
+    unknown = [name for name in encodings if name not in POSITION_ENCODINGS and name not in variants]
     if unknown:
-        raise ConfigError(f"--encodings: unknown {unknown}; valid names are {sorted(POSITION_ENCODINGS)}")
+        raise ConfigError(f"--encodings: unknown {unknown}; valid names are {sorted(POSITION_ENCODINGS)} and the "
+                          f"--variants {sorted(variants)}")
     try:
         seeds = [int(seed) for seed in comma_list(args.seeds)]
         multiples = [int(multiple) for multiple in comma_list(args.multiples)]
@@ -388,13 +409,15 @@ def main(argv: list[str] | None = None) -> int:
         section, key = dotted.split(".", 1)
         shared[section][key] = parse_override_value(text)
     shared["train"] = task_train(shared["train"])
+    settings_of = {name: variants.get(name, {"position": name}) for name in encodings}
     for name in tasks:  # every setting and length is checked before anything trains
         task = get_task(name)
-        build_run_config({**shared, "model": {**shared["model"], "vocab_size": task.vocab_size,
-                                              "max_seq_len": args.length}}, "eval.tasks settings")
+        for encoding, settings in settings_of.items():
+            build_run_config({**shared, "model": {**shared["model"], **settings, "vocab_size": task.vocab_size,
+                                                  "max_seq_len": args.length}}, f"eval.tasks settings of {encoding}")
         task.batch(0, 1, max(multiples) * args.length)
     started = time.perf_counter()
-    results, training = run_suite(tasks, {name: {"position": name} for name in encodings}, seeds, args.length,
+    results, training = run_suite(tasks, settings_of, seeds, args.length,
                                   multiples, args.count, shared, args.out / "runs", args.workers,
                                   args.until or None)
     settings = {"model": shared["model"], "train": shared["train"], "count": args.count, "until": args.until or None,

@@ -214,3 +214,25 @@ def test_a_rerun_scores_finished_trainings_again_and_resumes_an_interrupted_one(
     assert resumed["status"] == "ok" and resumed["steps"] == 20 and load_trainer_state(parts)["step"] == 20
     for (name, a), b in zip(load_model(whole).state_dict().items(), load_model(parts).state_dict().values()):
         assert torch.allclose(a, b, atol=1e-6), name
+
+
+def test_named_variants_train_with_their_settings(tmp_path):
+    """--variants: a named set of model settings that --encodings lists beside plain encodings (randomized positions
+    here); a malformed table or a variant without a position is refused before anything trains."""
+    import json
+
+    from eval.tasks import main
+
+    out = tmp_path / "tasks"
+    variants = '{rope-randomized = {position = "rope", random_positions = 256}}'
+    assert main(["--tasks", "copy", "--encodings", "rope,rope-randomized", "--variants", variants, "--length", "16",
+                 "--seeds", "1", "--multiples", "1,2", "--count", "8", "--workers", "1", "--out", str(out),
+                 "--train.max_steps=4", "--train.eval_interval=2", "--model.dim=32", "--model.n_layers=1"]) == 0
+    saved = json.loads((out / "runs" / "copy" / "rope-randomized" / "seed1" / "config.json").read_text())
+    assert saved["random_positions"] == 256 and saved["position"] == "rope"
+    assert set(json.loads((out / "copy" / "results.json").read_text())["results"]) == {"rope", "rope-randomized"}
+    assert main(["--encodings", "rope-randomized", "--out", str(out)]) == 2  # not defined
+    assert main(["--encodings", "x", "--variants", "{x = {dim = 8}}", "--out", str(out)]) == 2  # no position
+    assert main(["--encodings", "x", "--variants", "{x = ", "--out", str(out)]) == 2  # not TOML
+    assert main(["--encodings", "x", "--variants", '{x = {position = "none", random_positions = 256}}',
+                 "--out", str(out)]) == 2  # NoPE reads no positions
