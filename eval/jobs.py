@@ -1,9 +1,11 @@
 """What every worker job of eval.compare and eval.tasks does around its work: its output to its own log file
-(when it runs in a worker process) and its torch thread count; what every worker process does first; and how a
-job takes the cores of workers that have gone idle (eval.compare: the last jobs of a run)."""
+(when it runs in a worker process) and its torch thread count; what every worker process does first; how a
+job takes the cores of workers that have gone idle (eval.compare: the last jobs of a run); and the settings a run
+folder was trained with, to reuse it on a re-run only when they are this run's."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import os
 import platform
@@ -13,6 +15,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
+
+from errors import ConfigError
+from model.checkpoint import has_checkpoint, load_trainer_state
+from train.config import build_run_config
 
 _FREE_CORES: Any = None  # in a worker process of eval.compare: the threads a running job may use now (0: its own)
 
@@ -94,3 +100,27 @@ def adopt_free_cores() -> None:
         wanted = _FREE_CORES.value
         if wanted and wanted != torch.get_num_threads():
             torch.set_num_threads(wanted)
+
+
+def saved_run_config(out: Path) -> dict | None:
+    """The settings a run folder was trained with, through today's dataclasses (new keys take their defaults);
+    None when it holds no checkpoint or unreadable settings."""
+    if not has_checkpoint(out):
+        return None
+    try:
+        return build_run_config(copy.deepcopy(load_trainer_state(out).get("run_config")), str(out),
+                                saved=True).to_dict()
+    except (ConfigError, TypeError, AttributeError):
+        return None
+
+
+# Where metrics go, and whether the step is compiled: how a run executes, not what it trains (a resumed run may
+# change either), so not settings that make runs differ.
+EXECUTION = ("report_to", "tracker_group", "compile")
+
+
+def comparable(settings: dict | None) -> dict | None:
+    """A run's settings without those a comparison may add or change on a re-run (EXECUTION)."""
+    if settings is None:
+        return None
+    return {**settings, "train": {k: v for k, v in settings.get("train", {}).items() if k not in EXECUTION}}

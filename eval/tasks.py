@@ -15,8 +15,8 @@ whole number of cycles, every model stops annealed, and those that learn the tas
 
 Trainings run in --workers processes (default: one single-thread process per CPU core); a failed one is reported
 and the others go on. The same command run again resumes: a training finished with the same settings and target is
-scored again, not retrained, and one interrupted after a checkpoint continues from it. Writes OUT/tasks.md (exact match, mean [95% t interval] over seeds, and each seed's steps),
-OUT/tasks.png, and per task OUT/TASK/results.json (exact match and token accuracy: each seed's value, their mean
+scored again, not retrained, and one interrupted after a checkpoint continues from it. Writes OUT/tasks.md (exact
+match, mean [95% t interval] over seeds, and each seed's steps), OUT/tasks.png, and per task OUT/TASK/results.json (exact match and token accuracy: each seed's value, their mean
 and t interval; each seed's steps) and OUT/TASK/TASK.png; runs and their logs in OUT/runs/.
 """
 from __future__ import annotations
@@ -42,11 +42,11 @@ from commands import add_out, comma_list, command_parser, renamed
 from data.batches import IGNORE_INDEX
 from errors import ConfigError, cli_command
 from eval import figures
-from eval.jobs import die_with_parent, job_output, worker_layout
+from eval.jobs import comparable, die_with_parent, job_output, saved_run_config, worker_layout
 from eval.stats import Estimate, t_interval
 from eval.task_generators import TASKS, Task, TaskBatch, get_task, score
-from model.checkpoint import has_checkpoint, load_model, load_trainer_state
-from model.config import ModelConfig, parse_override_value
+from model.checkpoint import load_model, load_trainer_state
+from model.config import parse_override_value
 from model.encodings import POSITION_ENCODINGS
 from model.transformer import Transformer
 from train.config import RunConfig, build_run_config
@@ -149,9 +149,8 @@ def run_task_job(job: TaskJob, log_path: Path | None = None) -> dict[str, Any]:
             values["out"] = {"dir": str(Path(job.runs) / job.task / job.encoding / f"seed{job.seed}"),
                              "overwrite": True}
             config = build_run_config(values, f"task {job.name}")
-            earlier = earlier_training(config, job.until)
+            earlier, state = earlier_training(config, job.until)
             if earlier == "done":
-                state = load_trainer_state(config.out.dir)
                 steps, stopped = int(state["step"]), "stopped" in state
                 print(f"{job.name}: reusing the finished training in {config.out.dir} (step {steps})", flush=True)
             else:
@@ -173,21 +172,19 @@ def run_task_job(job: TaskJob, log_path: Path | None = None) -> dict[str, Any]:
     return result
 
 
-def earlier_training(config: RunConfig, until: float | None) -> str | None:
-    """What an earlier run left in this job's folder: "done" (a training with the same model, train settings and
-    stop target that reached its target or train.max_steps: scored again, not retrained), "partial" (the same
-    training interrupted after a checkpoint: resumed from it), or None (nothing usable: trained afresh)."""
+def earlier_training(config: RunConfig, until: float | None) -> tuple[str | None, dict]:
+    """What an earlier run left in this job's folder, and its trainer state: "done" (a training with this job's
+    settings and stop target that reached its target or train.max_steps: scored again, not retrained), "partial"
+    (the same training interrupted after a checkpoint: resumed from it), or None (nothing usable: trained afresh)."""
     out = Path(config.out.dir)
-    if not has_checkpoint(out):
-        return None
+    saved = comparable(saved_run_config(out))
+    if saved is None or saved != comparable(config.to_dict()):
+        return None, {}
     state = load_trainer_state(out)
-    saved = state.get("run_config", {})
-    same = (state.get("until", "unrecorded") == until and saved.get("train") == config.to_dict()["train"]
-            and ModelConfig.from_saved(saved.get("model", {})).to_dict() == config.model.to_dict())
-    if not same:
-        return None
+    if state.get("until", "unrecorded") != until:
+        return None, {}
     finished = int(state.get("step", 0)) >= config.train.max_steps or (until is not None and "stopped" in state)
-    return "done" if finished else "partial"
+    return ("done" if finished else "partial"), state
 
 
 def run_jobs(jobs: list[TaskJob], workers: int, logs: Path) -> list[dict[str, Any]]:

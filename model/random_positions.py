@@ -5,9 +5,8 @@ encoding the position values of sequences up to N tokens long.
 As in the reference (google-deepmind/randomized_positional_encodings), positions are drawn at every forward, in
 training and in evaluation alike: the model only ever sees sampled positions. In training they come from torch's
 global CPU generator (seeded by train.seed, saved with each checkpoint, so a resumed training draws what an
-uninterrupted one would); in evaluation each row's subset is a function
-of the row's tokens (a generator seeded by a hash of them), so scores are repeatable and a batch scores each row as
-it would alone. Here each row draws its own subset (the reference draws one per batch).
+uninterrupted one would); in evaluation each row's subset is a function of the row's tokens (a generator seeded by
+a hash of them), so scores are repeatable and a batch scores each row as it would alone. Here each row draws its own subset (the reference draws one per batch).
 
 With a KV cache the positions of the whole cache are drawn when its first tokens arrive (one subset of its max_len
 per row, from the prompt's tokens), and every step takes the next of them: a cached decoding equals the full
@@ -25,9 +24,9 @@ from errors import PositionRangeError
 def sorted_subset(count: int, limit: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
     """`count` distinct integers of [0, limit), each subset equally likely, ascending; (count,) long."""
     if count > limit:
-        raise PositionRangeError(f"model.random_positions draws positions from [0, {limit}), which holds fewer than the "
-                          f"{count} this sequence needs; evaluate at <= {limit} tokens, or train a model with a "
-                          "larger model.random_positions")
+        raise PositionRangeError(f"model.random_positions draws positions from [0, {limit}), which holds fewer than "
+                                 f"the {count} this sequence needs; evaluate at <= {limit} tokens, or train a model "
+                                 "with a larger model.random_positions")
     keys = torch.rand(limit, generator=generator)  # on the CPU: its global state is what a checkpoint saves
     return keys.topk(count, largest=False).indices.sort().values.to(device)
 

@@ -27,6 +27,16 @@ def attention_logits(model, layer_index, x, positions):
     return (q @ k.transpose(-1, -2))[0] / math.sqrt(layer.head_dim)
 
 
+def heads_qkv(layer, x):
+    """q, k, v of one sequence x (1, time, dim), each (heads, time, head_dim); keys and values repeated over the
+    query heads they serve (grouped-query attention)."""
+    time, groups = x.shape[1], layer.n_heads // layer.n_kv_heads
+    q = layer.q_proj(x).view(time, layer.n_heads, layer.head_dim).transpose(0, 1)
+    k, v = (proj(x).view(time, layer.n_kv_heads, layer.head_dim).transpose(0, 1).repeat_interleave(groups, 0)
+            for proj in (layer.k_proj, layer.v_proj))
+    return q, k, v
+
+
 def test_kerple_bias_is_the_formula():
     model = Transformer(micro_config(position="kerple", n_heads=4))
     with torch.no_grad():
@@ -160,9 +170,7 @@ def test_cope_attention_is_the_reference_formula():
     positions = torch.arange(7)[None]
     with torch.no_grad():
         out = layer(x, model.position, model.position.prepare(positions, positions), None)
-        q = layer.q_proj(x).view(7, 4, 16).transpose(0, 1)
-        k = layer.k_proj(x).view(7, 4, 16).transpose(0, 1)
-        v = layer.v_proj(x).view(7, 4, 16).transpose(0, 1)
+        q, k, v = heads_qkv(layer, x)
         e = model.position.embeddings[0]  # (head_dim, npos)
         z = torch.zeros(4, 7, 16)
         for h in range(4):
@@ -203,9 +211,7 @@ def test_ssmax_attention_is_the_papers_formula(window):
     with torch.no_grad():
         state = model.position.prepare(positions, positions)
         out = layer(x, model.position, state, None)
-        q = layer.q_proj(x).view(7, 4, 16).transpose(0, 1)
-        k = layer.k_proj(x).view(7, 4, 16).transpose(0, 1)
-        v = layer.v_proj(x).view(7, 4, 16).transpose(0, 1)
+        q, k, v = heads_qkv(layer, x)
         z = torch.zeros(4, 7, 16)
         for h in range(4):
             for i in range(7):
@@ -236,9 +242,7 @@ def test_fox_attention_is_the_papers_formula():
     positions = torch.arange(7)[None]
     with torch.no_grad():
         out = layer(x, model.position, model.position.prepare(positions, positions), None)
-        q = layer.q_proj(x).view(7, 4, 16).transpose(0, 1)
-        k = layer.k_proj(x).view(7, 2, 16).transpose(0, 1).repeat_interleave(2, 0)
-        v = layer.v_proj(x).view(7, 2, 16).transpose(0, 1).repeat_interleave(2, 0)
+        q, k, v = heads_qkv(layer, x)
         gate = model.position.gates["1"]
         z = torch.zeros(4, 7, 16)
         for h in range(4):
@@ -294,9 +298,7 @@ def test_stick_breaking_attention_is_the_papers_formula():
     positions = torch.arange(7)[None]
     with torch.no_grad():
         out = layer(x, model.position, model.position.prepare(positions, positions), None)
-        q = layer.q_proj(x).view(7, 4, 16).transpose(0, 1)
-        k = layer.k_proj(x).view(7, 4, 16).transpose(0, 1)
-        v = layer.v_proj(x).view(7, 4, 16).transpose(0, 1)
+        q, k, v = heads_qkv(layer, x)
         z = torch.zeros(4, 7, 16)
         for h in range(4):
             for i in range(7):
@@ -375,9 +377,7 @@ def test_dape_attention_is_the_papers_formula():
         with torch.no_grad():
             state = model.position.prepare(positions, positions)
             out = layer(x, model.position, state, None)
-            q = layer.q_proj(x).view(5, 4, 16).transpose(0, 1)
-            k = layer.k_proj(x).view(5, 4, 16).transpose(0, 1)
-            v = layer.v_proj(x).view(5, 4, 16).transpose(0, 1)
+            q, k, v = heads_qkv(layer, x)
             base_bias = model.position.base.score_bias(None, state, 1, slice(None))[0]  # (heads, 5, 5)
             mlp = model.position.mlps["1"]
             z = torch.zeros(4, 5, 16)

@@ -30,36 +30,12 @@ from eval.compare.layout import eval_path, run_dir
 from eval.compare.probes import run_probes
 from eval.extrapolation import CheckpointEvaluation, evaluate_checkpoint, make_plan, resolve_length
 from eval.inference_methods import applies
-from eval.jobs import die_with_parent, job_output, share_cores, usable_cores
+from eval.jobs import comparable, die_with_parent, job_output, saved_run_config, share_cores, usable_cores
 from model.checkpoint import WEIGHTS, has_checkpoint, load_model, load_trainer_state, trained_length
 from model.runtime import autocast_dtype, configure_runtime, resolve_device
 from model.transformer import Transformer
 from train.config import RunConfig, build_run_config
 from train.loop import SNAPSHOTS, run_training
-
-
-def saved_run_config(out: Path) -> dict | None:
-    """The settings a run folder was trained with, through today's dataclasses (new keys take their defaults);
-    None when it holds no checkpoint or unreadable settings."""
-    if not has_checkpoint(out):
-        return None
-    try:
-        return build_run_config(copy.deepcopy(load_trainer_state(out).get("run_config")), str(out),
-                                saved=True).to_dict()
-    except (ConfigError, TypeError, AttributeError):
-        return None
-
-
-# Where metrics go, and whether the step is compiled: how a run executes, not what it trains (a resumed run may
-# change either), so not settings that make runs differ.
-EXECUTION = ("report_to", "tracker_group", "compile")
-
-
-def comparable(settings: dict | None) -> dict | None:
-    """A run's settings without those a comparison may add or change on a re-run (EXECUTION)."""
-    if settings is None:
-        return None
-    return {**settings, "train": {k: v for k, v in settings.get("train", {}).items() if k not in EXECUTION}}
 
 
 def check_existing_runs(configs: RunConfigs) -> None:
