@@ -9,7 +9,10 @@ comma-separated. --help shows every default. A former spelling is refused with t
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import os
+import subprocess
+import sys
+from typing import Any, NoReturn
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -49,6 +52,14 @@ def renamed(parser: argparse.ArgumentParser, old: str, new: str) -> None:
                         nargs="?", help=argparse.SUPPRESS, default=argparse.SUPPRESS)
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None, *required: str) -> argparse.Namespace:
+    """A command's arguments: `argv` (None: the command line) parsed, with the options named in `required` checked
+    as argparse's `required` would (`require`)."""
+    args = parser.parse_args(argv)
+    require(parser, args, *required)
+    return args
+
+
 def require(parser: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
     """argparse's `required`, checked after parsing (for commands whose options are also read from a config)."""
     missing = [f"--{name.replace('_', '-')}" for name in names if getattr(args, name, None) is None]
@@ -74,3 +85,14 @@ def add_out(parser: argparse.ArgumentParser, help: str = "output folder", **kwar
 
 def add_device(parser: argparse.ArgumentParser, default: str = "auto") -> None:
     parser.add_argument("--device", default=default, help="auto | cpu | cuda | mps")
+
+
+def moved(old: str, new: str) -> NoReturn:
+    """`python -m OLD`, a command that moved to NEW: a one-line note on stderr, then NEW runs with the same
+    arguments in this process's place (its output, exit code and signals are NEW's). Kept for one release."""
+    print(f"note: `python -m {old}` is now `python -m {new}`; the old spelling goes away in the next release",
+          file=sys.stderr, flush=True)
+    command = [sys.executable, "-m", new, *sys.argv[1:]]
+    if os.name == "posix":
+        os.execv(sys.executable, command)
+    sys.exit(subprocess.call(command))

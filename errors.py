@@ -2,7 +2,9 @@
 
 A UserError is bad input: a flag, a config value, a file or a folder that is missing, malformed or does not fit.
 Its message names the problem and what to do. Every command (`cli_command`) prints it as one line and exits 2.
-Any other exception is a bug in pelab (or the environment) and keeps its traceback.
+A CommandStopped is a command that stopped short and says why (a training interrupted by Ctrl-C, a non-finite loss):
+one line too, and its own exit code. Any other exception is a bug in pelab (or the environment) and keeps its
+traceback.
 """
 from __future__ import annotations
 
@@ -43,8 +45,17 @@ class ConversionError(UserError):
     """A model that cannot be converted to or from transformers' Llama."""
 
 
+class CommandStopped(Exception):
+    """A command that stopped short, keeping what it wrote (an interrupted training, a non-finite loss): reported
+    as one line (after `prefix`), the process exiting with `exit_code`."""
+
+    exit_code = 1
+    prefix = "error: "
+
+
 def cli_command(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
-    """Wrap an entry point's main(argv): a UserError becomes "error: ..." on stderr and exit code 2."""
+    """Wrap an entry point's main(argv): a UserError becomes "error: ..." on stderr and exit code 2, a
+    CommandStopped its own line and exit code."""
 
     @functools.wraps(main)
     def run(argv: list[str] | None = None) -> int:
@@ -53,5 +64,8 @@ def cli_command(main: Callable[[list[str] | None], int]) -> Callable[[list[str] 
         except UserError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
+        except CommandStopped as stop:
+            print(f"{stop.prefix}{stop}", file=sys.stderr)
+            return stop.exit_code
 
     return run

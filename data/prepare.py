@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from commands import add_out, command_parser, renamed
+from commands import add_out, command_parser, parse, renamed
 from data.sources import ENCODING_ERRORS, HUB_SOURCES, TextSource, load_source
 from data.tokenizer import ENDOFTEXT, batched, load_tokenizer, train_bpe, wrap_tokenizer
 from errors import ConfigError, cli_command
@@ -184,8 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 @cli_command
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(build_parser(), argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     meta = prepare(args.data, args.out, args.vocab_size, args.tokenizer, args.val_fraction, args.num_proc,
                    args.errors, args.max_documents)

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from commands import add_checkpoint, add_device, add_out, comma_list, command_parser
+from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, parse
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, DataError, cli_command
 from eval import figures
@@ -35,7 +35,7 @@ from eval.extrapolation import parse_lengths, resolve_length
 from eval.heldout import checkpoint_eval_tokens
 from model.checkpoint import load_model, trained_length
 from model.data_folder import training_data_dir
-from model.runtime import resolve_device
+from model.runtime import configure_runtime, resolve_device
 from model.transformer import Transformer
 
 STATISTICS = ("entropy", "distance", "sink", "far")
@@ -171,9 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 @cli_command
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.out is None:
-        raise ConfigError("--out DIR is required")
+    configure_runtime()  # the process's runtime switches, at start-up (model/runtime.py)
+    args = parse(build_parser(), argv, "out")
     if args.tokens < 1 or args.sink_tokens < 0:
         raise ConfigError("--tokens must be positive and --sink-tokens >= 0")
     lengths = parse_lengths(",".join(comma_list(args.lengths)))

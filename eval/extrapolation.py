@@ -13,7 +13,7 @@ with the same tokenizer and L, scores the same tokens. For each checkpoint, meth
            that advance by S, so each has between L - S + 1 and L tokens of context, all at trained positions).
            > 0: positions beyond L cost more than the longer context gives; < 0: the longer context helps.
            Interval: 95% bootstrap over windows, this model's only: it says nothing about another training
-           run (over seeds, eval.compare's t interval);
+           run (over seeds, experiments.compare's t interval);
   probe    the position-shift probe: the L-token windows of the 1x cell scored with their positions offset by
            0, L, 3L and 15L; only absolute positions change, the context does not (relative encodings must not
            move at all).
@@ -36,13 +36,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, renamed, require
+from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, parse, renamed
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, PositionRangeError, cli_command
 from eval import figures
 from eval.heldout import checkpoint_eval_tokens
 from eval.inference_methods import METHODS, NONE, applies, check_methods, label, method_spec
-from eval.scoring import score_incremental, score_windows
+from eval.scoring import OnBatch, score_incremental, score_windows
 from eval.segments import (
     Segments,
     choose_segments,
@@ -55,7 +55,7 @@ from eval.segments import (
 from eval.stats import crossed_bootstrap
 from model.checkpoint import load_model, trained_length
 from model.data_folder import training_data_dir
-from model.runtime import autocast_dtype, resolve_device
+from model.runtime import autocast_dtype, configure_runtime, resolve_device
 from model.transformer import Transformer
 
 DEFAULT_METHODS = "linear,ntk,dynamic,yarn,clamp"
@@ -206,7 +206,8 @@ class CheckpointEvaluation:
 
 
 def score_reference(model: Transformer, ids: np.ndarray, segments: Segments, trained: int, stride: int,
-                    at_trained: np.ndarray | None, amp: torch.dtype | None, progress: bool) -> np.ndarray:
+                    at_trained: np.ndarray | None, amp: torch.dtype | None, progress: bool,
+                    on_batch: OnBatch = None) -> np.ndarray:
     """The L-window reference's losses (windows, stride): only each window's last `stride` targets are scored,
     and the windows that are windows of the L cell take their losses from it (`at_trained`, that cell's losses in
     window layout, or None)."""
@@ -215,25 +216,28 @@ def score_reference(model: Transformer, ids: np.ndarray, segments: Segments, tra
     shared, cell = reference_in_tiling(segments, trained, stride) if at_trained is not None else ([], [])
     rest = np.setdiff1d(np.arange(len(windows)), shared)
     losses[rest] = score_windows(model, windows[rest], amp, progress=progress, desc=f"reference @ {trained}",
-                                 last=stride)
+                                 last=stride, on_batch=on_batch)
     if len(shared):
         losses[shared] = at_trained[cell, -stride:]
     return losses
 
 
 def evaluate_checkpoint(model: Transformer, ids: np.ndarray, plan: EvalPlan, methods: list[str],
-                        amp: torch.dtype | None = None, progress: bool = False) -> CheckpointEvaluation:
-    """Score `ids` under the plan with each applicable method (and "none"), the reference, and the probe."""
+                        amp: torch.dtype | None = None, progress: bool = False,
+                        on_batch: OnBatch = None) -> CheckpointEvaluation:
+    """Score `ids` under the plan with each applicable method (and "none"), the reference, and the probe
+    (on_batch: eval/scoring.py)."""
     started = time.perf_counter()
     own = model.config.to_dict()
     trained, segments = plan.trained, plan.segments
     at_trained: dict[str, np.ndarray] = {}  # method -> its losses at L in window layout (the probe's offset 0)
     if trained in plan.lengths:  # the L cell first: every (L / stride)-th reference window is one of its windows
         at_trained[NONE] = score_windows(model, tiled_windows(ids, segments, trained), amp, progress=progress,
-                                         desc=f"{NONE} @ {trained}")
+                                         desc=f"{NONE} @ {trained}", on_batch=on_batch)
     paths = model.attention_paths()
     evaluation = CheckpointEvaluation(plan.key(), reference_layout(
-        score_reference(model, ids, segments, trained, plan.reference_stride, at_trained.get(NONE), amp, progress),
+        score_reference(model, ids, segments, trained, plan.reference_stride, at_trained.get(NONE), amp, progress,
+                        on_batch),
         segments, plan.reference_stride))
     if NONE in at_trained:
         evaluation.paths[key_for(NONE, trained)] = paths
@@ -256,9 +260,11 @@ def evaluate_checkpoint(model: Transformer, ids: np.ndarray, plan: EvalPlan, met
             windows = tiled_windows(ids, segments, length)
             try:
                 if spec.incremental:
-                    losses = score_incremental(view, windows, trained, amp, progress, desc=f"{method} @ {length}")
+                    losses = score_incremental(view, windows, trained, amp, progress, desc=f"{method} @ {length}",
+                                               on_batch=on_batch)
                 else:
-                    losses = score_windows(view, windows, amp, progress=progress, desc=f"{method} @ {length}")
+                    losses = score_windows(view, windows, amp, progress=progress, desc=f"{method} @ {length}",
+                                           on_batch=on_batch)
                     if length == trained:
                         at_trained[method] = losses
                 evaluation.losses[key] = tiled_layout(losses, segments, length)
@@ -272,7 +278,7 @@ def evaluate_checkpoint(model: Transformer, ids: np.ndarray, plan: EvalPlan, met
                 try:
                     # Offset 0 is the L cell itself (the same windows, positions and settings).
                     losses = at_trained[method] if offset == 0 and method in at_trained else \
-                        score_windows(view, windows, amp, position_offset=offset)
+                        score_windows(view, windows, amp, position_offset=offset, on_batch=on_batch)
                     evaluation.probe[key_for(method, offset)] = losses.mean(axis=1)
                 except PositionRangeError as error:
                     evaluation.errors[key_for(f"probe:{method}", offset)] = str(error).split(";")[0]
@@ -393,9 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 @cli_command
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    require(parser, args, "checkpoint", "out")
+    configure_runtime()  # the process's runtime switches, at start-up (model/runtime.py)
+    args = parse(build_parser(), argv, "checkpoint", "out")
     rows: list[dict[str, Any]] = []
     lengths = parse_lengths(args.lengths)
     methods = check_methods(comma_list(args.methods))

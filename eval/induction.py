@@ -23,13 +23,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, require
+from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, parse
 from errors import ConfigError, cli_command
 from eval import figures
 from eval.extrapolation import parse_lengths, resolve_length
 from eval.stats import t_interval
 from infer.rope_args import add_rope_scaling_args, load_for_inference
 from model.checkpoint import trained_length
+from model.runtime import configure_runtime
 from model.transformer import Transformer
 
 
@@ -117,9 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 @cli_command
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    require(parser, args, "checkpoint", "out")
+    configure_runtime()  # the process's runtime switches, at start-up (model/runtime.py)
+    args = parse(build_parser(), argv, "checkpoint", "out")
     if args.block < 2 or args.trials < 2:
         raise ConfigError(f"--block and --trials must be at least 2, got {args.block} and {args.trials}")
     model, tokenizer, _ = load_for_inference(args)

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, renamed, require
+from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, parse, renamed
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, cli_command
 from eval import figures
@@ -32,6 +32,7 @@ from eval.stats import wilson_interval
 from infer.generate import generate_tokens
 from infer.rope_args import add_rope_scaling_args, load_for_inference
 from model.checkpoint import trained_length
+from model.runtime import configure_runtime
 
 INTRO = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
@@ -152,23 +153,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 @cli_command
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    require(parser, args, "checkpoint")
+    configure_runtime()  # the process's runtime switches, at start-up (model/runtime.py)
+    args = parse(build_parser(), argv, "checkpoint")
     length_items = parse_lengths(args.lengths)
     try:
         depths = [float(item) for item in comma_list(args.depths)]
     except ValueError:
-        parser.error(f"--depths must be comma-separated numbers in [0, 1], got {args.depths!r}")
+        raise ConfigError(f"--depths must be comma-separated numbers in [0, 1], got {args.depths!r}")
     if args.make_data:
         if any(item.endswith("x") for item in length_items):
-            parser.error("--make-data needs absolute --lengths (token counts)")
+            raise ConfigError("--make-data needs absolute --lengths (token counts)")
         make_training_data(args.make_data, load_tokenizer(args.checkpoint), [int(i) for i in length_items],
                            args.samples, args.seed)
         print(f"wrote {args.samples} passkey documents to {args.make_data}")
         return 0
     if not args.out:
-        parser.error("evaluation needs --out")
+        raise ConfigError("evaluation needs --out")
     model, tokenizer, device = load_for_inference(args)
     trained = trained_length(args.checkpoint)
     lengths = [resolve_length(item, trained) for item in length_items]

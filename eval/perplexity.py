@@ -25,13 +25,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from commands import add_checkpoint, add_device, add_out, command_parser, renamed, require
+from commands import add_checkpoint, add_device, add_out, command_parser, parse, renamed
 from data.batches import windows_at
 from data.tokenizer import token_byte_lengths
 from errors import ConfigError, DataError, cli_command
 from eval.heldout import checkpoint_eval_tokens
 from infer.rope_args import add_rope_scaling_args, load_for_inference
-from model.runtime import autocast, autocast_dtype
+from model.runtime import autocast, autocast_dtype, configure_runtime
 from model.transformer import Transformer
 
 # Windows per forward are chosen so that a batch holds about this many tokens.
@@ -142,9 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 @cli_command
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    require(parser, args, "checkpoint", "data", "length")
+    configure_runtime()  # the process's runtime switches, at start-up (model/runtime.py)
+    args = parse(build_parser(), argv, "checkpoint", "data", "length")
     model, tokenizer, device = load_for_inference(args)
     ids, scored = checkpoint_eval_tokens(args.data, args.checkpoint, tokenizer, args.tokens, args.val_fraction,
                                          args.all_documents)

@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from commands import add_out, command_parser, renamed, require
-from errors import cli_command
+from commands import add_out, command_parser, parse, renamed
+from errors import ConfigError, cli_command
 from eval.figures import save as save_figure
 from model.attention import Attention
 from model.config import ModelConfig
@@ -321,11 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 @cli_command
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    require(parser, args, "out")
+    args = parse(build_parser(), argv, "out")
     if args.head_dim % 2 or args.head_dim < 4 or args.base <= 1 or args.length < 1 or args.factor < 1:
-        parser.error("need an even --head-dim >= 4, --base > 1, --length >= 1 and --factor >= 1")
+        raise ConfigError("need an even --head-dim >= 4, --base > 1, --length >= 1 and --factor >= 1")
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     save_figures(args.out, args.head_dim, args.base, args.length, args.factor)

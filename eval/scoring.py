@@ -7,14 +7,18 @@
 
 Both take `windows`, an int array (n, T + 1): inputs are [:, :-1], targets [:, 1:]; both return float32
 losses (n, T) in nats, where column p is the loss of the token predicted at position p (p + 1 tokens of context).
+`on_batch`, if given, is called before each batch (and every 64 decoding steps): a caller that runs scoring in a
+worker process uses it to take cores other workers have freed (experiments/jobs.py); it changes how fast, not what,
+is computed.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from eval.jobs import adopt_free_cores
 from model.kv_cache import KVCache
 from model.runtime import autocast
 from model.transformer import Transformer
@@ -27,9 +31,13 @@ def _device(model: Transformer) -> torch.device:
     return next(model.parameters()).device
 
 
-def _batches(count: int, per_batch: int, desc: str, progress: bool):
+OnBatch = Callable[[], None] | None
+
+
+def _batches(count: int, per_batch: int, desc: str, progress: bool, on_batch: OnBatch):
     for first in tqdm(range(0, count, per_batch), desc=desc, disable=not progress, leave=False):
-        adopt_free_cores()  # a worker of eval.compare whose pool has gone partly idle takes the freed cores
+        if on_batch is not None:
+            on_batch()
         yield first
 
 
@@ -42,6 +50,7 @@ def score_windows(
     progress: bool = False,
     desc: str = "scoring",
     last: int = 0,
+    on_batch: OnBatch = None,
 ) -> np.ndarray:
     """Loss of every target of every window, one full forward per window; positions start at position_offset.
     last > 0: only the last `last` targets of each window (losses (n, last)); the head and the last block's
@@ -55,7 +64,7 @@ def score_windows(
     # None: the model's own positions (0, 1, ..., or its randomized ones: model.random_positions)
     positions = (torch.arange(length, device=device) + position_offset)[None, :] if position_offset else None
     per_batch = max(1, TOKENS_PER_BATCH // length)
-    for first in _batches(count, per_batch, desc, progress):
+    for first in _batches(count, per_batch, desc, progress, on_batch):
         rows = torch.from_numpy(np.asarray(windows[first : first + per_batch], dtype=np.int64)).to(device)
         with autocast(device, amp):
             _, loss = model(rows[:, :-1], rows[:, 1:], positions=positions, loss_reduction="none", logits_to_keep=last)
@@ -72,6 +81,7 @@ def score_incremental(
     progress: bool = False,
     desc: str = "scoring (incremental)",
     max_batch: int = 256,
+    on_batch: OnBatch = None,
 ) -> np.ndarray:
     """Loss of every target, computed as decoding computes it: the first `prefill` inputs in one cached forward,
     then each further input as one cached step. Equals scoring every prefix with a fresh full forward (tested),
@@ -82,15 +92,15 @@ def score_incremental(
     length = width - 1
     prefill = max(1, min(prefill, length))
     losses = np.empty((count, length), dtype=np.float32)
-    for first in _batches(count, max_batch, desc, progress):
+    for first in _batches(count, max_batch, desc, progress, on_batch):
         rows = torch.from_numpy(np.asarray(windows[first : first + max_batch], dtype=np.int64)).to(device)
         cache = KVCache.for_model(model.config, rows.shape[0], length)
         with autocast(device, amp):
             _, loss = model(rows[:, :prefill], rows[:, 1 : prefill + 1], kv_cache=cache, loss_reduction="none")
             columns = [loss.float()]
             for position in range(prefill, length):
-                if position % 64 == 0:
-                    adopt_free_cores()
+                if position % 64 == 0 and on_batch is not None:
+                    on_batch()
                 _, loss = model(rows[:, position : position + 1], rows[:, position + 1 : position + 2],
                                 kv_cache=cache, loss_reduction="none")
                 columns.append(loss.float())

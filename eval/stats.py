@@ -9,7 +9,10 @@
     wilson_interval     a success rate (passkey trials, task accuracy) with the Wilson score 95% interval
     seeds_and_trials    a success rate over seeds (passkey): the mean of the seeds' rates with an interval that holds
                         both the t interval over seeds and the pooled Wilson interval
-    separated           whether two intervals do not overlap: the comparison's criterion for stating an order
+    separated           whether two intervals do not overlap (the ladder's criterion, between estimates of separate
+                        comparisons)
+    excludes_zero       whether an interval lies wholly on one side of 0: the comparison's criterion for stating an
+                        order or a difference between two variants, on their difference paired by seed
 """
 from __future__ import annotations
 
@@ -163,3 +166,8 @@ def separated(a: Estimate, b: Estimate) -> bool:
     if not (a.has_interval and b.has_interval):
         return False
     return a.high < b.low or b.high < a.low
+
+
+def excludes_zero(estimate: Estimate | None) -> bool:
+    """Whether `estimate` has an interval that lies wholly above or wholly below 0."""
+    return estimate is not None and estimate.has_interval and (estimate.low > 0 or estimate.high < 0)

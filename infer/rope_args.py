@@ -19,7 +19,7 @@ from data.tokenizer import load_tokenizer
 from errors import ConfigError
 from model.attention_methods import ATTENTION_METHODS
 from model.checkpoint import load_model
-from model.config import parse_override_value
+from model.fields import parse_override_value
 from model.rope import ROPE_SCALINGS, SCALING_KEYS
 from model.runtime import resolve_device
 from model.transformer import Transformer

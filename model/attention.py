@@ -1,11 +1,13 @@
 """Grouped-query causal self-attention, on the path model/attention_path.py chooses for each forward.
 
-Encodings without a score bias take the fused SDPA path with no (time x time) mask. Encodings with a bias
-(ALiBi, T5, Shaw, KERPLE, FIRE, CoPE), and layers with a sliding window, are computed in chunks of query rows,
-each against only the keys it can see (the causal prefix, or the window), so the (heads x rows x keys) bias and
-mask stay bounded at long lengths and a window costs O(time x window): through SDPA with a float mask, or through
-explicit steps where the probabilities themselves are needed. A long evaluation forward of a distance bias takes
-compiled FlexAttention (model/flex.py).
+An encoding whose attention is FUSED (RoPE, xPos, NoPE, SSMax, the absolute ones: it changes the queries and keys,
+or the input, and adds nothing to the scores) takes the fused SDPA path with no (time x time) mask. A BIAS encoding
+(ALiBi, T5, KERPLE, FIRE, FoX), an EXPLICIT one (CoPE and DAPE, whose bias reads the scores; Shaw's value term;
+stick-breaking's own weights), and a layer with a sliding window are computed in chunks of query rows, each against
+only the keys it can see (the causal prefix, or the window), so the (heads x rows x keys) bias and mask stay bounded
+at long lengths and a window costs O(time x window): through SDPA with a float mask, or through explicit steps
+where the scores or the probabilities themselves are needed. A long evaluation forward of an encoding with a
+`flex_kind` takes compiled FlexAttention (model/flex.py).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from model.attention_path import EXPLICIT, FLEX, SDPA, Forward, Path, choose
 from model.config import ModelConfig
 from model.encodings.base import PositionEncoding
 from model.kv_cache import KVCache
+from model.runtime import runtime_config
 
 # Chunks hold at most this many (batch x heads x rows x keys) elements: 2^24 floats (64 MiB) through SDPA with
 # a float mask; 2^20 (4 MiB) through the explicit steps (scores, softmax, probabilities @ values, each a pass over
@@ -35,13 +38,6 @@ EXPLICIT_CHUNK_ELEMENTS = 2**20
 def at_least_float32(x: torch.Tensor) -> torch.Tensor:
     """Scores in float32, or float64 for a float64 model (a reference computation), never lower."""
     return x.to(torch.promote_types(x.dtype, torch.float32))
-
-
-def causal_mask(q_len: int, k_len: int, device: torch.device, rows: slice | None = None) -> torch.Tensor:
-    """Boolean (rows, k_len) mask for queries that are the last q_len of k_len positions (True = attend)."""
-    query_index = torch.arange(k_len - q_len, k_len, device=device)[rows if rows is not None else slice(None)]
-    key_index = torch.arange(k_len, device=device)
-    return key_index[None, :] <= query_index[:, None]
 
 
 def visible_keys(q_len: int, k_len: int, device: torch.device, kv_cache: KVCache | None,
@@ -93,8 +89,8 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        position: PositionEncoding,
-        position_state: Any,
+        encoding: PositionEncoding,
+        encoding_state: Any,
         kv_cache: KVCache | None,
         causal: bool = True,
         methods: MethodContext | None = None,
@@ -105,10 +101,10 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(batch, time, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, time, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, time, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        position_state = position.for_layer(x, position_state, self.layer_index, kv_cache)
+        encoding_state = encoding.for_layer(x, encoding_state, self.layer_index, kv_cache)
         if pass_states is not None:
-            pass_states = [position.for_layer(x, state, self.layer_index, kv_cache) for state in pass_states]
-        scale = methods.scale_for(position.encodes_positions) if methods is not None else None
+            pass_states = [encoding.for_layer(x, state, self.layer_index, kv_cache) for state in pass_states]
+        scale = methods.scale_for(encoding.encodes_positions) if methods is not None else None
         if scale is not None:
             q = q * scale.to(q.dtype)  # logn / temperature: a factor per query position
         passes = methods is not None and bool(methods.passes)
@@ -116,29 +112,30 @@ class Attention(nn.Module):
             if kv_cache is not None:
                 k, v = kv_cache.update(self.layer_index, k, v)
         else:
-            q = position.rotate_queries(q, position_state)
-            if position.caches_rotated_keys:
-                k = position.rotate_keys(k, position_state)
+            q = encoding.encode_queries(q, encoding_state)
+            if encoding.caches_encoded_keys:
+                k = encoding.encode_keys(k, encoding_state)
             if kv_cache is not None:
                 k, v = kv_cache.update(self.layer_index, k, v)
-            if not position.caches_rotated_keys:
-                k = position.rotate_keys(k, position_state)
+            if not encoding.caches_encoded_keys:
+                k = encoding.encode_keys(k, encoding_state)
         forward = Forward(
             device=q.device.type, grad=torch.is_grad_enabled(), dtype=q.dtype, batch=batch, queries=q.shape[2],
             keys=k.shape[2], cache="none" if kv_cache is None else "static" if kv_cache.static else "dynamic",
             window=self.window, methods=methods is not None, passes=passes,
             visibility=methods is not None and methods.visible is not None, observed=self.observer is not None,
-            dropout=self.dropout if self.training else 0.0, compiling=torch.compiler.is_compiling(), causal=causal)
-        path = choose(position, forward, lambda: flex.consecutive(position_state))
+            dropout=self.dropout if self.training else 0.0, compiling=torch.compiler.is_compiling(), causal=causal,
+            flex_enabled=runtime_config().flex_attention)
+        path = choose(encoding, forward, lambda: flex.consecutive(encoding_state))
         y = None
         if path.kind == FLEX:
-            y = flex.attention(q, k, v, position, position_state, self.layer_index)
+            y = flex.attention(q, k, v, encoding, encoding_state, self.layer_index)
             if y is None:  # compiling failed: every later forward takes the chunked path (choose knows)
-                path = choose(position, forward)
+                path = choose(encoding, forward)
         if path.kind == SDPA:
             y = self.fused_attention(q, k, v, causal, kv_cache)
         elif y is None:
-            y = self.chunked_attention(q, k, v, position, position_state, causal, kv_cache, methods,
+            y = self.chunked_attention(q, k, v, encoding, encoding_state, causal, kv_cache, methods,
                                        pass_states, explicit=path.kind == EXPLICIT)
         self.last_path = path
         # (batch, heads, time, head_dim) -> (batch, time, heads * head_dim)
@@ -169,7 +166,7 @@ class Attention(nn.Module):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        position: PositionEncoding,
+        encoding: PositionEncoding,
         state: Any,
         causal: bool,
         kv_cache: KVCache | None = None,
@@ -198,7 +195,7 @@ class Attention(nn.Module):
             v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
         encoded = None
         if passes:  # (queries, keys) encoded for each pass, once for all chunks
-            encoded = [(position.rotate_queries(q, pass_state), position.rotate_keys(k, pass_state))
+            encoded = [(encoding.encode_queries(q, pass_state), encoding.encode_keys(k, pass_state))
                        for pass_state in pass_states]
         dropout = self.dropout if self.training else 0.0
         outputs = []
@@ -217,7 +214,7 @@ class Attention(nn.Module):
                 if passes:
                     scores = None
                     for one_pass, pass_state, (q_pass, k_pass) in zip(passes, pass_states, encoded):
-                        pass_scores = self.logits(q_pass[:, :, rows], k_pass[:, :, keys], position, pass_state,
+                        pass_scores = self.logits(q_pass[:, :, rows], k_pass[:, :, keys], encoding, pass_state,
                                                   rows, keys)
                         scores = pass_scores if one_pass.select is None else \
                             torch.where(one_pass.select(i, j)[:, None], pass_scores, scores)
@@ -227,19 +224,19 @@ class Attention(nn.Module):
                     scores = at_least_float32(q_rows @ k_keys.transpose(-1, -2)) / math.sqrt(self.head_dim)
                     if visible is not None:
                         scores = scores.masked_fill(~visible, float("-inf"))
-                    bias = position.score_bias(q_rows, state, self.layer_index, rows, keys,
-                                               scores if position.bias_needs_scores else None)
+                    bias = encoding.score_bias(q_rows, state, self.layer_index, rows, keys,
+                                               scores if encoding.bias_needs_scores else None)
                     if bias is not None:
                         scores = scores + bias
-                probs = position.attention_weights(scores, state, self.layer_index, visible)
+                probs = encoding.attention_weights(scores, state, self.layer_index, visible)
                 if self.observer is not None:
                     self.observer(self.layer_index, rows, keys, probs)
                 probs = F.dropout(probs, dropout, self.training).to(v.dtype)
                 output = probs @ v_keys
-                value = position.value_term(probs, state, self.layer_index, rows, keys)
+                value = encoding.value_term(probs, state, self.layer_index, rows, keys)
                 outputs.append(output if value is None else output + value)
                 continue
-            bias = position.score_bias(q_rows, state, self.layer_index, rows, keys)  # (batch|1, heads, rows, keys)
+            bias = encoding.score_bias(q_rows, state, self.layer_index, rows, keys)  # (batch|1, heads, rows, keys)
             if bias is None:
                 mask = visible
             else:
@@ -249,9 +246,9 @@ class Attention(nn.Module):
                                                           enable_gqa=self.n_kv_heads != self.n_heads))
         return torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]
 
-    def logits(self, q: torch.Tensor, k: torch.Tensor, position: PositionEncoding, state: Any, rows: slice,
+    def logits(self, q: torch.Tensor, k: torch.Tensor, encoding: PositionEncoding, state: Any, rows: slice,
                keys: slice) -> torch.Tensor:
         """Scaled q.k logits (float32) plus the encoding's bias for this state."""
         scores = at_least_float32(q @ k.transpose(-1, -2)) / math.sqrt(self.head_dim)
-        bias = position.score_bias(q, state, self.layer_index, rows, keys)
+        bias = encoding.score_bias(q, state, self.layer_index, rows, keys)
         return scores if bias is None else scores + bias

@@ -91,12 +91,12 @@ class AttentionMethod:
 ATTENTION_METHODS: dict[str, type[AttentionMethod]] = {}
 
 
-def register(cls: type[AttentionMethod]) -> type[AttentionMethod]:
+def register_method(cls: type[AttentionMethod]) -> type[AttentionMethod]:
     ATTENTION_METHODS[cls.name] = cls
     return cls
 
 
-@register
+@register_method
 class LogN(AttentionMethod):
     """log-n scaling: q_i times max(1, log(i + 1) / log(L))."""
 
@@ -109,7 +109,7 @@ class LogN(AttentionMethod):
         return torch.clamp(torch.log(positions.to(torch.float32) + 1) / math.log(base), min=1.0)
 
 
-@register
+@register_method
 class Temperature(AttentionMethod):
     """Llama 4 temperature: q_i times 1 + beta log(floor((i + 1) / floor_scale) + 1), in NoPE layers only."""
 
@@ -140,7 +140,7 @@ class TwoPass(AttentionMethod):
         return [Pass(queries, keys), Pass(*self.far(queries, keys), lambda i, j: i - j >= limit)]
 
 
-@register
+@register_method
 class ReRoPE(TwoPass):
     """ReRoPE: distances past the window clamped to it."""
 
@@ -151,7 +151,7 @@ class ReRoPE(TwoPass):
         return torch.full_like(queries, self.limit()), torch.zeros_like(keys)
 
 
-@register
+@register_method
 class LeakyReRoPE(TwoPass):
     """leaky ReRoPE: distances past the window grow with slope 1 / k."""
 
@@ -170,7 +170,7 @@ class LeakyReRoPE(TwoPass):
         return {"window": half, "k": max(1.0, (length - half) / max(1, trained - half))}
 
 
-@register
+@register_method
 class SelfExtend(TwoPass):
     """SelfExtend: exact neighbours, grouped positions beyond."""
 
@@ -195,7 +195,7 @@ class SelfExtend(TwoPass):
         return {"neighbors": neighbors, "group": group}
 
 
-@register
+@register_method
 class Sinks(AttentionMethod):
     """attention sinks (StreamingLLM): the first tokens and a recent window, positions as in the cache."""
 
@@ -218,7 +218,7 @@ class Sinks(AttentionMethod):
         return (j < self.params["sinks"]) | (i - j < self.window)
 
 
-@register
+@register_method
 class Window(AttentionMethod):
     """sliding window: the most recent keys only."""
 
@@ -287,7 +287,7 @@ def compose(classes: list[type[AttentionMethod]]) -> None:
 def refusal(cls: type[AttentionMethod], used: list[str], scaling: str | None = None) -> str | None:
     """Why `cls` cannot run on a model whose layers use the encodings `used` (and this scaling), or None."""
     own = [name for name in used if POSITION_ENCODINGS[name].own_weights]
-    if own:
+    if own and (cls.scales_queries or cls.sets_positions):  # hiding keys (a window) applies to any weights
         return (f"attention method {cls.name!r} is defined on softmax attention; {own} compute their attention "
                 "weights otherwise")
     if cls.encodings is not None:

@@ -1,18 +1,23 @@
 """Which attention path a forward takes, decided in one place: choose(encoding, forward) returns the path and why.
 
     sdpa       F.scaled_dot_product_attention fused over the whole sequence (is_causal, or a boolean mask for a
-               KV cache): no score bias, no window, nothing that reads the probabilities
+               KV cache): an encoding whose attention is FUSED (RoPE, xPos, NoPE, SSMax, the absolute ones), no
+               window, nothing that reads the probabilities
     sdpa_mask  SDPA in chunks of query rows, each against the keys it can see, with the encoding's bias (and the
-               window) as a float mask: a fixed or non-learned bias, or one on a device with a mask gradient
-    explicit   the explicit steps in chunks (scores, softmax, probabilities @ values): an encoding whose bias reads
-               the scores (CoPE) or that adds a value term (Shaw), an attention method that encodes positions per
-               pass, probabilities a diagnostic reads, or a learned bias wanting gradients on the CPU
+               window) as a float mask: a BIAS encoding (ALiBi, T5, KERPLE, FIRE, FoX) whose bias is fixed, or
+               learned on a device with a mask gradient
+    explicit   the explicit steps in chunks (scores, softmax, probabilities @ values): an EXPLICIT encoding (a bias
+               that reads the scores: CoPE, DAPE; a value term: Shaw; weights of its own: stick-breaking), an
+               attention method that encodes positions per pass, probabilities a diagnostic reads, or a learned
+               bias wanting gradients on the CPU
     flex       compiled FlexAttention with the bias as a score_mod (model/flex.py): the long no-grad float32 CPU
-               forwards of a distance bias over one sequence, or of a clipped one (Shaw) or a separable one (FoX)
+               forwards of an encoding with a `flex_kind`: a distance bias over one sequence, a clipped one (Shaw)
+               or a separable one (FoX)
 
-Every input of the decision is a field of Forward, which the attention fills for each forward; choose reads the
-encoding's capabilities (model/encodings/base.py), never its name. `python -m scripts.attention_paths` prints the
-decision for every encoding in training, 16x evaluation and cached decoding.
+The encoding names what its attention needs (`attention`, `flex_kind`: model/encodings/base.py), never by its own
+name; everything else is a field of Forward, which the attention fills for each forward, so choose is a function of
+its arguments. `python -m scripts.attention_paths` prints the decision for every encoding in training, 16x
+evaluation and cached decoding.
 """
 from __future__ import annotations
 
@@ -22,14 +27,10 @@ from typing import Any, Callable
 import torch
 
 import model.flex as flex
-from model.runtime import runtime_config
+from model.encodings.base import EXPLICIT as NEEDS_EXPLICIT
+from model.encodings.base import FUSED
 
 SDPA, SDPA_MASK, EXPLICIT, FLEX = "sdpa", "sdpa_mask", "explicit", "flex"
-
-# A bias with parameters, when gradients are wanted, goes through the explicit steps on the CPU (False: through
-# SDPA's mask, the slower route, kept to measure against and to check the explicit one's gradients:
-# tests/test_shared_bias.py).
-LEARNED_BIAS_EXPLICIT = True
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Forward:
     dropout: float = 0.0
     compiling: bool = False  # inside a compiled graph (training's validation)
     causal: bool = True
+    flex_enabled: bool = True  # runtime.flex_attention, the process's switch (model/runtime.py)
 
 
 @dataclass(frozen=True)
@@ -69,10 +71,10 @@ def learned_bias(encoding: Any) -> bool:
 def why_not_flex(encoding: Any, forward: Forward) -> str | None:
     """None when FlexAttention serves this forward (model/flex.py says why these conditions), else the first
     reason it does not."""
-    if flex.kind(encoding) is None:
+    if encoding.flex_kind is None:
         return "no bias that is a function of the distance alone (or a query's term less a key's)"
     checks = [
-        (not runtime_config().flex_attention, "runtime.flex_attention is off"),
+        (not forward.flex_enabled, "runtime.flex_attention is off"),
         (forward.grad, "gradients are wanted, and it serves no-grad evaluation"),
         (forward.device != "cpu", f"measured on the CPU only, not on {forward.device}"),
         (forward.compiling, "inside a compiled graph"),
@@ -82,11 +84,13 @@ def why_not_flex(encoding: Any, forward: Forward) -> str | None:
         (forward.dtype != torch.float32, f"{str(forward.dtype).removeprefix('torch.')}, and it serves float32"),
         (forward.queries != forward.keys or forward.queries < flex.MIN_LENGTH,
          f"shorter than {flex.MIN_LENGTH} tokens, where compiling for each shape does not pay"),
-        (flex.kind(encoding) == "distance" and forward.batch != 1,
+        (encoding.flex_kind == "distance" and forward.batch != 1,
          "several sequences, between which the chunked path shares each chunk's bias"),
-        (flex.failed(encoding), "compiling FlexAttention failed in this process"),
     ]
-    return next((reason for failed, reason in checks if failed), None)
+    reason = next((reason for failed, reason in checks if failed), None)
+    if reason is None and flex.failed(encoding):
+        reason = "compiling FlexAttention failed in this process"
+    return reason
 
 
 def choose(encoding: Any, forward: Forward, consecutive: Callable[[], bool] = lambda: True) -> Path:
@@ -95,29 +99,24 @@ def choose(encoding: Any, forward: Forward, consecutive: Callable[[], bool] = la
     only when everything else allows FlexAttention."""
     if forward.passes:
         return Path(EXPLICIT, "an attention method encodes positions per pass at score time")
-    if not (encoding.has_score_bias or encoding.has_value_term or encoding.own_weights or forward.window
-            or forward.observed or forward.visibility):
+    if encoding.attention == FUSED and not (forward.window or forward.observed or forward.visibility):
         return Path(SDPA, "no score bias and no window: the fused kernel")
     blocked = why_not_flex(encoding, forward)
     if blocked is None:
         if consecutive():
-            return Path(FLEX, f"a long no-grad forward of a {flex.kind(encoding)} bias")
+            return Path(FLEX, f"a long no-grad forward of a {encoding.flex_kind} bias")
         blocked = "positions that are not consecutive"
-    if encoding.has_value_term:
-        return Path(EXPLICIT, f"a value term added to the output; not flex: {blocked}")
-    if encoding.bias_needs_scores:
-        return Path(EXPLICIT, f"a bias that reads the scores; not flex: {blocked}")
-    if encoding.own_weights:
-        return Path(EXPLICIT, f"weights of its own instead of softmax; not flex: {blocked}")
+    if encoding.attention == NEEDS_EXPLICIT:
+        return Path(EXPLICIT, f"{encoding.why_explicit}; not flex: {blocked}")
     if forward.observed:
         return Path(EXPLICIT, "a diagnostic reads the probabilities")
     # SDPA's fused CPU kernel takes no mask gradient, and its math fallback measured slower than the explicit steps
     # (it also guards every row against having no visible key; the encoding cost table in docs/encodings.md). Not
     # measured on CUDA, whose memory-efficient kernel has a mask gradient: a learned bias keeps SDPA there.
-    if LEARNED_BIAS_EXPLICIT and forward.device == "cpu" and forward.grad and learned_bias(encoding):
+    if forward.device == "cpu" and forward.grad and learned_bias(encoding):
         return Path(EXPLICIT, "a learned bias wanting gradients on the CPU, where SDPA's fused kernel takes no mask "
                               "gradient and its fallback measured slower")
-    what = "a score bias" if encoding.has_score_bias else "a window"
+    what = "a score bias" if encoding.attention != FUSED else "a window"
     return Path(SDPA_MASK, f"{what} as a float mask, in chunks of query rows; not flex: {blocked}")
 
 

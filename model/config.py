@@ -3,79 +3,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tomllib
-import types
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from errors import ConfigError
+from model.fields import build_dataclass, check_field_types
 
-# The plug-ins' checks (model/plugins.py: check_plugins, refuse_legacy_keys, migrate_saved), installed when the model
-# package is imported. This module names no encoding, scaling or attention method: they depend on it, not it on them.
-_plugins: Any = None
-
-
-def install_plugins(plugins: Any) -> None:
-    global _plugins
-    _plugins = plugins
-
-
-def _type_name(annotation: Any) -> str:
-    return getattr(annotation, "__name__", str(annotation))
-
-
-def _value_matches(value: Any, annotation: Any) -> bool:
-    """True when `value` is acceptable for a field annotated with `annotation` (int is accepted for float)."""
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        return any(_value_matches(value, arg) for arg in typing.get_args(annotation))
-    if annotation is type(None):
-        return value is None
-    if annotation is Any:
-        return True
-    if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if origin is not None:
-        return isinstance(value, origin)
-    return isinstance(value, annotation)
-
-
-def check_field_types(obj: Any, where: str) -> None:
-    """Raise ConfigError naming the field when a dataclass field holds a value of the wrong type.
-
-    Ints given for float fields are converted to float so that saved configs are stable.
-    """
-    hints = typing.get_type_hints(type(obj))
-    for field in dataclasses.fields(obj):
-        value = getattr(obj, field.name)
-        annotation = hints[field.name]
-        if not _value_matches(value, annotation):
-            raise ConfigError(
-                f"{where}.{field.name}: expected {_type_name(annotation)}, got {type(value).__name__} {value!r}"
-            )
-        if annotation is float and isinstance(value, int):
-            setattr(obj, field.name, float(value))
-
-
-def build_dataclass(cls: type, values: dict[str, Any], where: str) -> Any:
-    """Create dataclass `cls` from a dict, rejecting unknown keys with the list of valid ones."""
-    valid = [field.name for field in dataclasses.fields(cls)]
-    unknown = sorted(set(values) - set(valid))
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; valid keys are {valid}")
-    return cls(**values)
-
-
-def parse_override_value(text: str) -> Any:
-    """A CLI value as TOML (so 3e-4, true, 12 and [1, 2] have their types); anything else is a string."""
-    try:
-        return tomllib.loads(f"value = {text}")["value"]
-    except tomllib.TOMLDecodeError:
-        return text
+# What belongs to a plug-in (an encoding's settings, the RoPE scaling, the attention methods) is checked by the
+# plug-in's own code, through model/plugins.py: this module names no encoding, scaling or method.
+from model.plugins import check_plugins, migrate_saved, refuse_legacy_keys
 
 
 @dataclass
@@ -148,7 +85,7 @@ class ModelConfig:
         if self.random_positions and self.random_positions < self.max_seq_len:
             raise ConfigError(f"model.random_positions ({self.random_positions}) draws each sequence's positions from "
                               f"[0, N) and must be at least model.max_seq_len ({self.max_seq_len}); 0 turns it off")
-        _plugins.check_plugins(self)  # the encodings' settings, the RoPE scaling, the attention methods
+        check_plugins(self)  # the encodings' settings, the RoPE scaling, the attention methods
 
     def check_layer_lists(self) -> None:
         for name in ("position_layers", "attention_window"):
@@ -192,13 +129,13 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "ModelConfig":
         """From user input (a TOML table, overrides): an encoding setting spelled the old way is refused."""
-        _plugins.refuse_legacy_keys(values)
+        refuse_legacy_keys(values)
         return build_dataclass(cls, values, "model")
 
     @classmethod
     def from_saved(cls, values: dict[str, Any]) -> "ModelConfig":
         """From a saved config (config.json, a run's saved settings), of today or of before model.position_args."""
-        return cls.from_dict(_plugins.migrate_saved(values))
+        return cls.from_dict(migrate_saved(values))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")

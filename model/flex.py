@@ -1,6 +1,7 @@
-"""FlexAttention (torch.nn.attention.flex_attention, compiled) for the long evaluation forwards of encodings whose
-bias depends on the distance i - j alone (ALiBi, T5, KERPLE), and of those whose bias and value term depend on the
-query and on min(i - j, clip) (Shaw: `clipped_distance`).
+"""FlexAttention (torch.nn.attention.flex_attention, compiled) for the long evaluation forwards of the encodings that
+name a `flex_kind` (model/encodings/base.py): "distance", a bias of the distance i - j alone (ALiBi, T5, KERPLE);
+"clipped", a bias and value term of the query and min(i - j, clip) (Shaw); "separable", a bias that is a term of
+the query less a term of the key (FoX's c_i - c_j).
 
 Where it is used follows the measurements of `python -m scripts.flex_costs` (figures in docs/performance.md): for a
 distance bias and one sequence FlexAttention is faster than the chunked path at long lengths, with a lower peak
@@ -44,21 +45,6 @@ MIN_LENGTH = 512  # shorter forwards keep the chunked path
 _block_masks: dict[tuple[int, str, int], Any] = {}
 
 
-def kind(position: Any) -> str | None:
-    """"clipped" (bias and value term a function of the query and min(i - j, clip): Shaw), "distance" (a bias that
-    is a function of i - j alone: ALiBi, T5, KERPLE), "separable" (a bias that is a term of the query minus a term
-    of the key, each from the content: FoX's c_i - c_j, `separable_bias`), or None (the chunked path)."""
-    if position.separable_bias and not position.has_value_term and not position.bias_needs_scores:
-        return "separable"
-    if not position.relative_only or position.bias_from_content or position.own_weights:
-        return None
-    if position.clipped_distance:
-        return "clipped"
-    if position.has_score_bias and not position.has_value_term and not position.bias_needs_scores:
-        return "distance"
-    return None
-
-
 def consecutive(state: Any) -> bool:
     """Whether the positions of `state` let the bias be a table indexed by i - j: the keys are the queries, and
     they are consecutive."""
@@ -69,18 +55,18 @@ def consecutive(state: Any) -> bool:
         bool((queries[:, 1:] - queries[:, :-1] == 1).all())
 
 
-def failed(position: Any) -> bool:
+def failed(encoding: Any) -> bool:
     """Whether compiling the kernel this encoding would take has failed in this process."""
     kernels = {"clipped": _far_kernel, "separable": _separable_kernel}
-    return kernels.get(kind(position), _kernel).failure is not None
+    return kernels.get(encoding.flex_kind, _kernel).failure is not None
 
 
-def distance_table(q: torch.Tensor, position: Any, state: Any, layer: int) -> torch.Tensor:
+def distance_table(q: torch.Tensor, encoding: Any, state: Any, layer: int) -> torch.Tensor:
     """(heads, time) float32: the bias at distance d = i - j, read from the last query row (which sees every
     distance from 0 to time - 1)."""
     time = q.shape[2]
     last = slice(time - 1, time)
-    bias = position.score_bias(q[:, :, last], state, layer, last, slice(0, time))  # (batch|1, heads, 1, time)
+    bias = encoding.score_bias(q[:, :, last], state, layer, last, slice(0, time))  # (batch|1, heads, 1, time)
     return bias[0, :, 0].flip(-1).to(torch.float32).contiguous()
 
 
@@ -139,12 +125,12 @@ _far_kernel = Compiled(_flex_far, "FlexAttention (a clipped encoding's far keys)
 _separable_kernel = Compiled(_flex_separable, "FlexAttention (a separable bias)", _INSTEAD)
 
 
-def clipped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position: Any, state: Any,
+def clipped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, encoding: Any, state: Any,
                       layer: int) -> torch.Tensor | None:
     """Causal attention of a clipped encoding (bias and value term): the far keys through FlexAttention with a sink
     that yields their softmax mass, the near band explicitly, the two merged (module docstring). None when
     compiling failed."""
-    table, values = position.clipped_tables(q, state, layer)  # (batch, heads, time, clip + 1), (clip + 1, dim)
+    table, values = encoding.clipped_tables(q, state, layer)  # (batch, heads, time, clip + 1), (clip + 1, dim)
     batch, heads, time, dim = q.shape
     clip = table.shape[-1] - 1
     k_all = k.repeat_interleave(heads // k.shape[1], dim=1)
@@ -173,15 +159,15 @@ def clipped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positio
     return output
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position: Any, state: Any,
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, encoding: Any, state: Any,
               layer: int) -> torch.Tensor | None:
     """Causal attention with the encoding's bias (and value term) through compiled FlexAttention, or None when
     compiling failed (then the caller takes the chunked path, as every later forward does)."""
-    if kind(position) == "clipped":
-        return clipped_attention(q, k, v, position, state, layer)
-    if kind(position) == "separable":
-        query_terms, key_terms = position.separable_terms(state)
+    if encoding.flex_kind == "clipped":
+        return clipped_attention(q, k, v, encoding, state, layer)
+    if encoding.flex_kind == "separable":
+        query_terms, key_terms = encoding.separable_terms(state)
         return _separable_kernel(q, k, v, query_terms.contiguous(), key_terms.contiguous(),
                                  block_mask(q.shape[2], q.device), k.shape[1] != q.shape[1])
-    table = distance_table(q, position, state, layer)
+    table = distance_table(q, encoding, state, layer)
     return _kernel(q, k, v, table, block_mask(q.shape[2], q.device), k.shape[1] != q.shape[1])

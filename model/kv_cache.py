@@ -14,7 +14,7 @@ from errors import ConfigError
 class KVCache:
     """Holds keys and values for every layer, preallocated for `max_len` positions.
 
-    Keys are stored after the position encoding's `rotate_keys` hook, or raw when the encoding rotates all keys
+    Keys are stored after the position encoding's `encode_keys` hook, or raw when the encoding rotates all keys
     at every step (dynamic NTK). The buffers are created on the first
     update, in the dtype and on the device of the keys (so autocast decoding caches bf16).
     """

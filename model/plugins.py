@@ -3,25 +3,25 @@
 model/config.py checks the model's shape and the fields it owns; what belongs to a plug-in (an encoding's own
 settings and its demands on the model, the RoPE scaling, the inference-time attention methods) is checked here by
 the plug-in's own code, found through its registry (model/encodings/, model/rope.py, model/attention_methods.py).
-The dependency points one way: config.py imports no plug-in; this module imports the registries and installs
-itself into ModelConfig (install_plugins), which the model package does when it is imported, before any config
-can be made. So a new encoding never edits the config.
+The dependency points one way: config.py imports this module, this module imports the registries, and no
+registry imports config.py (they name ModelConfig in annotations only). So a new encoding never edits the config.
 """
 from __future__ import annotations
 
 import dataclasses
-import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from errors import ConfigError
 from model.attention_methods import ATTENTION_METHODS, check_applies, normalize_methods
-from model.config import ModelConfig, install_plugins
 from model.encodings import POSITION_ENCODINGS
 from model.encodings.base import settings_from
 from model.rope import normalize_rope_scaling
 
+if TYPE_CHECKING:
+    from model.config import ModelConfig
 
-def check_plugins(config: ModelConfig) -> None:
+
+def check_plugins(config: "ModelConfig") -> None:
     """Check (and complete, in place) what of `config` belongs to the plug-ins; raise ConfigError naming the key."""
     valid = sorted(POSITION_ENCODINGS)
     if config.position not in POSITION_ENCODINGS:
@@ -111,5 +111,3 @@ def migrate_saved(values: dict[str, Any]) -> dict[str, Any]:
     values["position_args"] = args
     return values
 
-
-install_plugins(sys.modules[__name__])

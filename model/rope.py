@@ -36,13 +36,13 @@ SCALING_DEFAULTS: dict[str, dict] = {}  # values filled in when a config leaves 
 def scaling(name: str, keys: set[str], length_dependent: bool = False, defaults: dict | None = None) -> Callable:
     """Register a scaling function under `name` with the keys its params may hold (and their defaults)."""
 
-    def register(function: Callable[..., tuple[torch.Tensor, float]]) -> Callable[..., tuple[torch.Tensor, float]]:
+    def add(function: Callable[..., tuple[torch.Tensor, float]]) -> Callable[..., tuple[torch.Tensor, float]]:
         ROPE_SCALINGS[name], SCALING_KEYS[name], SCALING_DEFAULTS[name] = function, set(keys), dict(defaults or {})
         if length_dependent:
             LENGTH_DEPENDENT_SCALINGS.add(name)
         return function
 
-    return register
+    return add
 
 
 def scaling_type(params: dict) -> str:

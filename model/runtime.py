@@ -1,5 +1,10 @@
 """Device and precision choices shared by training, generation and evaluation, and the process's runtime switches
-(RuntimeConfig): which faster path computes the same numbers, and how the process keeps memory."""
+(RuntimeConfig): which faster path computes the same numbers, and how the process keeps memory.
+
+The switches are process-level settings, like torch.backends' (which SDPA kernel, TF32): a command applies them once
+at start-up with configure_runtime (a training run and a comparison's job from their run config's [runtime], the
+other commands their defaults), and each forward reads them where it gathers its inputs (the attention path's
+Forward, RoPE's rotation). Changing one changes how fast, not what, is computed."""
 from __future__ import annotations
 
 import contextlib
@@ -37,11 +42,13 @@ def runtime_config() -> RuntimeConfig:
     return _RUNTIME
 
 
-def configure_runtime(config: RuntimeConfig) -> None:
-    """Put `config`'s switches in effect for this process (a training run, or a comparison's job, calls it first).
-    keep_freed_memory acts once, when the process builds its first model."""
-    for name, value in vars(config).items():
+def configure_runtime(config: RuntimeConfig | None = None) -> None:
+    """Put `config`'s switches (the defaults if None) in effect for this process, at its start: every command that
+    computes with a model calls it once before building one. keep_freed_memory acts at the first call that asks
+    for it (glibc cannot take it back)."""
+    for name, value in vars(config or RuntimeConfig()).items():
         setattr(_RUNTIME, name, value)
+    keep_freed_memory()
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -86,7 +93,7 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abst
 
 # mallopt parameters (glibc's malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_freed_memory_kept: bool | None = None
+_freed_memory_kept = False
 
 
 def keep_freed_memory() -> bool:
@@ -99,13 +106,11 @@ def keep_freed_memory() -> bool:
     training steps and for dynamic NTK's decoding: docs/performance.md ("Dynamic NTK's key rotation and freed
     memory").
 
-    Called when a model is built; once per process; glibc only (elsewhere, or with runtime.keep_freed_memory =
-    false, nothing changes). Returns whether the setting is in effect."""
+    Called by configure_runtime, at a command's start; acts once per process; glibc only (elsewhere, or with
+    runtime.keep_freed_memory = false, nothing changes). Returns whether the setting is in effect."""
     global _freed_memory_kept
-    if _freed_memory_kept is None:
-        _freed_memory_kept = False
-        if _RUNTIME.keep_freed_memory and platform.libc_ver()[0] == "glibc":
-            mallopt = ctypes.CDLL(None).mallopt
-            mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-            _freed_memory_kept = bool(mallopt(_M_MMAP_THRESHOLD, 1 << 30) and mallopt(_M_TRIM_THRESHOLD, 1 << 30))
-    return _freed_memory_kept
+    if not _freed_memory_kept and _RUNTIME.keep_freed_memory and platform.libc_ver()[0] == "glibc":
+        mallopt = ctypes.CDLL(None).mallopt
+        mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+        _freed_memory_kept = bool(mallopt(_M_MMAP_THRESHOLD, 1 << 30) and mallopt(_M_TRIM_THRESHOLD, 1 << 30))
+    return bool(_freed_memory_kept)

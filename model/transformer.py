@@ -22,7 +22,6 @@ from model.layers import RMSNorm, SwiGLU
 from model.loss import linear_cross_entropy
 from model.random_positions import sample_positions
 from model.rope import NEEDS_ORIGINAL_LENGTH, scaling_type
-from model.runtime import keep_freed_memory
 
 
 def share_parameters(target: nn.Module, source: nn.Module, device: torch.device) -> None:
@@ -49,12 +48,12 @@ class Block(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(
-        self, x: torch.Tensor, position: PositionEncoding, position_state: Any, kv_cache: KVCache | None,
+        self, x: torch.Tensor, encoding: PositionEncoding, encoding_state: Any, kv_cache: KVCache | None,
         methods: MethodContext | None = None, pass_states: list[Any] | None = None, keep: int = 0,
     ) -> torch.Tensor:
         """keep > 0: only the last `keep` rows go on through the feed-forward part and are returned (the rows
         before them still serve as keys and values)."""
-        x = x + self.dropout(self.attention(self.attention_norm(x), position, position_state, kv_cache,
+        x = x + self.dropout(self.attention(self.attention_norm(x), encoding, encoding_state, kv_cache,
                                             methods=methods, pass_states=pass_states))
         if keep:
             x = x[:, -keep:]
@@ -64,7 +63,6 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        keep_freed_memory()  # this process will do tensor work: reuse freed memory (model/runtime.py)
         self.config = config
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
         self.build_positions(config)

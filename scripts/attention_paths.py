@@ -8,7 +8,7 @@ The three situations are the ones the project runs:
   - training: the train loop's forward with a loss, gradients on, at L with --batch sequences, in the trainer's
     default precision (bf16 autocast where the device supports it);
   - 16x evaluation: score_windows (eval/scoring.py) on windows of 16 L, float32 and no gradients, as
-    eval.extrapolation and eval.compare score them (its batch: as many windows as fit its token budget; a learned
+    eval.extrapolation and experiments.compare score them (its batch: as many windows as fit its token budget; a learned
     table under the clamp method, as the evaluation scores it past its end);
   - cached decoding: one new token through the KV cache after a prefill of L - 1 tokens, as generation runs it.
 Each cell is what the layers' latest forward took (Transformer.attention_paths: equal neighbouring layers merged).
@@ -23,14 +23,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from commands import add_device, add_out, command_parser
+from commands import add_device, add_out, command_parser, parse
 from errors import ConfigError, PositionRangeError, cli_command
 from eval.inference_methods import METHODS
 from eval.scoring import score_windows
 from model.config import ModelConfig
 from model.encodings import POSITION_ENCODINGS
 from model.kv_cache import KVCache
-from model.runtime import autocast, autocast_dtype, resolve_device
+from model.runtime import autocast, autocast_dtype, configure_runtime, resolve_device
 from model.transformer import Transformer
 
 # The quick preset's model (configs/compare.toml).
@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 @cli_command
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    configure_runtime()  # the process's runtime switches, at start-up (model/runtime.py)
+    args = parse(build_parser(), argv)
     names = args.encodings.split(",") if args.encodings else list(POSITION_ENCODINGS)
     unknown = [name for name in names if name not in POSITION_ENCODINGS]
     if unknown:

@@ -34,16 +34,16 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-from commands import add_device, add_out, comma_list, command_parser
-from errors import cli_command
+from commands import add_device, add_out, comma_list, command_parser, parse
+from errors import ConfigError, cli_command
 from eval.perplexity import evaluate_stream
 from infer.generate import generate_tokens
 from infer.hf_convert import llama_model_from
 from model.config import ModelConfig
-from model.runtime import autocast, autocast_dtype, resolve_device
+from model.runtime import autocast, autocast_dtype, configure_runtime, resolve_device
 from model.transformer import Transformer
 from train.config import build_run_config
-from train.loop import Trainer
+from train.loop import Trainer, Training
 
 SHAPES = {
     # The Foundation's 4.0M-parameter model (configs/tiny.toml).
@@ -134,7 +134,7 @@ def our_trainer(model_values: dict, batch: int, compile_model: bool, out_dir: st
     })
     batches = RandomBatches(config.model.vocab_size, batch, config.model.max_seq_len)
     with contextlib.redirect_stdout(io.StringIO()):
-        trainer = Trainer(config, lambda: Transformer(config.model), batches, tokenizer=None)
+        trainer = Trainer(Training(config, lambda: Transformer(config.model), batches, tokenizer=None))
     step = iter(range(10**9))
     return lambda: trainer.train_step(next(step)), trainer
 
@@ -383,22 +383,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 @cli_command
 def main(argv: list[str] | None = None) -> int:
+    configure_runtime()  # the process's runtime switches, at start-up (model/runtime.py)
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--long-eval-child"]:
         long_eval_child(argv[1], argv[2], int(argv[3]))
         return 0
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(build_parser(), argv)
     if args.repeats < 1 or args.train_steps < 1 or args.new_tokens < 1:
-        parser.error("--repeats, --train-steps and --new-tokens must be positive")
+        raise ConfigError("--repeats, --train-steps and --new-tokens must be positive")
     args.long_positions = comma_list(args.long_positions)
     args.skip = comma_list(args.skip)
     unknown = sorted(set(args.skip) - set(SECTIONS))
     if unknown:
-        parser.error(f"--skip takes {','.join(SECTIONS)}, got {unknown}")
+        raise ConfigError(f"--skip takes {','.join(SECTIONS)}, got {unknown}")
     device = resolve_device(args.device)
     if args.out and Path(args.out).suffix == ".json":
-        parser.error(f"--out takes a folder (it writes bench-{args.shape}.json there), got the file {args.out}")
+        raise ConfigError(f"--out takes a folder (it writes bench-{args.shape}.json there), got the file {args.out}")
     out = Path(args.out or "runs/bench") / f"bench-{args.shape}.json"
     shape = SHAPES[args.shape]
     torch.manual_seed(0)

@@ -4,7 +4,7 @@
         --lengths 2x,4x
 
   before  factor = k, one forward per k*L window (how eval.extrapolation scored "rope+dynamic" before)
-  cached  factor 1, token by token through the KV cache (eval.compare now, and cached generation)
+  cached  factor 1, token by token through the KV cache (experiments.compare now, and cached generation)
   exact   factor 1, a fresh full forward of every prefix: each token under the base of its own prefix length in
           every layer (quadratic cost, so only a few windows)
 Prints the mean loss (nats) of the tokens at positions >= L under each, and plain RoPE for reference.
@@ -18,14 +18,15 @@ import sys
 import numpy as np
 import torch
 
-from commands import add_checkpoint, comma_list, command_parser, renamed, require
+from commands import add_checkpoint, comma_list, command_parser, parse, renamed
 from data.tokenizer import load_tokenizer
-from errors import CheckpointError, cli_command
+from errors import CheckpointError, ConfigError, cli_command
 from eval.heldout import checkpoint_eval_tokens
 from eval.inference_methods import method_spec
 from eval.scoring import score_incremental, score_prefixes, score_windows
 from eval.segments import choose_segments, tiled_windows
 from model.checkpoint import load_model, trained_length
+from model.runtime import configure_runtime
 
 
 def compare_dynamic(checkpoint: str, data: str, multiples: list[int], windows: int) -> list[dict]:
@@ -65,13 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 @cli_command
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    require(parser, args, "checkpoint", "data")
+    configure_runtime()  # the process's runtime switches, at start-up (model/runtime.py)
+    args = parse(build_parser(), argv, "checkpoint", "data")
     torch.set_num_threads(args.threads)
     items = comma_list(args.lengths)
     if not all(item.endswith("x") and item[:-1].isdigit() and int(item[:-1]) >= 2 for item in items):
-        parser.error(f"--lengths must be whole multiples of the trained length, at least 2x (e.g. 2x,4x), got {items}")
+        raise ConfigError(f"--lengths must be whole multiples of the trained length, at least 2x (e.g. 2x,4x), got {items}")
     multiples = [int(item[:-1]) for item in items]
     rows = compare_dynamic(args.checkpoint, args.data, multiples, args.windows)
     for row in rows:

@@ -36,9 +36,10 @@ from pathlib import Path
 
 import torch
 
-from commands import add_out, command_parser
+from commands import add_out, command_parser, parse
 from errors import ConfigError, cli_command
 from model.config import ModelConfig
+from model.runtime import configure_runtime
 from model.transformer import Transformer
 
 SHAPE = {"vocab_size": 4096, "dim": 256, "n_layers": 4, "n_heads": 8, "n_kv_heads": 4, "max_seq_len": 256}
@@ -181,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 @cli_command
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    configure_runtime()  # the process's runtime switches, at start-up (model/runtime.py)
+    args = parse(build_parser(), argv)
     try:
         lengths = [int(value) for value in args.lengths.split(",")]
     except ValueError as error:

@@ -19,7 +19,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 from transformers import GenerationConfig
 
-from commands import add_checkpoint, add_out, command_parser
+from commands import add_checkpoint, add_out, command_parser, parse
 from data.tokenizer import ENDOFTEXT, IM_END, load_tokenizer
 from errors import ConversionError, cli_command
 from infer.hf_convert import to_hf_state_dict, to_llama_config
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 @cli_command
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv)
     export(args.checkpoint, args.out, args.overwrite)
     print(f"wrote {args.out}: load it with transformers.AutoModelForCausalLM.from_pretrained({str(args.out)!r})")
     return 0

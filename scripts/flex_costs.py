@@ -41,11 +41,11 @@ from pathlib import Path
 import torch
 
 import model.flex as flex
-from commands import add_device, add_out, comma_list, command_parser
+from commands import add_device, add_out, comma_list, command_parser, parse
 from errors import ConfigError, cli_command
 from model.config import ModelConfig
 from model.flex import distance_table
-from model.runtime import resolve_device
+from model.runtime import configure_runtime, resolve_device
 from model.transformer import Transformer
 from scripts.bench import peak_rss_mib, rotating_rounds, synchronize
 from scripts.encoding_costs import SHAPE
@@ -77,7 +77,7 @@ def layer_inputs(settings: dict, length: int, seed: int = 0, device: torch.devic
     q = attention.q_proj(x).view(batch, length, heads, head_dim).transpose(1, 2)
     k = attention.k_proj(x).view(batch, length, kv_heads, head_dim).transpose(1, 2)
     v = attention.v_proj(x).view(batch, length, kv_heads, head_dim).transpose(1, 2)
-    return attention, encoding, state, encoding.rotate_queries(q, state), encoding.rotate_keys(k, state), v
+    return attention, encoding, state, encoding.encode_queries(q, state), encoding.encode_keys(k, state), v
 
 
 def flex_call(attention, encoding, positions, length: int):
@@ -242,7 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 @cli_command
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    configure_runtime()  # the process's runtime switches, at start-up (model/runtime.py)
+    args = parse(build_parser(), argv)
     if args.one:
         case, length, path, repeats, output, device = json.loads(args.one)
         print(json.dumps(measure_one(case, length, path, repeats, Path(output), device)))

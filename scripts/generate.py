@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from commands import add_checkpoint, add_device, command_parser
+from commands import add_checkpoint, add_device, command_parser, parse
 from data.tokenizer import ENDOFTEXT
 from errors import ConfigError, cli_command
 from infer.generate import StreamPrinter, chat_reply, generate_tokens
 from infer.repetition import check_no_repeat_ngram, check_repetition_penalty
 from infer.rope_args import add_rope_scaling_args, load_for_inference
-from model.runtime import autocast_dtype
+from model.runtime import autocast_dtype, configure_runtime
 from model.transformer import Transformer
 
 # Repetition controls (infer/repetition.py) when not given: off for plain continuation. In chat, no 4-gram twice:
@@ -107,12 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 @cli_command
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    configure_runtime()  # the process's runtime switches, at start-up (model/runtime.py)
+    args = parse(build_parser(), argv)
     if args.prompt is None and not args.chat:
-        parser.error("--prompt is required (or --chat for an interactive chat)")
+        raise ConfigError("--prompt is required (or --chat for an interactive chat)")
     if args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0 or args.max_new_tokens <= 0:
-        parser.error("need --temperature >= 0, 0 < --top-p <= 1, --top-k >= 0 and --max-new-tokens > 0")
+        raise ConfigError("need --temperature >= 0, 0 < --top-p <= 1, --top-k >= 0 and --max-new-tokens > 0")
     for name, default in (CHAT_REPETITION if args.chat else PLAIN_REPETITION).items():
         if getattr(args, name) is None:
             setattr(args, name, default)

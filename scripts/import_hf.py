@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from commands import add_checkpoint, add_out, command_parser, renamed, require
+from commands import add_checkpoint, add_out, command_parser, parse, renamed
 from errors import ConversionError, cli_command
 from infer.hf_convert import from_hf_state_dict, from_llama_config
 from model.checkpoint import load_state_into, save_checkpoint
@@ -89,9 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 @cli_command
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    require(parser, args, "checkpoint")
+    args = parse(build_parser(), argv, "checkpoint")
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.overwrite:
         raise ConversionError(f"{out} is not empty; pass --overwrite to replace its files, or choose another --out")

@@ -28,8 +28,9 @@ from pathlib import Path
 
 import torch
 
-from commands import add_out, command_parser
+from commands import add_out, command_parser, parse
 from errors import ConfigError, cli_command
+from model.runtime import configure_runtime
 from scripts.bench import SHAPES, hf_trainer, our_trainer
 
 KINDS = ["matmul", "attention", "loss", "optimizer", "compiled kernels", "other"]
@@ -98,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 @cli_command
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    configure_runtime()  # the process's runtime switches, at start-up (model/runtime.py)
+    args = parse(build_parser(), argv)
     if args.steps < 1:
         raise ConfigError("--steps must be at least 1")
     shape = SHAPES[args.shape]

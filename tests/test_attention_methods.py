@@ -21,7 +21,7 @@ def rope_score(encoding: RoPE, q: torch.Tensor, k: torch.Tensor, query_at: float
     """q.k with q encoded at position query_at and k at key_at, for single (head_dim,) vectors, as RoPE does it."""
     qp, kp = torch.tensor([[query_at]]), torch.tensor([[key_at]])
     state = encoding.prepare(qp, kp, all_keys=True)
-    return (encoding.rotate_queries(q[None, None, None], state) @ encoding.rotate_keys(k[None, None, None], state)
+    return (encoding.encode_queries(q[None, None, None], state) @ encoding.encode_keys(k[None, None, None], state)
             .transpose(-1, -2))[0, 0, 0, 0]
 
 

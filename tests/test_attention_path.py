@@ -70,11 +70,46 @@ def test_each_rule_decides_and_says_why():
     assert choose(rope, forward()).kind == SDPA
     assert choose(t5, forward(grad=True, batch=4, queries=64, keys=64)).kind == EXPLICIT
     assert choose(t5, forward(grad=True, device="cuda", batch=4, queries=64, keys=64)).kind == SDPA_MASK
+    assert choose(alibi, forward(flex_enabled=False)).reason.endswith("runtime.flex_attention is off")
+
+
+def test_the_attention_reads_the_processs_flex_switch_into_each_forward():
+    """choose is a function of its arguments; the attention fills Forward.flex_enabled from the process's runtime
+    switch (model/runtime.py) when it gathers each forward's inputs."""
+    model = Transformer(micro_config(position="alibi", max_seq_len=32)).eval()
+    ids = torch.zeros(1, 512, dtype=torch.long)
     configure_runtime(RuntimeConfig(flex_attention=False))
     try:
-        assert choose(alibi, forward()).reason.endswith("runtime.flex_attention is off")
+        with torch.no_grad():
+            model(ids)
+        assert all(path.endswith("runtime.flex_attention is off") for path in model.attention_paths().values())
     finally:
         configure_runtime(RuntimeConfig())
+
+
+@pytest.mark.parametrize("name", sorted(POSITION_ENCODINGS))
+def test_each_encodings_named_path_agrees_with_its_capabilities(name):
+    """`attention` and `flex_kind` name what an encoding's capabilities imply (the rule the path was inferred by
+    before it was named): EXPLICIT for a bias that reads the scores, a value term or weights of its own; BIAS for
+    any other score bias; FUSED without one. FlexAttention for a separable bias, a clipped one, or a bias of the
+    distance alone."""
+    from model.encodings.base import BIAS, FUSED
+    from model.encodings.base import EXPLICIT as NEEDS_EXPLICIT
+
+    encoding = Transformer(micro_config(position=name)).position
+    explicit = encoding.has_value_term or encoding.bias_needs_scores or encoding.own_weights
+    expected = NEEDS_EXPLICIT if explicit else BIAS if encoding.has_score_bias else FUSED
+    assert encoding.attention == expected
+    assert (encoding.attention == NEEDS_EXPLICIT) == bool(encoding.why_explicit)
+    if encoding.separable_bias and not explicit:
+        kind = "separable"
+    elif not encoding.relative_only or encoding.bias_from_content or encoding.own_weights:
+        kind = None
+    elif encoding.clipped_distance:
+        kind = "clipped"
+    else:
+        kind = "distance" if encoding.has_score_bias and not explicit else None
+    assert encoding.flex_kind == kind
 
 
 def test_layers_with_the_same_path_are_merged_in_the_description():

@@ -78,7 +78,7 @@ def test_former_spellings_of_the_commands_name_the_new_option(command, argv, new
 
 def test_lists_are_comma_separated(tmp_path):
     assert comma_list("rope, alibi,") == ["rope", "alibi"] and comma_list(["rope", "alibi,t5"]) == ["rope", "alibi", "t5"]
-    from eval.compare.config import load_compare_config
+    from experiments.compare.config import load_compare_config
 
     config = tmp_path / "c.toml"
     config.write_text("[compare]\nencodings = ['rope']\n")

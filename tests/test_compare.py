@@ -1,4 +1,4 @@
-"""eval.compare at micro scale: seeds, intervals, cached re-runs, workers, failure isolation, findings."""
+"""experiments.compare at micro scale: seeds, intervals, cached re-runs, workers, failure isolation, findings."""
 import json
 import math
 import os
@@ -7,12 +7,12 @@ import re
 import numpy as np
 import pytest
 
-from eval.compare import running
-from eval.compare.cli import main
-from eval.compare.report import findings, order_statement, verdict
-from eval.compare.results import Variant
 from eval.extrapolation import CheckpointEvaluation
 from eval.stats import Estimate
+from experiments.compare import running
+from experiments.compare.cli import main
+from experiments.compare.findings import findings, order_statement, verdict
+from experiments.compare.results import Variant
 from tests.conftest import ROOT
 
 MICRO = ["--model.dim=32", "--model.n_layers=1", "--model.n_heads=2", "--model.n_kv_heads=1",
@@ -54,7 +54,7 @@ def test_compare_end_to_end_with_seeds_snapshots_and_a_cached_rerun(small_text_f
     assert ("sinusoidal", 240) in probe and ("learned", 16) not in probe and ("learned+clamp", 240) in probe
     for section in ("## Setup", "### Perplexity", "### Extrapolation penalty", "### Position-shift probe",
                     "### Extrapolation against training tokens", "## What this shows", "within noise",
-                    "Student's t interval over seeds", "Reproduce: `python -m eval.compare"):
+                    "Student's t interval over seeds", "Reproduce: `python -m experiments.compare"):
         assert section in report, section
     for name in ("plot.png", "penalty.png", "position_loss.png", "train_curves.png", "snapshots.png", "table.md"):
         assert (out / name).stat().st_size > 0
@@ -191,7 +191,7 @@ def test_bad_settings_are_refused_before_anything_trains(small_text_file, tmp_pa
 
 
 def test_an_encodings_settings_reach_the_encoding_and_its_variants_only():
-    from eval.compare.config import load_compare_config
+    from experiments.compare.config import load_compare_config
 
     compare, shared, _ = load_compare_config(ROOT / "configs" / "compare.toml", "quick", [
         '--compare.variants={t5-short = {position = "t5", position_args = {t5 = {num_buckets = 16}}}, '
@@ -265,7 +265,7 @@ def test_one_seed_states_no_penalty_side_however_many_windows_agree():
 def test_method_findings_pair_seeds_against_plain_and_yarn():
     """Seeds differ a lot between themselves, but the method's change on each seed's model is consistent: paired by
     seed it is 'better' than plain; against yarn the per-seed ratios straddle 1: 'within noise'."""
-    from eval.compare.report import method_findings
+    from experiments.compare.findings import method_findings
 
     def with_method(encoding, method, by_length):
         result = variant(encoding, by_length)
@@ -354,12 +354,12 @@ def test_a_comparison_killed_at_random_moments_ends_as_an_uninterrupted_one(smal
              "--train.max_steps=12", "--train.eval_interval=2"]  # a checkpoint every 2 steps: kills land mid-run
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     started = time.perf_counter()
-    uninterrupted = subprocess.run([sys.executable, "-m", "eval.compare", *arguments(small_text_file, straight,
+    uninterrupted = subprocess.run([sys.executable, "-m", "experiments.compare", *arguments(small_text_file, straight,
                                                                                     *extra)],
                                    cwd=ROOT, capture_output=True, text=True)
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-2000:]
     duration = time.perf_counter() - started  # kills land at random fractions of it, on any machine's speed
-    command = [sys.executable, "-m", "eval.compare", *arguments(small_text_file, killed, *extra)]
+    command = [sys.executable, "-m", "experiments.compare", *arguments(small_text_file, killed, *extra)]
     rng = random.Random(7)
     kills = 0
     for _ in range(3):
@@ -382,7 +382,7 @@ def test_a_comparison_killed_at_random_moments_ends_as_an_uninterrupted_one(smal
 
 
 def test_a_negligible_paired_change_is_not_called_better_or_worse():
-    from eval.compare.report import verdict_word
+    from experiments.compare.findings import verdict_word
 
     assert verdict_word(Estimate(1.0001, 1.00005, 1.00015, 3)) == "the same within 1%"
     assert verdict_word(Estimate(0.95, 0.93, 0.97, 3)) == "better"
@@ -433,8 +433,9 @@ def test_probes_and_tasks_add_their_sections_and_are_cached(small_text_file, tmp
 
 
 def test_newer_paper_claims_are_judged_by_their_intervals():
-    """Extrapolation claims compare the penalties (intervals over seeds and windows), 1x claims the paired perplexity ratio."""
-    from eval.compare.report import newer_claim_findings
+    """Extrapolation claims rest on the penalty difference paired by seed and window, 1x claims on the perplexity
+    ratio paired by seed."""
+    from experiments.compare.findings import newer_claim_findings
 
     rng = np.random.default_rng(0)
 
@@ -452,17 +453,18 @@ def test_newer_paper_claims_are_judged_by_their_intervals():
     lines = "\n".join(newer_claim_findings(variants, [16, 64], 16))
     assert "xPos extrapolates better than RoPE (Sun et al. 2022): penalty at 4x xpos +0.050" in lines
     assert lines.count("; agrees") == 2 and "kerple" not in lines  # not compared: no statement
-    assert "rnope-swa +0.200" in lines and "disagrees (the penalty intervals separate the other way)" in lines
-    assert "cannot tell (the penalty intervals overlap)" in lines
+    assert "rnope-swa +0.200" in lines and "disagrees (the paired difference excludes 0 the other way)" in lines
+    assert "difference paired by seed and window -0.050 [-0.052, -0.047]" in lines
+    assert "cannot tell (the paired difference's interval holds 0)" in lines
     assert "cope / rope perplexity at 1x = 1.100 [1.100, 1.100]x; disagrees" in lines
 
 
 def test_the_passkey_section_gives_an_interval_over_seeds_not_pooled_trials(tmp_path):
     from types import SimpleNamespace
 
-    from eval.compare.layout import probe_path
-    from eval.compare.probes import passkey_section
     from eval.stats import seeds_and_trials, wilson_interval
+    from experiments.compare.layout import probe_path
+    from experiments.compare.probes import passkey_section
 
     compare = SimpleNamespace(encodings=["rope", "alibi"], seeds=[1, 2], probe_lengths=["1x", "4x"], passkey_trials=10)
     by_seed = {("rope", 1): 10, ("rope", 2): 0, ("alibi", 1): 3, ("alibi", 2): 3}  # successes of 3 x 10 per length
@@ -517,5 +519,6 @@ def test_findings_give_the_absolute_encodings_1x_gap_and_check_the_papers_order_
     assert "rope +0.350" in text and "rope +0.350 [+0.226, +0.474] nats: positions beyond L cost more than the " \
         "longer context gives;" in text  # a relative encoding gets no gap
     assert ("the order of degradation beyond L (sinusoidal > rotary > T5 > ALiBi), by the penalty at 4x: "
-            "sinusoidal (+1.000) > rope (+0.350): agrees; rope (+0.350) > t5 (+0.650): reversed; "
-            "t5 (+0.650) > alibi (+0.000): agrees.") in text
+            "sinusoidal (+1.000) > rope (+0.350, difference +0.650 [+0.526, +0.774]): agrees; rope (+0.350) > t5 "
+            "(+0.650, difference -0.300 [-0.300, -0.300]): reversed; t5 (+0.650) > alibi (+0.000, difference +0.650 "
+            "[+0.521, +0.779]): agrees.") in text

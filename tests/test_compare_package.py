@@ -1,4 +1,4 @@
-"""eval/compare/ as a package: its import graph has no cycle, config.py imports no other module of it, no function
+"""experiments/compare/ as a package: its import graph has no cycle, config.py imports no other module of it, no function
 takes more than 8 parameters, the compare config is typed (never `Any`), and the probe names are one list."""
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import ast
 from tests.conftest import ROOT
 from tests.test_layers import cycles, graph
 
-PACKAGE = "eval.compare"
+PACKAGE = "experiments.compare"
 MAX_PARAMETERS = 8
 
 
 def package_graph() -> dict[str, set[str]]:
-    """module -> the modules of eval.compare it imports (the package itself, its __init__, left out)."""
+    """module -> the modules of experiments.compare it imports (the package itself, its __init__, left out)."""
     edges, _ = graph()
     inside = {name for name in edges if name.startswith(PACKAGE + ".")}
     return {name: {target for target in edges[name] if target in inside} for name in sorted(inside)}
@@ -20,19 +20,19 @@ def package_graph() -> dict[str, set[str]]:
 
 def test_the_package_imports_without_a_cycle_and_config_imports_none_of_it():
     edges = package_graph()
-    assert {"eval.compare.config", "eval.compare.results", "eval.compare.report", "eval.compare.plots",
-            "eval.compare.probes", "eval.compare.running", "eval.compare.cli"} <= set(edges)
+    assert {"experiments.compare.config", "experiments.compare.results", "experiments.compare.report", "experiments.compare.plots",
+            "experiments.compare.probes", "experiments.compare.running", "experiments.compare.cli"} <= set(edges)
     assert not cycles(edges), cycles(edges)
-    assert edges["eval.compare.config"] == set()
+    assert edges["experiments.compare.config"] == set()
     # the results object is below everything that reads it
-    for reader in ("eval.compare.report", "eval.compare.plots", "eval.compare.probes"):
-        assert "eval.compare.results" in edges[reader], reader
-    assert "eval.compare.report" not in edges["eval.compare.running"]  # the jobs do not write the report
+    for reader in ("experiments.compare.report", "experiments.compare.plots", "experiments.compare.probes"):
+        assert "experiments.compare.results" in edges[reader], reader
+    assert "experiments.compare.report" not in edges["experiments.compare.running"]  # the jobs do not write the report
 
 
 def package_functions() -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
     found = []
-    for path in sorted((ROOT / "eval" / "compare").glob("*.py")):
+    for path in sorted((ROOT / "experiments" / "compare").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 found.append((f"{path.name}:{node.lineno} {node.name}", node))
@@ -52,9 +52,9 @@ def test_no_function_of_the_package_takes_a_long_parameter_list():
 
 def test_the_compare_config_is_typed_everywhere():
     """A parameter named `compare` is a CompareConfig (or its dict inside a job), in the package and in
-    eval/ladder.py: never `Any` or unannotated."""
+    experiments/ladder.py: never `Any` or unannotated."""
     untyped = []
-    paths = [*sorted((ROOT / "eval" / "compare").glob("*.py")), ROOT / "eval" / "ladder.py"]
+    paths = [*sorted((ROOT / "experiments" / "compare").glob("*.py")), ROOT / "experiments" / "ladder.py"]
     for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -66,7 +66,7 @@ def test_the_compare_config_is_typed_everywhere():
 
 
 def test_the_probe_names_of_the_config_are_the_probes_that_run():
-    from eval.compare.config import PROBE_NAMES
-    from eval.compare.probes import PROBES
+    from experiments.compare.config import PROBE_NAMES
+    from experiments.compare.probes import PROBES
 
     assert list(PROBES) == list(PROBE_NAMES)

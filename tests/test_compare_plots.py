@@ -1,12 +1,12 @@
-"""eval/compare/plots.py: a comparison with inference-time methods is drawn as small multiples (every encoding as
+"""experiments/compare/plots.py: a comparison with inference-time methods is drawn as small multiples (every encoding as
 trained, then one panel per encoding under its methods); one without methods keeps one panel."""
 import numpy as np
 import pytest
 
 from eval import figures
-from eval.compare import plots as compare_plots
-from eval.compare.results import Variant
 from eval.inference_methods import METHODS
+from experiments.compare import plots as compare_plots
+from experiments.compare.results import Variant
 
 LENGTHS = [64, 128, 256]
 

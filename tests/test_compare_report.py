@@ -1,11 +1,11 @@
 """A comparison's report rendered from a saved state, against its expected text.
 
-tests/fixtures/compare_report/state.json is what eval.compare's report reads, saved from a micro comparison (6
+tests/fixtures/compare_report/state.json is what experiments.compare's report reads, saved from a micro comparison (6
 encodings incl. a named variant, RoPE scalings, log-n and clamp, 2 seeds, a snapshot, the three probes and a
 task): the variants' per-seed numbers from the cached evaluations, the snapshot rows, the training summaries, the
 job statuses, the data's meta.json and the probe and task result files (the attention curves cut to 8 positions,
 which only its figure reads). report.md and table.md beside it were rendered from that state by the code before
-eval/compare/ became a package; the package must write the same text. One line changed since, on purpose: the
+experiments/compare/ became a package; the package must write the same text. One line changed since, on purpose: the
 encodings' own settings became model.position_args (the state's T5 setting and variants with it), so the setup line
 lists them that way. After a deliberate change of the report's text, rewrite them with
 `python -m tests.test_compare_report` and review the diff.
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from eval.compare.config import CompareConfig
-from eval.compare.report import report_markdown, tables_markdown
-from eval.compare.results import ComparisonResults, Invocation, Variant
-from eval.compare.running import variant_config
 from eval.stats import Estimate
+from experiments.compare.config import CompareConfig
+from experiments.compare.report import report_markdown, tables_markdown
+from experiments.compare.results import ComparisonResults, Invocation, Variant
+from experiments.compare.running import variant_config
 from tests.conftest import ROOT
 
 FIXTURE = ROOT / "tests" / "fixtures" / "compare_report"

@@ -16,16 +16,20 @@ import pytest
 from tests.conftest import ROOT
 
 # Every entry point: a module with build_parser() that runs as `python -m MODULE` (train.cli is shared, not run),
-# or a package with a __main__.py (eval.compare).
+# or a package with a __main__.py (experiments.compare).
 COMMANDS = sorted(
     [f"{path.parent.name}.{path.stem}"
-     for folder in ("data", "train", "infer", "eval", "scripts")
+     for folder in ("data", "train", "infer", "eval", "experiments", "scripts")
      for path in (ROOT / folder).glob("*.py")
      if "def build_parser" in path.read_text() and "__main__" in path.read_text()]
     + [f"{path.parent.parent.name}.{path.parent.name}"
-       for folder in ("data", "train", "infer", "eval", "scripts")
+       for folder in ("data", "train", "infer", "eval", "experiments", "scripts")
        for path in (ROOT / folder).glob("*/__main__.py")]
 )
+# Commands that moved, old -> new (`python -m OLD` forwards to NEW for one release: commands.moved).
+MOVED = dict(pair for folder in ("data", "train", "infer", "eval", "experiments", "scripts")
+             for path in (ROOT / folder).glob("*.py")
+             for pair in re.findall(r'moved\("([\w.]+)", "([\w.]+)"\)', path.read_text()))
 
 
 def parser_of(command: str) -> argparse.ArgumentParser:
@@ -33,7 +37,7 @@ def parser_of(command: str) -> argparse.ArgumentParser:
     package = ROOT.joinpath(*command.split(".")) / "__main__.py"
     return importlib.import_module(f"{command}.__main__" if package.exists() else command).build_parser()
 # Commands whose configs take `--section.key=value` overrides after the flags.
-OVERRIDES = ("train.", "eval.compare", "eval.tasks", "eval.ladder")
+OVERRIDES = ("train.", "experiments.compare", "experiments.tasks", "experiments.ladder")
 
 
 def doc_pages() -> list[Path]:
@@ -110,9 +114,9 @@ def command_problems(command: str) -> list[str]:
             words.append("x")
     if len(words) < 3:  # `python -m ...`: the form, not a command
         return []
-    module = words[2]
+    module = MOVED.get(words[2], words[2])
     if module not in COMMANDS:
-        ours = module.split(".")[0] in ("data", "train", "infer", "eval", "scripts")
+        ours = module.split(".")[0] in ("data", "train", "infer", "eval", "experiments", "scripts")
         return [f"{module}: no such command"] if ours else []
     parser = parser_of(module)
     notes = io.StringIO()
@@ -199,9 +203,9 @@ def test_a_figure_shown_from_a_report_folder_is_one_its_command_produced():
 def test_every_file_a_source_file_names_exists():
     """Comments and messages that point to a file (docs/PAGE.md, tests/test_X.py, model/X.py, ...) point to one
     that exists: a moved page or module leaves no pointer to nowhere."""
-    named = re.compile(r"\b((?:docs|tests|model|eval|train|infer|data|scripts|configs)/[a-z0-9_/]+\.(?:md|py|toml))\b")
+    named = re.compile(r"\b((?:docs|tests|model|eval|experiments|train|infer|data|scripts|configs)/[a-z0-9_/]+\.(?:md|py|toml))\b")
     missing = []
-    for path in [*ROOT.glob("*.py"), *(p for folder in ("model", "eval", "train", "infer", "data", "scripts",
+    for path in [*ROOT.glob("*.py"), *(p for folder in ("model", "eval", "experiments", "train", "infer", "data", "scripts",
                                                         "configs", "tests") for p in (ROOT / folder).rglob("*.*")
                                        if p.suffix in (".py", ".toml"))]:
         if path.name == "test_docs.py" or "fixtures" in path.parts:

@@ -1,4 +1,4 @@
-"""eval/jobs.py: what every worker process of eval.compare and eval.tasks does."""
+"""experiments/jobs.py: what every worker process of experiments.compare and experiments.tasks does."""
 import os
 import signal
 import subprocess
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PARENT = '''
 import concurrent.futures, multiprocessing, os, sys, time
 sys.path.insert(0, sys.argv[1])
-from eval.jobs import die_with_parent
+from experiments.jobs import die_with_parent
 
 def report_and_wait():
     print(os.getpid(), flush=True)
@@ -37,7 +37,7 @@ def alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_worker_dies_when_the_process_that_started_it_is_killed(tmp_path):
-    """Killing eval.tasks or eval.compare (SIGKILL: no clean-up runs) must not leave its workers training on."""
+    """Killing experiments.tasks or experiments.compare (SIGKILL: no clean-up runs) must not leave its workers training on."""
     script = tmp_path / "parent.py"
     script.write_text(PARENT)
     parent = subprocess.Popen([sys.executable, str(script), str(ROOT)], stdout=subprocess.PIPE, text=True)
@@ -63,7 +63,7 @@ def test_a_worker_whose_parent_died_before_it_asked_exits_at_once(tmp_path):
     (its parent's pid is not its parent's any more) exits instead of working."""
     script = tmp_path / "orphan.py"
     script.write_text(f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
-                      "from eval.jobs import die_with_parent\n"
+                      "from experiments.jobs import die_with_parent\n"
                       "die_with_parent(1)\n"  # pid 1 is not this process's parent
                       "print('still here')\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
@@ -71,41 +71,40 @@ def test_a_worker_whose_parent_died_before_it_asked_exits_at_once(tmp_path):
 
 
 def test_a_job_takes_the_cores_its_pool_frees_between_scoring_batches():
-    """adopt_free_cores: nothing outside a pool; in one, the shared count once the main process raises it; and the
-    scores do not change with the thread count beyond float rounding."""
+    """FreeCores as scoring's on_batch: nothing while the pool's count is 0; the count once the main process raises
+    it; nothing without the callback (scoring reads no process state of its own); and the scores do not change with
+    the thread count beyond float rounding."""
     import multiprocessing
 
     import numpy as np
     import torch
 
-    import eval.jobs as jobs
     from eval.scoring import score_windows
+    from experiments.jobs import FreeCores
     from model.transformer import Transformer
     from tests.conftest import micro_config
 
     before = torch.get_num_threads()
     model = Transformer(micro_config(position="rope")).eval()
     windows = np.random.default_rng(0).integers(0, 97, (16, 33))
+    shared = multiprocessing.get_context("spawn").Value("i", 0)
+    free = FreeCores(shared)
     try:
         torch.set_num_threads(1)
-        jobs.share_cores(None)
-        jobs.adopt_free_cores()
-        assert torch.get_num_threads() == 1
-        shared = multiprocessing.get_context("spawn").Value("i", 0)
-        jobs.share_cores(shared)
-        one_thread = score_windows(model, windows)
+        one_thread = score_windows(model, windows, on_batch=free)
         assert torch.get_num_threads() == 1  # 0: each job keeps its own threads
         shared.value = 2
-        two_threads = score_windows(model, windows)  # adopts before its first batch
+        score_windows(model, windows)
+        assert torch.get_num_threads() == 1  # no callback, no change
+        two_threads = score_windows(model, windows, on_batch=free)  # adopts before its first batch
         assert torch.get_num_threads() == 2
         assert np.abs(one_thread - two_threads).max() < 1e-5
     finally:
-        jobs.share_cores(None)
         torch.set_num_threads(before)
 
 
 def test_the_worker_layout_follows_the_usable_cores_gpus_and_what_was_asked(monkeypatch):
-    from eval import jobs
+    from experiments import jobs
 
     monkeypatch.setattr(jobs.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     assert jobs.usable_cores() == 4  # the affinity, not every core of the machine

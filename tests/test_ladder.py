@@ -1,12 +1,12 @@
-"""eval.ladder: the config, a micro ladder end to end, and the aggregation against hand-made results files."""
+"""experiments.ladder: the config, a micro ladder end to end, and the aggregation against hand-made results files."""
 import json
 import os
 
 import pytest
 
 from errors import ConfigError
-from eval.compare.config import load_compare_config
-from eval.ladder import (
+from experiments.compare.config import load_compare_config
+from experiments.ladder import (
     collect_ladder,
     findings,
     ladder_table,
@@ -90,7 +90,7 @@ rungs = [{{ name = "d16", "model.dim" = 16, "model.n_heads" = 1 }}, {{ name = "d
     assert results["rungs"]["d16"]["parameters"]["rope"] < results["rungs"]["d32"]["parameters"]["rope"]
     assert os.path.islink(out / "d16" / "data") and (out / "data" / "meta.json").exists()  # one data set
     report = (out / "report.md").read_text()
-    for text in ("# Scale ladder", "Reproduce: `python -m eval.ladder", "| d16 |", "With training",
+    for text in ("# Scale ladder", "Reproduce: `python -m experiments.ladder", "| d16 |", "With training",
                  "Order of the variants", "![penalty against training tokens"):
         assert text in report, text
     for name in ("penalty.png", "ppl.png", "table.md", "d16/report.md", "d32/report.md"):
@@ -105,7 +105,7 @@ def estimate(mean, half):
 
 
 def write_rung(folder, rows, tokens_per_step=1000, max_steps=400):
-    """A hand-made results.json as eval.compare writes it: snapshot rows (label, fraction, penalty, ppl_1x)."""
+    """A hand-made results.json as experiments.compare writes it: snapshot rows (label, fraction, penalty, ppl_1x)."""
     folder.mkdir(parents=True)
     (folder / "results.json").write_text(json.dumps({
         "settings": {"tokens_per_step": tokens_per_step, "max_steps": max_steps, "trained_length": 64,

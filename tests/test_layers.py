@@ -1,9 +1,10 @@
 """The import graph, parsed from the source: layers import one way and no module imports itself in a circle.
 
-Layers, bottom first (docs/internals.md): errors and commands, data, model, then train and infer side by side, eval, scripts.
-A module may import its own package and the layers below it, at the top of the file: an import inside a function
-(the usual way to dodge a cycle) of another project package is refused too. Imports under `if TYPE_CHECKING:`
-are annotations only and do not count.
+Layers, bottom first (docs/internals.md): errors and commands, data, model, then train and infer side by side, eval,
+experiments, scripts. A module may import its own package and the layers below it, at the top of the file: an import
+inside a function (the usual way to dodge a cycle) of another project package is refused too. Imports under
+`if TYPE_CHECKING:` are annotations only and do not count. Besides the ranks, eval/ never trains: it measures one
+checkpoint and imports nothing from train/ (an experiment, which trains fleets of models, composes the two).
 """
 from __future__ import annotations
 
@@ -13,11 +14,15 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
-RANK = {"errors": 0, "commands": 0, "data": 1, "model": 2, "train": 3, "infer": 3, "eval": 4, "scripts": 5}
+RANK = {"errors": 0, "commands": 0, "data": 1, "model": 2, "train": 3, "infer": 3, "eval": 4, "experiments": 5,
+        "scripts": 6}
+# Imports the ranks allow but the layering forbids: (layer, layer it may not import, why).
+FORBIDDEN = [("eval", "train", "eval/ measures one checkpoint and never trains; code that trains models and "
+                               "evaluates them belongs in experiments/")]
 
 
 def project_modules() -> dict[str, Path]:
-    """Dotted name -> file of every module of the project, those of packages inside the layers (eval.compare) too."""
+    """Dotted name -> file of every module of the project, those of packages inside the layers (experiments.compare) too."""
     modules = {"errors": ROOT / "errors.py", "commands": ROOT / "commands.py"}
     for package in RANK:
         folder = ROOT / package
@@ -57,8 +62,8 @@ def imports(path: Path) -> list[tuple[str, int, bool]]:
     return found
 
 
-def graph() -> tuple[dict[str, set[str]], list[str]]:
-    modules = project_modules()
+def graph(modules: dict[str, Path] | None = None) -> tuple[dict[str, set[str]], list[str]]:
+    modules = modules or project_modules()
     edges: dict[str, set[str]] = {name: set() for name in modules}
     problems: list[str] = []
     for name, path in modules.items():
@@ -69,9 +74,10 @@ def graph() -> tuple[dict[str, set[str]], list[str]]:
                 continue
             edges[name].add(target)
             other = target.split(".")[0]
-            where = f"{path.relative_to(ROOT)}:{line} imports {target}"
+            where = f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{line} imports {target}"
             if other != layer and RANK[other] >= RANK[layer]:
                 problems.append(f"{where}: {layer} (rank {RANK[layer]}) may not import {other} (rank {RANK[other]})")
+            problems += [f"{where}: {why}" for low, high, why in FORBIDDEN if (layer, other) == (low, high)]
             if in_function and other != layer:
                 problems.append(f"{where} inside a function: import it at the top of the file")
     return edges, sorted(set(problems))
@@ -95,6 +101,17 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
         if node not in state:
             walk(node)
     return found
+
+
+def test_eval_never_trains(tmp_path):
+    """No module of eval/ imports train/; a planted import is caught and named."""
+    modules = project_modules()
+    assert not [name for name, targets in graph(modules)[0].items()
+                if name.startswith("eval") and any(target.startswith("train") for target in targets)]
+    planted = tmp_path / "planted.py"
+    planted.write_text("from train.loop import run_training\n")
+    _, problems = graph({**modules, "eval.planted": planted})
+    assert [problem for problem in problems if "planted.py" in problem and "never trains" in problem], problems
 
 
 def test_layers_import_one_way():

@@ -23,7 +23,7 @@ def attention_logits(model, layer_index, x, positions):
     q = layer.q_proj(x).view(1, time, layer.n_heads, layer.head_dim).transpose(1, 2)
     k = layer.k_proj(x).view(1, time, layer.n_kv_heads, layer.head_dim).transpose(1, 2)
     k = k.repeat_interleave(layer.n_heads // layer.n_kv_heads, dim=1)
-    q, k = encoding.rotate_queries(q, state), encoding.rotate_keys(k, state)
+    q, k = encoding.encode_queries(q, state), encoding.encode_keys(k, state)
     return (q @ k.transpose(-1, -2))[0] / math.sqrt(layer.head_dim)
 
 
@@ -135,7 +135,7 @@ def test_xpos_scores_are_rope_scores_times_the_decay(layout):
         scores = {}
         for name, model in (("rope", rope), ("xpos", xpos)):
             state = model.position.prepare(positions, positions)
-            scores[name] = model.position.rotate_queries(q, state)[0, 0] @ model.position.rotate_keys(k, state)[0, 0].T
+            scores[name] = model.position.encode_queries(q, state)[0, 0] @ model.position.encode_keys(k, state)[0, 0].T
         for n in range(6):
             for m in range(6):
                 distance = positions[0, n].item() - positions[0, m].item()
@@ -415,12 +415,12 @@ def test_non_rotated_dimensions_carry_no_position(variant, layout):
     results = []
     for positions in (torch.arange(5)[None], torch.tensor([[3, 90, 17, 400, 1000]])):
         state = encoding.prepare(positions, positions)
-        results.append(encoding.rotate_queries(q, state)[0, 0] @ encoding.rotate_keys(k, state)[0, 0].T)
+        results.append(encoding.encode_queries(q, state)[0, 0] @ encoding.encode_keys(k, state)[0, 0].T)
     assert torch.allclose(results[0], results[1], atol=1e-5)
     # ... while the rotated ones do carry it.
     q, k = torch.randn(1, 1, 5, head_dim), torch.randn(1, 1, 5, head_dim)
-    spread = [encoding.rotate_queries(q, encoding.prepare(p, p))[0, 0] @
-              encoding.rotate_keys(k, encoding.prepare(p, p))[0, 0].T
+    spread = [encoding.encode_queries(q, encoding.prepare(p, p))[0, 0] @
+              encoding.encode_keys(k, encoding.prepare(p, p))[0, 0].T
               for p in (torch.arange(5)[None], torch.arange(5)[None] * 3)]
     assert (spread[0] - spread[1]).abs().max() > 1e-3
 
@@ -446,8 +446,8 @@ def test_partial_rotary_matches_gpt_neox_in_transformers():
     cos, sin = rotary(q, positions)
     theirs_q, theirs_k = apply_rotary_pos_emb(q, k, cos, sin)
     state = model.position.prepare(positions, positions)
-    assert torch.allclose(model.position.rotate_queries(q, state), theirs_q, atol=1e-5)
-    assert torch.allclose(model.position.rotate_keys(k, state), theirs_k, atol=1e-5)
+    assert torch.allclose(model.position.encode_queries(q, state), theirs_q, atol=1e-5)
+    assert torch.allclose(model.position.encode_keys(k, state), theirs_k, atol=1e-5)
 
 
 @pytest.mark.parametrize("position", ["rope", "alibi", "cope"])

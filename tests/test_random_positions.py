@@ -125,7 +125,7 @@ def test_the_frontier_presets_randomized_variant_runs_and_its_claim_is_checked(s
     beyond L, and the report checks Ruoss et al.'s claim against rope."""
     import json
 
-    from eval.compare.cli import main
+    from experiments.compare.cli import main
     from tests.test_compare import MICRO, ROOT
 
     out = tmp_path / "cmp"

@@ -13,7 +13,7 @@ from model.checkpoint import load_model, load_trainer_state
 from tests.conftest import micro_config
 from tests.test_generate import run
 from tests.test_train import make_config
-from train.loop import NonFiniteLoss, run_training
+from train.loop import NonFiniteLoss, Training, run_training
 
 
 def poisoned_model(config, bad_calls):
@@ -37,7 +37,7 @@ def poisoned_model(config, bad_calls):
 def test_nonfinite_step_is_skipped_and_logged(prepared_data, tmp_path):
     config = make_config(prepared_data, tmp_path / "skip", "--train.max_steps=8")
     batches = PretrainBatches(prepared_data, 64, 4, config.train.seed, 2)
-    result = run_training(config, lambda: poisoned_model(config, {3}), batches, load_tokenizer(prepared_data))
+    result = run_training(Training(config, lambda: poisoned_model(config, {3}), batches, load_tokenizer(prepared_data)))
     records = [json.loads(line) for line in (tmp_path / "skip" / "metrics.jsonl").read_text().splitlines()]
     skipped = [r for r in records if "action" in r]
     assert len(skipped) == 1 and skipped[0]["step"] == 3 and skipped[0]["action"] == "skip"
@@ -58,7 +58,7 @@ def test_skipping_on_the_device_equals_skipping_on_the_host(prepared_data, tmp_p
         monkeypatch.setattr(train.nonfinite, "skips_on_device", lambda policy, optimizer, flag=on_device: flag)
         config = make_config(prepared_data, tmp_path / name, "--train.max_steps=8", "--train.log_interval=4")
         batches = PretrainBatches(prepared_data, 64, 4, config.train.seed, 2)
-        run_training(config, lambda: poisoned_model(config, {3}), batches, load_tokenizer(prepared_data))
+        run_training(Training(config, lambda: poisoned_model(config, {3}), batches, load_tokenizer(prepared_data)))
         records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         skips = [(r["step"], r["action"]) for r in records if "action" in r]
         runs[name] = (load_model(tmp_path / name).state_dict(), skips, load_trainer_state(tmp_path / name))
@@ -72,7 +72,7 @@ def test_nonfinite_stop_keeps_the_last_good_checkpoint(prepared_data, tmp_path):
     config = make_config(prepared_data, tmp_path / "stop", "--train.max_steps=12", "--train.nonfinite=stop")
     batches = PretrainBatches(prepared_data, 64, 4, config.train.seed, 2)
     with pytest.raises(NonFiniteLoss, match="step 7: non-finite loss nan: stopping .*last good checkpoint"):
-        run_training(config, lambda: poisoned_model(config, {7}), batches, load_tokenizer(prepared_data))
+        run_training(Training(config, lambda: poisoned_model(config, {7}), batches, load_tokenizer(prepared_data)))
     state = load_trainer_state(tmp_path / "stop")
     assert state["step"] == 4  # saved at the last evaluation before the bad step (eval_interval 4)
     assert all(bool(p.isfinite().all()) for p in load_model(tmp_path / "stop").parameters())
@@ -82,7 +82,7 @@ def test_too_many_skips_stop(prepared_data, tmp_path):
     config = make_config(prepared_data, tmp_path / "many", "--train.max_steps=12", "--train.max_nonfinite_skips=1")
     batches = PretrainBatches(prepared_data, 64, 4, config.train.seed, 2)
     with pytest.raises(NonFiniteLoss, match="more than 1 skipped"):
-        run_training(config, lambda: poisoned_model(config, {2, 5}), batches, load_tokenizer(prepared_data))
+        run_training(Training(config, lambda: poisoned_model(config, {2, 5}), batches, load_tokenizer(prepared_data)))
 
 
 def test_sequence_length_beyond_a_learned_table_is_a_config_error():
@@ -134,16 +134,16 @@ def test_a_second_writer_is_refused_with_the_holders_pid_and_a_dead_holders_lock
         before = sorted(p.name for p in out.iterdir())
         started = time.perf_counter()
         with pytest.raises(ConfigError, match=f"being written by another training run \\(process {holder.pid}\\)"):
-            run_training(train, lambda: Transformer(train.model), PretrainBatches(prepared_data, 64, 4, 0, 2),
-                         load_tokenizer(prepared_data))
+            run_training(Training(train, lambda: Transformer(train.model), PretrainBatches(prepared_data, 64, 4, 0, 2),
+                         load_tokenizer(prepared_data)))
         assert time.perf_counter() - started < 5  # refused at once, not after waiting
         assert sorted(p.name for p in out.iterdir()) == before
     finally:
         holder.kill()
         holder.wait()
     assert (out / LOCK_NAME).read_text().strip() == str(holder.pid)  # left behind by the killed process
-    run_training(train, lambda: Transformer(train.model), PretrainBatches(prepared_data, 64, 4, 0, 2),
-                 load_tokenizer(prepared_data))
+    run_training(Training(train, lambda: Transformer(train.model), PretrainBatches(prepared_data, 64, 4, 0, 2),
+                 load_tokenizer(prepared_data)))
     assert f"took over {out / LOCK_NAME} from process {holder.pid}" in capsys.readouterr().err
     assert load_trainer_state(out)["step"] == 2
     assert (out / LOCK_NAME).read_text() == ""  # released cleanly: nothing to report next time

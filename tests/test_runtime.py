@@ -36,7 +36,7 @@ def test_a_runtime_switch_that_is_not_a_boolean_names_the_key():
 def test_the_trainer_puts_the_runs_switches_in_effect(tmp_path, prepared_data, restore_runtime):
     from data.batches import PretrainBatches
     from model.transformer import Transformer
-    from train.loop import Trainer
+    from train.loop import Trainer, Training
 
     config = load_run_config(None, [f"--data.dir={prepared_data}", f"--out.dir={tmp_path / 'run'}",
                                     "--runtime.flex_attention=false", "--runtime.compiled_rope=false",
@@ -44,6 +44,6 @@ def test_the_trainer_puts_the_runs_switches_in_effect(tmp_path, prepared_data, r
                                     "--model.n_heads=2", "--model.n_kv_heads=1", "--model.max_seq_len=16"])
     assert runtime_config().flex_attention and runtime_config().compiled_rope
     batches = PretrainBatches(prepared_data, 16, 2, 0, 1)
-    Trainer(config, lambda: Transformer(config.model), batches, tokenizer=None)
+    Trainer(Training(config, lambda: Transformer(config.model), batches, tokenizer=None))
     assert not runtime_config().flex_attention and not runtime_config().compiled_rope
     assert "[runtime]\nflex_attention = false" in (tmp_path / "run" / "run_config.toml").read_text()

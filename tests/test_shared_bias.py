@@ -67,7 +67,9 @@ def test_a_learned_bias_trains_through_explicit_attention_with_the_same_logits_a
                         lambda *args, **kwargs: sdpa_calls.append(1) or sdpa(*args, **kwargs))
     explicit_logits, explicit_grads = logits_and_grads()
     assert not sdpa_calls  # the explicit steps were taken
-    monkeypatch.setattr(attention_path, "LEARNED_BIAS_EXPLICIT", False)
+    # SDPA's mask route, which the path takes for a learned bias where a device has a mask gradient
+    monkeypatch.setattr(attention_module, "choose", lambda *args, **kwargs: attention_path.Path(
+        attention_path.SDPA_MASK, "forced by the test"))
     sdpa_logits, sdpa_grads = logits_and_grads()
     assert sdpa_calls  # ... and here SDPA's mask route
     assert torch.allclose(explicit_logits, sdpa_logits, atol=1e-5, rtol=0)

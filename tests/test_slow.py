@@ -9,7 +9,7 @@ from data.tokenizer import load_tokenizer
 from model import Transformer
 from tests.conftest import ROOT
 from train.config import load_run_config
-from train.loop import run_training
+from train.loop import Training, run_training
 
 
 @pytest.mark.slow
@@ -20,6 +20,6 @@ def test_tiny_config_halves_the_validation_loss(tmp_path):
     config = load_run_config(ROOT / "configs" / "tiny.toml", [f"--data.dir={data}", f"--out.dir={tmp_path / 'run'}"])
     batches = PretrainBatches(data, config.model.max_seq_len, config.train.batch_size, config.train.seed,
                               config.train.eval_batches)
-    result = run_training(config, lambda: Transformer(config.model), batches, load_tokenizer(data))
+    result = run_training(Training(config, lambda: Transformer(config.model), batches, load_tokenizer(data)))
     assert abs(result.initial_val_loss - math.log(config.model.vocab_size)) < 0.2
     assert result.final_val_loss < 0.5 * math.log(config.model.vocab_size)

@@ -1,4 +1,4 @@
-"""Task generators (eval/tasks.py): deterministic, answers masked exactly, an oracle scores 100%, a context-blind
+"""Task generators (experiments/tasks.py): deterministic, answers masked exactly, an oracle scores 100%, a context-blind
 predictor scores at chance."""
 import numpy as np
 import pytest
@@ -104,13 +104,13 @@ def test_unknown_tasks_and_too_short_sequences_are_refused():
 
 
 def test_the_suite_trains_each_encoding_on_answers_only_and_scores_each_length(tmp_path, capsys):
-    """A micro run of eval.tasks (copy and flipflop, 2 encodings, 2 seeds, 2 worker processes): one run per task,
+    """A micro run of experiments.tasks (copy and flipflop, 2 encodings, 2 seeds, 2 worker processes): one run per task,
     encoding and seed, results per length with intervals over the seeds, and the training loss counts answer
     tokens only."""
     import json
 
     from eval.task_generators import TASKS as tasks
-    from eval.tasks import TaskBatches, main
+    from experiments.tasks import TaskBatches, main
 
     inputs, targets = TaskBatches(tasks["copy"], 16, 4, 0, 1).train_batch(3)
     assert ((targets != -100) == tasks["copy"].batch([0, 3, 0], 4, 16, train=True).answers).all()
@@ -135,7 +135,7 @@ def test_the_suite_trains_each_encoding_on_answers_only_and_scores_each_length(t
 
 
 def test_a_failed_training_is_reported_and_the_others_go_on(tmp_path):
-    from eval.tasks import TaskJob, run_jobs
+    from experiments.tasks import TaskJob, run_jobs
 
     shared = {"model": {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1},
               "train": {"batch_size": 4, "max_steps": 3, "eval_interval": 3, "eval_batches": 1, "dtype": "float32"}}
@@ -149,16 +149,17 @@ def test_a_failed_training_is_reported_and_the_others_go_on(tmp_path):
 def test_a_task_training_stops_once_validation_exact_match_reaches_the_target(tmp_path):
     """--until: the stop check runs at each evaluation step; a target met stops there (steps recorded), one never
     met trains to max_steps and is marked in the table."""
-    from eval.tasks import main, run_suite, table
+    from experiments.tasks import main, run_suite, table
 
     shared = {"model": {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1},
               "train": {"batch_size": 4, "max_steps": 20, "eval_interval": 10, "eval_batches": 1, "dtype": "float32"}}
-    results, training = run_suite(["copy"], {"rope": {"position": "rope"}}, [1, 2], 16, [1], 8, shared,
-                                  tmp_path / "met", until=0.0)
+    training = run_suite(["copy"], {"rope": {"position": "rope"}}, [1, 2], 16, [1], 8, shared,
+                         tmp_path / "met", until=0.0).training
     assert training["copy"]["rope"] == {"seeds": [1, 2], "steps": [10, 10], "reached": [True, True]}
     assert '"stopped": "validation exact match' in (tmp_path / "met" / "copy" / "rope" / "seed1" / "metrics.jsonl").read_text()
-    results, training = run_suite(["copy"], {"rope": {"position": "rope"}}, [1], 16, [1], 8, shared,
-                                  tmp_path / "unmet", until=1.0)  # 20 steps of a 1-layer model: exact match < 1
+    suite = run_suite(["copy"], {"rope": {"position": "rope"}}, [1], 16, [1], 8, shared,
+                      tmp_path / "unmet", until=1.0)  # 20 steps of a 1-layer model: exact match < 1
+    results, training = suite.results, suite.training
     assert training["copy"]["rope"] == {"seeds": [1], "steps": [20], "reached": [False]}
     shown = table(results, 16, [1], training)
     assert "| copy | 1x | steps (each seed) |" in shown and "| 20* |" in shown and "* ran to train.max_steps" in shown
@@ -166,7 +167,7 @@ def test_a_task_training_stops_once_validation_exact_match_reaches_the_target(tm
 
 
 def test_a_cap_shorter_than_one_learning_rate_cycle_decays_over_the_whole_run():
-    from eval.tasks import DEFAULT_TRAIN, task_train
+    from experiments.tasks import DEFAULT_TRAIN, task_train
 
     assert task_train({})["lr_cycle"] == DEFAULT_TRAIN["lr_cycle"] == 3000
     assert task_train({"max_steps": 1000})["lr_cycle"] == 0  # one decay to step 1,000: the model ends annealed
@@ -179,7 +180,7 @@ def test_a_rerun_scores_finished_trainings_again_and_resumes_an_interrupted_one(
     weights as an uninterrupted training; another stop target trains afresh."""
     import dataclasses
 
-    import eval.tasks as tasks
+    import experiments.tasks as tasks
     from model.checkpoint import load_model, load_trainer_state
 
     shared = {"model": {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1},
@@ -191,12 +192,12 @@ def test_a_rerun_scores_finished_trainings_again_and_resumes_an_interrupted_one(
     whole = tmp_path / "a" / "copy" / "rope" / "seed1"
     stamp = (whole / "model.safetensors").stat().st_mtime_ns
     calls = []
-    monkeypatch.setattr(tasks, "run_training", lambda *args, **kwargs: calls.append(kwargs) or 1 / 0)
+    monkeypatch.setattr(tasks, "run_training", lambda training: calls.append(training) or 1 / 0)
     again = tasks.run_task_job(job)
     assert calls == [] and again["rows"] == first["rows"] and (again["steps"], again["reached"]) == (20, False)
     assert (whole / "model.safetensors").stat().st_mtime_ns == stamp
     assert tasks.run_task_job(dataclasses.replace(job, until=0.5))["status"].startswith("failed: ZeroDivision")
-    assert calls[-1]["resume"] is False  # another stop target: trained afresh
+    assert calls[-1].resume is False  # another stop target: trained afresh
     monkeypatch.undo()
 
     def interrupt_at_10(*args):
@@ -221,7 +222,7 @@ def test_named_variants_train_with_their_settings(tmp_path):
     here); a malformed table or a variant without a position is refused before anything trains."""
     import json
 
-    from eval.tasks import main
+    from experiments.tasks import main
 
     out = tmp_path / "tasks"
     variants = '{rope-randomized = {position = "rope", random_positions = 256}}'

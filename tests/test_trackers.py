@@ -116,7 +116,7 @@ def test_a_missing_tracker_package_or_an_unknown_tracker_is_one_line(prepared_da
 
 def test_a_comparison_logs_each_variant_as_a_run_of_one_group_and_its_tables(small_text_file, tmp_path):
     pytest.importorskip("tensorboard")
-    from eval.compare.cli import main as compare
+    from experiments.compare.cli import main as compare
     from tests.test_compare import arguments
 
     out = tmp_path / "cmp"

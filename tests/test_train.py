@@ -10,7 +10,7 @@ from errors import ConfigError
 from model import Transformer
 from model.checkpoint import load_model, load_trainer_state
 from train.config import load_run_config
-from train.loop import TrainingInterrupted, learning_rate, run_training
+from train.loop import Training, TrainingInterrupted, learning_rate, run_training
 
 
 def make_config(prepared_data, out, *extra):
@@ -39,7 +39,7 @@ def make_config(prepared_data, out, *extra):
 
 def train(config, prepared_data, resume=False, batches=None):
     batches = batches or PretrainBatches(prepared_data, 64, 4, config.train.seed, 2)
-    return run_training(config, lambda: Transformer(config.model), batches, load_tokenizer(prepared_data), resume=resume)
+    return run_training(Training(config, lambda: Transformer(config.model), batches, load_tokenizer(prepared_data), resume=resume))
 
 
 def losses(out):
@@ -285,15 +285,15 @@ def test_a_stop_check_ends_training_at_an_evaluation_step_with_that_steps_checkp
     out = tmp_path / "run"
     config = make_config(prepared_data, out)  # max_steps 12, eval_interval 4
     batches = PretrainBatches(prepared_data, 64, 4, config.train.seed, 2)
-    result = run_training(config, lambda: Transformer(config.model), batches, load_tokenizer(prepared_data),
-                          stop_when=stop_when)
+    result = run_training(Training(config, lambda: Transformer(config.model), batches, load_tokenizer(prepared_data),
+                          stop_when=stop_when))
     assert asked == [(4, True), (8, True)]  # not at step 0, and only at evaluation steps
     assert result.steps == 8 and result.stopped == "enough" and load_trainer_state(out)["step"] == 8
     assert load_trainer_state(out)["stopped"] == {"step": 8, "reason": "enough"}
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert {"step": 8, "stopped": "enough"} in rows and max(row["step"] for row in rows) == 8
-    resumed = run_training(config, lambda: Transformer(config.model), batches, load_tokenizer(prepared_data),
-                           resume=True)  # a stopped run resumed goes on to max_steps and is not stopped any more
+    resumed = run_training(Training(config, lambda: Transformer(config.model), batches, load_tokenizer(prepared_data),
+                           resume=True))  # a stopped run resumed goes on to max_steps and is not stopped any more
     assert resumed.steps == 12 and resumed.stopped is None and "stopped" not in load_trainer_state(out)
 
 

@@ -1,4 +1,4 @@
-"""What the training entry points share: arguments, the model factory, vocabulary checks, error reporting."""
+"""What the training entry points share: arguments, the model factory, vocabulary checks."""
 from __future__ import annotations
 
 import argparse
@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import Callable
 
 from commands import add_checkpoint, add_out, command_parser, renamed
-from errors import ConfigError, UserError
+from errors import ConfigError
 from model.checkpoint import has_checkpoint, load_config, load_trainer_state, load_weights_into
 from model.transformer import Transformer
 from train.config import RunConfig, build_run_config, load_run_config, toml_value
-from train.loop import NonFiniteLoss, TrainingInterrupted
 
 
 def build_parser(module: str, description: str | None, data_key: str = "data.dir",
@@ -116,20 +115,3 @@ def check_vocab(config: RunConfig, tokenizer_vocab: int, where: str) -> None:
             f"the tokenizer in {where} has {tokenizer_vocab} tokens but model.vocab_size is "
             f"{config.model.vocab_size}; set --model.vocab_size={tokenizer_vocab} or larger"
         )
-
-
-def run_cli(body: Callable[[], None]) -> int:
-    """Run a training entry point's body: an interrupted run exits 130, a non-finite loss 3, bad input (a
-    UserError) 2 with one line; anything else is a bug and keeps its traceback."""
-    try:
-        body()
-    except TrainingInterrupted as stop:
-        print(stop, file=sys.stderr)
-        return 130
-    except NonFiniteLoss as stop:
-        print(f"error: {stop}", file=sys.stderr)
-        return 3
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0

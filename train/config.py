@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from errors import ConfigError
-from model.config import ModelConfig, build_dataclass, check_field_types, parse_override_value
+from model.config import ModelConfig
+from model.fields import build_dataclass, check_field_types, parse_override_value
 from model.runtime import RuntimeConfig
 from train.trackers import TRACKERS
 
@@ -67,7 +68,7 @@ class TrainConfig:
     max_nonfinite_skips: int = 5
     # Where metrics go besides metrics.jsonl (always written): "tensorboard", "wandb" (train/trackers.py).
     report_to: list = field(default_factory=lambda: ["jsonl"])
-    tracker_group: str = ""  # a group for the tracker runs (eval.compare sets one per comparison)
+    tracker_group: str = ""  # a group for the tracker runs (experiments.compare sets one per comparison)
 
     def __post_init__(self) -> None:
         check_field_types(self, "train")

@@ -13,13 +13,13 @@ import math
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
 import torch
 
-from errors import ConfigError
+from errors import CommandStopped, ConfigError
 from model.checkpoint import (
     CONFIG,
     TRAINER_STATE,
@@ -48,8 +48,10 @@ RUN_CONFIG = "run_config.toml"
 SNAPSHOTS = "snapshots"  # OUT/snapshots/step-NNNNNN: the model at each of train.keep_steps
 
 
-class TrainingInterrupted(Exception):
+class TrainingInterrupted(CommandStopped):
     """Raised after Ctrl-C: a checkpoint of the last completed step was saved and --resume continues it."""
+
+    exit_code, prefix = 130, ""  # 128 + SIGINT, as a shell reports Ctrl-C
 
 
 class BatchSource(Protocol):
@@ -205,26 +207,34 @@ class MetricsLog:
         return evaluated
 
 
+@dataclass
+class Training:
+    """What one training is given: its settings, how to build a fresh model, its batches and tokenizer (saved with
+    each checkpoint; None for none), whether it resumes the run saved in out.dir, its task (recorded in the
+    trainer state), state of the caller's saved with each checkpoint, and a check that may stop it early."""
+
+    config: RunConfig
+    build_model: Callable[[], Transformer]
+    batches: BatchSource
+    tokenizer: Any = None
+    resume: bool = False
+    task: str = "pretrain"
+    extra_state: dict[str, Any] = field(default_factory=dict)
+    stop_when: StopCheck | None = None
+
+
 class Trainer:
     """Holds the model, optimizer and counters of one run; `run()` trains to train.max_steps."""
 
-    def __init__(
-        self,
-        config: RunConfig,
-        build_model: Callable[[], Transformer],
-        batches: BatchSource,
-        tokenizer: Any,
-        resume: bool = False,
-        task: str = "pretrain",
-        extra_state: dict[str, Any] | None = None,
-        stop_when: StopCheck | None = None,
-    ) -> None:
+    def __init__(self, training: Training) -> None:
+        config, build_model, resume, task = training.config, training.build_model, training.resume, training.task
+        stop_when = training.stop_when
         self.config = config
         self.stop_when = stop_when
-        self.batches = batches
-        self.tokenizer = tokenizer
+        self.batches = training.batches
+        self.tokenizer = training.tokenizer
         self.task = task
-        self.extra_state = extra_state or {}
+        self.extra_state = training.extra_state
         train = config.train
         configure_runtime(config.runtime)  # before the first model is built
         self.dist = Distributed()
@@ -499,25 +509,17 @@ class Trainer:
                            (self.state.get("stopped") or {}).get("reason"))
 
 
-def run_training(
-    config: RunConfig,
-    build_model: Callable[[], Transformer],
-    batches: BatchSource,
-    tokenizer: Any,
-    resume: bool = False,
-    task: str = "pretrain",
-    extra_state: dict[str, Any] | None = None,
-    stop_when: StopCheck | None = None,
-) -> TrainResult:
-    """Train `build_model()` (or the checkpoint in out.dir when resuming) to train.max_steps, or until
-    `stop_when(model, step)`, asked at each evaluation step, returns a reason to stop (one process only): the
-    checkpoint is then that step's.
+def run_training(training: Training) -> TrainResult:
+    """Train `training.build_model()` (or the checkpoint in out.dir when resuming) to train.max_steps, or until
+    `training.stop_when(model, step)`, asked at each evaluation step, returns a reason to stop (one process only):
+    the checkpoint is then that step's.
 
     Under torchrun this is one rank of a data-parallel run (train/distributed.py).
     """
     # One writer per folder (rank 0 writes), taken before anything in it is read or changed, held to the end.
+    config = training.config
     with FolderLock(config.out.dir, "training run") if Distributed().is_main else contextlib.nullcontext():
-        trainer = Trainer(config, build_model, batches, tokenizer, resume, task, extra_state, stop_when)
+        trainer = Trainer(training)
         try:
             result = trainer.run()
         except OSError as error:

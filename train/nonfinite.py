@@ -11,9 +11,13 @@ from typing import Callable
 
 import torch
 
+from errors import CommandStopped
 
-class NonFiniteLoss(FloatingPointError):
+
+class NonFiniteLoss(FloatingPointError, CommandStopped):
     """Training stopped on a non-finite loss; the last good checkpoint in out.dir was kept."""
+
+    exit_code = 3
 
 
 def skips_on_device(policy: str, optimizer: torch.optim.Optimizer) -> bool:

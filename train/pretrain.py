@@ -17,30 +17,30 @@ import sys
 
 from data.batches import PretrainBatches, read_meta
 from data.tokenizer import load_tokenizer
+from errors import cli_command
 from train.cli import build_parser as training_parser
-from train.cli import check_vocab, load_config_with_init, model_factory, parse_args, resolve_resume, run_cli
-from train.loop import run_training
+from train.cli import check_vocab, load_config_with_init, model_factory, parse_args, resolve_resume
+from train.loop import Training, run_training
 
 
 def build_parser() -> argparse.ArgumentParser:
     return training_parser("train.pretrain", __doc__)
 
 
+@cli_command
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(build_parser(), argv)
-
-    def body() -> None:
-        config, resume = resolve_resume(load_config_with_init(args, overrides), overrides, args.resume)
-        meta = read_meta(config.data.dir)
-        check_vocab(config, int(meta["vocab_size"]), config.data.dir)
-        tokenizer = load_tokenizer(config.data.dir)
-        train = config.train
-        batches = PretrainBatches(config.data.dir, config.model.max_seq_len, train.batch_size, train.seed,
-                                  train.eval_batches)
-        extra_state = {"data": meta, "init": args.checkpoint}
-        run_training(config, model_factory(config, args.checkpoint), batches, tokenizer, resume, extra_state=extra_state)
-
-    return run_cli(body)
+    config, resume = resolve_resume(load_config_with_init(args, overrides), overrides, args.resume)
+    meta = read_meta(config.data.dir)
+    check_vocab(config, int(meta["vocab_size"]), config.data.dir)
+    tokenizer = load_tokenizer(config.data.dir)
+    train = config.train
+    batches = PretrainBatches(config.data.dir, config.model.max_seq_len, train.batch_size, train.seed,
+                              train.eval_batches)
+    extra_state = {"data": meta, "init": args.checkpoint}
+    run_training(Training(config, model_factory(config, args.checkpoint), batches, tokenizer, resume,
+                          extra_state=extra_state))
+    return 0
 
 
 if __name__ == "__main__":

@@ -16,10 +16,10 @@ import sys
 from commands import require
 from data.sft import SFTBatches, build_sft_data
 from data.tokenizer import load_tokenizer
-from errors import ConfigError
+from errors import ConfigError, cli_command
 from train.cli import build_parser as training_parser
-from train.cli import check_vocab, load_config_with_init, model_factory, parse_args, resolve_resume, run_cli
-from train.loop import run_training
+from train.cli import check_vocab, load_config_with_init, model_factory, parse_args, resolve_resume
+from train.loop import Training, run_training
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,28 +27,27 @@ def build_parser() -> argparse.ArgumentParser:
                            data_help="conversations: stdlib, minimind or a .jsonl path")
 
 
+@cli_command
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, overrides = parse_args(parser, argv)
     require(parser, args, "checkpoint")
 
-    def body() -> None:
-        config, resume = resolve_resume(load_config_with_init(args, overrides), overrides, args.resume)
-        tokenizer = load_tokenizer(args.checkpoint)
-        check_vocab(config, len(tokenizer), args.checkpoint)
-        if not config.data.source:
-            raise ConfigError("train.sft needs data.source: stdlib, minimind, or a conversations .jsonl path")
-        data = build_sft_data(config.data.source, tokenizer, config.model.max_seq_len + 1, config.data.val_fraction)
-        stats = data.stats
-        print(f"SFT data {config.data.source}: {stats['train']} train / {stats['val']} held-out conversations; "
-              f"{stats['truncated']} cut at a turn boundary, {stats['dropped']} dropped as too long "
-              f"(limit {config.model.max_seq_len} tokens)")
-        batches = SFTBatches(data, config.train.batch_size, config.train.seed, tokenizer.pad_token_id,
-                             config.train.eval_batches)
-        run_training(config, model_factory(config, args.checkpoint), batches, tokenizer, resume, task="sft",
-                     extra_state={"sft": stats, "init": args.checkpoint})
-
-    return run_cli(body)
+    config, resume = resolve_resume(load_config_with_init(args, overrides), overrides, args.resume)
+    tokenizer = load_tokenizer(args.checkpoint)
+    check_vocab(config, len(tokenizer), args.checkpoint)
+    if not config.data.source:
+        raise ConfigError("train.sft needs data.source: stdlib, minimind, or a conversations .jsonl path")
+    data = build_sft_data(config.data.source, tokenizer, config.model.max_seq_len + 1, config.data.val_fraction)
+    stats = data.stats
+    print(f"SFT data {config.data.source}: {stats['train']} train / {stats['val']} held-out conversations; "
+          f"{stats['truncated']} cut at a turn boundary, {stats['dropped']} dropped as too long "
+          f"(limit {config.model.max_seq_len} tokens)")
+    batches = SFTBatches(data, config.train.batch_size, config.train.seed, tokenizer.pad_token_id,
+                         config.train.eval_batches)
+    run_training(Training(config, model_factory(config, args.checkpoint), batches, tokenizer, resume, task="sft",
+                 extra_state={"sft": stats, "init": args.checkpoint}))
+    return 0
 
 
 if __name__ == "__main__":

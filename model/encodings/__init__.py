@@ -18,7 +18,7 @@
                 logits of all heads
 
 The interface and its hooks: base.py. A new encoding is a file here that registers its class with
-`@register("name")`, plus its line in ENCODING_MODULES; nothing else in the model names it. Importing this package
+`@register_encoding("name")`, plus its line in ENCODING_MODULES; nothing else in the model names it. Importing this package
 imports those files. model/config.py never imports it: it asks model/plugins.py, which imports the registry when a
 config is first checked.
 """
@@ -38,7 +38,7 @@ ENCODING_MODULES = ("none", "alibi", "t5", "shaw", "sinusoidal", "learned", "ker
 POSITION_ENCODINGS: dict[str, type["PositionEncoding"]] = {}
 
 
-def register(name: str) -> Callable[[type["PositionEncoding"]], type["PositionEncoding"]]:
+def register_encoding(name: str) -> Callable[[type["PositionEncoding"]], type["PositionEncoding"]]:
     def decorator(cls: type["PositionEncoding"]) -> type["PositionEncoding"]:
         if name in POSITION_ENCODINGS and POSITION_ENCODINGS[name] is not cls:
             raise ValueError(f"position encoding {name!r} is registered twice")

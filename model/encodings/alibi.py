@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from model.encodings import register
-from model.encodings.base import ALL, PositionEncoding, Positions
+from model.encodings import register_encoding
+from model.encodings.base import ALL, BIAS, PositionEncoding, Positions
 
 if TYPE_CHECKING:
     from model.config import ModelConfig
@@ -28,11 +28,12 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     return torch.tensor(power_of_two_slopes(closest) + extra)
 
 
-@register("alibi")
+@register_encoding("alibi")
 class ALiBi(PositionEncoding):
     """Attention with linear biases (Press et al. 2022): logit bias -m_h * (i - j) for key j <= query i."""
 
     has_score_bias = True
+    attention, flex_kind = BIAS, "distance"
     exact_buffers = ("slopes",)
 
     def __init__(self, config: "ModelConfig") -> None:

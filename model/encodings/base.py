@@ -10,10 +10,11 @@ Hooks (each has a do-nothing default):
                                             data-dependent quantities (a gate computed from x) join the state;
                                             what it needs of earlier tokens it keeps in the KV cache
                                             (kv_cache.update_extra); the forward's state by default
-  rotate_queries(q, state), rotate_keys(k, state)
-                                            rotary encodings; keys are rotated before caching, or, when
-                                            `caches_rotated_keys` is False (dynamic NTK), all cached raw keys
-                                            are rotated again at every step
+  encode_queries(q, state), encode_keys(k, state)
+                                            what an encoding does to the queries and keys themselves (RoPE and
+                                            xPos rotate them, SSMax scales the queries); keys are encoded before
+                                            caching, or, when `caches_encoded_keys` is False (dynamic NTK), all
+                                            cached raw keys are encoded again at every step
   score_bias(q, state, layer, rows, keys, scores)
                                             additive logit bias (batch|1, heads, len(rows), len(keys)) for the
                                             query rows `rows` of this forward and the key columns `keys` of all
@@ -34,9 +35,13 @@ Hooks (each has a do-nothing default):
   constrain_()                              projects the encoding's parameters back onto their domain; the
                                             training loop calls it after every optimizer step (KERPLE's r1, r2 > 0)
 
-Capabilities the attention path reads (model/attention_path.py): `has_score_bias`, `bias_needs_scores`,
-`bias_from_content`, `separable_bias`, `has_value_term`, `own_weights`, `caches_rotated_keys`, `relative_only`,
-`clipped_distance`; `reads_positions` is asked by model.random_positions' check.
+The attention path (model/attention_path.py) reads two names an encoding declares: `attention`, what its attention
+needs (FUSED: nothing beyond its queries and keys, so the fused kernel; BIAS: an additive score bias, which SDPA takes
+as a mask; EXPLICIT: the explicit steps, with `why_explicit`), and `flex_kind`, the FlexAttention kernel that serves
+its long evaluation forwards ("distance", "clipped", "separable" or None: model/flex.py). Both agree with the
+capabilities below (tests/test_attention_path.py checks it): `has_score_bias`, `bias_needs_scores`,
+`bias_from_content`, `separable_bias`, `has_value_term`, `own_weights`, `relative_only`, `clipped_distance`;
+`caches_encoded_keys` is read by the attention itself, `reads_positions` by model.random_positions' check.
 `per_layer` is False for encodings that act on the whole model (absolute ones, through `embed`): those cannot be
 mixed with others layer by layer.
 
@@ -44,7 +49,7 @@ Settings: an encoding with settings of its own declares them as a dataclass `Set
 EncodingSettings); a model gives them as `model.position_args.NAME` (e.g. `--model.position_args.t5.max_distance=64`),
 ModelConfig has them checked and completed by the class (model/plugins.py), and the encoding reads them as
 `self.settings`. `check_config(config)` refuses model shapes the encoding cannot work with. New encodings live in a
-file of their own under model/encodings/ and register with `@register("name")`; the package lists the files.
+file of their own under model/encodings/ and register with `@register_encoding("name")`; the package lists the files.
 """
 from __future__ import annotations
 
@@ -56,12 +61,14 @@ import torch
 from torch import nn
 
 from errors import ConfigError
-from model.config import check_field_types
+from model.fields import check_field_types
 
 if TYPE_CHECKING:
     from model.config import ModelConfig
 
 ALL = slice(None)
+# What an encoding's attention needs (PositionEncoding.attention), which names its path (model/attention_path.py).
+FUSED, BIAS, EXPLICIT = "fused", "bias", "explicit"
 
 
 @dataclass
@@ -117,10 +124,13 @@ class PositionEncoding(nn.Module):
     # model.rope_scaling is refused for a model whose model.position does not read it.
     model_settings: ClassVar[tuple[str, ...]] = ()
 
+    attention: ClassVar[str] = FUSED  # FUSED, BIAS or EXPLICIT (above)
+    why_explicit: ClassVar[str] = ""  # for EXPLICIT: what needs the explicit steps, as the path's reason says it
+    flex_kind: ClassVar[str | None] = None  # the FlexAttention kernel of its long evaluation forwards (model/flex.py)
     has_score_bias = False
     bias_needs_scores = False
     has_value_term = False
-    caches_rotated_keys = True
+    caches_encoded_keys = True
     per_layer = True
     encodes_positions = True  # False: NoPE (Llama 4's temperature tuning acts on such layers only)
     reads_positions = True  # False: nothing of the encoding depends on the position ids (NoPE, FoX, stick-breaking,
@@ -182,10 +192,10 @@ class PositionEncoding(nn.Module):
         forward (None without one): the hooks below receive it as `state`. The forward's state by default."""
         return state
 
-    def rotate_queries(self, q: torch.Tensor, state: Any) -> torch.Tensor:
+    def encode_queries(self, q: torch.Tensor, state: Any) -> torch.Tensor:
         return q
 
-    def rotate_keys(self, k: torch.Tensor, state: Any) -> torch.Tensor:
+    def encode_keys(self, k: torch.Tensor, state: Any) -> torch.Tensor:
         return k
 
     def score_bias(self, q: torch.Tensor, state: Any, layer: int, rows: slice, keys: slice = ALL,

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from errors import ConfigError
-from model.encodings import register
-from model.encodings.base import ALL, EncodingSettings, PositionEncoding, Positions
+from model.encodings import register_encoding
+from model.encodings.base import ALL, EXPLICIT, EncodingSettings, PositionEncoding, Positions
 
 if TYPE_CHECKING:
     from model.config import ModelConfig
@@ -43,13 +43,14 @@ class CoPESettings(EncodingSettings):
         self.positions = self.positions or config.max_seq_len + 1  # a number, so that an extension cannot move it
 
 
-@register("cope")
+@register_encoding("cope")
 class CoPE(PositionEncoding):
     Settings = CoPESettings
     legacy_keys = {"cope_positions": "positions"}
     has_score_bias = True
     reads_positions = False
     bias_needs_scores = True
+    attention, why_explicit = EXPLICIT, "a bias that reads the scores"
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}
 
     def __init__(self, config: "ModelConfig") -> None:

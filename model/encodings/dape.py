@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from errors import ConfigError
-from model.encodings import POSITION_ENCODINGS, register
-from model.encodings.base import ALL, EncodingSettings, PositionEncoding, Positions
+from model.encodings import POSITION_ENCODINGS, register_encoding
+from model.encodings.base import ALL, EXPLICIT, EncodingSettings, PositionEncoding, Positions
 
 if TYPE_CHECKING:
     from model.config import ModelConfig
@@ -38,13 +38,14 @@ class DAPESettings(EncodingSettings):
             raise ConfigError(f"{where}.mlp_width must be >= 1, got {self.mlp_width}")
 
 
-@register("dape")
+@register_encoding("dape")
 class DAPE(PositionEncoding):
     """A base bias (ALiBi or KERPLE) plus an MLP of the heads' logits and biases, per layer."""
 
     Settings = DAPESettings
     has_score_bias = True
     bias_needs_scores = True
+    attention, why_explicit = EXPLICIT, "a bias that reads the scores"
     # The model's learning rate, no weight decay (the base's own parameters, KERPLE's, are vectors). Measured: 10x the
     # learning rate and decay 0.1 are within seed noise of this (docs/baselines.md).
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from errors import ConfigError
-from model.encodings import register
-from model.encodings.base import ALL, EncodingSettings, PositionEncoding, Positions
+from model.encodings import register_encoding
+from model.encodings.base import ALL, BIAS, EncodingSettings, PositionEncoding, Positions
 
 if TYPE_CHECKING:
     from model.config import ModelConfig
@@ -36,13 +36,14 @@ class FireSettings(EncodingSettings):
         self.threshold = self.threshold or config.max_seq_len  # a number, so that an extension cannot move it
 
 
-@register("fire")
+@register_encoding("fire")
 class Fire(PositionEncoding):
     """FIRE: a per-layer MLP of the log-transformed distance, normalised by the query's (thresholded) position."""
 
     Settings = FireSettings
     legacy_keys = {"fire_mlp_width": "mlp_width", "fire_threshold": "threshold"}
     has_score_bias = True
+    attention = BIAS
     relative_only = False  # a query past T is normalised by its own position
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}
     eps = 1e-6  # as the reference: keeps the normaliser away from zero

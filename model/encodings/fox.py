@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.encodings import register
-from model.encodings.base import ALL, PositionEncoding, Positions
+from model.encodings import register_encoding
+from model.encodings.base import ALL, BIAS, PositionEncoding, Positions
 
 if TYPE_CHECKING:
     from model.config import ModelConfig
@@ -34,11 +34,12 @@ class ForgetSums(Positions):
     keys_sum: torch.Tensor | None = None
 
 
-@register("fox")
+@register_encoding("fox")
 class ForgettingAttention(PositionEncoding):
     """A data-dependent forget gate per layer and head, its cumulative log added to the logits."""
 
     has_score_bias = True
+    attention, flex_kind = BIAS, "separable"
     bias_from_content = True
     reads_positions = False
     separable_bias = True  # c_i - c_j: a long no-grad forward takes FlexAttention (model/flex.py)

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from errors import ConfigError, PositionRangeError
-from model.encodings import register
+from model.encodings import register_encoding
 from model.encodings.base import EncodingSettings, PositionEncoding
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ class LearnedSettings(EncodingSettings):
                               f"{config.random_positions}")
 
 
-@register("learned")
+@register_encoding("learned")
 class LearnedAbsolute(PositionEncoding):
     """A learned table of absolute position embeddings (GPT-2). It has no rows past its size: such positions
     are an error unless the `clamp` setting reuses the last row."""

@@ -1,11 +1,11 @@
 """none (NoPE): no position encoding; only the causal mask tells tokens apart by order."""
 from __future__ import annotations
 
-from model.encodings import register
+from model.encodings import register_encoding
 from model.encodings.base import PositionEncoding
 
 
-@register("none")
+@register_encoding("none")
 class NoPE(PositionEncoding):
     """No position encoding (NoPE): only the causal mask tells tokens apart by order."""
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from errors import ConfigError, PositionRangeError
-from model.encodings import register
+from model.encodings import register_encoding
 from model.encodings.base import EncodingSettings, PositionEncoding
 from model.rope import LENGTH_DEPENDENT_SCALINGS, ROPE_SCALINGS, apply_rope, rope_cos_sin
 
@@ -65,7 +65,7 @@ def keep_highest_frequencies(inv_freq: torch.Tensor, p: float) -> torch.Tensor:
                        torch.zeros_like(inv_freq))
 
 
-@register("rope")
+@register_encoding("rope")
 class RoPE(PositionEncoding):
     """Rotary embedding (Su et al. 2021) with an optional scaling from model.rope.ROPE_SCALINGS, partial rotary
     (the `fraction` setting) and p-RoPE (`p`). It reads the model-level rope_theta, rope_layout and rope_scaling
@@ -88,7 +88,7 @@ class RoPE(PositionEncoding):
         self.init_fn = ROPE_SCALINGS[self.scaling_name]
         self.rotary_dim = rotary_dim(self.settings.fraction, config.head_dim)
         # Dynamic NTK changes the base with the length, so keys are cached raw and rotated at every step.
-        self.caches_rotated_keys = self.scaling_name not in LENGTH_DEPENDENT_SCALINGS
+        self.caches_encoded_keys = self.scaling_name not in LENGTH_DEPENDENT_SCALINGS
         inv_freq, attention_factor = self.init_fn(self.rotary_dim, config.rope_theta, self.scaling, None)
         # Derived from the config, so not saved with the weights (rebuilt on load).
         self.register_buffer("inv_freq", keep_highest_frequencies(inv_freq, self.settings.p), persistent=False)
@@ -100,7 +100,7 @@ class RoPE(PositionEncoding):
             raise ConfigError(f"{cls.name} needs an even head_dim, got {config.head_dim} (dim / n_heads)")
 
     def frequencies(self, k_positions: torch.Tensor) -> tuple[torch.Tensor, float]:
-        if self.caches_rotated_keys:
+        if self.caches_encoded_keys:
             return self.inv_freq, self.attention_factor
         seq_len = int(k_positions.max()) + 1
         inv_freq, attention_factor = self.init_fn(self.rotary_dim, self.config.rope_theta, self.scaling, seq_len)
@@ -116,7 +116,7 @@ class RoPE(PositionEncoding):
         inv_freq, attention_factor = self.frequencies(k_positions)
         q_cos, q_sin = self.tables(inv_freq, q_positions, attention_factor, keys=False)
         # Keys rotated before caching are the new ones, at the query positions; else all keys, rotated again.
-        k_positions = q_positions if self.caches_rotated_keys and not all_keys else k_positions
+        k_positions = q_positions if self.caches_encoded_keys and not all_keys else k_positions
         if k_positions is q_positions and not self.key_tables_differ:
             return RopeState(q_cos, q_sin, q_cos, q_sin)
         k_cos, k_sin = self.tables(inv_freq, k_positions, attention_factor, keys=True)
@@ -128,10 +128,10 @@ class RoPE(PositionEncoding):
         rotated = apply_rope(x[..., : self.rotary_dim], cos, sin, self.config.rope_layout)
         return torch.cat((rotated, x[..., self.rotary_dim :]), dim=-1)
 
-    def rotate_queries(self, q: torch.Tensor, state: RopeState) -> torch.Tensor:
+    def encode_queries(self, q: torch.Tensor, state: RopeState) -> torch.Tensor:
         return self.rotate(q, state.q_cos, state.q_sin)
 
-    def rotate_keys(self, k: torch.Tensor, state: RopeState) -> torch.Tensor:
+    def encode_keys(self, k: torch.Tensor, state: RopeState) -> torch.Tensor:
         return self.rotate(k, state.k_cos, state.k_sin)
 
 
@@ -164,10 +164,10 @@ class XPosSettings(RotarySettings):
                               f"{limit} at {where}.scale_base = {self.scale_base:g}); raise the scale base")
 
 
-@register("xpos")
+@register_encoding("xpos")
 class XPos(RoPE):
     """xPos (Sun et al. 2022): RoPE with an exponential decay; the scales are folded into the cos/sin tables, so
-    rotate_queries / rotate_keys are RoPE's. Positions are absolute (no centring), so the key scale grows as
+    encode_queries / encode_keys are RoPE's. Positions are absolute (no centring), so the key scale grows as
     zeta_min^(-m / gamma): positions beyond about 80 gamma / |ln zeta_min| (32,700 at gamma = 512) are an error."""
 
     Settings = XPosSettings

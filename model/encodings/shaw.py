@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from errors import ConfigError
-from model.encodings import register
-from model.encodings.base import ALL, EncodingSettings, PositionEncoding, Positions
+from model.encodings import register_encoding
+from model.encodings.base import ALL, EXPLICIT, EncodingSettings, PositionEncoding, Positions
 
 if TYPE_CHECKING:
     from model.config import ModelConfig
@@ -26,7 +26,7 @@ class ShawSettings(EncodingSettings):
             raise ConfigError(f"{where}.max_distance: shaw needs at least 1, got {self.max_distance}")
 
 
-@register("shaw")
+@register_encoding("shaw")
 class ShawRelative(PositionEncoding):
     """Shaw et al. 2018: learned key and value vectors for the clipped distance clip(j - i, -k, k), per layer,
     shared across heads. e_ij = q_i . (k_j + a^K_ij) / sqrt(d);  z_i = sum_j a_ij (v_j + a^V_ij)."""
@@ -35,6 +35,8 @@ class ShawRelative(PositionEncoding):
     legacy_keys = {"shaw_max_distance": "max_distance"}
     has_score_bias = True
     has_value_term = True
+    attention, flex_kind = EXPLICIT, "clipped"
+    why_explicit = "a value term added to the output"
     # Measured (docs/baselines.md): 10x without weight decay is 0.018 nats better than train.lr with decay (within noise).
     optimizer_defaults = {"lr_scale": 10.0, "weight_decay": 0.0}
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from errors import ConfigError
-from model.encodings import register
+from model.encodings import register_encoding
 from model.encodings.base import EncodingSettings, PositionEncoding
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ class SinusoidalSettings(EncodingSettings):
                               f"got {self.embedding!r}")
 
 
-@register("sinusoidal")
+@register_encoding("sinusoidal")
 class Sinusoidal(PositionEncoding):
     """Fixed absolute sinusoids added to the token embeddings. The `embedding` setting picks how the token
     embeddings are scaled and initialised against them (default "fairseq": x sqrt(d), std d^-0.5)."""

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from model.encodings import register
+from model.encodings import register_encoding
 from model.encodings.base import PositionEncoding, Positions
 
 if TYPE_CHECKING:
@@ -31,14 +31,14 @@ class ScaledPositions(Positions):
     scale: torch.Tensor | None = None
 
 
-def visible_keys(queries: torch.Tensor, keys: torch.Tensor, window: int) -> torch.Tensor:
+def keys_seen(queries: torch.Tensor, keys: torch.Tensor, window: int) -> torch.Tensor:
     """n for each query (batch|1, q_time): its position less the first key's (keys[:, 0]: the sequence's or the
     cache's first), plus one; at most `window` when the layer has one."""
     count = queries - keys[:, :1] + 1
     return count.clamp(min=1, max=window) if window else count.clamp(min=1)
 
 
-@register("ssmax")
+@register_encoding("ssmax")
 class SSMax(PositionEncoding):
     """NoPE with Scalable-Softmax: each query multiplied by s log n, s learned per layer and head."""
 
@@ -56,9 +56,9 @@ class SSMax(PositionEncoding):
         nn.init.constant_(self.s, 1.0 / math.log(max(2, self.config.max_seq_len)))
 
     def for_layer(self, x: torch.Tensor, state: Positions, layer: int, kv_cache: Any = None) -> ScaledPositions:
-        n = visible_keys(state.queries, state.keys, self.windows[layer]).to(torch.float32)
+        n = keys_seen(state.queries, state.keys, self.windows[layer]).to(torch.float32)
         scale = self.s[layer].float()[None, :, None, None] * torch.log(n)[:, None, :, None]
         return ScaledPositions(state.queries, state.keys, scale)
 
-    def rotate_queries(self, q: torch.Tensor, state: ScaledPositions) -> torch.Tensor:
+    def encode_queries(self, q: torch.Tensor, state: ScaledPositions) -> torch.Tensor:
         return q * state.scale.to(q.dtype)

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from errors import ConfigError
-from model.encodings import register
-from model.encodings.base import EncodingSettings, PositionEncoding
+from model.encodings import register_encoding
+from model.encodings.base import EXPLICIT, EncodingSettings, PositionEncoding
 
 
 @dataclass
@@ -44,12 +44,13 @@ def stick_breaking(scores: torch.Tensor, visible: torch.Tensor, attend_current: 
     return weights + own * remainder
 
 
-@register("stickbreaking")
+@register_encoding("stickbreaking")
 class StickBreaking(PositionEncoding):
     """Stick-breaking attention weights instead of softmax; no position information besides them."""
 
     Settings = StickBreakingSettings
     own_weights = True
+    attention, why_explicit = EXPLICIT, "weights of its own instead of softmax"
     reads_positions = False
 
     def attention_weights(self, scores: torch.Tensor, state: Any, layer: int,

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from errors import ConfigError
-from model.encodings import register
-from model.encodings.base import ALL, EncodingSettings, PositionEncoding, Positions
+from model.encodings import register_encoding
+from model.encodings.base import ALL, BIAS, EncodingSettings, PositionEncoding, Positions
 
 if TYPE_CHECKING:
     from model.config import ModelConfig
@@ -65,13 +65,14 @@ class T5Settings(EncodingSettings):
                               f"{self.num_buckets} and {self.max_distance}")
 
 
-@register("t5")
+@register_encoding("t5")
 class T5Bias(PositionEncoding):
     """T5's learned relative bias: log-spaced distance buckets, one scalar per (bucket, head), shared by layers."""
 
     Settings = T5Settings
     legacy_keys = {"t5_num_buckets": "num_buckets", "t5_max_distance": "max_distance"}
     has_score_bias = True
+    attention, flex_kind = BIAS, "distance"
     # Measured (docs/baselines.md, "Learned position parameters"): at train.lr Adam moves a bias by about one nat over the whole
     # schedule; 10x without weight decay lowers the full preset's validation loss by 0.26 nats (30x: by 0.23).
     optimizer_defaults = {"lr_scale": 10.0, "weight_decay": 0.0}

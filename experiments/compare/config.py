@@ -1,6 +1,6 @@
 """A comparison's settings: `CompareConfig` ([compare] of the config), and its loading from the TOML file, a
 preset of it and `--section.key=value` overrides, with the shared [model] and [train] values every variant trains
-with. Imports no other module of eval.compare: everything else of the comparison reads it.
+with. Imports no other module of experiments.compare: everything else of the comparison reads it.
 """
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from errors import ConfigError
 from eval.extrapolation import parse_lengths
 from eval.inference_methods import check_methods
 from eval.task_generators import TASKS
-from model.config import build_dataclass, check_field_types
 from model.encodings import POSITION_ENCODINGS
+from model.fields import build_dataclass, check_field_types
 from train.config import RunConfig, build_run_config, parse_override_value, set_dotted
 
-# The probes a comparison can run on every trained model (compare.probes); eval/compare/probes.py runs them.
+# The probes a comparison can run on every trained model (compare.probes); experiments/compare/probes.py runs them.
 PROBE_NAMES = ("attention", "induction", "passkey")
 RunConfigs = dict[tuple[str, int], RunConfig]  # (encoding, seed) -> the run config that variant trains with
 
@@ -35,6 +35,9 @@ class CompareConfig:
     # settings that define it, e.g. {p-rope = {position = "rope", position_args = {rope = {p = 0.75}}}}
     # ([compare.variants] in TOML).
     variants: dict = field(default_factory=dict)
+    # Training settings of single encodings or variants over the shared [train]: name -> {key: value}, e.g.
+    # {fox = {lr = 0.01}} ([compare.train_settings] in TOML): each encoding's own learning rate (docs/baselines.md).
+    train_settings: dict = field(default_factory=dict)
     methods: list = field(default_factory=lambda: ["linear", "ntk", "dynamic", "yarn", "clamp"])
     lengths: list = field(default_factory=lambda: ["1x", "2x", "4x", "8x", "16x"])
     eval_tokens: int = 16384
@@ -43,12 +46,12 @@ class CompareConfig:
     snapshots: list = field(default_factory=list)  # fractions of train.max_steps whose models are also evaluated
     # inference-time methods the snapshots are evaluated under too, where they are among compare.methods and apply
     snapshot_methods: list = field(default_factory=lambda: ["clamp"])
-    probes: list = field(default_factory=list)  # of PROBE_NAMES (eval/compare/probes.py)
+    probes: list = field(default_factory=list)  # of PROBE_NAMES (experiments/compare/probes.py)
     probe_lengths: list = field(default_factory=lambda: ["1x", "4x"])
     probe_tokens: int = 16384  # held-out tokens per length for the attention diagnostics
     passkey_trials: int = 50  # per (length, depth) and seed
     tasks: list = field(default_factory=list)  # synthetic tasks trained per encoding (eval/task_generators.py)
-    task_steps: int = 12000  # the cap on each task model's training steps (eval.tasks default)
+    task_steps: int = 12000  # the cap on each task model's training steps (experiments.tasks default)
     task_until: float = 0.95  # stop a task model's training at this validation exact match at L (0: train to the cap)
     workers: int = 0  # 0: one per usable CPU core (one per GPU on CUDA)
     threads: int = 0  # torch threads per worker; 0: CPU cores / workers
@@ -68,6 +71,10 @@ class CompareConfig:
         if unknown or not self.encodings:
             raise ConfigError(f"compare.encodings: unknown {unknown}; valid names are the encodings "
                               f"{sorted(POSITION_ENCODINGS)} and the variants {sorted(self.variants)}")
+        stray = [name for name in self.train_settings if name not in valid]
+        if stray or any(not isinstance(settings, dict) for settings in self.train_settings.values()):
+            raise ConfigError(f"compare.train_settings: a table of [train] settings per encoding or variant, e.g. "
+                              f"{{fox = {{lr = 0.01}}}}; {stray or self.train_settings} are not")
         if len(set(self.encodings)) != len(self.encodings):
             raise ConfigError(f"compare.encodings lists a name twice: {self.encodings}")
         if self.eval_tokens <= 0 or not 0 < self.val_fraction < 1:
@@ -101,6 +108,10 @@ class CompareConfig:
         used = set(own.get("position_layers", shared.get("position_layers")) or []) | {own["position"]}
         args = {encoding: settings for encoding, settings in args.items() if encoding in used}
         return {**own, "position_args": args} if args else own
+
+    def train_of(self, name: str, shared: dict | None = None) -> dict[str, Any]:
+        """The [train] settings `name` trains with: the shared ones, then its own (compare.train_settings)."""
+        return {**copy.deepcopy(shared or {}), **copy.deepcopy(self.train_settings.get(name, {}))}
 
     def position_of(self, name: str) -> str:
         return self.model_settings(name)["position"]
@@ -144,9 +155,9 @@ def load_compare_config(path: Path, preset: str | None, overrides: list[str]) ->
     compare = build_dataclass(CompareConfig, compare_values, "compare")
     for section in ("data", "out"):
         if section in values:
-            raise ConfigError(f"{path}: [{section}] is set by eval.compare itself; use [compare] source/out instead")
+            raise ConfigError(f"{path}: [{section}] is set by experiments.compare itself; use [compare] source/out instead")
     for encoding in compare.encodings:  # every variant's config is valid before anything trains
         settings = compare.model_settings(encoding, values.get("model"))
-        build_run_config({**copy.deepcopy(values), "model": run_model(values.get("model", {}), settings)},
-                         f"{path} ({encoding}: {settings})")
+        build_run_config({**copy.deepcopy(values), "model": run_model(values.get("model", {}), settings),
+                          "train": compare.train_of(encoding, values.get("train"))}, f"{path} ({encoding}: {settings})")
     return compare, values, preset or "default"

@@ -1,6 +1,8 @@
 """Where a comparison keeps what it makes, under its output folder OUT (compare.out)."""
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
 
@@ -23,3 +25,19 @@ def probe_path(out: str | Path, encoding: str, seed: int, probe: str) -> Path:
 def task_path(out: str | Path, task: str) -> Path:
     """OUT/tasks/TASK/results.json: one synthetic task's results for every encoding and seed."""
     return Path(out) / "tasks" / task / "results.json"
+
+
+def invocations(out: str | Path) -> list[dict]:
+    """Every invocation on record in OUT/invocations.jsonl, oldest first (each appends its line as it finishes, so
+    a report rebuilt from the cache still gives the wall time of the invocations that trained and evaluated)."""
+    path = Path(out) / "invocations.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def record_invocation(out: str | Path, command: str, wall_s: float, **details: object) -> None:
+    """Append an invocation (its command, wall time, when it finished, and `details`) to OUT/invocations.jsonl."""
+    record = {"command": command, "wall_s": round(wall_s, 1), **details, "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+    with open(Path(out) / "invocations.jsonl", "a") as handle:
+        handle.write(json.dumps(record) + "\n")

@@ -3,7 +3,7 @@
 It holds the settings (the compare config, the shared [model]/[train] values, every variant's run config), what
 the jobs returned, and what the cached evaluations and the runs' logs give: every (encoding, method) variant with
 its numbers per length and seed (`Variant`), the snapshot rows and the training summaries. `gather` builds it from
-an output folder; eval/compare/report.py, plots.py and probes.py take it.
+an output folder; experiments/compare/report.py, plots.py and probes.py take it.
 """
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from eval.compare.config import CompareConfig, RunConfigs
-from eval.compare.layout import eval_path
 from eval.extrapolation import CheckpointEvaluation, resolve_length
 from eval.inference_methods import NONE, applies, label
 from eval.stats import Estimate, seeds_and_windows, t_interval
+from experiments.compare.config import CompareConfig, RunConfigs
+from experiments.compare.layout import eval_path
 from model.checkpoint import has_checkpoint, load_trainer_state
 from model.transformer import Transformer
 from train.config import RunConfig
@@ -56,6 +56,19 @@ class Variant:
     def penalty_estimate(self, length: int) -> Estimate | None:
         by_seed = self.penalty.get(length, {})
         return seeds_and_windows(np.stack([by_seed[s] for s in sorted(by_seed)])) if by_seed else None
+
+    def nll_difference(self, other: "Variant", length: int) -> Estimate | None:
+        """This variant's loss at `length` less `other`'s, in nats, paired by seed (a seed is the same
+        initialisation seed and data order for every variant): a t interval over the seeds both have."""
+        here, there = self.nll.get(length, {}), other.nll.get(length, {})
+        return t_interval([here[seed] - there[seed] for seed in sorted(here) if seed in there])
+
+    def penalty_difference(self, other: "Variant", length: int) -> Estimate | None:
+        """This variant's penalty at `length` less `other`'s, paired by seed and by window (the same windows are
+        the same text in every model): seeds_and_windows of the differences."""
+        here, there = self.penalty.get(length, {}), other.penalty.get(length, {})
+        seeds = [seed for seed in sorted(here) if seed in there]
+        return seeds_and_windows(np.stack([here[seed] - there[seed] for seed in seeds])) if seeds else None
 
     def probe_estimate(self, offset: int) -> Estimate | None:
         return t_interval([math.exp(v) for v in self.probe.get(offset, {}).values()])
@@ -163,7 +176,7 @@ class Invocation:
     preset: str
     workers: int
     threads: int
-    machine: str  # eval.jobs.machine_description()
+    machine: str  # experiments.jobs.machine_description()
 
 
 @dataclass

@@ -1,9 +1,9 @@
 """Train one model per position encoding and seed with identical budgets, evaluate them context-matched at
 1x..16x the trained context, and write a report with intervals over seeds.
 
-    python -m eval.compare --config configs/compare.toml --preset quick
-    python -m eval.compare --config configs/compare.toml --preset full                     # PG-19, from the hub
-    python -m eval.compare --config configs/compare.toml --preset full --compare.source=PATH   # local books
+    python -m experiments.compare --config configs/compare.toml --preset quick
+    python -m experiments.compare --config configs/compare.toml --preset full                     # PG-19, from the hub
+    python -m experiments.compare --config configs/compare.toml --preset full --compare.source=PATH   # local books
 
 Every variant shares the data, token budget, shape and context length L; for each seed in compare.seeds it also
 shares the initialisation seed and the data order; only the position settings differ (model.position, or
@@ -13,9 +13,9 @@ same held-out tokens at every length, with the L-window reference and the positi
 (eval/extrapolation.py); compare.snapshots also evaluates the models kept at those fractions of training.
 Jobs (one per encoding and seed) run in compare.workers processes; each writes OUT/logs/ENCODING-seedS.log.
 Re-running skips what is done (trainings resume, evaluations are cached); a job that fails is reported, not
-fatal. Writes OUT/report.md, results.json, table.md and the plots (eval/compare/report.py). Optional sections
+fatal. Writes OUT/report.md, results.json, table.md and the plots (experiments/compare/report.py). Optional sections
 beyond perplexity: compare.probes (attention diagnostics, the induction probe, passkey retrieval, on every model)
-and compare.tasks (the synthetic task suite, trained per encoding); see eval/compare/probes.py.
+and compare.tasks (the synthetic task suite, trained per encoding); see experiments/compare/probes.py.
 """
 from __future__ import annotations
 
@@ -31,29 +31,29 @@ from pathlib import Path
 import torch
 
 from commands import add_out, command_parser
-from errors import cli_command
-from eval.compare.config import CompareConfig, load_compare_config
-from eval.compare.probes import run_tasks
-from eval.compare.report import write_outputs
-from eval.compare.results import Invocation, gather
-from eval.compare.running import (
+from errors import ConfigError, cli_command
+from experiments.compare.config import CompareConfig, load_compare_config
+from experiments.compare.probes import run_tasks
+from experiments.compare.report import write_outputs
+from experiments.compare.results import Invocation, gather
+from experiments.compare.running import (
     Job,
     check_existing_data,
     check_existing_runs,
     largest_first,
     prepared_data,
-    record_invocation,
+    record_jobs,
     run_jobs,
     variant_config,
 )
-from eval.jobs import machine_description, worker_layout
+from experiments.jobs import machine_description, worker_layout
 from model.folder_lock import FolderLock
 from train.trackers import log_summary
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of `python -m eval.compare` (its description is this module's docstring)."""
-    parser = command_parser("eval.compare", __doc__, epilog="Overrides: --compare.key=value (lists comma-separated, "
+    """The command line of `python -m experiments.compare` (its description is this module's docstring)."""
+    parser = command_parser("experiments.compare", __doc__, epilog="Overrides: --compare.key=value (lists comma-separated, "
                                                             "e.g. --compare.encodings=rope,alibi --compare.seeds=1,2), "
                                                             "--model.key=value, --train.key=value")
     parser.add_argument("--config", type=Path, default=Path("configs/compare.toml"), metavar="FILE",
@@ -64,11 +64,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def experiment_arguments(parser: argparse.ArgumentParser, argv: list[str] | None
+                         ) -> tuple[argparse.Namespace, list[str], str]:
+    """An experiment's arguments (experiments.compare, ladder, sweep): its own flags, the --compare., --model.,
+    --train. and --runtime. overrides for every comparison it runs (any other argument is refused), and the command
+    as typed, for its report."""
+    args, overrides = parser.parse_known_args(argv)
+    bad = [o for o in overrides if not o.startswith(("--compare.", "--model.", "--train.", "--runtime.")) or "=" not in o]
+    if bad:
+        raise ConfigError(f"unknown arguments {bad}: {parser.prog} takes the flags of its --help and "
+                          "--compare.key=value, --model.key=value, --train.key=value, --runtime.key=value overrides")
+    command = " ".join([parser.prog, *map(shlex.quote, (argv if argv is not None else sys.argv[1:]))])
+    return args, overrides, command
+
+
 @cli_command
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args, overrides = parser.parse_known_args(argv)
-    command = " ".join(["python -m eval.compare", *map(shlex.quote, (argv if argv is not None else sys.argv[1:]))])
+    args, overrides, command = experiment_arguments(build_parser(), argv)
     if args.out:
         overrides.append(f"--compare.out={args.out}")
     started = time.perf_counter()
@@ -99,7 +111,7 @@ def run_comparison(compare: CompareConfig, shared: dict, preset: str, command: s
             print(f"the task suite failed ({type(error).__name__}: {error}); the report leaves it out",
                   file=sys.stderr)
     wall = time.perf_counter() - started
-    record_invocation(out, command, wall, workers, threads, results)
+    record_jobs(out, command, wall, workers, threads, results)
     if all(str(result["status"]).startswith("failed") for result in results.values()) and (out / "report.md").exists():
         print(f"\nevery job failed (see {out / 'logs'}); the previous report in {out} is kept", file=sys.stderr)
         return 1

@@ -16,10 +16,10 @@ from typing import Any, Callable
 import numpy as np
 
 from eval import figures
-from eval.compare.results import ComparisonResults, Snapshots, Variant
 from eval.figures import colour
 from eval.inference_methods import NONE
 from eval.stats import Estimate
+from experiments.compare.results import ComparisonResults, Snapshots, Variant
 
 COLUMNS = 4  # panels per row of small multiples
 AS_TRAINED = "every encoding as trained"

@@ -1,7 +1,7 @@
-"""What every worker job of eval.compare and eval.tasks does around its work: its output to its own log file
-(when it runs in a worker process) and its torch thread count; what every worker process does first; how a
-job takes the cores of workers that have gone idle (eval.compare: the last jobs of a run); and the settings a run
-folder was trained with, to reuse it on a re-run only when they are this run's."""
+"""What every worker job of experiments.compare and experiments.tasks does around its work: its output to its own
+log file (when it runs in a worker process) and its torch thread count; what every worker process does first; how
+a job takes the cores of workers that have gone idle (FreeCores: experiments.compare's last jobs); and the settings
+a run folder was trained with, to reuse it on a re-run only when they are this run's."""
 from __future__ import annotations
 
 import contextlib
@@ -11,6 +11,7 @@ import os
 import platform
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -19,8 +20,6 @@ import torch
 from errors import ConfigError
 from model.checkpoint import has_checkpoint, load_trainer_state
 from train.config import build_run_config
-
-_FREE_CORES: Any = None  # in a worker process of eval.compare: the threads a running job may use now (0: its own)
 
 
 def usable_cores() -> int:
@@ -84,20 +83,18 @@ def die_with_parent(parent: int | None = None) -> None:
             os._exit(1)
 
 
-def share_cores(threads: Any) -> None:
-    """A worker process's second act (eval.compare): remember the pool's shared thread count (a
-    multiprocessing.Value the main process raises when workers go idle), for adopt_free_cores."""
-    global _FREE_CORES
-    _FREE_CORES = threads
+@dataclass(frozen=True)
+class FreeCores:
+    """The thread count a pool's main process raises when workers go idle (a multiprocessing.Value, 0 until then),
+    as the callback scoring calls before each batch (eval/scoring.py's on_batch): a running job then takes the
+    threads it may use now (torch.set_num_threads), so the last jobs of a comparison finish on every core instead
+    of one each. The thread count changes how fast, not what, a forward computes (float rounding aside:
+    tests/test_jobs.py)."""
 
+    shared: Any
 
-def adopt_free_cores() -> None:
-    """In a worker whose pool has idle workers, take the threads it may now use (torch.set_num_threads); elsewhere
-    nothing. Called between the batches of scoring (eval/scoring.py), so the last jobs of a comparison finish on
-    every core instead of one each. The thread count changes how fast, not what, a forward computes (float
-    rounding aside: tests/test_jobs.py)."""
-    if _FREE_CORES is not None:
-        wanted = _FREE_CORES.value
+    def __call__(self) -> None:
+        wanted = self.shared.value
         if wanted and wanted != torch.get_num_threads():
             torch.set_num_threads(wanted)
 

@@ -4,7 +4,7 @@ induction probe, passkey retrieval) and the synthetic task suite trained per enc
     [compare]
     probes = ["attention", "induction", "passkey"]   # run on every variant and seed after its evaluation
     probe_lengths = ["1x", "4x"]                      # lengths (attention, passkey) and copy distances (induction)
-    tasks = ["copy", "associative_recall", "flipflop"]   # eval.tasks, trained per encoding and seed
+    tasks = ["copy", "associative_recall", "flipflop"]   # experiments.tasks, trained per encoding and seed
 
 Probe results are cached per model in OUT/probes/ENCODING/seedS-PROBE.json (recomputed when the weights or the
 settings change); task results go to OUT/tasks/TASK/. The report gets one section per probe and per task, with
@@ -22,20 +22,24 @@ from data.tokenizer import load_tokenizer
 from errors import ConfigError, PositionRangeError
 from eval import figures
 from eval.attention_diagnostics import STATISTICS, attention_statistics, summarise
-from eval.compare.cells import cell, header
-from eval.compare.config import CompareConfig
-from eval.compare.layout import probe_path, task_path
-from eval.compare.results import ComparisonResults
 from eval.extrapolation import resolve_length
 from eval.figures import colour
 from eval.induction import induction_probe, ordinary_token_ids
 from eval.passkey import evaluate_passkey
 from eval.stats import Estimate, seeds_and_trials, t_interval
-from eval.tasks import (
+from eval.task_generators import TASKS
+from experiments.compare.cells import cell, header
+from experiments.compare.config import CompareConfig
+from experiments.compare.layout import probe_path, task_path
+from experiments.compare.results import ComparisonResults
+from experiments.tasks import (
+    CONTROL,
     DEFAULT_LENGTH,
     DEFAULT_MODEL,
     DEFAULT_TRAIN,
+    Suite,
     estimate,
+    grid_table,
     run_suite,
     steps_cell,
     task_train,
@@ -83,7 +87,7 @@ def _passkey(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: int
         model, tokenizer, [length], PASSKEY_DEPTHS, compare.passkey_trials, seed=0))
 
 
-# name -> the probe; the names are eval/compare/config.py's PROBE_NAMES (tests/test_compare_package.py checks).
+# name -> the probe; the names are experiments/compare/config.py's PROBE_NAMES (tests/test_compare_package.py checks).
 PROBES: dict[str, Callable[..., dict]] = {"attention": _attention, "induction": _induction, "passkey": _passkey}
 
 
@@ -118,26 +122,30 @@ def run_tasks(compare: CompareConfig, out: Path, shared_model: dict) -> None:
     results exist for the same settings is not trained again."""
     encodings = {name: compare.model_settings(name, shared_model) for name in compare.encodings}
     train = task_train({"max_steps": compare.task_steps})
+    methods = [m for m in compare.methods if CONTROL not in m.split("+")]  # the window control is always scored
     settings = {"encodings": encodings, "seeds": compare.seeds, "length": TASK_LENGTH, "model": DEFAULT_MODEL,
                 "train": train, "until": compare.task_until or None}
-    results: dict[str, Any] = {}
-    training: dict[str, Any] = {}
+    if any(TASKS[name].make_at is not None for name in compare.tasks):
+        settings["methods"] = methods
+    suite = Suite()
     for name in compare.tasks:
         path = task_path(out, name)
         saved = json.loads(path.read_text()) if path.exists() else {}
         if saved.get("settings") == settings:
             print(f"task {name}: cached")
-            results[name], training[name] = saved["results"], saved.get("training", {})
-    todo = [name for name in compare.tasks if name not in results]
+            suite.results[name], suite.training[name] = saved["results"], saved.get("training", {})
+            if "grid" in saved:
+                suite.grids[name] = saved["grid"]
+    todo = [name for name in compare.tasks if name not in suite.results]
     if todo:
         print(f"tasks {', '.join(todo)}: training {len(encodings)} encodings x {len(compare.seeds)} seeds", flush=True)
-        new_results, new_training = run_suite(todo, encodings, compare.seeds, TASK_LENGTH, TASK_MULTIPLES,
-                                              TASK_COUNT, {"model": DEFAULT_MODEL, "train": train},
-                                              out / "tasks" / "runs", compare.workers, compare.task_until or None)
-        results.update(new_results)
-        training.update(new_training)
-    write_suite(out / "tasks", TASK_LENGTH, compare.seeds, {name: results[name] for name in compare.tasks}, settings,
-                training)
+        suite.update(run_suite(todo, encodings, compare.seeds, TASK_LENGTH, TASK_MULTIPLES, TASK_COUNT,
+                               {"model": DEFAULT_MODEL, "train": train}, out / "tasks" / "runs", compare.workers,
+                               compare.task_until or None, tuple(methods)))
+    chosen = Suite({name: suite.results[name] for name in compare.tasks},
+                   {name: suite.training.get(name, {}) for name in compare.tasks},
+                   {name: suite.grids[name] for name in compare.tasks if name in suite.grids})
+    write_suite(out / "tasks", TASK_LENGTH, compare.seeds, chosen, settings)
 
 
 def _load(out: Path, compare: CompareConfig, probe: str) -> dict[str, dict[int, dict]]:
@@ -308,7 +316,7 @@ def tasks_section(results: ComparisonResults) -> list[str]:
                   else f"{cap:,} steps")
         training = saved.get("training", {})
         lines += [f"### Task: {name}", "",
-                  f"Trained per encoding and seed at L = {saved['length']} (eval/tasks.py, model {DEFAULT_MODEL}, "
+                  f"Trained per encoding and seed at L = {saved['length']} (experiments/tasks.py, model {DEFAULT_MODEL}, "
                   f"batches of {DEFAULT_TRAIN['batch_size']} sequences, {budget}), exact match on {TASK_COUNT} "
                   "fresh sequences per length, mean [95% t interval] over seeds; steps: each seed's (* reached "
                   "the cap).", "", *header("encoding", multiples + ["steps"])]
@@ -317,6 +325,11 @@ def tasks_section(results: ComparisonResults) -> list[str]:
             lines.append(f"| {encoding} | " + " | ".join(
                 cell(estimate(row["exact_match"])) for row in by_length.values()) + f" | {steps} |")
         lines += ["", f"![{name}](tasks/{name}/{name}.png)", ""]
+        if saved.get("grid"):
+            lines += ["Answers at a set distance d before their queries, at each length (the grid), for each model and "
+                      f"its window control (the same weights, attention limited to the last L = {saved['length']} "
+                      "keys), 95% t intervals over seeds; the difference is paired by seed:", "",
+                      *grid_table(saved["grid"])]
     return lines
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import hashlib
-import json
 import multiprocessing
 import os
 import statistics
@@ -25,17 +24,17 @@ from data.batches import PretrainBatches, open_split, read_meta
 from data.prepare import prepare
 from data.tokenizer import load_tokenizer
 from errors import ConfigError
-from eval.compare.config import CompareConfig, RunConfigs, run_model
-from eval.compare.layout import eval_path, run_dir
-from eval.compare.probes import run_probes
 from eval.extrapolation import CheckpointEvaluation, evaluate_checkpoint, make_plan, resolve_length
 from eval.inference_methods import applies
-from eval.jobs import comparable, die_with_parent, job_output, saved_run_config, share_cores, usable_cores
+from experiments.compare.config import CompareConfig, RunConfigs, run_model
+from experiments.compare.layout import eval_path, record_invocation, run_dir
+from experiments.compare.probes import run_probes
+from experiments.jobs import FreeCores, comparable, die_with_parent, job_output, saved_run_config, usable_cores
 from model.checkpoint import WEIGHTS, has_checkpoint, load_model, load_trainer_state, trained_length
 from model.runtime import autocast_dtype, configure_runtime, resolve_device
 from model.transformer import Transformer
 from train.config import RunConfig, build_run_config
-from train.loop import SNAPSHOTS, run_training
+from train.loop import SNAPSHOTS, Training, run_training
 
 
 def check_existing_runs(configs: RunConfigs) -> None:
@@ -111,7 +110,7 @@ def variant_config(shared: dict, encoding: str, seed: int, data_dir: Path, compa
     values["model"]["vocab_size"] = int(read_meta(data_dir)["vocab_size"])
     values["data"] = {"dir": str(data_dir)}
     values["out"] = {"dir": str(run_dir(compare.out, encoding, seed))}
-    train = values.setdefault("train", {})
+    train = values["train"] = compare.train_of(encoding, shared.get("train"))
     train["seed"] = seed
     train["keep_steps"] = snapshot_steps(compare, int(build_run_config(copy.deepcopy(values)).train.max_steps))
     if [name for name in train.get("report_to", []) if name != "jsonl"]:
@@ -132,8 +131,8 @@ def train_variant(config: RunConfig) -> str:
         resume = True
     batches = PretrainBatches(config.data.dir, config.model.max_seq_len, config.train.batch_size, config.train.seed,
                               config.train.eval_batches)
-    run_training(config, lambda: Transformer(config.model), batches, load_tokenizer(config.data.dir), resume=resume,
-                 task="compare")
+    run_training(Training(config, lambda: Transformer(config.model), batches, load_tokenizer(config.data.dir), resume=resume,
+                 task="compare"))
     return "resumed" if resume else "trained"
 
 
@@ -162,19 +161,31 @@ def evaluate_cached(checkpoint: Path, path: Path, compare: CompareConfig, method
                 return "cached"
         except (OSError, ValueError, KeyError):
             pass  # an unreadable cache is recomputed
-    evaluation = evaluate_checkpoint(model, ids, plan, methods, autocast_dtype(device, "float32"))
+    evaluation = evaluate_checkpoint(model, ids, plan, methods, autocast_dtype(device, "float32"),
+                                     on_batch=_WORKER.free_cores)
     evaluation.plan = key
     evaluation.save(path)
     return f"evaluated in {evaluation.seconds:.0f} s"
 
 
-_PROGRESS: Any = None  # in a worker process: the queue its jobs report their phases on
+@dataclass(frozen=True)
+class Worker:
+    """What a process that runs jobs was given when it started: the queue its jobs report their phases on, and the
+    pool's free cores (None in a single-process run)."""
+
+    progress: Any = None
+    free_cores: FreeCores | None = None
+
+
+# Set once per process, when it starts running jobs: by the pool's initializer in a worker process, by run_jobs
+# in a single-process run.
+_WORKER = Worker()
 
 
 def report_phase(job: Job, phase: str) -> None:
     """Tell the main process which phase `job` is in (training, evaluating, probing)."""
-    if _PROGRESS is not None:
-        _PROGRESS.put((job.name, phase))
+    if _WORKER.progress is not None:
+        _WORKER.progress.put((job.name, phase))
 
 
 def run_job(job: Job, log_path: Path | None = None) -> dict[str, Any]:
@@ -220,10 +231,9 @@ def run_job(job: Job, log_path: Path | None = None) -> dict[str, Any]:
 
 
 def _init_worker(slots: Any, progress: Any = None, parent: int | None = None, cores: Any = None) -> None:
-    global _PROGRESS
+    global _WORKER
     die_with_parent(parent)
-    share_cores(cores)
-    _PROGRESS = progress
+    _WORKER = Worker(progress, FreeCores(cores) if cores is not None else None)
     index = slots.get()
     if torch.cuda.is_available():
         torch.cuda.set_device(index % torch.cuda.device_count())
@@ -244,8 +254,8 @@ def run_jobs(jobs: list[Job], workers: int, out: Path, adapt_threads: bool = Fal
     """Run the jobs, `workers` at a time (in this process when 1). Prints a line when a job starts a phase
     (training, evaluating, probing) and when it finishes, each with the overall progress and an ETA from the jobs
     that did work (skipped and cached ones take no time). adapt_threads: once fewer jobs are left than workers,
-    the running ones take the idle workers' cores for their scoring (eval/jobs.py adopt_free_cores)."""
-    global _PROGRESS
+    the running ones take the idle workers' cores for their scoring (experiments/jobs.py FreeCores)."""
+    global _WORKER
     results: dict[str, dict] = {}
     started = time.perf_counter()
     names = {job.name: job for job in jobs}
@@ -272,12 +282,12 @@ def run_jobs(jobs: list[Job], workers: int, out: Path, adapt_threads: bool = Fal
             announce(*item)
 
     if workers == 1:
-        _PROGRESS = Printer()
+        _WORKER = Worker(Printer())
         try:
             for job in jobs:
                 finished(job, run_job(job))
         finally:
-            _PROGRESS = None
+            _WORKER = Worker()
         return results
     context = multiprocessing.get_context("spawn")
     slots, phases, cores = context.Queue(), context.Queue(), context.Value("i", 0)
@@ -310,12 +320,8 @@ def run_jobs(jobs: list[Job], workers: int, out: Path, adapt_threads: bool = Fal
     return results
 
 
-def record_invocation(out: Path, command: str, wall_s: float, workers: int, threads: int, results: dict) -> None:
-    """Append this invocation to OUT/invocations.jsonl, so a report rebuilt from cache still gives the wall time
-    of the invocations that trained and evaluated."""
+def record_jobs(out: Path, command: str, wall_s: float, workers: int, threads: int, results: dict) -> None:
+    """Append this invocation to OUT/invocations.jsonl, with how many jobs ended in each status."""
     statuses = [str(r["status"]).split(" ")[0] for r in results.values()]
-    record = {"command": command, "wall_s": round(wall_s, 1), "workers": workers, "threads": threads,
-              "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "jobs": {status: statuses.count(status) for status in sorted(set(statuses))}}
-    with open(out / "invocations.jsonl", "a") as handle:
-        handle.write(json.dumps(record) + "\n")
+    record_invocation(out, command, wall_s, workers=workers, threads=threads,
+                      jobs={status: statuses.count(status) for status in sorted(set(statuses))})

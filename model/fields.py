@@ -1,0 +1,67 @@
+"""Typed dataclass fields from user input: the checks every config (ModelConfig, the run config, an encoding's own
+settings, the comparison's) shares, and how a command-line value gets its type."""
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from typing import Any
+
+from errors import ConfigError
+
+
+def _type_name(annotation: Any) -> str:
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _value_matches(value: Any, annotation: Any) -> bool:
+    """True when `value` is acceptable for a field annotated with `annotation` (int is accepted for float)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_value_matches(value, arg) for arg in typing.get_args(annotation))
+    if annotation is type(None):
+        return value is None
+    if annotation is Any:
+        return True
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin is not None:
+        return isinstance(value, origin)
+    return isinstance(value, annotation)
+
+
+def check_field_types(obj: Any, where: str) -> None:
+    """Raise ConfigError naming the field when a dataclass field holds a value of the wrong type.
+
+    Ints given for float fields are converted to float so that saved configs are stable.
+    """
+    hints = typing.get_type_hints(type(obj))
+    for field in dataclasses.fields(obj):
+        value = getattr(obj, field.name)
+        annotation = hints[field.name]
+        if not _value_matches(value, annotation):
+            raise ConfigError(
+                f"{where}.{field.name}: expected {_type_name(annotation)}, got {type(value).__name__} {value!r}"
+            )
+        if annotation is float and isinstance(value, int):
+            setattr(obj, field.name, float(value))
+
+
+def build_dataclass(cls: type, values: dict[str, Any], where: str) -> Any:
+    """Create dataclass `cls` from a dict, rejecting unknown keys with the list of valid ones."""
+    valid = [field.name for field in dataclasses.fields(cls)]
+    unknown = sorted(set(values) - set(valid))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; valid keys are {valid}")
+    return cls(**values)
+
+
+def parse_override_value(text: str) -> Any:
+    """A CLI value as TOML (so 3e-4, true, 12 and [1, 2] have their types); anything else is a string."""
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text
