@@ -230,7 +230,8 @@ def test_ssmax_attention_is_the_papers_formula(window):
 
 def test_fox_attention_is_the_papers_formula():
     """Forgetting Attention written as loops: f_l = sigmoid(w_h . x_l + b_h) from the layer input, the logit of key
-    j <= i plus sum_{l = j+1..i} log f_l (the reference's kernel is Triton on CUDA only: no golden values here)."""
+    j <= i plus sum_{l = j+1..i} log f_l (golden values of the authors' Triton kernel, run in its interpreter:
+    tests/test_outside_references.py)."""
     config = micro_config(position="fox", n_kv_heads=2)
     model = Transformer(config).eval()
     with torch.no_grad():
