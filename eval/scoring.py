@@ -52,7 +52,7 @@ def score_windows(
     last: int = 0,
     on_batch: OnBatch = None,
 ) -> np.ndarray:
-    """Loss of every target of every window, one full forward per window; positions start at position_offset.
+    """Loss of every target of every window, one full forward per window; its positions moved by position_offset.
     last > 0: only the last `last` targets of each window (losses (n, last)); the head and the last block's
     feed-forward part then skip the other rows (model.forward's logits_to_keep), and the losses are those a full
     scoring gives to float rounding (tested)."""
@@ -61,11 +61,12 @@ def score_windows(
     count, width = windows.shape
     length = width - 1
     losses = np.empty((count, last or length), dtype=np.float32)
-    # None: the model's own positions (0, 1, ..., or its randomized ones: model.random_positions)
-    positions = (torch.arange(length, device=device) + position_offset)[None, :] if position_offset else None
     per_batch = max(1, TOKENS_PER_BATCH // length)
     for first in _batches(count, per_batch, desc, progress, on_batch):
         rows = torch.from_numpy(np.asarray(windows[first : first + per_batch], dtype=np.int64)).to(device)
+        # None: the model's own positions (0, 1, ..., or its randomized draw: model.random_positions); an offset
+        # moves them, the draw included, so the probe shifts what the model sees and changes nothing else
+        positions = model.default_positions(rows[:, :-1], None) + position_offset if position_offset else None
         with autocast(device, amp):
             _, loss = model(rows[:, :-1], rows[:, 1:], positions=positions, loss_reduction="none", logits_to_keep=last)
         losses[first : first + per_batch] = loss.float().cpu().numpy()

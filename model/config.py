@@ -58,6 +58,9 @@ class ModelConfig:
     # sorted random subset of [0, N), in training and evaluation, so an encoding meets the position values of
     # sequences up to N tokens while training at max_seq_len. 0 = positions 0, 1, 2, ...
     random_positions: int = 0
+    # Which draw an evaluation takes (with random_positions): each row's positions are a function of its tokens and
+    # of this number, so another value scores the same model on another draw. Training draws are not affected.
+    random_positions_draw: int = 0
 
     def __post_init__(self) -> None:
         check_field_types(self, "model")
@@ -82,6 +85,8 @@ class ModelConfig:
         if self.rope_layout not in ("half", "interleaved"):
             raise ConfigError(f"model.rope_layout must be 'half' or 'interleaved', got {self.rope_layout!r}")
         self.check_layer_lists()
+        if self.random_positions_draw < 0:
+            raise ConfigError(f"model.random_positions_draw is a draw's number >= 0, got {self.random_positions_draw}")
         if self.random_positions and self.random_positions < self.max_seq_len:
             raise ConfigError(f"model.random_positions ({self.random_positions}) draws each sequence's positions from "
                               f"[0, N) and must be at least model.max_seq_len ({self.max_seq_len}); 0 turns it off")

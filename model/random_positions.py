@@ -31,14 +31,16 @@ def sorted_subset(count: int, limit: int, generator: torch.Generator | None, dev
     return keys.topk(count, largest=False).indices.sort().values.to(device)
 
 
-def row_generator(tokens: torch.Tensor) -> torch.Generator:
-    """A CPU generator seeded by a hash of one row's token ids: the same tokens, the same positions."""
-    digest = hashlib.blake2b(tokens.detach().to("cpu", torch.int64).numpy().tobytes(), digest_size=8).digest()
+def row_generator(tokens: torch.Tensor, draw: int = 0) -> torch.Generator:
+    """A CPU generator seeded by a hash of one row's token ids (and of `draw`, model.random_positions_draw): the same
+    tokens and draw, the same positions."""
+    data = tokens.detach().to("cpu", torch.int64).numpy().tobytes()
+    digest = hashlib.blake2b(data, digest_size=8, salt=draw.to_bytes(8, "little") if draw else b"").digest()
     return torch.Generator().manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
 
 
-def sample_positions(idx: torch.Tensor, count: int, limit: int, training: bool) -> torch.Tensor:
+def sample_positions(idx: torch.Tensor, count: int, limit: int, training: bool, draw: int = 0) -> torch.Tensor:
     """Positions (batch, count) for the rows of idx (batch, time): a sorted random subset of [0, limit) per row,
-    from the global generator in training, from each row's tokens otherwise."""
-    rows = [sorted_subset(count, limit, None if training else row_generator(row), idx.device) for row in idx]
+    from the global generator in training, from each row's tokens (and the evaluation's `draw`) otherwise."""
+    rows = [sorted_subset(count, limit, None if training else row_generator(row, draw), idx.device) for row in idx]
     return torch.stack(rows)

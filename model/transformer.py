@@ -158,9 +158,10 @@ class Transformer(nn.Module):
             return (kv_cache.next_positions(time, idx.device) if kv_cache is not None
                     else torch.arange(time, device=idx.device)[None, :])
         if kv_cache is None:
-            return sample_positions(idx, time, limit, self.training)
+            return sample_positions(idx, time, limit, self.training, self.config.random_positions_draw)
         if kv_cache.position_plan is None:
-            kv_cache.position_plan = sample_positions(idx, kv_cache.max_len, limit, self.training)
+            kv_cache.position_plan = sample_positions(idx, kv_cache.max_len, limit, self.training,
+                                                      self.config.random_positions_draw)
         if not torch.compiler.is_compiling():  # the bounds check reads the cache's length
             kv_cache.check_room(kv_cache.length + time)
         return kv_cache.position_plan[:, kv_cache.next_positions(time, idx.device)[0]]  # the next slots' positions

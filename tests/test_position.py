@@ -27,7 +27,8 @@ HYBRIDS = [
 # tests/test_position_references.py.
 COUNTING = [dict(position="ssmax", attention_window=[5, 0]),  # SSMax counts the keys within the window
             dict(position="rope", position_layers=["rope", "fox"]),  # FoX's gates beside RoPE (the paper's FoX+RoPE)
-            dict(position="dape", position_args={"dape": {"base": "kerple"}})]  # DAPE on KERPLE's bias
+            dict(position="dape", position_args={"dape": {"base": "kerple"}}),  # DAPE on KERPLE's bias
+            dict(position="ssmax", position_args={"ssmax": {"base": "rope"}})]  # SSMax on RoPE, as the paper
 SCALED_ROPE = [
     {"rope_type": "linear", "factor": 2.0},
     {"rope_type": "ntk", "factor": 2.0},

@@ -140,3 +140,37 @@ def test_the_frontier_presets_randomized_variant_runs_and_its_claim_is_checked(s
     assert {cell["multiple"] for cell in cells} == {1, 2, 4} and all(cell["ppl"] for cell in cells)
     assert "randomized positions lower RoPE's extrapolation penalty (Ruoss et al. 2023)" in \
         (out / "report.md").read_text()
+
+
+def test_the_shift_probe_moves_the_models_own_draw():
+    """With randomized positions, the probe's offset moves the positions the model draws for each row (its own
+    sorted subset plus the offset), not consecutive positions: the score equals a forward at exactly those
+    positions, and differs from one at consecutive positions with the same offset."""
+    import numpy as np
+
+    from eval.scoring import score_windows
+
+    torch.manual_seed(0)
+    model = model_with("rope", 256)
+    windows = np.random.default_rng(0).integers(0, 61, (3, 17))
+    rows = torch.from_numpy(windows)
+    with torch.no_grad():
+        drawn = model.default_positions(rows[:, :-1], None)
+        own = model(rows[:, :-1], rows[:, 1:], positions=drawn + 64, loss_reduction="none")[1].numpy()
+        consecutive = model(rows[:, :-1], rows[:, 1:], positions=torch.arange(16)[None] + 64,
+                            loss_reduction="none")[1].numpy()
+    probed = score_windows(model, windows, position_offset=64)
+    assert np.abs(probed - own).max() < 1e-6
+    assert np.abs(probed - consecutive).max() > 1e-4  # an untrained model: positions move its losses a little
+
+
+def test_another_evaluation_draw_gives_other_positions_still_a_function_of_the_tokens():
+    model = model_with("rope", 256)
+    other = model.with_settings(random_positions_draw=1)
+    idx = torch.randint(0, 61, (2, 16))
+    first, again, second = model.default_positions(idx, None), model.default_positions(idx, None), \
+        other.default_positions(idx, None)
+    assert torch.equal(first, again) and not torch.equal(first, second)
+    assert torch.equal(second, other.default_positions(idx, None))
+    with pytest.raises(ConfigError, match="random_positions_draw"):
+        ModelConfig(random_positions_draw=-1)
