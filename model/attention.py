@@ -221,7 +221,10 @@ class Attention(nn.Module):
                     if visible is not None:
                         scores = scores.masked_fill(~visible, float("-inf"))
                 else:
-                    scores = at_least_float32(q_rows @ k_keys.transpose(-1, -2)) / math.sqrt(self.head_dim)
+                    if encoding.own_scores:  # keys transformed per query (PaTH): all keys, the chunks in order
+                        scores = encoding.attention_scores(q_rows, k, state, self.layer_index, rows, keys)
+                    else:
+                        scores = at_least_float32(q_rows @ k_keys.transpose(-1, -2)) / math.sqrt(self.head_dim)
                     if visible is not None:
                         scores = scores.masked_fill(~visible, float("-inf"))
                     bias = encoding.score_bias(q_rows, state, self.layer_index, rows, keys,

@@ -13,7 +13,7 @@ from model.encodings.t5 import t5_bucket
 from tests.conftest import micro_config
 
 ENCODINGS = ["rope", "alibi", "t5", "shaw", "sinusoidal", "learned", "none", "fire", "kerple", "xpos", "cope",
-             "ssmax", "fox", "stickbreaking", "dape"]
+             "ssmax", "fox", "stickbreaking", "dape", "path"]
 # RoPE variants and layer hybrids (model.position_layers, model.attention_window) run the same battery.
 HYBRIDS = [
     dict(position="rope", position_args={"rope": {"fraction": 0.5}}),  # partial rotary
@@ -27,7 +27,8 @@ HYBRIDS = [
 # tests/test_position_references.py.
 COUNTING = [dict(position="ssmax", attention_window=[5, 0]),  # SSMax counts the keys within the window
             dict(position="rope", position_layers=["rope", "fox"]),  # FoX's gates beside RoPE (the paper's FoX+RoPE)
-            dict(position="dape", position_args={"dape": {"base": "kerple"}})]  # DAPE on KERPLE's bias
+            dict(position="dape", position_args={"dape": {"base": "kerple"}}),  # DAPE on KERPLE's bias
+            dict(position="path", position_args={"path": {"rank": 0, "conv": 0}}, attention_window=[5, 0])]
 SCALED_ROPE = [
     {"rope_type": "linear", "factor": 2.0},
     {"rope_type": "ntk", "factor": 2.0},
@@ -48,7 +49,7 @@ def variant_id(variant):
 def test_registry_holds_every_encoding_and_unknown_names_list_them():
     assert sorted(POSITION_ENCODINGS) == sorted(ENCODINGS)
     with pytest.raises(ConfigError, match=r"valid names are \['alibi', 'cope', 'dape', 'fire', 'fox', 'kerple', "
-                                          r"'learned', 'none', 'rope', 'shaw', 'sinusoidal', 'ssmax', "
+                                          r"'learned', 'none', 'path', 'rope', 'shaw', 'sinusoidal', 'ssmax', "
                                           r"'stickbreaking', 't5', 'xpos'\]"):
         micro_config(position="nope")
 
