@@ -33,6 +33,7 @@ EXPECTED = {
     "stickbreaking": (EXPLICIT, EXPLICIT, EXPLICIT),  # weights of its own instead of softmax
     "dape": (EXPLICIT, EXPLICIT, EXPLICIT),  # its bias reads the scores
     "path": (EXPLICIT, EXPLICIT, EXPLICIT),  # scores of its own: keys transformed per query
+    "asentmax": (EXPLICIT, EXPLICIT, EXPLICIT),  # weights of its own (alpha-entmax) instead of softmax
 }
 
 

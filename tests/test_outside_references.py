@@ -197,3 +197,16 @@ def test_path_equals_the_reference_naive_path_attention(block, monkeypatch):
         outputs.append(scores.masked_fill(~causal(time)[rows, keys], float("-inf")).softmax(-1) @ v[:, :, keys])
     assert (torch.cat(outputs, 2).transpose(1, 2) - saved["out"]).abs().max() < TOLERANCE
 
+
+@pytest.mark.parametrize("alpha, name", [(1.5, "entmax15"), (2.0, "sparsemax"), (1.25, "bisect125"),
+                                         (1.75, "bisect175")])
+def test_asentmax_weights_equal_the_entmax_package(alpha, name):
+    """The entmax package 1.3's entmax15 (exact, by sorting), sparsemax and entmax_bisect (alpha 1.25 and 1.75, its
+    50 steps) on causally masked scores (-inf above the diagonal), through the encoding's attention_weights hook
+    with model.position_args.asentmax.alpha set."""
+    saved = fixture("asentmax")
+    config = micro_config(position="asentmax", position_args={"asentmax": {"alpha": alpha}})
+    encoding = Transformer(config).position
+    weights = encoding.attention_weights(saved["scores"], None, 0, causal(12))
+    assert (weights - saved[name]).abs().max() < TOLERANCE
+    assert torch.equal(weights == 0, saved[name] == 0)  # exact zeros, and only where the package has them

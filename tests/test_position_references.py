@@ -524,6 +524,8 @@ def test_hybrid_keeps_the_primary_encodings_parameter_names():
     (dict(position="cope", position_args={"cope": {"positions": 1}}), "cope.positions: cope needs at least 2"),
     (dict(position="fire", position_args={"fire": {"mlp_width": 0}}), "fire needs mlp_width >= 1"),
     (dict(position="path", position_args={"path": {"rank": -1}}), "path.rank must be >= 0"),
+    (dict(position="asentmax", position_args={"asentmax": {"alpha": 1.0}}), "asentmax.alpha must be in \\(1, 2\\]"),
+    (dict(position="asentmax", position_args={"asentmax": {"base": "rope"}}), "asentmax.base must be one of"),
     (dict(position_args=[1]), "model.position_args: expected dict"),
     (dict(position_args={"rope": 0.5}), "a table of settings per encoding"),
 ])
@@ -534,7 +536,7 @@ def test_bad_layer_and_variant_settings_are_named(overrides, message):
 
 @pytest.mark.parametrize("variant", [dict(position=name) for name in
                                      ["rope", "xpos", "alibi", "t5", "shaw", "kerple", "fire", "cope", "none",
-                                      "ssmax", "fox", "stickbreaking", "dape", "path"]]
+                                      "ssmax", "fox", "stickbreaking", "dape", "path", "asentmax"]]
                          + [dict(position="rope", position_layers=["rope", "fire"], attention_window=[4, 0])])
 def test_a_model_cast_to_bfloat16_runs_and_keeps_float32_frequencies(variant):
     """model.to(bfloat16) (scripts.generate --dtype bfloat16) runs every encoding; RoPE's frequencies, xPos's decay
@@ -640,10 +642,68 @@ def test_path_ignores_positions_and_reads_the_content():
         assert bool(((one.beta > 0) & (one.beta < 2)).all())  # eigenvalues 1 - beta in (-1, 1)
 
 
-@pytest.mark.parametrize("position", ["path"])
-def test_path_at_16x_in_bfloat16_stays_near_float64(position):
-    """PaTH's triangular solves run in float32 under bf16 autocast: a bf16 forward at 16x L against the same model
-    in float64."""
+def entmax_by_definition(z: torch.Tensor, alpha: float) -> torch.Tensor:
+    """alpha-entmax from its definition: [(alpha - 1) z - tau]_+^(1 / (alpha - 1)) with tau where the weights sum to
+    1, found by 100 bisection steps in float64."""
+    z = (alpha - 1) * z.double()
+    low, high = z.max() - 1, z.max()
+    for _ in range(100):
+        tau = (low + high) / 2
+        if ((z - tau).clamp(min=0) ** (1 / (alpha - 1))).sum() >= 1:
+            low = tau
+        else:
+            high = tau
+    return (z - low).clamp(min=0) ** (1 / (alpha - 1))
+
+
+@pytest.mark.parametrize("base, window", [("none", 0), ("none", 3), ("nape", 0)])
+def test_asentmax_attention_is_the_papers_formula(base, window):
+    """Adaptive-Scalable Entmax written as loops (golden values of the entmax package for the mapping alone:
+    tests/test_outside_references.py): query i's weights are 1.5-entmax, by its definition, of s_i q_i.k_j / sqrt(d)
+    over the n_i keys it sees (i + 1, or the window), s_i = 1 + softplus(w_beta . x_i) (log(n_i + 1))^(2 tanh(w_gamma .
+    x_i)) per head; with NAPE, heads 0 and 1 unscaled with ALiBi's m_h (j - i), m = 1, 1/2. Shifted positions give the
+    same output."""
+    config = micro_config(position="asentmax", n_kv_heads=4, attention_window=[window] if window else [],
+                          position_args={"asentmax": {"base": base}})
+    model = Transformer(config).eval()
+    maps = model.position.temperatures["1"]
+    with torch.no_grad():
+        maps["beta"].weight.normal_(0.0, 0.3)
+        maps["gamma"].weight.normal_(0.0, 0.3)
+    layer = model.layers[1].attention
+    x = torch.randn(1, 7, config.dim) * 2
+    positions = torch.arange(7)[None]
+    alibi = 2 if base == "nape" else 0
+    with torch.no_grad():
+        out = layer(x, model.position, model.position.prepare(positions, positions), None)
+        q, k, v = heads_qkv(layer, x)
+        z = torch.zeros(4, 7, 16)
+        sparse = 0
+        for h in range(4):
+            for i in range(7):
+                seen = [j for j in range(i + 1) if not window or i - j < window]
+                if h < alibi:
+                    scale, bias = 1.0, [(j - i) / (h + 1) for j in seen]
+                else:
+                    beta = torch.nn.functional.softplus(maps["beta"].weight[h - alibi] @ x[0, i])
+                    gamma = 2 * torch.tanh(maps["gamma"].weight[h - alibi] @ x[0, i])
+                    scale, bias = 1 + beta * math.log(len(seen) + 1) ** gamma, [0.0] * len(seen)
+                logits = torch.stack([scale * (q[h, i] @ k[h, j]) / 4.0 + b for j, b in zip(seen, bias)])
+                weights = entmax_by_definition(logits, 1.5).float()
+                sparse += int((weights == 0).sum())
+                z[h, i] = sum(w * v[h, j] for w, j in zip(weights, seen))
+        expected = layer.o_proj(z.transpose(0, 1).reshape(1, 7, config.dim))
+        shifted = torch.arange(7)[None] + 100
+        moved = layer(x, model.position, model.position.prepare(shifted, shifted), None)
+    assert (out - expected).abs().max() < 1e-5
+    assert sparse > 0  # some keys get exactly no weight
+    assert torch.allclose(moved, out, atol=1e-6)
+
+
+@pytest.mark.parametrize("position", ["path", "asentmax"])
+def test_path_and_asentmax_at_16x_in_bfloat16_stay_near_float64(position):
+    """PaTH's triangular solves and entmax's Newton steps and closed form run in float32 under bf16 autocast: a bf16
+    forward at 16x L against the same model in float64."""
     model = Transformer(micro_config(position=position, max_seq_len=32)).eval()
     idx = torch.randint(0, 97, (1, 512))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
