@@ -2,14 +2,14 @@
 Attention", arXiv 2506.16640): alpha-entmax weights instead of softmax (exact zeros for keys below a threshold), the
 logits of each query scaled by a temperature learned from the content that grows with the number of keys seen.
 
-Query i's weights are alpha-entmax(s_i q_i . k_j / sqrt(d)) over the keys it sees (model/entmax.py), with
-s_i = delta + beta_i (log(n_i + 1))^gamma_i, beta_i = softplus(w_beta . x_i) and gamma_i = gamma_range tanh(w_gamma . x_i)
+Query i's weights are alpha-entmax(s_i q_i . k_j / sqrt(d)) over the keys it sees (model/entmax.py), with s_i =
+delta + beta_i (log(n_i + 1))^gamma_i, beta_i = softplus(w_beta . x_i) and gamma_i = gamma_range tanh(w_gamma . x_i)
 per head, x_i the layer's input at the query, n_i the number of keys it sees (the count SSMax uses: the query's
 position less the first key's, plus one, at most the layer's window). As the authors' code (deep-spin/asentmax,
 synthetic/src/models/architectures/sparse_gemma.py, attn_scale_type "adapt-softplus-tanh": linear maps without a
 bias, delta 1, gamma_range 2, log(position + 2) for a query at position 0, 1, ...; alpha 1.5). The authors' models
-put ALiBi on half of the heads (NAPE: slopes 1, 1/2, ... on the first H/2 heads, the others NoPE and scaled);
-here `base = "nape"` does so, and by default every head is NoPE and scaled.
+put ALiBi on half of the heads (NAPE: slopes 1, 1/2, ... on the first H/2 heads, the others NoPE and scaled); here
+`base = "nape"` does so, and by default every head is NoPE and scaled.
 """
 from __future__ import annotations
 

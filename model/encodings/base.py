@@ -19,10 +19,13 @@ Hooks (each has a do-nothing default):
                                             when `own_scores` (PaTH): the logits (batch, heads, len(rows),
                                             len(keys)) of the query rows `rows` (q holds those rows) against the
                                             key columns `keys` of all keys k, instead of q.k / sqrt(d): for
-                                            designs that transform each key differently for each query. Called
-                                            for the chunks of rows in order, so the state may carry what one
-                                            chunk computed to the next; what the encoding keeps of earlier tokens
-                                            it may write back into the KV cache (kv_cache.rewrite_keys)
+                                            designs whose logit of (i, j) is not q_i.k_j plus a bias, such as a
+                                            transform accumulated between j and i (PaTH; its forget-gate variant
+                                            PaTH-FoX would add FoX's bias through score_bias), or keys transformed
+                                            per query in any other way. Called for the chunks of rows in order, so
+                                            the state may carry what one chunk computed to the next; what the
+                                            encoding keeps of earlier tokens it may write back into the KV cache
+                                            (kv_cache.rewrite_keys)
   score_bias(q, state, layer, rows, keys, scores)
                                             additive logit bias (batch|1, heads, len(rows), len(keys)) for the
                                             query rows `rows` of this forward and the key columns `keys` of all
