@@ -624,6 +624,25 @@ def test_path_attention_is_the_papers_formula(block, chunk_rows, monkeypatch):
     assert (out - expected).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("cache_type", [KVCache, StaticKVCache])
+def test_path_through_a_cache_in_small_blocks_and_chunks_equals_the_full_forward(cache_type, monkeypatch):
+    """Prefills of 13 and 7 tokens and single steps, in blocks of 2 rows within attention chunks of 3: the cache's
+    keys, rewritten after each forward, are carried to its latest token."""
+    import model.attention as attention_module
+    import model.encodings.path as path_module
+
+    monkeypatch.setattr(path_module, "BLOCK", 2)
+    monkeypatch.setattr(attention_module, "EXPLICIT_CHUNK_ELEMENTS", 2 * 4 * 24 * 3)  # batch x heads x keys x rows
+    config = micro_config(position="path", max_seq_len=24)
+    model = Transformer(config).eval()
+    idx = torch.randint(0, 97, (2, 24))
+    cache = cache_type.for_model(config, batch_size=2, max_len=32 if cache_type is StaticKVCache else 24)
+    with torch.no_grad():
+        pieces = [model(idx[:, :13], kv_cache=cache)[0], model(idx[:, 13:20], kv_cache=cache)[0]]
+        pieces += [model(idx[:, t : t + 1], kv_cache=cache)[0] for t in range(20, 24)]
+        assert (torch.cat(pieces, 1) - model(idx)[0]).abs().max() < 1e-5
+
+
 def test_path_ignores_positions_and_reads_the_content():
     """Positions change nothing; w and beta come from the content, w of unit length (up to the reference's eps 1e-6
     in the norm, which shortens the small vectors of an initial model: here the weights are larger) and beta in
