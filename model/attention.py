@@ -3,11 +3,11 @@
 An encoding whose attention is FUSED (RoPE, xPos, NoPE, SSMax, the absolute ones: it changes the queries and keys,
 or the input, and adds nothing to the scores) takes the fused SDPA path with no (time x time) mask. A BIAS encoding
 (ALiBi, T5, KERPLE, FIRE, FoX), an EXPLICIT one (CoPE and DAPE, whose bias reads the scores; Shaw's value term;
-stick-breaking's own weights), and a layer with a sliding window are computed in chunks of query rows, each against
-only the keys it can see (the causal prefix, or the window), so the (heads x rows x keys) bias and mask stay bounded
-at long lengths and a window costs O(time x window): through SDPA with a float mask, or through explicit steps
-where the scores or the probabilities themselves are needed. A long evaluation forward of an encoding with a
-`flex_kind` takes compiled FlexAttention (model/flex.py).
+stick-breaking's and ASEntmax's own weights; PaTH's own scores), and a layer with a sliding window are computed in
+chunks of query rows, each against only the keys it can see (the causal prefix, or the window), so the (heads x rows
+x keys) bias and mask stay bounded at long lengths and a window costs O(time x window): through SDPA with a float
+mask, or through explicit steps where the scores or the probabilities themselves are needed. A long evaluation
+forward of an encoding with a `flex_kind` takes compiled FlexAttention (model/flex.py).
 """
 from __future__ import annotations
 
@@ -221,7 +221,10 @@ class Attention(nn.Module):
                     if visible is not None:
                         scores = scores.masked_fill(~visible, float("-inf"))
                 else:
-                    scores = at_least_float32(q_rows @ k_keys.transpose(-1, -2)) / math.sqrt(self.head_dim)
+                    if encoding.own_scores:  # keys transformed per query (PaTH): all keys, the chunks in order
+                        scores = encoding.attention_scores(q_rows, k, state, self.layer_index, rows, keys)
+                    else:
+                        scores = at_least_float32(q_rows @ k_keys.transpose(-1, -2)) / math.sqrt(self.head_dim)
                     if visible is not None:
                         scores = scores.masked_fill(~visible, float("-inf"))
                     bias = encoding.score_bias(q_rows, state, self.layer_index, rows, keys,

@@ -301,10 +301,11 @@ def refusal(cls: type[AttentionMethod], used: list[str], scaling: str | None = N
     if cls.sets_positions:
         explicit = [name for name in used if POSITION_ENCODINGS[name].has_value_term
                     or POSITION_ENCODINGS[name].bias_needs_scores or not POSITION_ENCODINGS[name].per_layer
-                    or not POSITION_ENCODINGS[name].relative_only]
+                    or not POSITION_ENCODINGS[name].relative_only or POSITION_ENCODINGS[name].own_scores]
         if explicit:
             return (f"attention method {cls.name!r} re-encodes relative positions in passes, which {explicit} "
-                    "cannot take (relative values, score-dependent, absolute or query-normalised positions)")
+                    "cannot take (relative values, score-dependent, absolute or query-normalised positions, scores "
+                    "of their own)")
         if scaling in LENGTH_DEPENDENT_SCALINGS:
             return (f"attention method {cls.name!r} cannot be combined with the {scaling!r} scaling, whose "
                     "frequencies depend on the largest position; use a static scaling")

@@ -7,9 +7,9 @@
                window) as a float mask: a BIAS encoding (ALiBi, T5, KERPLE, FIRE, FoX) whose bias is fixed, or
                learned on a device with a mask gradient
     explicit   the explicit steps in chunks (scores, softmax, probabilities @ values): an EXPLICIT encoding (a bias
-               that reads the scores: CoPE, DAPE; a value term: Shaw; weights of its own: stick-breaking), an
-               attention method that encodes positions per pass, probabilities a diagnostic reads, or a learned
-               bias wanting gradients on the CPU
+               that reads the scores: CoPE, DAPE; a value term: Shaw; weights of its own: stick-breaking, ASEntmax;
+               scores of its own: PaTH), an attention method that encodes positions per pass, probabilities a
+               diagnostic reads, or a learned bias wanting gradients on the CPU
     flex       compiled FlexAttention with the bias as a score_mod (model/flex.py): the long no-grad float32 CPU
                forwards of an encoding with a `flex_kind`: a distance bias over one sequence, a clipped one (Shaw)
                or a separable one (FoX)

@@ -15,7 +15,8 @@ class KVCache:
     """Holds keys and values for every layer, preallocated for `max_len` positions.
 
     Keys are stored after the position encoding's `encode_keys` hook, or raw when the encoding rotates all keys
-    at every step (dynamic NTK). The buffers are created on the first
+    at every step (dynamic NTK), or as the encoding last rewrote them (`rewrite_keys`: PaTH keeps every key
+    transformed up to the latest token). The buffers are created on the first
     update, in the dtype and on the device of the keys (so autocast decoding caches bf16).
     """
 
@@ -72,6 +73,11 @@ class KVCache:
         self.keys[layer, :, :, self.length : end] = keys
         self.values[layer, :, :, self.length : end] = values
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+
+    def rewrite_keys(self, layer: int, keys: torch.Tensor) -> None:
+        """Replace the keys of this forward's slots and all before them (batch, kv_heads, keys, head_dim): an
+        encoding whose cached keys change with every new token (PaTH) writes them back."""
+        self.keys[layer, :, :, : keys.shape[2]] = keys
 
     def update_extra(self, layer: int, name: str, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write an encoding's per-token tensor (batch, channels, time) of the new tokens after the cached ones;
@@ -136,6 +142,10 @@ class StaticKVCache(KVCache):
         self.keys[layer].index_copy_(2, index, keys)
         self.values[layer].index_copy_(2, index, values)
         return self.keys[layer], self.values[layer]
+
+    def rewrite_keys(self, layer: int, keys: torch.Tensor) -> None:
+        """Replace the keys of all max_len slots (batch, kv_heads, max_len, head_dim)."""
+        self.keys[layer].copy_(keys)
 
     def update_extra(self, layer: int, name: str, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """All max_len slots (unwritten ones zero, hidden by the mask) and the new tokens' slots."""

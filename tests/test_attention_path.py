@@ -32,6 +32,8 @@ EXPECTED = {
     "fox": (EXPLICIT, FLEX, SDPA_MASK),  # a learned bias; its separable form takes FlexAttention for batches too
     "stickbreaking": (EXPLICIT, EXPLICIT, EXPLICIT),  # weights of its own instead of softmax
     "dape": (EXPLICIT, EXPLICIT, EXPLICIT),  # its bias reads the scores
+    "path": (EXPLICIT, EXPLICIT, EXPLICIT),  # scores of its own: keys transformed per query
+    "asentmax": (EXPLICIT, EXPLICIT, EXPLICIT),  # weights of its own (alpha-entmax) instead of softmax
 }
 
 
@@ -90,20 +92,20 @@ def test_the_attention_reads_the_processs_flex_switch_into_each_forward():
 @pytest.mark.parametrize("name", sorted(POSITION_ENCODINGS))
 def test_each_encodings_named_path_agrees_with_its_capabilities(name):
     """`attention` and `flex_kind` name what an encoding's capabilities imply (the rule the path was inferred by
-    before it was named): EXPLICIT for a bias that reads the scores, a value term or weights of its own; BIAS for
-    any other score bias; FUSED without one. FlexAttention for a separable bias, a clipped one, or a bias of the
-    distance alone."""
+    before it was named): EXPLICIT for a bias that reads the scores, a value term, weights or scores of its own;
+    BIAS for any other score bias; FUSED without one. FlexAttention for a separable bias, a clipped one, or a bias of
+    the distance alone."""
     from model.encodings.base import BIAS, FUSED
     from model.encodings.base import EXPLICIT as NEEDS_EXPLICIT
 
     encoding = Transformer(micro_config(position=name)).position
-    explicit = encoding.has_value_term or encoding.bias_needs_scores or encoding.own_weights
+    explicit = encoding.has_value_term or encoding.bias_needs_scores or encoding.own_weights or encoding.own_scores
     expected = NEEDS_EXPLICIT if explicit else BIAS if encoding.has_score_bias else FUSED
     assert encoding.attention == expected
     assert (encoding.attention == NEEDS_EXPLICIT) == bool(encoding.why_explicit)
     if encoding.separable_bias and not explicit:
         kind = "separable"
-    elif not encoding.relative_only or encoding.bias_from_content or encoding.own_weights:
+    elif not encoding.relative_only or encoding.bias_from_content or encoding.own_weights or encoding.own_scores:
         kind = None
     elif encoding.clipped_distance:
         kind = "clipped"

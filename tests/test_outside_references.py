@@ -172,3 +172,41 @@ def test_alibi_equals_x_transformers(heads):
     positions = torch.arange(10)[None]
     bias = model.position.score_bias(None, model.position.prepare(positions, positions), 0, slice(None))[0]
     assert (bias - saved[f"bias_{heads}"])[..., causal(10)].abs().max() < TOLERANCE
+
+
+@pytest.mark.parametrize("block", [64, 16, 5])
+def test_path_equals_the_reference_naive_path_attention(block, monkeypatch):
+    """fla-org/flash-linear-attention's naive_path_attn (fla/ops/path_attn/naive.py; its chunked form in blocks of
+    16), on q (4 heads), k, v, w (unit rows) and beta in (0, 2) of 2 KV heads, 40 tokens, no forget gate: softmax of
+    q_i^T H_i ... H_{j+1} k_j / 4 over j <= i, then v. Here the encoding's own scores (the hook the attention calls,
+    for chunks of 13 query rows as the attention gives them) on the fixture's w and beta, in blocks of 64 (one), 16
+    and 5 rows."""
+    import model.encodings.path as path_module
+    from model.encodings.path import PathState
+
+    monkeypatch.setattr(path_module, "BLOCK", block)
+    saved = fixture("path")
+    q, k, v, w, beta = (saved[name].transpose(1, 2) for name in ("q", "k", "v", "w", "beta"))
+    # As the attention repeats keys and values for its 4 heads, and the state holds w and beta per query head.
+    k, v, w, beta = (tensor.repeat_interleave(2, 1) for tensor in (k, v, w, beta))
+    encoding = Transformer(micro_config(position="path")).position
+    state, time, outputs = PathState(None, None, w, beta), q.shape[2], []
+    for start in range(0, time, 13):
+        rows, keys = slice(start, min(time, start + 13)), slice(0, min(time, start + 13))
+        scores = encoding.attention_scores(q[:, :, rows], k, state, 0, rows, keys)
+        outputs.append(scores.masked_fill(~causal(time)[rows, keys], float("-inf")).softmax(-1) @ v[:, :, keys])
+    assert (torch.cat(outputs, 2).transpose(1, 2) - saved["out"]).abs().max() < TOLERANCE
+
+
+@pytest.mark.parametrize("alpha, name", [(1.5, "entmax15"), (2.0, "sparsemax"), (1.25, "bisect125"),
+                                         (1.75, "bisect175")])
+def test_asentmax_weights_equal_the_entmax_package(alpha, name):
+    """The entmax package 1.3's entmax15 (exact, by sorting), sparsemax and entmax_bisect (alpha 1.25 and 1.75, its
+    50 steps) on causally masked scores (-inf above the diagonal), through the encoding's attention_weights hook
+    with model.position_args.asentmax.alpha set."""
+    saved = fixture("asentmax")
+    config = micro_config(position="asentmax", position_args={"asentmax": {"alpha": alpha}})
+    encoding = Transformer(config).position
+    weights = encoding.attention_weights(saved["scores"], None, 0, causal(12))
+    assert (weights - saved[name]).abs().max() < TOLERANCE
+    assert torch.equal(weights == 0, saved[name] == 0)  # exact zeros, and only where the package has them

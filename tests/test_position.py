@@ -13,7 +13,7 @@ from model.encodings.t5 import t5_bucket
 from tests.conftest import micro_config
 
 ENCODINGS = ["rope", "alibi", "t5", "shaw", "sinusoidal", "learned", "none", "fire", "kerple", "xpos", "cope",
-             "ssmax", "fox", "stickbreaking", "dape"]
+             "ssmax", "fox", "stickbreaking", "dape", "path", "asentmax"]
 # RoPE variants and layer hybrids (model.position_layers, model.attention_window) run the same battery.
 HYBRIDS = [
     dict(position="rope", position_args={"rope": {"fraction": 0.5}}),  # partial rotary
@@ -28,7 +28,10 @@ HYBRIDS = [
 COUNTING = [dict(position="ssmax", attention_window=[5, 0]),  # SSMax counts the keys within the window
             dict(position="rope", position_layers=["rope", "fox"]),  # FoX's gates beside RoPE (the paper's FoX+RoPE)
             dict(position="dape", position_args={"dape": {"base": "kerple"}}),  # DAPE on KERPLE's bias
-            dict(position="ssmax", position_args={"ssmax": {"base": "rope"}})]  # SSMax on RoPE, as the paper
+            dict(position="ssmax", position_args={"ssmax": {"base": "rope"}}),  # SSMax on RoPE, as the paper
+            dict(position="asentmax", position_args={"asentmax": {"base": "nape", "alpha": 1.25}},
+                 attention_window=[5, 0]),  # ALiBi on half the heads, entmax by bisection, n within the window
+            dict(position="path", position_args={"path": {"rank": 0, "conv": 0}}, attention_window=[5, 0])]
 SCALED_ROPE = [
     {"rope_type": "linear", "factor": 2.0},
     {"rope_type": "ntk", "factor": 2.0},
@@ -48,9 +51,9 @@ def variant_id(variant):
 
 def test_registry_holds_every_encoding_and_unknown_names_list_them():
     assert sorted(POSITION_ENCODINGS) == sorted(ENCODINGS)
-    with pytest.raises(ConfigError, match=r"valid names are \['alibi', 'cope', 'dape', 'fire', 'fox', 'kerple', "
-                                          r"'learned', 'none', 'rope', 'shaw', 'sinusoidal', 'ssmax', "
-                                          r"'stickbreaking', 't5', 'xpos'\]"):
+    with pytest.raises(ConfigError, match=r"valid names are \['alibi', 'asentmax', 'cope', 'dape', 'fire', 'fox', "
+                                          r"'kerple', 'learned', 'none', 'path', 'rope', 'shaw', 'sinusoidal', "
+                                          r"'ssmax', 'stickbreaking', 't5', 'xpos'\]"):
         micro_config(position="nope")
 
 

@@ -523,6 +523,9 @@ def test_hybrid_keeps_the_primary_encodings_parameter_names():
     (dict(position="xpos", position_args={"xpos": {"scale_base": 0.0}}), "xpos.scale_base must be positive"),
     (dict(position="cope", position_args={"cope": {"positions": 1}}), "cope.positions: cope needs at least 2"),
     (dict(position="fire", position_args={"fire": {"mlp_width": 0}}), "fire needs mlp_width >= 1"),
+    (dict(position="path", position_args={"path": {"rank": -1}}), "path.rank must be >= 0"),
+    (dict(position="asentmax", position_args={"asentmax": {"alpha": 1.0}}), "asentmax.alpha must be in \\(1, 2\\]"),
+    (dict(position="asentmax", position_args={"asentmax": {"base": "rope"}}), "asentmax.base must be one of"),
     (dict(position_args=[1]), "model.position_args: expected dict"),
     (dict(position_args={"rope": 0.5}), "a table of settings per encoding"),
 ])
@@ -533,7 +536,7 @@ def test_bad_layer_and_variant_settings_are_named(overrides, message):
 
 @pytest.mark.parametrize("variant", [dict(position=name) for name in
                                      ["rope", "xpos", "alibi", "t5", "shaw", "kerple", "fire", "cope", "none",
-                                      "ssmax", "fox", "stickbreaking", "dape"]]
+                                      "ssmax", "fox", "stickbreaking", "dape", "path", "asentmax"]]
                          + [dict(position="rope", position_layers=["rope", "fire"], attention_window=[4, 0])])
 def test_a_model_cast_to_bfloat16_runs_and_keeps_float32_frequencies(variant):
     """model.to(bfloat16) (scripts.generate --dtype bfloat16) runs every encoding; RoPE's frequencies, xPos's decay
@@ -569,3 +572,163 @@ def test_xpos_refuses_a_trained_length_whose_scale_would_overflow_and_accepts_th
         Transformer(micro_config(position="xpos", position_args={"xpos": {"scale_base": 8.0}}, max_seq_len=limit + 1))
     model = Transformer(micro_config(position="xpos", position_args={"xpos": {"scale_base": 8.0}}, max_seq_len=limit)).eval()
     assert torch.isfinite(model(torch.zeros(1, 2, dtype=torch.long), positions=torch.tensor([[0, limit]]))[0]).all()
+
+
+@pytest.mark.parametrize("block, chunk_rows", [(64, 0), (3, 4)])
+def test_path_attention_is_the_papers_formula(block, chunk_rows, monkeypatch):
+    """PaTH written as loops through the model's attention (golden values of the reference's chunked form:
+    tests/test_outside_references.py): per KV head, w_t = normalise(silu(conv_3(W_up W_down x)_t)) and beta_t =
+    2 sigmoid(b . x_t + c) from the layer input, H_t = I - beta_t w_t w_t^T, and the logit of key j <= i is
+    q_i^T H_i ... H_{j+1} k_j / sqrt(d), each product of matrices formed explicitly; with GQA, in one block and in
+    blocks of 3 rows within attention chunks of 4 rows."""
+    import model.attention as attention_module
+    import model.encodings.path as path_module
+
+    monkeypatch.setattr(path_module, "BLOCK", block)
+    if chunk_rows:
+        monkeypatch.setattr(attention_module, "EXPLICIT_CHUNK_ELEMENTS", 4 * 9 * chunk_rows)  # heads x keys x rows
+    config = micro_config(position="path", n_kv_heads=2)
+    model = Transformer(config).eval()
+    transforms = model.position.transforms["1"]
+    with torch.no_grad():
+        for parameter in transforms.parameters():
+            parameter.normal_(0.0, 0.3)
+    layer = model.layers[1].attention
+    x = torch.randn(1, 9, config.dim)
+    positions = torch.arange(9)[None]
+    with torch.no_grad():
+        out = layer(x, model.position, model.position.prepare(positions, positions), None)
+        q, k, v = heads_qkv(layer, x)
+        inputs = [transforms.w_up.weight @ (transforms.w_down.weight @ x[0, t]) for t in range(9)]
+        conv = transforms.w_conv[:, 0]  # (channels, 3): output t reads inputs t - 2, t - 1, t
+        z = torch.zeros(4, 9, 16)
+        for h in range(4):
+            g = h // 2  # the KV head this query head reads
+            transform = []
+            for t in range(9):
+                mixed = sum(conv[:, m] * inputs[t - 2 + m] for m in range(3) if t - 2 + m >= 0)
+                w = torch.nn.functional.silu(mixed)[16 * g : 16 * (g + 1)]
+                w = w / torch.sqrt(w.square().sum() + 1e-6)
+                beta = 2 * torch.sigmoid(transforms.beta.weight[g] @ x[0, t] + transforms.beta.bias[g])
+                transform.append(torch.eye(16) - beta * torch.outer(w, w))
+            for i in range(9):
+                logits = []
+                for j in range(i + 1):
+                    carried = k[h, j]
+                    for t in range(j + 1, i + 1):  # H_{j+1} first, H_i last
+                        carried = transform[t] @ carried
+                    logits.append(q[h, i] @ carried / 4.0)
+                weights = torch.stack(logits).softmax(0)
+                z[h, i] = sum(weights[j] * v[h, j] for j in range(i + 1))
+        expected = layer.o_proj(z.transpose(0, 1).reshape(1, 9, config.dim))
+    assert (out - expected).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("cache_type", [KVCache, StaticKVCache])
+def test_path_through_a_cache_in_small_blocks_and_chunks_equals_the_full_forward(cache_type, monkeypatch):
+    """Prefills of 13 and 7 tokens and single steps, in blocks of 2 rows within attention chunks of 3: the cache's
+    keys, rewritten after each forward, are carried to its latest token."""
+    import model.attention as attention_module
+    import model.encodings.path as path_module
+
+    monkeypatch.setattr(path_module, "BLOCK", 2)
+    monkeypatch.setattr(attention_module, "EXPLICIT_CHUNK_ELEMENTS", 2 * 4 * 24 * 3)  # batch x heads x keys x rows
+    config = micro_config(position="path", max_seq_len=24)
+    model = Transformer(config).eval()
+    idx = torch.randint(0, 97, (2, 24))
+    cache = cache_type.for_model(config, batch_size=2, max_len=32 if cache_type is StaticKVCache else 24)
+    with torch.no_grad():
+        pieces = [model(idx[:, :13], kv_cache=cache)[0], model(idx[:, 13:20], kv_cache=cache)[0]]
+        pieces += [model(idx[:, t : t + 1], kv_cache=cache)[0] for t in range(20, 24)]
+        assert (torch.cat(pieces, 1) - model(idx)[0]).abs().max() < 1e-5
+
+
+def test_path_ignores_positions_and_reads_the_content():
+    """Positions change nothing; w and beta come from the content, w of unit length (up to the reference's eps 1e-6
+    in the norm, which shortens the small vectors of an initial model: here the weights are larger) and beta in
+    (0, 2)."""
+    model = Transformer(micro_config(position="path")).eval()
+    idx = torch.randint(0, 97, (2, 16))
+    with torch.no_grad():
+        for parameter in model.position.transforms.parameters():
+            parameter.normal_(0.0, 0.3)
+        assert torch.equal(model(idx)[0], model(idx, positions=torch.arange(16)[None] * 7 + 3)[0])
+        state = model.position.prepare(torch.arange(16)[None], torch.arange(16)[None])
+        one = model.position.for_layer(torch.randn(1, 16, model.config.dim), state, 0)
+        other = model.position.for_layer(torch.randn(1, 16, model.config.dim), state, 0)
+        assert (one.w - other.w).abs().max() > 1e-2 and (one.beta - other.beta).abs().max() > 1e-3
+        assert torch.allclose(one.w.norm(dim=-1), torch.ones(1, 4, 16), atol=1e-3)  # unit vectors
+        assert bool(((one.beta > 0) & (one.beta < 2)).all())  # eigenvalues 1 - beta in (-1, 1)
+
+
+def entmax_by_definition(z: torch.Tensor, alpha: float) -> torch.Tensor:
+    """alpha-entmax from its definition: [(alpha - 1) z - tau]_+^(1 / (alpha - 1)) with tau where the weights sum to
+    1, found by 100 bisection steps in float64."""
+    z = (alpha - 1) * z.double()
+    low, high = z.max() - 1, z.max()
+    for _ in range(100):
+        tau = (low + high) / 2
+        if ((z - tau).clamp(min=0) ** (1 / (alpha - 1))).sum() >= 1:
+            low = tau
+        else:
+            high = tau
+    return (z - low).clamp(min=0) ** (1 / (alpha - 1))
+
+
+@pytest.mark.parametrize("base, window", [("none", 0), ("none", 3), ("nape", 0)])
+def test_asentmax_attention_is_the_papers_formula(base, window):
+    """Adaptive-Scalable Entmax written as loops (golden values of the entmax package for the mapping alone:
+    tests/test_outside_references.py): query i's weights are 1.5-entmax, by its definition, of s_i q_i.k_j / sqrt(d)
+    over the n_i keys it sees (i + 1, or the window), s_i = 1 + softplus(w_beta . x_i) (log(n_i + 1))^(2 tanh(w_gamma .
+    x_i)) per head; with NAPE, heads 0 and 1 unscaled with ALiBi's m_h (j - i), m = 1, 1/2. Shifted positions give the
+    same output."""
+    config = micro_config(position="asentmax", n_kv_heads=4, attention_window=[window] if window else [],
+                          position_args={"asentmax": {"base": base}})
+    model = Transformer(config).eval()
+    maps = model.position.temperatures["1"]
+    with torch.no_grad():
+        maps["beta"].weight.normal_(0.0, 0.3)
+        maps["gamma"].weight.normal_(0.0, 0.3)
+    layer = model.layers[1].attention
+    x = torch.randn(1, 7, config.dim) * 2
+    positions = torch.arange(7)[None]
+    alibi = 2 if base == "nape" else 0
+    with torch.no_grad():
+        out = layer(x, model.position, model.position.prepare(positions, positions), None)
+        q, k, v = heads_qkv(layer, x)
+        z = torch.zeros(4, 7, 16)
+        sparse = 0
+        for h in range(4):
+            for i in range(7):
+                seen = [j for j in range(i + 1) if not window or i - j < window]
+                if h < alibi:
+                    scale, bias = 1.0, [(j - i) / (h + 1) for j in seen]
+                else:
+                    beta = torch.nn.functional.softplus(maps["beta"].weight[h - alibi] @ x[0, i])
+                    gamma = 2 * torch.tanh(maps["gamma"].weight[h - alibi] @ x[0, i])
+                    scale, bias = 1 + beta * math.log(len(seen) + 1) ** gamma, [0.0] * len(seen)
+                logits = torch.stack([scale * (q[h, i] @ k[h, j]) / 4.0 + b for j, b in zip(seen, bias)])
+                weights = entmax_by_definition(logits, 1.5).float()
+                sparse += int((weights == 0).sum())
+                z[h, i] = sum(w * v[h, j] for w, j in zip(weights, seen))
+        expected = layer.o_proj(z.transpose(0, 1).reshape(1, 7, config.dim))
+        shifted = torch.arange(7)[None] + 100
+        moved = layer(x, model.position, model.position.prepare(shifted, shifted), None)
+    assert (out - expected).abs().max() < 1e-5
+    assert sparse > 0  # some keys get exactly no weight
+    assert torch.allclose(moved, out, atol=1e-6)
+
+
+@pytest.mark.parametrize("position", ["path", "asentmax"])
+def test_path_and_asentmax_at_16x_in_bfloat16_stay_near_float64(position):
+    """PaTH's triangular solves and entmax's Newton steps and closed form run in float32 under bf16 autocast: a bf16
+    forward at 16x L against the same model in float64."""
+    model = Transformer(micro_config(position=position, max_seq_len=32)).eval()
+    idx = torch.randint(0, 97, (1, 512))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        low = model(idx)[0].float()
+    exact = Transformer(micro_config(position=position, max_seq_len=32)).double().eval()
+    exact.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        high = exact(idx)[0]
+    assert torch.isfinite(low).all() and (low.double() - high).abs().max() < 0.02

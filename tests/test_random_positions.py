@@ -96,7 +96,7 @@ def test_cached_decoding_equals_the_full_forward_at_the_same_positions(cache_typ
     assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
 
 
-@pytest.mark.parametrize("position", ["none", "fox", "stickbreaking", "cope"])
+@pytest.mark.parametrize("position", ["none", "fox", "stickbreaking", "cope", "path"])
 def test_encodings_that_read_no_positions_are_refused(position):
     with pytest.raises(ConfigError, match="read no position ids"):
         ModelConfig(**SHAPE, position=position, random_positions=64)

@@ -58,8 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "--model.key=value, --train.key=value")
     parser.add_argument("--config", type=Path, default=Path("configs/compare.toml"), metavar="FILE",
                         help="TOML compare config")
-    parser.add_argument("--preset", help="a [presets.NAME] table of the config: quick, newer, frontier, full or wikitext103 "
-                        "(docs/presets.md: what each answers and costs)")
+    parser.add_argument("--preset", help="a [presets.NAME] table of the config: quick, newer, frontier, frontier2, "
+                        "full or wikitext103 (docs/presets.md: what each answers and costs)")
     add_out(parser, "output folder (default: compare.out of the config)")
     return parser
 

@@ -305,6 +305,12 @@ NEWER_CLAIMS = [
      "2024)"),
     ("rope-randomized", "rope", "longest", "lower", "randomized positions lower RoPE's extrapolation penalty (Ruoss "
      "et al. 2023)"),
+    ("path", "rope", "1x", "lower", "PaTH's perplexity is below RoPE's (Yang et al. 2025)"),
+    ("path", "rope", "longest", "lower", "PaTH extrapolates beyond L better than RoPE (Yang et al. 2025)"),
+    ("asentmax", "ssmax", "longest", "lower", "ASEntmax extrapolates beyond L better than Scalable-Softmax "
+     "(Vasylenko et al. 2026)"),
+    ("asentmax", "none", "longest", "lower", "ASEntmax extrapolates beyond L better than softmax (Vasylenko et al. "
+     "2026)"),
 ]
 
 

@@ -16,6 +16,10 @@
     stickbreaking  stick-breaking weights instead of softmax      stickbreaking.py
     dape        an MLP rewrites ALiBi's or KERPLE's bias from the  dape.py
                 logits of all heads
+    path        PaTH: keys carried to each query through           path.py
+                Householder-like transforms from the content
+    asentmax    alpha-entmax weights, each query's logits scaled   asentmax.py
+                by a learned temperature that grows with log n
 
 The interface and its hooks: base.py. A new encoding is a file here that registers its class with
 `@register_encoding("name")`, plus its line in ENCODING_MODULES; nothing else in the model names it. Importing this package
@@ -33,7 +37,7 @@ if TYPE_CHECKING:
 
 # The files of model/encodings/ that register encodings, in the order of the registry (and of its listings).
 ENCODING_MODULES = ("none", "alibi", "t5", "shaw", "sinusoidal", "learned", "kerple", "fire", "cope", "rotary",
-                    "ssmax", "fox", "stickbreaking", "dape")
+                    "ssmax", "fox", "stickbreaking", "dape", "path", "asentmax")
 
 POSITION_ENCODINGS: dict[str, type["PositionEncoding"]] = {}
 

@@ -15,6 +15,17 @@ Hooks (each has a do-nothing default):
                                             xPos rotate them, SSMax scales the queries); keys are encoded before
                                             caching, or, when `caches_encoded_keys` is False (dynamic NTK), all
                                             cached raw keys are encoded again at every step
+  attention_scores(q, k, state, layer, rows, keys)
+                                            when `own_scores` (PaTH): the logits (batch, heads, len(rows),
+                                            len(keys)) of the query rows `rows` (q holds those rows) against the
+                                            key columns `keys` of all keys k, instead of q.k / sqrt(d): for
+                                            designs whose logit of (i, j) is not q_i.k_j plus a bias, such as a
+                                            transform accumulated between j and i (PaTH; its forget-gate variant
+                                            PaTH-FoX would add FoX's bias through score_bias), or keys transformed
+                                            per query in any other way. Called for the chunks of rows in order, so
+                                            the state may carry what one chunk computed to the next; what the
+                                            encoding keeps of earlier tokens it may write back into the KV cache
+                                            (kv_cache.rewrite_keys)
   score_bias(q, state, layer, rows, keys, scores)
                                             additive logit bias (batch|1, heads, len(rows), len(keys)) for the
                                             query rows `rows` of this forward and the key columns `keys` of all
@@ -40,8 +51,9 @@ needs (FUSED: nothing beyond its queries and keys, so the fused kernel; BIAS: an
 as a mask; EXPLICIT: the explicit steps, with `why_explicit`), and `flex_kind`, the FlexAttention kernel that serves
 its long evaluation forwards ("distance", "clipped", "separable" or None: model/flex.py). Both agree with the
 capabilities below (tests/test_attention_path.py checks it): `has_score_bias`, `bias_needs_scores`,
-`bias_from_content`, `separable_bias`, `has_value_term`, `own_weights`, `relative_only`, `clipped_distance`;
-`caches_encoded_keys` is read by the attention itself, `reads_positions` by model.random_positions' check.
+`bias_from_content`, `separable_bias`, `has_value_term`, `own_weights`, `own_scores`, `relative_only`,
+`clipped_distance`; `caches_encoded_keys` is read by the attention itself, `reads_positions` by
+model.random_positions' check.
 `per_layer` is False for encodings that act on the whole model (absolute ones, through `embed`): those cannot be
 mixed with others layer by layer.
 
@@ -140,6 +152,7 @@ class PositionEncoding(nn.Module):
     bias_from_content = False  # True: the bias depends on the tokens (a gate of the layer input), not on positions
     separable_bias = False  # True: the bias is a query's term minus a key's term (separable_terms), FlexAttention's
     own_weights = False  # True: attention_weights replaces softmax (the explicit steps then compute the weights)
+    own_scores = False  # True: attention_scores replaces q.k / sqrt(d) (the explicit steps then compute the logits)
     exact_buffers: tuple[str, ...] = ()  # buffers kept in float32 when the model is cast (frequencies, slopes)
     # AdamW settings for this encoding's own parameters, if it has any (train/loop.py: position_group_settings):
     # "lr_scale" multiplies train.lr, "weight_decay" replaces train.weight_decay. Chosen by measurement (docs/baselines.md)
@@ -197,6 +210,13 @@ class PositionEncoding(nn.Module):
 
     def encode_keys(self, k: torch.Tensor, state: Any) -> torch.Tensor:
         return k
+
+    def attention_scores(self, q: torch.Tensor, k: torch.Tensor, state: Any, layer: int, rows: slice,
+                         keys: slice) -> torch.Tensor:
+        """For `own_scores`: the logits (batch, heads, len(rows), len(keys)), at least float32, of the query rows
+        `rows` (q: those rows, (batch, heads, len(rows), head_dim)) against the columns `keys` of all keys k
+        (batch, heads, keys, head_dim); called for the chunks of rows in order."""
+        raise NotImplementedError(f"{type(self).__name__} has no scores of its own")
 
     def score_bias(self, q: torch.Tensor, state: Any, layer: int, rows: slice, keys: slice = ALL,
                    scores: torch.Tensor | None = None) -> torch.Tensor | None:

@@ -1,0 +1,121 @@
+"""asentmax: Adaptive-Scalable Entmax (Vasylenko et al., ICLR 2026, "Long-Context Generalization with Sparse
+Attention", arXiv 2506.16640): alpha-entmax weights instead of softmax (exact zeros for keys below a threshold), the
+logits of each query scaled by a temperature learned from the content that grows with the number of keys seen.
+
+Query i's weights are alpha-entmax(s_i q_i . k_j / sqrt(d)) over the keys it sees (model/entmax.py), with s_i =
+delta + beta_i (log(n_i + 1))^gamma_i, beta_i = softplus(w_beta . x_i) and gamma_i = gamma_range tanh(w_gamma . x_i)
+per head, x_i the layer's input at the query, n_i the number of keys it sees (the count SSMax uses: the query's
+position less the first key's, plus one, at most the layer's window). As the authors' code (deep-spin/asentmax,
+synthetic/src/models/architectures/sparse_gemma.py, attn_scale_type "adapt-softplus-tanh": linear maps without a
+bias, delta 1, gamma_range 2, log(position + 2) for a query at position 0, 1, ...; alpha 1.5). The authors' models
+put ALiBi on half of the heads (NAPE: slopes 1, 1/2, ... on the first H/2 heads, the others NoPE and scaled); here
+`base = "nape"` does so, and by default every head is NoPE and scaled.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from errors import ConfigError
+from model.encodings import register_encoding
+from model.encodings.base import ALL, EXPLICIT, EncodingSettings, PositionEncoding, Positions
+from model.encodings.ssmax import keys_seen
+from model.entmax import entmax
+
+if TYPE_CHECKING:
+    from model.config import ModelConfig
+
+BASES = ("none", "nape")
+
+
+@dataclass
+class ASEntmaxSettings(EncodingSettings):
+    alpha: float = 1.5  # entmax's alpha, in (1, 2]: 1.5 and 2 (sparsemax) exact by sorting, others by bisection
+    delta: float = 1.0  # the scale's floor
+    gamma_range: float = 2.0  # the exponent gamma lies in (-gamma_range, gamma_range)
+    base: str = "none"  # "none": every head NoPE and scaled; "nape": ALiBi on the first half of the heads
+
+    def check(self, config: "ModelConfig", where: str) -> None:
+        if not 1.0 < self.alpha <= 2.0:
+            raise ConfigError(f"{where}.alpha must be in (1, 2] (1 would be softmax, 2 sparsemax), got {self.alpha}")
+        if self.delta < 0:
+            raise ConfigError(f"{where}.delta must be >= 0, got {self.delta}")
+        if self.gamma_range < 0:
+            raise ConfigError(f"{where}.gamma_range must be >= 0, got {self.gamma_range}")
+        if self.base not in BASES:
+            raise ConfigError(f"{where}.base must be one of {list(BASES)}, got {self.base!r}")
+        if self.base == "nape" and config.n_heads < 2:
+            raise ConfigError(f"{where}.base = 'nape' puts ALiBi on half of the heads and needs model.n_heads >= 2, "
+                              f"got {config.n_heads}; use base = 'none'")
+
+
+@dataclass
+class ScaledQueries(Positions):
+    """One layer's state: the positions and each query's factor s_i per head (batch, heads, q_time, 1), float32
+    or float64 (1 on the ALiBi heads of NAPE)."""
+
+    scale: torch.Tensor | None = None
+
+
+def nape_slopes(heads: int) -> torch.Tensor:
+    """ALiBi slopes 1, 1/2, ..., 1/(heads // 2) on the first half of the heads, 0 on the others (the authors'
+    get_nape_slopes, "linear")."""
+    alibi = heads // 2
+    return torch.cat((1 / torch.arange(1, alibi + 1, dtype=torch.float32), torch.zeros(heads - alibi)))
+
+
+@register_encoding("asentmax")
+class ASEntmax(PositionEncoding):
+    """alpha-entmax attention with a learned, length-adaptive temperature per query and head."""
+
+    Settings = ASEntmaxSettings
+    own_weights = True
+    has_score_bias = True  # NAPE's ALiBi heads (none with base "none")
+    attention, why_explicit = EXPLICIT, "weights of its own instead of softmax"
+    exact_buffers = ("slopes",)
+
+    def __init__(self, config: "ModelConfig") -> None:
+        super().__init__(config)
+        heads = config.n_heads
+        self.register_buffer("slopes", nape_slopes(heads) if self.settings.base == "nape" else torch.zeros(heads),
+                             persistent=False)
+        self.scaled = heads - heads // 2 if self.settings.base == "nape" else heads  # the last heads
+        self.temperatures = nn.ModuleDict({
+            str(index): nn.ModuleDict({"beta": nn.Linear(config.dim, self.scaled, bias=False),
+                                       "gamma": nn.Linear(config.dim, self.scaled, bias=False)})
+            for index in self.layers_using()})
+        self.windows = config.layer_windows()
+
+    def for_layer(self, x: torch.Tensor, state: Positions, layer: int, kv_cache: Any = None) -> ScaledQueries:
+        maps = self.temperatures[str(layer)]
+        settings = self.settings
+        exact = torch.promote_types(x.dtype, torch.float32)  # float32, or float64 for a reference
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            x = x.to(exact)
+            beta = F.softplus(F.linear(x, maps["beta"].weight.to(exact))).transpose(1, 2)  # (batch, scaled, time)
+            gamma = settings.gamma_range * torch.tanh(F.linear(x, maps["gamma"].weight.to(exact))).transpose(1, 2)
+            n = keys_seen(state.queries, state.keys, self.windows[layer]).to(exact)  # (batch|1, time)
+            scale = settings.delta + beta * torch.log(n + 1)[:, None, :] ** gamma
+            heads = self.config.n_heads
+            if self.scaled < heads:  # NAPE: the ALiBi heads keep their logits
+                scale = torch.cat((scale.new_ones(scale.shape[0], heads - self.scaled, scale.shape[2]), scale), 1)
+        return ScaledQueries(state.queries, state.keys, scale[..., None])
+
+    def encode_queries(self, q: torch.Tensor, state: ScaledQueries) -> torch.Tensor:
+        return q * state.scale.to(q.dtype)
+
+    def score_bias(self, q: torch.Tensor, state: Positions, layer: int, rows: slice, keys: slice = ALL,
+                   scores: torch.Tensor | None = None) -> torch.Tensor | None:
+        if self.settings.base != "nape":
+            return None
+        return self.slopes[None, :, None, None] * state.relative(rows, keys)[:, None]  # m_h (j - i)
+
+    def attention_weights(self, scores: torch.Tensor, state: Any, layer: int,
+                          visible: torch.Tensor | None) -> torch.Tensor:
+        with torch.autocast(device_type=scores.device.type, enabled=False):  # float32, or float64 for a reference
+            return entmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), self.settings.alpha)
+
