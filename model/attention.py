@@ -75,6 +75,8 @@ class Attention(nn.Module):
         self.n_heads = config.n_heads
         self.n_kv_heads = config.n_kv_heads
         self.head_dim = config.head_dim
+        # Logits are q.k / sqrt(head_dim) on every path, also where encoded queries and keys are wider (PoPE's 2d).
+        self.score_scale = 1.0 / math.sqrt(self.head_dim)
         self.dropout = config.dropout
         self.window = config.layer_windows()[layer_index]
         # Diagnostics (eval/attention_diagnostics.py): when set, attention is computed explicitly in chunks and
@@ -105,14 +107,16 @@ class Attention(nn.Module):
         if pass_states is not None:
             pass_states = [encoding.for_layer(x, state, self.layer_index, kv_cache) for state in pass_states]
         scale = methods.scale_for(encoding.encodes_positions) if methods is not None else None
-        if scale is not None:
-            q = q * scale.to(q.dtype)  # logn / temperature: a factor per query position
         passes = methods is not None and bool(methods.passes)
         if passes:  # positions are encoded per pass at score time: the cache holds raw keys
+            if scale is not None:  # logn / temperature: a factor per query position (the passes' rotations are linear)
+                q = q * scale.to(q.dtype)
             if kv_cache is not None:
                 k, v = kv_cache.update(self.layer_index, k, v)
         else:
             q = encoding.encode_queries(q, encoding_state)
+            if scale is not None:  # logn / temperature on the encoded query, so the logits scale whatever the encoding
+                q = q * scale.to(q.dtype)
             if encoding.caches_encoded_keys:
                 k = encoding.encode_keys(k, encoding_state)
             if kv_cache is not None:
@@ -158,6 +162,7 @@ class Attention(nn.Module):
             attn_mask=mask,
             is_causal=causal and plain and q_len > 1 and k_len == q_len,
             dropout_p=self.dropout if self.training else 0.0,
+            scale=self.score_scale,
             enable_gqa=self.n_kv_heads != self.n_heads,
         )
 
@@ -243,6 +248,7 @@ class Attention(nn.Module):
                 mask = bias if visible is None else bias.masked_fill(~visible, float("-inf"))
                 mask = mask.to(q.dtype)
             outputs.append(F.scaled_dot_product_attention(q_rows, k_keys, v_keys, attn_mask=mask, dropout_p=dropout,
+                                                          scale=self.score_scale,
                                                           enable_gqa=self.n_kv_heads != self.n_heads))
         return torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]
 

@@ -32,6 +32,8 @@ EXPECTED = {
     "fox": (EXPLICIT, FLEX, SDPA_MASK),  # a learned bias; its separable form takes FlexAttention for batches too
     "stickbreaking": (EXPLICIT, EXPLICIT, EXPLICIT),  # weights of its own instead of softmax
     "dape": (EXPLICIT, EXPLICIT, EXPLICIT),  # its bias reads the scores
+    "pope": (SDPA, SDPA, SDPA),  # queries and keys in polar form, twice as wide as the values, no bias
+    "fope": (SDPA, SDPA, SDPA),  # queries and keys turned by Fourier series, no bias
 }
 
 

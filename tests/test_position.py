@@ -13,7 +13,7 @@ from model.encodings.t5 import t5_bucket
 from tests.conftest import micro_config
 
 ENCODINGS = ["rope", "alibi", "t5", "shaw", "sinusoidal", "learned", "none", "fire", "kerple", "xpos", "cope",
-             "ssmax", "fox", "stickbreaking", "dape"]
+             "ssmax", "fox", "stickbreaking", "dape", "pope", "fope"]
 # RoPE variants and layer hybrids (model.position_layers, model.attention_window) run the same battery.
 HYBRIDS = [
     dict(position="rope", position_args={"rope": {"fraction": 0.5}}),  # partial rotary
@@ -22,12 +22,15 @@ HYBRIDS = [
     dict(position="rope", position_layers=["rope", "none"], attention_window=[6, 0]),  # RNoPE-SWA
     dict(position="alibi", attention_window=[5]),  # a sliding window on a bias encoding
     dict(position="kerple", position_layers=["kerple", "xpos"]),  # two learned encodings in one model
+    dict(position="pope", position_layers=["pope", "none"], attention_window=[5, 0]),  # 2d-wide q, k in chunks
 ]
 # Shift-invariant too, but without distances (only the count of keys): its shift test is in
 # tests/test_position_references.py.
 COUNTING = [dict(position="ssmax", attention_window=[5, 0]),  # SSMax counts the keys within the window
             dict(position="rope", position_layers=["rope", "fox"]),  # FoX's gates beside RoPE (the paper's FoX+RoPE)
             dict(position="dape", position_args={"dape": {"base": "kerple"}})]  # DAPE on KERPLE's bias
+# Neither shift-invariant nor counting: FoPE's series of several frequencies per pair (beside RoPE layers).
+MIXED_FREQUENCIES = [dict(position="fope", position_layers=["fope", "rope"])]
 SCALED_ROPE = [
     {"rope_type": "linear", "factor": 2.0},
     {"rope_type": "ntk", "factor": 2.0},
@@ -36,7 +39,7 @@ SCALED_ROPE = [
     {"rope_type": "llama3", "factor": 2.0},
 ]
 VARIANTS = [dict(position=name) for name in ENCODINGS] + [dict(position="rope", rope_scaling=s) for s in SCALED_ROPE] \
-    + HYBRIDS + COUNTING
+    + HYBRIDS + COUNTING + MIXED_FREQUENCIES
 
 
 def variant_id(variant):
@@ -47,9 +50,9 @@ def variant_id(variant):
 
 def test_registry_holds_every_encoding_and_unknown_names_list_them():
     assert sorted(POSITION_ENCODINGS) == sorted(ENCODINGS)
-    with pytest.raises(ConfigError, match=r"valid names are \['alibi', 'cope', 'dape', 'fire', 'fox', 'kerple', "
-                                          r"'learned', 'none', 'rope', 'shaw', 'sinusoidal', 'ssmax', "
-                                          r"'stickbreaking', 't5', 'xpos'\]"):
+    with pytest.raises(ConfigError, match=r"valid names are \['alibi', 'cope', 'dape', 'fire', 'fope', 'fox', "
+                                          r"'kerple', 'learned', 'none', 'pope', 'rope', 'shaw', 'sinusoidal', "
+                                          r"'ssmax', 'stickbreaking', 't5', 'xpos'\]"):
         micro_config(position="nope")
 
 
@@ -107,7 +110,8 @@ def test_batch_equals_rows_alone(variant):
 # FIRE is shift-invariant while every query is below its threshold T (a query past T is normalised by its own
 # position, by design): T = 4096 here, past the shifted positions.
 RELATIVE = [dict(position="rope"), dict(position="alibi"), dict(position="t5"), dict(position="shaw"),
-            dict(position="kerple"), dict(position="xpos"), dict(position="fire", position_args={"fire": {"threshold": 4096}})] + [
+            dict(position="kerple"), dict(position="xpos"), dict(position="fire", position_args={"fire": {"threshold": 4096}}),
+            dict(position="pope")] + [
     dict(position="rope", rope_scaling=s) for s in SCALED_ROPE if s["rope_type"] != "dynamic"
 ] + [variant for variant in HYBRIDS]
 

@@ -16,6 +16,10 @@
     stickbreaking  stick-breaking weights instead of softmax      stickbreaking.py
     dape        an MLP rewrites ALiBi's or KERPLE's bias from the  dape.py
                 logits of all heads
+    pope        polar positions: softplus magnitudes from the      pope.py
+                content, phases from the position alone
+    fope        Fourier series over RoPE's frequencies, those      fope.py
+                below 2 pi / L clipped
 
 The interface and its hooks: base.py. A new encoding is a file here that registers its class with
 `@register_encoding("name")`, plus its line in ENCODING_MODULES; nothing else in the model names it. Importing this package
@@ -33,7 +37,7 @@ if TYPE_CHECKING:
 
 # The files of model/encodings/ that register encodings, in the order of the registry (and of its listings).
 ENCODING_MODULES = ("none", "alibi", "t5", "shaw", "sinusoidal", "learned", "kerple", "fire", "cope", "rotary",
-                    "ssmax", "fox", "stickbreaking", "dape")
+                    "ssmax", "fox", "stickbreaking", "dape", "pope", "fope")
 
 POSITION_ENCODINGS: dict[str, type["PositionEncoding"]] = {}
 
