@@ -37,6 +37,7 @@ SCALED_ROPE = [
     {"rope_type": "dynamic", "factor": 2.0},
     {"rope_type": "yarn", "factor": 2.0},
     {"rope_type": "llama3", "factor": 2.0},
+    {"rope_type": "resonance", "factor": 2.0},  # Resonance YaRN: whole-token wavelengths
 ]
 VARIANTS = [dict(position=name) for name in ENCODINGS] + [dict(position="rope", rope_scaling=s) for s in SCALED_ROPE] \
     + HYBRIDS + COUNTING + MIXED_FREQUENCIES
