@@ -24,6 +24,7 @@ from model.attention_path import EXPLICIT, FLEX, SDPA, Forward, Path, choose
 from model.config import ModelConfig
 from model.encodings.base import PositionEncoding
 from model.kv_cache import KVCache
+from model.layers import RMSNorm
 from model.runtime import runtime_config
 
 # Chunks hold at most this many (batch x heads x rows x keys) elements: 2^24 floats (64 MiB) through SDPA with
@@ -87,6 +88,11 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.dim, config.n_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.dim, config.n_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(config.n_heads * self.head_dim, config.dim, bias=False)
+        # QK-norm (model.qk_norm): RMSNorm of each head's queries and keys, a gain over head_dim shared by the heads,
+        # before the position encoding.
+        qk_norm = config.layer_qk_norms()[layer_index]
+        self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if qk_norm else None
 
     def forward(
         self,
@@ -103,6 +109,8 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(batch, time, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, time, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, time, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         encoding_state = encoding.for_layer(x, encoding_state, self.layer_index, kv_cache)
         if pass_states is not None:
             pass_states = [encoding.for_layer(x, state, self.layer_index, kv_cache) for state in pass_states]

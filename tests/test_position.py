@@ -23,6 +23,9 @@ HYBRIDS = [
     dict(position="alibi", attention_window=[5]),  # a sliding window on a bias encoding
     dict(position="kerple", position_layers=["kerple", "xpos"]),  # two learned encodings in one model
     dict(position="pope", position_layers=["pope", "none"], attention_window=[5, 0]),  # 2d-wide q, k in chunks
+    dict(position="rope", qk_norm=[True]),  # QK-norm in every layer
+    dict(position="rope", position_layers=["rope", "none"], attention_window=[6, 0], qk_norm=[True, False]),  # a
+    # QK-norm hybrid: windowed RoPE layers normalised, global NoPE layers not
 ]
 # Shift-invariant too, but without distances (only the count of keys): its shift test is in
 # tests/test_position_references.py.
