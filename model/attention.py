@@ -116,14 +116,14 @@ class Attention(nn.Module):
             pass_states = [encoding.for_layer(x, state, self.layer_index, kv_cache) for state in pass_states]
         scale = methods.scale_for(encoding.encodes_positions) if methods is not None else None
         passes = methods is not None and bool(methods.passes)
+        # logn / temperature: a factor per query position, on the encoded query (here, or per pass in the chunks), so
+        # that it scales the logits whatever the encoding does to the query (PoPE's softplus)
         if passes:  # positions are encoded per pass at score time: the cache holds raw keys
-            if scale is not None:  # logn / temperature: a factor per query position (the passes' rotations are linear)
-                q = q * scale.to(q.dtype)
             if kv_cache is not None:
                 k, v = kv_cache.update(self.layer_index, k, v)
         else:
             q = encoding.encode_queries(q, encoding_state)
-            if scale is not None:  # logn / temperature on the encoded query, so the logits scale whatever the encoding
+            if scale is not None:
                 q = q * scale.to(q.dtype)
             if encoding.caches_encoded_keys:
                 k = encoding.encode_keys(k, encoding_state)
@@ -148,7 +148,8 @@ class Attention(nn.Module):
             y = self.fused_attention(q, k, v, causal, kv_cache)
         elif y is None:
             y = self.chunked_attention(q, k, v, encoding, encoding_state, causal, kv_cache, methods,
-                                       pass_states, explicit=path.kind == EXPLICIT)
+                                       pass_states, explicit=path.kind == EXPLICIT,
+                                       pass_scale=scale if passes else None)
         self.last_path = path
         # (batch, heads, time, head_dim) -> (batch, time, heads * head_dim)
         y = y.transpose(1, 2).reshape(batch, time, self.n_heads * self.head_dim)
@@ -187,11 +188,13 @@ class Attention(nn.Module):
         pass_states: list[Any] | None = None,
         *,
         explicit: bool,
+        pass_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention in chunks of query rows, each against the keys it can see, with the encoding's bias: through
         explicit steps (scores, softmax, probabilities @ values) or SDPA with a float mask, as the path says; with
         an attention method's passes (q and k raw here), each pass encodes positions its own way and the pairs it
-        selects take their scores from it."""
+        selects take their scores from it; `pass_scale`, a query scale (logn), multiplies each pass's encoded
+        queries."""
         batch, heads, q_len, _ = q.shape
         k_len = k.shape[2]
         static = kv_cache is not None and kv_cache.static
@@ -210,6 +213,8 @@ class Attention(nn.Module):
         if passes:  # (queries, keys) encoded for each pass, once for all chunks
             encoded = [(encoding.encode_queries(q, pass_state), encoding.encode_keys(k, pass_state))
                        for pass_state in pass_states]
+            if pass_scale is not None:  # the query scale on each pass's encoded queries
+                encoded = [(q_pass * pass_scale.to(q_pass.dtype), k_pass) for q_pass, k_pass in encoded]
         dropout = self.dropout if self.training else 0.0
         outputs = []
         for start in range(0, q_len, rows_per_chunk):

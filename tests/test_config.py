@@ -17,7 +17,7 @@ def test_shipped_configs_load():
     assert {"tiny.toml", "compare.toml", "sft_stdlib.toml", "passkey_finetune.toml"} <= {path.name for path in paths}
     for path in paths:
         if path.name == "compare.toml":
-            for preset in ("quick", "full", "newer", "frontier"):
+            for preset in ("quick", "full", "newer", "frontier", "frontier2"):
                 compare, shared, _ = load_compare_config(path, preset, [])
                 assert compare.encodings and shared["model"]["max_seq_len"] > 0
         elif path.name == "ladder.toml":

@@ -177,3 +177,29 @@ def test_a_query_scale_multiplies_popes_logits_not_its_magnitudes():
         z = scores.softmax(-1) @ v
         expected = layer.o_proj(z.transpose(0, 1).reshape(1, 12, model.config.dim))
     assert (out - expected).abs().max() < 1e-5
+
+
+def test_a_query_scale_multiplies_popes_logits_in_a_methods_passes_too():
+    """With sinks whose window holds every key, its pass encodes the true positions: sinks + logn must equal logn
+    alone, the scale multiplying the encoded queries of the pass, not the softplus's input."""
+    idx = torch.randint(0, 97, (1, 24))
+    outputs = []
+    for methods in ([{"method": "logn", "base_length": 4}],
+                    [{"method": "sinks", "sinks": 2, "window": 40}, {"method": "logn", "base_length": 4}]):
+        torch.manual_seed(0)
+        model = Transformer(micro_config(position="pope", init_std=0.2, attention_methods=methods)).eval()
+        with torch.no_grad():
+            outputs.append(model(idx)[0])
+    assert (outputs[0] - outputs[1]).abs().max() < 1e-4
+
+
+def test_methods_that_reencode_relative_positions_refuse_fope():
+    """FoPE's logits depend on the positions, not only their distance (relative_only is false): sinks, which moves
+    the sinks' positions and keeps the recent keys' distances, is refused, as for FIRE."""
+    import pytest
+
+    from errors import ConfigError
+
+    with pytest.raises(ConfigError, match="sinks"):
+        micro_config(position="fope", attention_methods=[{"method": "sinks"}])
+    assert micro_config(position="pope", attention_methods=[{"method": "sinks"}]).attention_methods

@@ -104,6 +104,7 @@ class FoPE(PositionEncoding):
 
     Settings = FourierSettings
     model_settings = ("rope_theta",)
+    relative_only = False  # a pair's C and S mix frequencies: the logits depend on the positions, not their distance
     exact_buffers = ("inv_freq",)
     # The coefficients, when learnable: the model's learning rate, no weight decay (the authors decay nothing of
     # them, being fixed).
