@@ -4,10 +4,11 @@ Each method names the encodings it applies to and how it sets the model up for a
 `incremental` methods are scored token by token through the KV cache (as generation uses them), the rest with
 one forward per window. "none" is the checkpoint as it is (its own scaling, if it was trained with one).
 
-    linear, ntk, yarn, llama3   RoPE frequency scalings with factor = length / the length the frequencies were
-                                set for (config.original_length: the trained length, or for a checkpoint extended
+    linear, ntk, yarn, llama3,  RoPE frequency scalings with factor = length / the length the frequencies were
+    resonance                   set for (config.original_length: the trained length, or for a checkpoint extended
                                 with a scaling, the length before extension), static: the whole window uses that
-                                factor, which is how such a scaling is configured for a length
+                                factor, which is how such a scaling is configured for a length (resonance: YaRN's
+                                frequencies with whole-token wavelengths, not plain RoPE even at factor 1)
     dynamic                     dynamic NTK with its own factor (1): the base grows with the current length,
                                 so each token is scored under the base of its own prefix (incremental)
     clamp                       a learned table: positions past it reuse its last row
@@ -28,7 +29,7 @@ from typing import Callable
 from errors import ConfigError
 from model.attention_methods import ATTENTION_METHODS, applicable_encodings, refusal
 from model.config import ModelConfig
-from model.rope import LENGTH_DEPENDENT_SCALINGS, NEEDS_ORIGINAL_LENGTH, ROPE_SCALINGS
+from model.rope import LENGTH_DEPENDENT_SCALINGS, NEEDS_ORIGINAL_LENGTH, NOT_PLAIN_AT_FACTOR_ONE, ROPE_SCALINGS
 from model.transformer import Transformer
 
 NONE = "none"
@@ -72,6 +73,10 @@ def _plain_rope_within(bound: Callable[[dict, int], int]) -> Callable[[dict, int
         return scaling.get("rope_type", "default") == "default" and length <= bound(own, trained)
 
     return as_trained
+
+
+def _never(own: dict, length: int, trained: int) -> bool:
+    return False
 
 
 def _rope_scaling(name: str) -> Changes:
@@ -120,7 +125,8 @@ def _summary(name: str) -> str:
 METHODS: dict[str, InferenceMethod] = {
     NONE: InferenceMethod(None, _as_trained, summary="the checkpoint as trained", shift_probe=True),
     **{name: InferenceMethod(("rope",), _rope_scaling(name), summary=f"{_summary(name)}, factor = length / L",
-                             as_trained_at=_plain_rope_within(lambda own, trained: _original(own)))
+                             as_trained_at=_plain_rope_within(lambda own, trained: _original(own))
+                             if name not in NOT_PLAIN_AT_FACTOR_ONE else _never)
        for name in ROPE_SCALINGS if name != "default" and name not in LENGTH_DEPENDENT_SCALINGS},
     **{name: InferenceMethod(("rope",), _dynamic(name), incremental=True,
                              summary=f"{_summary(name)}, factor 1, each token under the base of its own prefix",

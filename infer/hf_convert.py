@@ -44,6 +44,7 @@ LLAMA_DEFAULTS = [
     ("attention_methods", [], "Llama's attention has no inference-time methods (logn, ReRoPE, SelfExtend, ...)"),
     ("random_positions", 0, "Llama's positions are 0, 1, 2, ...; the model was trained and is scored on randomized "
      "ones"),
+    ("qk_norm", [], "Llama normalises neither queries nor keys (QK-norm is Qwen 3's, Gemma 3's, OLMo 2's)"),
 ]
 # RoPE's own settings (model.position_args.rope) Llama cannot express, with their Llama value.
 LLAMA_ROPE_SETTINGS = [
@@ -95,9 +96,16 @@ def from_hf_state_dict(state: dict[str, torch.Tensor], config: ModelConfig) -> d
     return converted
 
 
+# Our RoPE scalings transformers has no rope_type for, and which no plain RoPE equals: refused by the export.
+NOT_IN_TRANSFORMERS = {"resonance": "transformers has no Resonance RoPE (wavelengths rounded to whole tokens)"}
+
+
 def rope_parameters(config: ModelConfig) -> dict[str, Any]:
     """Our rope_theta + rope_scaling as transformers' rope parameters (static NTK becomes a larger theta)."""
     scaling = dict(config.rope_scaling or {"rope_type": "default"})
+    if scaling["rope_type"] in NOT_IN_TRANSFORMERS:
+        raise ConversionError(f"cannot export model.rope_scaling = {config.rope_scaling!r} to Llama: "
+                              f"{NOT_IN_TRANSFORMERS[scaling['rope_type']]}")
     theta = config.rope_theta
     if scaling["rope_type"] == "ntk":  # base * s^(d/(d-2)) is plain RoPE with that base
         theta = theta * scaling["factor"] ** (config.head_dim / (config.head_dim - 2))
@@ -152,8 +160,8 @@ def to_llama_config(config: ModelConfig, generation: dict[str, Any] | None = Non
 
 
 # transformers' Llama reads every scaling of ours except static NTK (which export writes as plain RoPE with the
-# enlarged base, and import never sees).
-SUPPORTED_ROPE = set(ROPE_SCALINGS) - {"ntk"}
+# enlarged base, and import never sees) and those it has no rope_type for.
+SUPPORTED_ROPE = set(ROPE_SCALINGS) - {"ntk"} - set(NOT_IN_TRANSFORMERS)
 
 
 def from_llama_config(values: dict[str, Any]) -> tuple[ModelConfig, int]:

@@ -24,6 +24,7 @@ from model.attention_path import EXPLICIT, FLEX, SDPA, Forward, Path, choose
 from model.config import ModelConfig
 from model.encodings.base import PositionEncoding
 from model.kv_cache import KVCache
+from model.layers import RMSNorm
 from model.runtime import runtime_config
 
 # Chunks hold at most this many (batch x heads x rows x keys) elements: 2^24 floats (64 MiB) through SDPA with
@@ -75,6 +76,8 @@ class Attention(nn.Module):
         self.n_heads = config.n_heads
         self.n_kv_heads = config.n_kv_heads
         self.head_dim = config.head_dim
+        # Logits are q.k / sqrt(head_dim) on every path, also where encoded queries and keys are wider (PoPE's 2d).
+        self.score_scale = 1.0 / math.sqrt(self.head_dim)
         self.dropout = config.dropout
         self.window = config.layer_windows()[layer_index]
         # Diagnostics (eval/attention_diagnostics.py): when set, attention is computed explicitly in chunks and
@@ -85,6 +88,11 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.dim, config.n_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.dim, config.n_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(config.n_heads * self.head_dim, config.dim, bias=False)
+        # QK-norm (model.qk_norm): RMSNorm of each head's queries and keys, a gain over head_dim shared by the heads,
+        # before the position encoding.
+        qk_norm = config.layer_qk_norms()[layer_index]
+        self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if qk_norm else None
 
     def forward(
         self,
@@ -101,18 +109,22 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(batch, time, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, time, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, time, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         encoding_state = encoding.for_layer(x, encoding_state, self.layer_index, kv_cache)
         if pass_states is not None:
             pass_states = [encoding.for_layer(x, state, self.layer_index, kv_cache) for state in pass_states]
         scale = methods.scale_for(encoding.encodes_positions) if methods is not None else None
-        if scale is not None:
-            q = q * scale.to(q.dtype)  # logn / temperature: a factor per query position
         passes = methods is not None and bool(methods.passes)
+        # logn / temperature: a factor per query position, on the encoded query (here, or per pass in the chunks), so
+        # that it scales the logits whatever the encoding does to the query (PoPE's softplus)
         if passes:  # positions are encoded per pass at score time: the cache holds raw keys
             if kv_cache is not None:
                 k, v = kv_cache.update(self.layer_index, k, v)
         else:
             q = encoding.encode_queries(q, encoding_state)
+            if scale is not None:
+                q = q * scale.to(q.dtype)
             if encoding.caches_encoded_keys:
                 k = encoding.encode_keys(k, encoding_state)
             if kv_cache is not None:
@@ -136,7 +148,8 @@ class Attention(nn.Module):
             y = self.fused_attention(q, k, v, causal, kv_cache)
         elif y is None:
             y = self.chunked_attention(q, k, v, encoding, encoding_state, causal, kv_cache, methods,
-                                       pass_states, explicit=path.kind == EXPLICIT)
+                                       pass_states, explicit=path.kind == EXPLICIT,
+                                       pass_scale=scale if passes else None)
         self.last_path = path
         # (batch, heads, time, head_dim) -> (batch, time, heads * head_dim)
         y = y.transpose(1, 2).reshape(batch, time, self.n_heads * self.head_dim)
@@ -158,6 +171,7 @@ class Attention(nn.Module):
             attn_mask=mask,
             is_causal=causal and plain and q_len > 1 and k_len == q_len,
             dropout_p=self.dropout if self.training else 0.0,
+            scale=self.score_scale,
             enable_gqa=self.n_kv_heads != self.n_heads,
         )
 
@@ -174,11 +188,13 @@ class Attention(nn.Module):
         pass_states: list[Any] | None = None,
         *,
         explicit: bool,
+        pass_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention in chunks of query rows, each against the keys it can see, with the encoding's bias: through
         explicit steps (scores, softmax, probabilities @ values) or SDPA with a float mask, as the path says; with
         an attention method's passes (q and k raw here), each pass encodes positions its own way and the pairs it
-        selects take their scores from it."""
+        selects take their scores from it; `pass_scale`, a query scale (logn), multiplies each pass's encoded
+        queries."""
         batch, heads, q_len, _ = q.shape
         k_len = k.shape[2]
         static = kv_cache is not None and kv_cache.static
@@ -197,6 +213,8 @@ class Attention(nn.Module):
         if passes:  # (queries, keys) encoded for each pass, once for all chunks
             encoded = [(encoding.encode_queries(q, pass_state), encoding.encode_keys(k, pass_state))
                        for pass_state in pass_states]
+            if pass_scale is not None:  # the query scale on each pass's encoded queries
+                encoded = [(q_pass * pass_scale.to(q_pass.dtype), k_pass) for q_pass, k_pass in encoded]
         dropout = self.dropout if self.training else 0.0
         outputs = []
         for start in range(0, q_len, rows_per_chunk):
@@ -246,6 +264,7 @@ class Attention(nn.Module):
                 mask = bias if visible is None else bias.masked_fill(~visible, float("-inf"))
                 mask = mask.to(q.dtype)
             outputs.append(F.scaled_dot_product_attention(q_rows, k_keys, v_keys, attn_mask=mask, dropout_p=dropout,
+                                                          scale=self.score_scale,
                                                           enable_gqa=self.n_kv_heads != self.n_heads))
         return torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]
 

@@ -48,9 +48,13 @@ class ModelConfig:
     #     model.position, whose parameters keep their names; absolute encodings (sinusoidal, learned) act on the
     #     whole model and cannot be mixed in;
     #   attention_window: each layer's sliding window in tokens (a query sees itself and the window - 1 keys
-    #     before it; 0 = global), e.g. [64, 64, 64, 0] with the list above for RNoPE-SWA.
+    #     before it; 0 = global), e.g. [64, 64, 64, 0] with the list above for RNoPE-SWA;
+    #   qk_norm: whether each layer normalises its queries and keys, per head, with RMSNorm (a learned gain over
+    #     head_dim) before the position encoding (QK-norm as in Gemma 3, Qwen 3 and OLMo 2), e.g. [true] for every
+    #     layer; a list with no true is stored as [].
     position_layers: list = dataclasses.field(default_factory=list)
     attention_window: list = dataclasses.field(default_factory=list)
+    qk_norm: list = dataclasses.field(default_factory=list)
     # Inference-time attention methods (model/attention_methods.py), e.g. [{method = "logn"}, {method = "rerope",
     # window = 64}]; a parameter given as 0 is derived from the trained length. [] = attention as trained.
     attention_methods: list = dataclasses.field(default_factory=list)
@@ -93,7 +97,7 @@ class ModelConfig:
         check_plugins(self)  # the encodings' settings, the RoPE scaling, the attention methods
 
     def check_layer_lists(self) -> None:
-        for name in ("position_layers", "attention_window"):
+        for name in ("position_layers", "attention_window", "qk_norm"):
             values = getattr(self, name)
             if values and self.n_layers % len(values):
                 raise ConfigError(f"model.{name} has {len(values)} entries, which does not divide model.n_layers "
@@ -106,10 +110,20 @@ class ModelConfig:
         if any(not isinstance(w, int) or isinstance(w, bool) or w < 0 for w in self.attention_window):
             raise ConfigError(f"model.attention_window must hold integers >= 0 (0 = global), "
                               f"got {self.attention_window}")
+        if any(not isinstance(flag, bool) for flag in self.qk_norm):
+            raise ConfigError(f"model.qk_norm must hold true or false per layer (e.g. [true] for every layer), "
+                              f"got {self.qk_norm}")
+        if not any(self.qk_norm):
+            self.qk_norm = []  # off everywhere: one spelling
 
     def layer_encodings(self) -> list[str]:
         """The encoding of every layer: model.position_layers repeated over the layers, or model.position."""
         pattern = self.position_layers or [self.position]
+        return [pattern[index % len(pattern)] for index in range(self.n_layers)]
+
+    def layer_qk_norms(self) -> list[bool]:
+        """Whether each layer normalises its queries and keys (QK-norm)."""
+        pattern = self.qk_norm or [False]
         return [pattern[index % len(pattern)] for index in range(self.n_layers)]
 
     def layer_windows(self) -> list[int]:

@@ -27,19 +27,25 @@ def default_inv_freq(head_dim: int, theta: float, dtype: torch.dtype = torch.flo
 ROPE_SCALINGS: dict[str, Callable[..., tuple[torch.Tensor, float]]] = {}
 SCALING_KEYS: dict[str, set[str]] = {}
 LENGTH_DEPENDENT_SCALINGS: set[str] = set()  # those that depend on seq_len (the current length)
+# Those that differ from plain RoPE at factor 1 (Resonance rounds every wavelength): an evaluation never reuses the
+# plain cell for them (eval/inference_methods.py).
+NOT_PLAIN_AT_FACTOR_ONE: set[str] = set()
 ORIGINAL = "original_max_position_embeddings"
 
 
 SCALING_DEFAULTS: dict[str, dict] = {}  # values filled in when a config leaves them out
 
 
-def scaling(name: str, keys: set[str], length_dependent: bool = False, defaults: dict | None = None) -> Callable:
+def scaling(name: str, keys: set[str], length_dependent: bool = False, defaults: dict | None = None,
+            plain_at_factor_one: bool = True) -> Callable:
     """Register a scaling function under `name` with the keys its params may hold (and their defaults)."""
 
     def add(function: Callable[..., tuple[torch.Tensor, float]]) -> Callable[..., tuple[torch.Tensor, float]]:
         ROPE_SCALINGS[name], SCALING_KEYS[name], SCALING_DEFAULTS[name] = function, set(keys), dict(defaults or {})
         if length_dependent:
             LENGTH_DEPENDENT_SCALINGS.add(name)
+        if not plain_at_factor_one:
+            NOT_PLAIN_AT_FACTOR_ONE.add(name)
         return function
 
     return add
@@ -121,8 +127,10 @@ def yarn_ramp(head_dim: int, theta: float, params: dict) -> torch.Tensor:
     return ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
 
 
-@scaling("yarn", {"factor", ORIGINAL, "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
-                 "truncate"})
+YARN_KEYS = {"factor", ORIGINAL, "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"}
+
+
+@scaling("yarn", YARN_KEYS)
 def yarn_rope(head_dim: int, theta: float, params: dict, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
     """YaRN (Peng et al. 2023): NTK-by-parts interpolation plus the attention temperature."""
     factor = params["factor"]
@@ -132,6 +140,16 @@ def yarn_rope(head_dim: int, theta: float, params: dict, seq_len: int | None = N
     interpolated = yarn_ramp(head_dim, theta, params)
     inv_freq = interpolation * interpolated + extrapolation * (1 - interpolated)
     return inv_freq, yarn_attention_factor(params)
+
+
+@scaling("resonance", YARN_KEYS, plain_at_factor_one=False)
+def resonance_rope(head_dim: int, theta: float, params: dict, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """Resonance YaRN (Wang et al. 2024): YaRN's frequencies for the factor, each wavelength 2 pi / inv_freq then
+    rounded to a whole number of tokens, so every pair repeats exactly; at factor 1 (YaRN is plain RoPE there),
+    Resonance RoPE. As the authors' LlamaYaRNScaledResonanceRotaryEmbedding, with YaRN's attention factor."""
+    inv_freq, attention_factor = yarn_rope(head_dim, theta, params, seq_len)
+    wavelengths = torch.round(2 * math.pi / inv_freq).clamp(min=1)
+    return 2 * math.pi / wavelengths, attention_factor
 
 
 # the smoothing bounds are written out, so configs read the same here and in transformers (which requires them)

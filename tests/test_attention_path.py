@@ -34,6 +34,8 @@ EXPECTED = {
     "dape": (EXPLICIT, EXPLICIT, EXPLICIT),  # its bias reads the scores
     "path": (EXPLICIT, EXPLICIT, EXPLICIT),  # scores of its own: keys transformed per query
     "asentmax": (EXPLICIT, EXPLICIT, EXPLICIT),  # weights of its own (alpha-entmax) instead of softmax
+    "pope": (SDPA, SDPA, SDPA),  # queries and keys in polar form, twice as wide as the values, no bias
+    "fope": (SDPA, SDPA, SDPA),  # queries and keys turned by Fourier series, no bias
 }
 
 

@@ -112,7 +112,7 @@ def test_interleaved_and_ntk_round_trip_to_equivalent_models(tokenizer, tmp_path
 
 @pytest.mark.parametrize("position", ["alibi", "t5", "shaw", "sinusoidal", "learned", "none", "fire", "kerple",
                                       "xpos", "cope", "ssmax", "fox", "stickbreaking", "dape",
-                                      "path", "asentmax"])
+                                      "path", "asentmax", "pope", "fope"])
 def test_encodings_llama_cannot_express_are_refused(position, tokenizer, tmp_path, capsys):
     make_checkpoint(tmp_path / "ours", tokenizer, position=position)
     assert export_main(["--checkpoint", str(tmp_path / "ours"), "--out", str(tmp_path / "hf")]) == 2
@@ -124,7 +124,9 @@ def test_encodings_llama_cannot_express_are_refused(position, tokenizer, tmp_pat
 @pytest.mark.parametrize("setting", [dict(position_args={"rope": {"fraction": 0.5}}),
                                      dict(position_args={"rope": {"p": 0.5}}), dict(position_layers=["rope", "none"]),
                                      dict(attention_window=[8]), dict(attention_methods=[{"method": "logn"}]),
-                                     dict(random_positions=4096)])
+                                     dict(random_positions=4096),
+                                     dict(rope_scaling={"rope_type": "resonance", "factor": 1.0}),
+                                     dict(qk_norm=[True])])
 def test_rope_variants_llama_cannot_express_are_refused(setting, tokenizer, tmp_path, capsys):
     make_checkpoint(tmp_path / "ours", tokenizer, **setting)
     assert export_main(["--checkpoint", str(tmp_path / "ours"), "--out", str(tmp_path / "hf")]) == 2

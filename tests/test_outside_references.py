@@ -25,15 +25,17 @@ def causal(time: int) -> torch.Tensor:
 
 
 def layer_with_weights(saved: dict[str, torch.Tensor], position: str, **overrides):
-    """A one-layer model (dim 32, 2 heads of 16) whose layer has the fixture's q, k, v projections and the identity
-    as its output projection, so that the layer's output is the heads' attention outputs side by side."""
-    config = micro_config(position=position, dim=32, n_heads=2, n_kv_heads=2, n_layers=1, **overrides)
+    """A one-layer model (the fixture's width: 32 for 2 heads of 16, or 64 for 2 heads of 32) whose layer has the
+    fixture's q, k, v projections and the identity as its output projection, so that the layer's output is the
+    heads' attention outputs side by side."""
+    dim = saved["w_q"].shape[0]
+    config = micro_config(position=position, dim=dim, n_heads=2, n_kv_heads=2, n_layers=1, **overrides)
     model = Transformer(config).eval()
     layer = model.layers[0].attention
     with torch.no_grad():
         for name in ("q", "k", "v"):
             getattr(layer, f"{name}_proj").weight.copy_(saved[f"w_{name}"])
-        layer.o_proj.weight.copy_(torch.eye(32))
+        layer.o_proj.weight.copy_(torch.eye(dim))
     return model, layer
 
 
@@ -210,3 +212,58 @@ def test_asentmax_weights_equal_the_entmax_package(alpha, name):
     weights = encoding.attention_weights(saved["scores"], None, 0, causal(12))
     assert (weights - saved[name]).abs().max() < TOLERANCE
     assert torch.equal(weights == 0, saved[name] == 0)  # exact zeros, and only where the package has them
+
+
+def test_pope_equals_pope_pytorch():
+    """pope-pytorch 0.2.1's PoPE (theta 10000) and flash_attn_with_pope (its CPU path: apply_pope_to_qk, then SDPA
+    with scale 1/sqrt(d), causal) on the q, k, v of one layer, 2 heads of 32, with the phase bias set to values on
+    both sides of [-2 pi, 0], which the package clamps; its bias is our phase_bias[layer]. The logits q.k of the
+    polar forms (its compute_attn_similarity), and the layer's attention output per head."""
+    import math
+
+    saved = fixture("pope")
+    model, layer = layer_with_weights(saved, "pope")
+    assert torch.allclose(model.position.inv_freq, saved["inv_freqs"])
+    with torch.no_grad():
+        model.position.phase_bias["0"].copy_(saved["bias"])
+    x, time = saved["x"], saved["x"].shape[1]
+    out = heads_output(model, layer, x)
+    assert (out - saved["out"]).abs().max() < TOLERANCE
+    positions = torch.arange(time)[None]
+    with torch.no_grad():
+        state = model.position.for_layer(x, model.position.prepare(positions, positions), 0)
+        q = layer.q_proj(x).view(2, time, 2, 32).transpose(1, 2)
+        k = layer.k_proj(x).view(2, time, 2, 32).transpose(1, 2)
+        logits = model.position.encode_queries(q, state) @ model.position.encode_keys(k, state).transpose(-1, -2)
+    similarity = saved["similarity"]  # up to 40 in size: the tolerance is relative to the largest
+    assert (logits - similarity).abs().max() < TOLERANCE * similarity.abs().max()
+    # The fixture exercises the clamp: some of its biases lie outside [-2 pi, 0].
+    outside = (saved["bias"] > 0) | (saved["bias"] < -2 * math.pi)
+    assert outside.any() and not outside.all()
+
+
+@pytest.mark.parametrize("case, length", [("short", 32), ("long", 2048)])
+def test_fope_equals_the_authors_fourier_embedding(case, length):
+    """The FoPE authors' FourierEmbedding (olmo/model.py, with the settings of the paper's configs) on q and k of 4
+    heads of 16 at positions 0..11, trained length 32 (2 frequencies kept, both Fourier pairs) and 2048 (6 kept,
+    mixed into d / 4 = 4 pairs from a stepped identity); its sin_coef, cos_coef (heads x K x O) are our
+    sin_coef[layer], cos_coef[layer]."""
+    from model.encodings.fope import stepped_identity
+
+    saved = fixture("fope")
+    config = micro_config(position="fope", dim=64, n_heads=4, n_kv_heads=4, n_layers=1, max_seq_len=length)
+    fope = Transformer(config).eval().position
+    assert torch.allclose(fope.inv_freq, saved[f"{case}_inv_freq"][0])
+    with torch.no_grad():
+        fope.cos_coef["0"].copy_(saved[f"{case}_cos_coef"])
+        fope.sin_coef["0"].copy_(saved[f"{case}_sin_coef"])
+        positions = torch.arange(12)[None]
+        tables = fope.for_layer(None, fope.prepare(positions, positions), 0)
+        q_rot = fope.encode_queries(saved[f"{case}_q"], tables)
+        k_rot = fope.encode_keys(saved[f"{case}_k"], tables)
+    assert (q_rot - saved[f"{case}_q_rot"]).abs().max() < TOLERANCE
+    assert (k_rot - saved[f"{case}_k_rot"]).abs().max() < TOLERANCE
+    # Their initial coefficients are our (stepped) identity plus noise of std 0.3 sqrt(2 / (fan_in + fan_out)) < 0.1.
+    eye = stepped_identity(*saved[f"{case}_cos_coef"].shape[1:])
+    for name in ("cos_coef", "sin_coef"):
+        assert (saved[f"{case}_{name}"] - eye).abs().max() < 0.45

@@ -13,7 +13,8 @@ from model.encodings.t5 import t5_bucket
 from tests.conftest import micro_config
 
 ENCODINGS = ["rope", "alibi", "t5", "shaw", "sinusoidal", "learned", "none", "fire", "kerple", "xpos", "cope",
-             "ssmax", "fox", "stickbreaking", "dape", "path", "asentmax"]
+             "ssmax", "fox", "stickbreaking", "dape", "path", "asentmax",
+             "pope", "fope"]
 # RoPE variants and layer hybrids (model.position_layers, model.attention_window) run the same battery.
 HYBRIDS = [
     dict(position="rope", position_args={"rope": {"fraction": 0.5}}),  # partial rotary
@@ -22,6 +23,10 @@ HYBRIDS = [
     dict(position="rope", position_layers=["rope", "none"], attention_window=[6, 0]),  # RNoPE-SWA
     dict(position="alibi", attention_window=[5]),  # a sliding window on a bias encoding
     dict(position="kerple", position_layers=["kerple", "xpos"]),  # two learned encodings in one model
+    dict(position="pope", position_layers=["pope", "none"], attention_window=[5, 0]),  # 2d-wide q, k in chunks
+    dict(position="rope", qk_norm=[True]),  # QK-norm in every layer
+    dict(position="rope", position_layers=["rope", "none"], attention_window=[6, 0], qk_norm=[True, False]),  # a
+    # QK-norm hybrid: windowed RoPE layers normalised, global NoPE layers not
 ]
 # Shift-invariant too, but without distances (only the count of keys): its shift test is in
 # tests/test_position_references.py.
@@ -32,15 +37,18 @@ COUNTING = [dict(position="ssmax", attention_window=[5, 0]),  # SSMax counts the
             dict(position="asentmax", position_args={"asentmax": {"base": "nape", "alpha": 1.25}},
                  attention_window=[5, 0]),  # ALiBi on half the heads, entmax by bisection, n within the window
             dict(position="path", position_args={"path": {"rank": 0, "conv": 0}}, attention_window=[5, 0])]
+# Neither shift-invariant nor counting: FoPE's series of several frequencies per pair (beside RoPE layers).
+MIXED_FREQUENCIES = [dict(position="fope", position_layers=["fope", "rope"])]
 SCALED_ROPE = [
     {"rope_type": "linear", "factor": 2.0},
     {"rope_type": "ntk", "factor": 2.0},
     {"rope_type": "dynamic", "factor": 2.0},
     {"rope_type": "yarn", "factor": 2.0},
     {"rope_type": "llama3", "factor": 2.0},
+    {"rope_type": "resonance", "factor": 2.0},  # Resonance YaRN: whole-token wavelengths
 ]
 VARIANTS = [dict(position=name) for name in ENCODINGS] + [dict(position="rope", rope_scaling=s) for s in SCALED_ROPE] \
-    + HYBRIDS + COUNTING
+    + HYBRIDS + COUNTING + MIXED_FREQUENCIES
 
 
 def variant_id(variant):
@@ -51,8 +59,9 @@ def variant_id(variant):
 
 def test_registry_holds_every_encoding_and_unknown_names_list_them():
     assert sorted(POSITION_ENCODINGS) == sorted(ENCODINGS)
-    with pytest.raises(ConfigError, match=r"valid names are \['alibi', 'asentmax', 'cope', 'dape', 'fire', 'fox', "
-                                          r"'kerple', 'learned', 'none', 'path', 'rope', 'shaw', 'sinusoidal', "
+    with pytest.raises(ConfigError, match=r"valid names are \['alibi', 'asentmax', 'cope', 'dape', 'fire', 'fope', "
+                                          r"'fox', 'kerple', 'learned', 'none', 'path', 'pope', 'rope', 'shaw', "
+                                          r"'sinusoidal', "
                                           r"'ssmax', 'stickbreaking', 't5', 'xpos'\]"):
         micro_config(position="nope")
 
@@ -111,7 +120,8 @@ def test_batch_equals_rows_alone(variant):
 # FIRE is shift-invariant while every query is below its threshold T (a query past T is normalised by its own
 # position, by design): T = 4096 here, past the shifted positions.
 RELATIVE = [dict(position="rope"), dict(position="alibi"), dict(position="t5"), dict(position="shaw"),
-            dict(position="kerple"), dict(position="xpos"), dict(position="fire", position_args={"fire": {"threshold": 4096}})] + [
+            dict(position="kerple"), dict(position="xpos"), dict(position="fire", position_args={"fire": {"threshold": 4096}}),
+            dict(position="pope")] + [
     dict(position="rope", rope_scaling=s) for s in SCALED_ROPE if s["rope_type"] != "dynamic"
 ] + [variant for variant in HYBRIDS]
 

@@ -1,5 +1,6 @@
 """RoPE scalings against transformers' ROPE_INIT_FUNCTIONS and closed forms; logits parity with transformers."""
 import itertools
+import math
 
 import pytest
 import torch
@@ -177,3 +178,54 @@ def test_transformers_default_is_no_scaling_in_pelab():
     the command line calls it 'none'."""
     assert ModelConfig(rope_scaling={"rope_type": "default"}).rope_scaling is None
     assert ModelConfig(rope_scaling={"type": "default"}).rope_scaling is None
+
+
+def test_resonance_rounds_every_wavelength_of_yarn_to_whole_tokens():
+    """The closed form (Wang et al. 2024, arXiv 2403.00071): inv_freq = 2 pi / round(2 pi / inv_freq_yarn(s)),
+    computed here in float64 from the textbook frequencies; at factor 1 YaRN is plain RoPE, so it is Resonance RoPE;
+    YaRN's attention factor is kept (Resonance YaRN, as the authors' LlamaYaRNScaledResonanceRotaryEmbedding)."""
+    for head_dim, theta, factor, original in itertools.product([16, 32, 64], [1e4, 5e5], [1.0, 4.0, 16.0], [64, 2048]):
+        params = {"factor": factor, "original_max_position_embeddings": original}
+        ours, attention_factor = ROPE_SCALINGS["resonance"](head_dim, theta, params)
+        yarn, yarn_factor = ROPE_SCALINGS["yarn"](head_dim, theta, params)
+        expected = 2 * math.pi / torch.round(2 * math.pi / yarn.double())
+        assert ((ours.double() - expected).abs() / expected).max() < 1e-5  # float32 frequencies
+        assert attention_factor == yarn_factor
+        if factor == 1.0:
+            plain = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+            assert torch.allclose(ours.double(), 2 * math.pi / torch.round(2 * math.pi / plain), rtol=1e-6)
+            assert attention_factor == 1.0 and not torch.allclose(ours.double(), plain, rtol=1e-3)
+        wavelengths = 2 * math.pi / ours.double()
+        assert torch.allclose(wavelengths, wavelengths.round(), atol=1e-3)
+
+
+def test_resonance_repeats_each_pair_exactly_after_its_wavelength():
+    """cos and sin of pair i at position n and n + lambda_i are the same (to float32's rounding of the frequency):
+    no pair meets a phase past L it did not meet within one wavelength (the paper's point, for the pairs whose
+    wavelength is below L); plain RoPE's pairs do not repeat."""
+    params = {"factor": 1.0, "original_max_position_embeddings": 64}
+    positions = torch.arange(2000)[None]
+    for name, repeats in (("resonance", True), ("default", False)):
+        inv_freq, _ = ROPE_SCALINGS[name](32, 1e4, params)
+        cos, sin = rope_cos_sin(inv_freq, positions, "interleaved")
+        for i, wavelength in enumerate(torch.round(2 * math.pi / inv_freq[:6]).long().tolist()):
+            same = (cos[0, wavelength:, 2 * i] - cos[0, :-wavelength, 2 * i]).abs().max() < 1e-3 and \
+                (sin[0, wavelength:, 2 * i] - sin[0, :-wavelength, 2 * i]).abs().max() < 1e-3
+            assert same == repeats, (name, i, wavelength)
+
+
+def test_resonance_is_an_inference_method_that_never_reuses_the_plain_cell():
+    """Registered once, it is a --rope-scaling choice and an evaluation method (factor = length / L), and since it
+    differs from RoPE at factor 1 the evaluation scores it at L too."""
+    from eval.inference_methods import METHODS
+
+    own = micro_config(max_seq_len=16).to_dict()
+    assert not any(METHODS["resonance"].as_trained_at(own, length, 16) for length in (8, 16))
+    assert METHODS["yarn"].as_trained_at(own, 16, 16)
+    model = Transformer(micro_config(max_seq_len=16)).eval()
+    view = METHODS["resonance"].view(model, 64, 16)
+    assert view.config.rope_scaling == {"rope_type": "resonance", "factor": 4.0,
+                                        "original_max_position_embeddings": 16}
+    trained = Transformer(micro_config(max_seq_len=16, rope_scaling={"rope_type": "resonance", "factor": 1.0}))
+    assert torch.allclose(trained.position.inv_freq,
+                          ROPE_SCALINGS["resonance"](16, 1e4, {"factor": 1.0, "original_max_position_embeddings": 16})[0])

@@ -311,6 +311,17 @@ NEWER_CLAIMS = [
      "(Vasylenko et al. 2026)"),
     ("asentmax", "none", "longest", "lower", "ASEntmax extrapolates beyond L better than softmax (Vasylenko et al. "
      "2026)"),
+    ("pope", "rope", "1x", "lower", "PoPE's perplexity is below RoPE's (Gopalakrishnan et al. 2025)"),
+    ("pope", "rope", "longest", "lower", "PoPE extrapolates beyond L better than RoPE (Gopalakrishnan et al. 2025)"),
+    ("pope", "rope+yarn", "longest", "lower", "PoPE extrapolates beyond L better than RoPE under YaRN, zero-shot "
+     "(Gopalakrishnan et al. 2025)"),
+    ("fope", "rope", "longest", "lower", "FoPE extrapolates beyond L better than RoPE (Hua et al. 2025)"),
+    ("rope-resonance", "rope", "longest", "lower", "Resonance RoPE extrapolates beyond L better than RoPE (Wang et al. "
+     "2024)"),
+    ("rope-resonance+resonance", "rope+yarn", "longest", "lower", "Resonance YaRN extrapolates beyond L better than "
+     "YaRN (Wang et al. 2024)"),
+    ("swan", "rope", "longest", "lower", "global NoPE layers between windowed RoPE ones (SWAN-GPT) generalise beyond L "
+     "better than RoPE (Puvvada et al. 2025)"),
 ]
 
 

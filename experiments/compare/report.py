@@ -205,7 +205,8 @@ def report_markdown(results: ComparisonResults) -> str:
             initial = statistics.fmean(s["initial_val_loss"] for s in summaries)
             lines.append(f"| {encoding} | {params[encoding]:,} | {optimiser} | {summaries[0]['tokens']:,} | "
                          f"{statistics.fmean(s['wall_s'] for s in summaries):.0f} s | "
-                         f"{statistics.fmean(speed):,.0f} | {initial:.3f} -> {cell(val, 3)} | {'; '.join(statuses)} |")
+                         f"{f'{statistics.fmean(speed):,.0f}' if speed else ''} | {initial:.3f} -> {cell(val, 3)} | "
+                         f"{'; '.join(statuses)} |")  # no speed: a run too short to log twice
         else:
             lines.append(f"| {encoding} | {params[encoding]:,} | {optimiser} | | | | | {'; '.join(statuses)} |")
     probe_lines = probe_table(results)

@@ -20,6 +20,10 @@
                 Householder-like transforms from the content
     asentmax    alpha-entmax weights, each query's logits scaled   asentmax.py
                 by a learned temperature that grows with log n
+    pope        polar positions: softplus magnitudes from the      pope.py
+                content, phases from the position alone
+    fope        Fourier series over RoPE's frequencies, those      fope.py
+                below 2 pi / L clipped
 
 The interface and its hooks: base.py. A new encoding is a file here that registers its class with
 `@register_encoding("name")`, plus its line in ENCODING_MODULES; nothing else in the model names it. Importing this package
@@ -37,7 +41,7 @@ if TYPE_CHECKING:
 
 # The files of model/encodings/ that register encodings, in the order of the registry (and of its listings).
 ENCODING_MODULES = ("none", "alibi", "t5", "shaw", "sinusoidal", "learned", "kerple", "fire", "cope", "rotary",
-                    "ssmax", "fox", "stickbreaking", "dape", "path", "asentmax")
+                    "ssmax", "fox", "stickbreaking", "dape", "path", "asentmax", "pope", "fope")
 
 POSITION_ENCODINGS: dict[str, type["PositionEncoding"]] = {}
 
