@@ -28,7 +28,6 @@ import numpy as np
 import torch
 
 from errors import ConfigError
-from eval.inference_methods import NONE, method_spec
 from model.transformer import Transformer
 
 BOS, SEP = 0, 1
@@ -50,7 +49,8 @@ class Task:
     # (rng, length, train) -> (tokens, answer-token mask); `train` draws the training distribution (e.g. copy's
     # strings of every length up to the sequence's), else the test one (the longest string the length holds)
     make: Callable[[np.random.Generator, int, bool], tuple[np.ndarray, np.ndarray]]
-    chance: float  # the token accuracy of a predictor that ignores the context (uniform over the answer symbols)
+    chance: float  # the token accuracy of a predictor that reads only the current token (uniform over the answers
+    # that can follow it: a retrieval query's key has VALUES needles)
     max_length: int | None = None  # the longest sequence the task can generate, if bounded
     # (rng, length, distance) -> (tokens, answer-token mask): a test sequence whose answers lie `distance` tokens
     # before their queries (retrieval tasks); max_distance(length): the largest distance a length holds
@@ -159,11 +159,17 @@ def make_flipflop(rng: np.random.Generator, length: int, train: bool) -> tuple[n
     return tokens, answers
 
 
-# The retrieval tasks' vocabulary: keys, values, then filler (the haystack, or what lies between pairs and queries).
-KEYS, VALUES, FILLER = 64, 64, 16
-KEY0, VALUE0, FILLER0 = SPECIALS, SPECIALS + KEYS, SPECIALS + KEYS + VALUES
+# The retrieval tasks' tokens. A needle is one token that carries a key (its category) and a value (which member
+# of the category it is): KEYS x VALUES needle tokens, KEYS query tokens (one asks for each key), then filler (the
+# haystack, or what lies between the needles and the queries). A query's answer is the needle token of its key: a
+# lookup by content alone. (With key and value as two tokens, "k v", the lookup needs a previous-token binding that
+# neither this model nor a plain 2-layer transformer learned within 15,000 steps: docs/evaluation.md.)
+KEYS, VALUES, FILLER = 16, 16, 16
+NEEDLE0 = SPECIALS
+QUERY0 = NEEDLE0 + KEYS * VALUES
+FILLER0 = QUERY0 + KEYS
 RETRIEVAL_VOCAB = FILLER0 + FILLER
-MQAR_PAIRS = 4  # pairs (and queries) per sequence: at most this many, fewer in short training sequences
+NEEDLES = 4  # needles (and queries) per sequence: at most this many, fewer in short sequences
 
 
 def _filler(rng: np.random.Generator, length: int) -> np.ndarray:
@@ -172,95 +178,75 @@ def _filler(rng: np.random.Generator, length: int) -> np.ndarray:
     return tokens
 
 
-def _pairs(rng: np.random.Generator, count: int) -> tuple[np.ndarray, np.ndarray]:
-    """`count` distinct keys and a value each."""
-    return rng.choice(KEYS, size=count, replace=False) + KEY0, rng.integers(0, VALUES, size=count) + VALUE0
+def _needles(rng: np.random.Generator, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """`count` needles of distinct keys: (their query tokens, their needle tokens)."""
+    keys, values = rng.choice(KEYS, size=count, replace=False), rng.integers(0, VALUES, size=count)
+    return QUERY0 + keys, NEEDLE0 + keys * VALUES + values
 
 
-def _mqar_place(rng: np.random.Generator, length: int, pairs: int, pair_start: int, query_start: int
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """Filler, with `pairs` key-value pairs from pair_start and the same keys queried, in another order, each
-    followed by its value (the answer), from query_start."""
+def _place(rng: np.random.Generator, length: int, slots: list[int] | np.ndarray, query_start: int
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """Filler with a needle at each slot and, from query_start, the needles' queries in another order, each followed
+    by its needle (the answer)."""
     tokens, answers = _filler(rng, length), np.zeros(length, dtype=bool)
-    keys, values = _pairs(rng, pairs)
-    tokens[pair_start : pair_start + 2 * pairs : 2], tokens[pair_start + 1 : pair_start + 2 * pairs : 2] = keys, values
-    order = rng.permutation(pairs)
-    tokens[query_start : query_start + 2 * pairs : 2] = keys[order]
-    tokens[query_start + 1 : query_start + 2 * pairs : 2] = values[order]
-    answers[query_start + 1 : query_start + 2 * pairs : 2] = True
+    queries, needles = _needles(rng, len(slots))
+    tokens[np.asarray(slots)] = needles
+    order = rng.permutation(len(slots))
+    count = len(slots)
+    tokens[query_start : query_start + 2 * count : 2] = queries[order]
+    tokens[query_start + 1 : query_start + 2 * count : 2] = needles[order]
+    answers[query_start + 1 : query_start + 2 * count : 2] = True
     return tokens, answers
 
 
-def mqar_pairs(length: int) -> int:
-    return max(1, min(MQAR_PAIRS, (length - 2) // 4))
+def needle_count(length: int) -> int:
+    return max(1, min(NEEDLES, (length - 2) // 4))
 
 
 def make_mqar(rng: np.random.Generator, length: int, train: bool) -> tuple[np.ndarray, np.ndarray]:
-    """BOS, filler, the pairs k_1 v_1 .. k_n v_n, filler, the queries (the same keys in another order, each followed
-    by its value, the answer), filler. In training the two stretches of filler have random lengths, so every
-    query-to-key distance the length holds is seen; in testing (no distance set) the pairs open the sequence and the
-    queries close it."""
-    pairs = mqar_pairs(length)
-    room = length - 1 - 4 * pairs  # filler tokens
+    """BOS, filler, the needles in a block, filler, the queries (the block's keys in another order, each followed
+    by its needle, the answer), filler. In training the two stretches of filler have random lengths, so every
+    query-to-needle distance the length holds is seen; in testing (no distance set) the block opens the sequence
+    and the queries close it."""
+    count = needle_count(length)
+    room = length - 1 - 3 * count  # filler tokens
     if train:
         before, between = sorted(rng.integers(0, room + 1, size=2))
-        return _mqar_place(rng, length, pairs, 1 + before, 1 + 2 * pairs + between)
-    return _mqar_place(rng, length, pairs, 1, length - 2 * pairs)
+        return _place(rng, length, np.arange(count) + 1 + before, 1 + count + between)
+    return _place(rng, length, np.arange(count) + 1, length - 2 * count)
 
 
 def make_mqar_at(rng: np.random.Generator, length: int, distance: int) -> tuple[np.ndarray, np.ndarray]:
-    """The queries close the sequence; the pairs start `distance` tokens before them (query i's key lies
-    distance + 2 (i - j) before it, for the pair j it asks, |i - j| < the number of pairs)."""
-    pairs = mqar_pairs(length)
-    query_start = length - 2 * pairs
-    return _mqar_place(rng, length, pairs, query_start - distance, query_start)
+    """The queries close the sequence; the block of needles starts `distance` tokens before them (query i asks for
+    needle j, which lies distance + 2i - j before it)."""
+    count = needle_count(length)
+    query_start = length - 2 * count
+    return _place(rng, length, np.arange(count) + query_start - distance, query_start)
 
 
 def mqar_max_distance(length: int) -> int:
-    return length - 2 * mqar_pairs(length) - 1  # the pairs right after BOS
-
-
-NIAH_NEEDLES = 4  # needles per haystack (fewer in short ones): the queried one and its distractors
-
-
-def _niah_place(rng: np.random.Generator, length: int, starts: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """A haystack of filler with a needle (key, value) at each start, then SEP, the first needle's key, its value
-    (the answer)."""
-    tokens, answers = _filler(rng, length), np.zeros(length, dtype=bool)
-    keys, values = _pairs(rng, len(starts))
-    for start, key, value in zip(starts, keys, values):
-        tokens[start], tokens[start + 1] = key, value
-    tokens[length - 3], tokens[length - 2], tokens[length - 1] = SEP, keys[0], values[0]
-    answers[length - 1] = True
-    return tokens, answers
-
-
-def _needle_starts(rng: np.random.Generator, length: int, count: int, fixed: int | None = None) -> list[int]:
-    """Distinct, non-overlapping needle positions in [1, length - 5] (two tokens each), `fixed` first if given."""
-    slots = np.arange(1, length - 4, 2)  # two-token slots before SEP, key, value
-    if fixed is not None:
-        slots = slots[np.abs(slots - fixed) >= 2]
-    chosen = rng.choice(slots, size=min(count, len(slots)), replace=False).tolist()
-    return ([fixed] if fixed is not None else []) + chosen
-
-
-def niah_needles(length: int) -> int:
-    return max(1, min(NIAH_NEEDLES, (length - 4) // 6))
+    return length - 2 * needle_count(length) - 1  # the block right after BOS
 
 
 def make_niah(rng: np.random.Generator, length: int, train: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Needles at random depths (training: every depth the haystack holds); the first is queried."""
-    return _niah_place(rng, length, _needle_starts(rng, length, niah_needles(length)))
+    """A haystack of filler with needles at random depths (every depth the haystack holds), then SEP and a query for
+    every needle, in another order, each followed by its needle (RULER's multi-key needle, with every key asked)."""
+    count = needle_count(length)
+    query_start = length - 2 * count
+    return _place(rng, length, rng.choice(np.arange(1, query_start - 1), size=count, replace=False), query_start)
 
 
 def make_niah_at(rng: np.random.Generator, length: int, distance: int) -> tuple[np.ndarray, np.ndarray]:
-    """The queried needle's key lies `distance` tokens before the query key; the distractors anywhere else."""
-    start = length - 2 - distance
-    return _niah_place(rng, length, _needle_starts(rng, length, niah_needles(length) - 1, start))
+    """The needles at random depths within a band of twice their number tokens whose nearest end lies `distance`
+    tokens before the first query (so every answer lies from `distance` to `distance` + 4 x needles - 3 back)."""
+    count = needle_count(length)
+    query_start = length - 2 * count
+    band = np.arange(query_start - distance - 2 * count + 1, query_start - distance + 1)
+    return _place(rng, length, rng.choice(band, size=count, replace=False), query_start)
 
 
 def niah_max_distance(length: int) -> int:
-    return length - 3  # the needle right after BOS
+    return length - 4 * needle_count(length)  # the band right after BOS
 
 
 for task in (Task("copy", SPECIALS + COPY_SYMBOLS, make_copy, 1 / COPY_SYMBOLS, 2 * COPY_SYMBOLS + 3),
@@ -268,9 +254,9 @@ for task in (Task("copy", SPECIALS + COPY_SYMBOLS, make_copy, 1 / COPY_SYMBOLS, 
                   1 / RECALL_VALUES),
              Task("flipflop", ONE + 1, make_flipflop, 0.5),
              Task("mqar", RETRIEVAL_VOCAB, make_mqar, 1 / VALUES, make_at=make_mqar_at,
-                  max_distance=mqar_max_distance, min_distance=2 * MQAR_PAIRS),
+                  max_distance=mqar_max_distance, min_distance=NEEDLES),
              Task("niah_multikey", RETRIEVAL_VOCAB, make_niah, 1 / VALUES, make_at=make_niah_at,
-                  max_distance=niah_max_distance, min_distance=3)):
+                  max_distance=niah_max_distance, min_distance=1)):
     TASKS[task.name] = task
 
 
@@ -300,48 +286,3 @@ def evaluate(model: Transformer, task: Task, length: int, count: int, seed: int 
     device = next(model.parameters()).device
     logits = torch.cat([model(batch.inputs[first : first + 64].to(device))[0].cpu() for first in range(0, count, 64)])
     return score(logits, batch)
-
-
-# The answer distances of the retrieval grid, as multiples of the trained length L: one within L, the rest past it.
-GRID_DISTANCES = (0.5, 2, 4, 8)
-
-
-def distance_label(multiple: float) -> str:
-    return "L/2" if multiple == 0.5 else f"{multiple:g}L"
-
-
-def grid_cells(task: Task, trained: int, multiples: list[int]) -> list[tuple[str, str, int]]:
-    """(length key "Mx", distance label, distance in tokens) for every cell of the retrieval grid: each evaluation
-    length M x L and each answer distance of GRID_DISTANCES that it holds (distance <= length); a distance the
-    length cannot hold exactly (the queries and the pairs take room) is the largest it holds."""
-    cells = []
-    for multiple in multiples:
-        length = multiple * trained
-        for far in GRID_DISTANCES:
-            if far <= multiple:
-                cells.append((f"{multiple}x", distance_label(far), min(int(far * trained), task.max_distance(length))))
-    return cells
-
-
-def window_control(model: Transformer, trained: int) -> Transformer:
-    """The same weights with every layer's attention limited to the last `trained` keys (the `window` attention
-    method). Stacked layers still reach n_layers x (trained - 1) tokens back through intermediate positions, so the
-    control can retrieve past L only through such relays."""
-    return model.with_settings(attention_methods=[{"method": "window", "window": trained}])
-
-
-def retrieval_grid(model: Transformer, task: Task, trained: int, multiples: list[int], count: int,
-                   seed: int | list[int] = EVAL_SEED, method: str = NONE) -> dict[str, dict[str, dict]]:
-    """Exact match and token accuracy at every (length, answer distance) of the grid, for the model (under an
-    inference-time method, set for each length: eval/inference_methods.py) and for its window control:
-    {"Mx": {label: {"distance": d, "full": metrics, "window": metrics}}}."""
-    spec = method_spec(method)
-    grid: dict[str, dict[str, dict]] = {}
-    for key, label, distance in grid_cells(task, trained, multiples):
-        length = int(key[:-1]) * trained
-        view = spec.view(model, length, trained)
-        grid.setdefault(key, {})[label] = {
-            "distance": distance,
-            "full": evaluate(view, task, length, count, seed, distance),
-            "window": evaluate(window_control(view, trained), task, length, count, seed, distance)}
-    return grid

@@ -43,8 +43,9 @@ from data.batches import IGNORE_INDEX
 from errors import ConfigError, cli_command
 from eval import figures
 from eval.inference_methods import NONE, applies, check_methods, label
+from eval.retrieval import retrieval_grid
 from eval.stats import Estimate, t_interval
-from eval.task_generators import EVAL_SEED, TASKS, Task, TaskBatch, evaluate, get_task, retrieval_grid
+from eval.task_generators import EVAL_SEED, TASKS, Task, TaskBatch, evaluate, get_task
 from experiments.jobs import comparable, die_with_parent, job_output, saved_run_config, worker_layout
 from model.checkpoint import load_model, load_trainer_state
 from model.encodings import POSITION_ENCODINGS

@@ -25,7 +25,8 @@ takes its default from L = the length the model's positions were trained for (co
                   min(i, sinks + window - 1), the query's place in a cache of sinks + window slots (StreamingLLM,
                   Xiao et al. 2023); the recent keys keep their relative distances, which is the same thing for
                   shift-invariant encodings (FIRE, whose normaliser uses the query's position, is refused)
-    window        keys within the last `window` positions (the baseline the others are compared against)
+    window        keys within the last `window` positions, and the first `first` (0) tokens (the baseline the others
+                  are compared against; with first = 1, the window control of the retrieval tasks, eval/retrieval.py)
 """
 from __future__ import annotations
 
@@ -220,18 +221,19 @@ class Sinks(AttentionMethod):
 
 @register_method
 class Window(AttentionMethod):
-    """sliding window: the most recent keys only."""
+    """sliding window: the most recent keys only (and the first `first` tokens, kept visible as they are)."""
 
     name = "window"
-    defaults = {"window": 0}
+    defaults = {"window": 0, "first": 0}
     sets_visibility = True
 
     def __init__(self, params: dict[str, float], trained: int) -> None:
         super().__init__(params, trained)
-        self.window = int(params["window"])
+        self.span, self.first = int(params["window"]), int(params["first"])
+        self.window = 0 if self.first else self.span  # with first tokens kept, no key range can be skipped
 
     def visible(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
-        return i - j < self.window
+        return (i - j < self.span) | (j < self.first)
 
 
 # Parameters given as 0 default to these functions of L and the method's other parameters.

@@ -1,4 +1,4 @@
-"""The retrieval tasks (mqar, niah_multikey): answers at the distance asked for, checked against hand-made examples;
+"""The retrieval tasks (mqar, niah_multikey): needles at the distance asked for, checked against hand-made examples;
 the length x distance grid; the window control against the model run on the last L tokens; the grid's aggregation
 over seeds against hand-made numbers."""
 import numpy as np
@@ -6,19 +6,18 @@ import pytest
 import torch
 
 from errors import ConfigError
+from eval.retrieval import grid_cells, retrieval_grid, window_control
 from eval.task_generators import (
     BOS,
     FILLER0,
-    KEY0,
-    SEP,
+    KEYS,
+    NEEDLE0,
+    QUERY0,
     TASKS,
-    VALUE0,
+    VALUES,
     evaluate,
-    grid_cells,
     make_mqar_at,
     make_niah_at,
-    retrieval_grid,
-    window_control,
 )
 from model.transformer import Transformer
 from tests.conftest import micro_config
@@ -46,31 +45,36 @@ class FixedRng:
         return np.asarray(self._permutation if self._permutation is not None else range(count))
 
 
-def test_mqar_puts_the_pairs_the_distance_before_the_queries_a_hand_made_example():
-    """Length 20 (4 pairs: 8 tokens of pairs, 8 of queries), distance 9: queries at 12-19, pairs at 3-10; filler
-    elsewhere; the answers are the values after the queried keys."""
-    rng = FixedRng(integers=[None, [5, 6, 7, 8]], choices=[[3, 1, 0, 2]], permutation=[2, 0, 3, 1])
-    rng._integers[0] = np.full(20, FILLER0)  # the filler draw comes first
+def test_mqar_puts_the_needles_the_distance_before_the_queries_a_hand_made_example():
+    """Length 20 (4 needles, 8 tokens of queries), distance 9: queries at 12-19, the block of needles at 3-6;
+    filler elsewhere; each answer is the needle token of the key its query asks for."""
+    rng = FixedRng(integers=[np.full(20, FILLER0), [5, 6, 7, 8]], choices=[[3, 1, 0, 2]], permutation=[2, 0, 3, 1])
     tokens, answers = make_mqar_at(rng, 20, 9)
-    k, v = KEY0, VALUE0
-    expected = [BOS, FILLER0, FILLER0, k + 3, v + 5, k + 1, v + 6, k + 0, v + 7, k + 2, v + 8, FILLER0,
-                k + 0, v + 7, k + 3, v + 5, k + 2, v + 8, k + 1, v + 6]
+    needle = [NEEDLE0 + key * VALUES + value for key, value in zip([3, 1, 0, 2], [5, 6, 7, 8])]
+    query = [QUERY0 + key for key in [3, 1, 0, 2]]
+    order = [2, 0, 3, 1]
+    expected = [BOS, FILLER0, FILLER0, *needle, *[FILLER0] * 5,
+                *[token for i in order for token in (query[i], needle[i])]]
     assert tokens.tolist() == expected
     assert np.nonzero(answers)[0].tolist() == [13, 15, 17, 19]
-    # query i sits at 12 + 2i and asks pair j = (2, 0, 3, 1)[i], whose key sits at 3 + 2j: distance 9 + 2 (i - j)
-    keys_at = {int(tokens[at]): at for at in range(3, 11, 2)}
-    assert [12 + 2 * i - keys_at[int(tokens[12 + 2 * i])] for i in range(4)] == [5, 11, 7, 13]
+    # query i sits at 12 + 2i and asks needle j = order[i], which sits at 3 + j: distance 9 + 2i - j
+    assert [12 + 2 * i - (3 + j) for i, j in enumerate(order)] == [9 + 2 * i - j for i, j in enumerate(order)]
+    assert [12 + 2 * i - tokens.tolist().index(needle[j]) for i, j in enumerate(order)] == [7, 11, 10, 14]
 
 
-def test_niah_puts_the_queried_needle_the_distance_before_the_query_a_hand_made_example():
-    """Length 24, distance 11: the query key at 22, its needle's key at 11; SEP at 21; the answer is the last
-    token, the needle's value; the distractor needles lie elsewhere."""
-    rng = FixedRng(integers=[np.full(24, FILLER0), [9, 4, 2]], choices=[[3, 15], [40, 41, 42]])
-    tokens, answers = make_niah_at(rng, 24, 11)
-    assert tokens[0] == BOS and tokens[21] == SEP and tokens[22] == KEY0 + 40 == tokens[11]
-    assert tokens[12] == VALUE0 + 9 == tokens[23]
-    assert (tokens[3], tokens[4], tokens[15], tokens[16]) == (KEY0 + 41, VALUE0 + 4, KEY0 + 42, VALUE0 + 2)
-    assert np.nonzero(answers)[0].tolist() == [23]
+def test_niah_puts_the_needles_in_a_band_the_distance_before_the_queries_a_hand_made_example():
+    """Length 48 (4 needles; queries at 40-47), distance 10: the band is the 8 tokens 23-30, the needles at the 4
+    slots drawn from it; the queries ask for every needle, in another order."""
+    rng = FixedRng(integers=[np.full(48, FILLER0), [1, 2, 3, 4]], choices=[[23, 26, 30, 24], [9, 4, 2, 11]],
+                   permutation=[1, 3, 0, 2])
+    tokens, answers = make_niah_at(rng, 48, 10)
+    needles = {slot: NEEDLE0 + key * VALUES + value for slot, key, value in zip([23, 26, 30, 24], [9, 4, 2, 11],
+                                                                                  [1, 2, 3, 4])}
+    assert all(tokens[slot] == needle for slot, needle in needles.items())
+    assert set(np.nonzero(tokens[:40] != FILLER0)[0].tolist()) == {0, 23, 24, 26, 30}
+    assert tokens[40:48:2].tolist() == [QUERY0 + key for key in (4, 11, 9, 2)]
+    assert tokens[41:48:2].tolist() == [needles[slot] for slot in (26, 24, 23, 30)]
+    assert np.nonzero(answers)[0].tolist() == [41, 43, 45, 47]
 
 
 @pytest.mark.parametrize("name", ["mqar", "niah_multikey"])
@@ -82,15 +86,15 @@ def test_every_answer_lies_at_the_distance_asked_for(name, length, distance):
     distance = max(task.min_distance, min(distance, task.max_distance(length)))
     batch = task.batch(0, 16, length, distance=distance)
     tokens = tokens_of(batch)
-    spread = 2 * 4 if name == "mqar" else 1
+    # how far from `distance` an answer may lie: mqar's block and queries (-3..+6), niah's band (0..+13)
+    low, high = (distance - 3, distance + 6) if name == "mqar" else (distance, distance + 13)
     for row in range(16):
         for answer in (torch.nonzero(batch.answers[row]).flatten() + 1).tolist():
             query = answer - 1
-            key = int(tokens[row, query])
-            earlier = torch.nonzero(tokens[row, :query] == key).flatten().tolist()
-            assert len(earlier) == 1
-            assert abs((query - earlier[0]) - distance) < spread
-            assert int(tokens[row, earlier[0] + 1]) == int(tokens[row, answer])
+            needle = int(tokens[row, answer])
+            assert int(tokens[row, query]) == QUERY0 + (needle - NEEDLE0) // VALUES  # the query asks for its key
+            earlier = torch.nonzero(tokens[row, :query] == needle).flatten().tolist()
+            assert len(earlier) == 1 and low <= query - earlier[0] <= high
 
 
 @pytest.mark.parametrize("name", ["mqar", "niah_multikey"])
@@ -102,36 +106,37 @@ def test_training_sequences_cover_every_distance_the_length_holds(name):
     for row in range(400):
         for answer in (torch.nonzero(batch.answers[row]).flatten() + 1).tolist():
             query = answer - 1
-            distances.add(query - int(torch.nonzero(tokens[row, :query] == tokens[row, query])[0]))
+            distances.add(query - int(torch.nonzero(tokens[row, :query] == tokens[row, answer])[0]))
     assert min(distances) <= 4 and max(distances) >= 25
 
 
 def test_a_distance_the_length_cannot_hold_or_a_task_without_one_is_refused():
     with pytest.raises(ConfigError, match="does not fit"):
         TASKS["mqar"].batch(0, 1, 32, distance=40)
-    with pytest.raises(ConfigError, match="from 8 to"):
-        TASKS["mqar"].batch(0, 1, 32, distance=5)  # its pairs would overlap its queries
+    with pytest.raises(ConfigError, match="from 4 to"):
+        TASKS["mqar"].batch(0, 1, 32, distance=3)  # its block would overlap its queries
     with pytest.raises(ConfigError, match="no answer distance to set"):
         TASKS["copy"].batch(0, 1, 32, distance=4)
 
 
 def test_the_grid_holds_each_length_and_the_distances_it_fits():
-    cells = grid_cells(TASKS["niah_multikey"], 32, [1, 2, 8])
-    assert cells == [("1x", "L/2", 16), ("2x", "L/2", 16), ("2x", "2L", 61), ("8x", "L/2", 16), ("8x", "2L", 64),
-                     ("8x", "4L", 128), ("8x", "8L", 253)]
+    cells = grid_cells(TASKS["mqar"], 32, [1, 2, 8])
+    assert cells == [("1x", "L/2", 16), ("2x", "L/2", 16), ("2x", "2L", 55), ("8x", "L/2", 16), ("8x", "2L", 64),
+                     ("8x", "4L", 128), ("8x", "8L", 247)]
 
 
 @pytest.mark.parametrize("position", ["alibi", "rope", "t5"])
-def test_the_window_control_equals_the_model_run_on_the_last_L_tokens(position):
+def test_the_window_control_equals_the_model_run_on_its_first_token_and_last_L_minus_1(position):
     """One layer (stacked layers relay what lies further back): the last query's logits under the window control
-    equal those of the same weights on the last L tokens alone, for distance biases and rotations (relative: the
-    positions' offset does not matter)."""
+    equal those of the same weights on the first token and the last L - 1 tokens alone, at their own positions,
+    for distance biases and rotations."""
     torch.manual_seed(0)
     model = Transformer(micro_config(position=position, n_layers=1, max_seq_len=16)).eval()
     idx = torch.randint(0, 97, (2, 40))
+    kept = torch.cat([torch.zeros(1, dtype=torch.long), torch.arange(25, 40)])  # token 0 and the last 15
     with torch.no_grad():
         windowed = window_control(model, 16)(idx)[0][:, -1]
-        alone = model(idx[:, -16:])[0][:, -1]
+        alone = model(idx[:, kept], positions=kept[None])[0][:, -1]
         full = model(idx)[0][:, -1]
     assert torch.allclose(windowed, alone, atol=1e-5)
     assert not torch.allclose(full, alone, atol=1e-3)  # the control changes something
@@ -142,8 +147,10 @@ def test_the_window_control_covers_stick_breaking():
     torch.manual_seed(0)
     model = Transformer(micro_config(position="stickbreaking", n_layers=1, max_seq_len=16)).eval()
     idx = torch.randint(0, 97, (1, 40))
+    kept = torch.cat([torch.zeros(1, dtype=torch.long), torch.arange(25, 40)])
     with torch.no_grad():
-        assert torch.allclose(window_control(model, 16)(idx)[0][:, -1], model(idx[:, -16:])[0][:, -1], atol=1e-5)
+        assert torch.allclose(window_control(model, 16)(idx)[0][:, -1],
+                              model(idx[:, kept], positions=kept[None])[0][:, -1], atol=1e-5)
 
 
 def test_a_context_blind_model_is_at_chance_on_the_grid_and_its_control_equals_it():
@@ -157,7 +164,7 @@ def test_a_context_blind_model_is_at_chance_on_the_grid_and_its_control_equals_i
     for cells in grid.values():
         for cell in cells.values():
             assert cell["full"] == cell["window"]
-            assert cell["full"]["token_accuracy"] <= 2 / 64  # one fixed value of 64: right by chance at most
+            assert cell["full"]["token_accuracy"] <= 2 / 64  # one fixed token: right at most by chance
 
 
 def test_the_grid_aggregates_per_cell_over_seeds_against_a_hand_made_results_file():
@@ -193,10 +200,12 @@ def test_an_oracle_retrieves_at_every_distance_and_evaluate_takes_the_distance()
             logits = torch.full((*inputs.shape, task.vocab_size), -1.0)
             for row in range(inputs.shape[0]):
                 for at in range(1, inputs.shape[1]):
-                    earlier = torch.nonzero(inputs[row, :at] == inputs[row, at]).flatten()
-                    if len(earlier) and earlier[-1] + 1 < at:
-                        logits[row, at, inputs[row, earlier[-1] + 1]] = 1.0
+                    if inputs[row, at] >= QUERY0 and inputs[row, at] < QUERY0 + KEYS:  # a query: its key's needle
+                        key = int(inputs[row, at]) - QUERY0
+                        found = [t for t in inputs[row, :at].tolist() if (t - NEEDLE0) // VALUES == key and
+                                 NEEDLE0 <= t < QUERY0]
+                        logits[row, at, found[0]] = 1.0
             return logits, None
 
-    for distance in (8, 60, 120):
+    for distance in (8, 60, 100):
         assert evaluate(Oracle(), task, 128, 8, distance=distance)["exact_match"] == 1.0

@@ -86,10 +86,15 @@ def test_an_oracle_scores_100_and_a_context_blind_predictor_scores_at_chance(nam
     batch = task.batch(5, 400, 64)
     oracle = torch.nn.functional.one_hot(batch.targets, task.vocab_size).float()
     assert score(oracle, batch) == {"exact_match": 1.0, "token_accuracy": 1.0}
-    # Context-blind: a random answer symbol, the best such a predictor can do in expectation.
+    # Context-blind: it reads the current token only, and guesses one of the answers seen after that token (a
+    # retrieval query narrows the answer to its key's needles; elsewhere the token says nothing).
     rng = np.random.default_rng(0)
-    answer_symbols = sorted(set(batch.targets[batch.answers].tolist()))
-    guesses = torch.from_numpy(rng.choice(answer_symbols, size=batch.targets.shape))
+    seen: dict[int, set[int]] = {}
+    for token, answer in zip(batch.inputs[batch.answers].tolist(), batch.targets[batch.answers].tolist()):
+        seen.setdefault(token, set()).add(answer)
+    guesses = batch.targets.clone()
+    for row, column in torch.nonzero(batch.answers).tolist():
+        guesses[row, column] = int(rng.choice(sorted(seen[int(batch.inputs[row, column])])))
     blind = score(torch.nn.functional.one_hot(guesses, task.vocab_size).float(), batch)
     assert abs(blind["token_accuracy"] - task.chance) < 0.05
     expected_exact = float((task.chance ** batch.answers.sum(dim=1).double()).mean())  # all answers right by luck

@@ -108,8 +108,8 @@ def plot_map(points: list[MapPoint], tasks: list[str], longest_multiple: float, 
     for axis, task in zip(axes, shown):
         controls = [p.control[task] for p in points if task in p.control and p.control[task].has_interval]
         if controls:
-            axis.axhspan(max(0.0, min(c.low for c in controls)), max(c.high for c in controls), color="grey",
-                         alpha=0.2, linewidth=0, label="window controls (95% t)")
+            axis.axhspan(max(0.0, min(c.low for c in controls)), max(c.high for c in controls), color="tab:blue",
+                         alpha=0.15, linewidth=0, label="window controls (95% t)")
         axis.axvspan(-FLAT, FLAT, color="grey", alpha=0.12, linewidth=0, hatch="..", label="flat on text (±0.01)")
         for point in points:
             use, harm = point.use.get(task), point.harm
