@@ -53,6 +53,7 @@ class CompareConfig:
     tasks: list = field(default_factory=list)  # synthetic tasks trained per encoding (eval/task_generators.py)
     task_steps: int = 12000  # the cap on each task model's training steps (experiments.tasks default)
     task_until: float = 0.95  # stop a task model's training at this validation exact match at L (0: train to the cap)
+    task_cycle: int = 0  # the task models' learning-rate cycle and stop check, in steps (0: experiments.tasks' 3,000)
     workers: int = 0  # 0: one per usable CPU core (one per GPU on CUDA)
     threads: int = 0  # torch threads per worker; 0: CPU cores / workers
     out: str = "runs/compare"
@@ -89,6 +90,9 @@ class CompareConfig:
             raise ConfigError(f"compare.probes / compare.tasks: unknown {unknown}; probes are {sorted(PROBE_NAMES)}, "
                               f"tasks are {sorted(TASKS)}")
         parse_lengths(",".join(self.probe_lengths))
+        if self.task_cycle < 0:
+            raise ConfigError(f"compare.task_cycle is a number of steps >= 0 (0: the default cycle), got "
+                              f"{self.task_cycle}")
         if min(self.probe_tokens, self.passkey_trials, self.task_steps) < 1:
             raise ConfigError("compare.probe_tokens, passkey_trials and task_steps must be positive")
         if not 0 <= self.task_until <= 1:

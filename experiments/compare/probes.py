@@ -121,7 +121,8 @@ def run_tasks(compare: CompareConfig, out: Path, shared_model: dict) -> None:
     the comparison's [model] that reach it), seeds shared with it, in compare.workers processes; a task whose
     results exist for the same settings is not trained again."""
     encodings = {name: compare.model_settings(name, shared_model) for name in compare.encodings}
-    train = task_train({"max_steps": compare.task_steps})
+    train = task_train({"max_steps": compare.task_steps, **({"lr_cycle": compare.task_cycle} if compare.task_cycle
+                                                            else {})})
     methods = [m for m in compare.methods if CONTROL not in m.split("+")]  # the window control is always scored
     settings = {"encodings": encodings, "seeds": compare.seeds, "length": TASK_LENGTH, "model": DEFAULT_MODEL,
                 "train": train, "until": compare.task_until or None}
