@@ -85,7 +85,7 @@ def bfloat16_cost(model: Transformer, ids: torch.Tensor) -> dict[str, float]:
 
 
 def format_table(rows: list[dict[str, Any]], tokens: int) -> str:
-    lines = [f"parity with transformers on {tokens:,} tokens of the standard library (float32)",
+    lines = [f"Parity with transformers on {tokens:,} tokens of the standard library (float32):", "",
              "| scaling | max abs logit diff | mean NLL ours | mean NLL transformers | NLL diff |",
              "|---|---:|---:|---:|---:|"]
     lines += [f"| {row['scaling']} | {row['max_abs_logit_diff']:.2e} | {row['nll_ours']:.6f} | "
@@ -104,7 +104,7 @@ def parity_report(model: Transformer, gguf_file: Path, tokens: int) -> dict[str,
     rows = [compare(model, hf_model, ids, scaling) for scaling in SCALINGS]
     bf16 = bfloat16_cost(model, ids)
     table = format_table(rows, ids.shape[1] - 1) + (
-        f"\nbfloat16 autocast (ours against ours in float32): mean NLL {bf16['nll_bfloat16']:.4f} against "
+        f"\n\nbfloat16 autocast (ours against ours in float32): mean NLL {bf16['nll_bfloat16']:.4f} against "
         f"{bf16['nll_float32']:.4f} ({bf16['nll_diff']:+.4f} nats), max abs logit diff {bf16['max_abs_logit_diff']:.3f}")
     return {"gguf": str(gguf_file), "tokens": ids.shape[1] - 1, "text": "the standard library's .py files in sorted "
             "order, concatenated", "transformers_load_seconds": load_seconds, "rows": rows, "bfloat16": bf16,
