@@ -18,7 +18,7 @@ past L, after a prefill of the rest. Buckets: positions [0, L), [L, 2L), [2L, 4L
 over windows (the mean of each window's bucket), and for the difference to plain RoPE, paired by window; a cell
 with one window has no interval. Passkey (eval/passkey.py's prompt, greedy) for --passkey-methods at
 --passkey-lengths and --depths. Cells are run in priority order (window by window) until --minutes have passed;
-a rerun continues. Writes OUT/cache/, OUT/results.json, OUT/report.md and OUT/nll_by_bucket.png.
+a rerun continues. Writes OUT/cache/, OUT/results.json, OUT/report.md and OUT/nll_by_position.png.
 """
 from __future__ import annotations
 
@@ -291,6 +291,8 @@ def interval(mean: float | None, low: float | None, high: float | None, signed: 
 
 def report_markdown(rows: list[dict], passkey: list[dict], meta: dict[str, Any]) -> str:
     lines = [f"# {meta['title']}", "", meta["setup"], ""]
+    lines += ["![Mean NLL by position, bins of L / 8, one line per method and window length; dotted: L and 2L]"
+              "(nll_by_position.png)", ""]
     if meta.get("parity"):
         lines += ["## Parity with transformers (scripts.import_hf --parity-tokens)", "", meta["parity"], ""]
     titles = {"bucket": "mean NLL by position bucket",
@@ -322,17 +324,24 @@ def report_markdown(rows: list[dict], passkey: list[dict], meta: dict[str, Any])
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    texts = list(dict.fromkeys(row["text"] for row in rows))
-    figure, axes = figures.new(columns=len(texts), width=6 * len(texts), height=4.5)
+def plot(runner: Runner, path: Path) -> None:
+    """Mean NLL in bins of L / 8 positions, one line per scored (method, length) cell (mean over its windows), one
+    panel per text; dotted lines at L and 2L. Dynamic NTK's tails are left out (they are in the tables)."""
+    cells = [cell for cell in runner.cells() if not method_spec(cell.method).incremental]
+    texts = list(dict.fromkeys(cell.text for cell in cells))
+    figure, axes = figures.new(columns=len(texts), width=6.5 * len(texts), height=4.8)
     axes = np.atleast_1d(axes)
+    width = max(1, runner.trained // 8)
     for axis, text in zip(axes, texts):
-        chosen = [row for row in rows if row["text"] == text and row["kind"] == "bucket" and row["length"] == max(
-            r["length"] for r in rows if r["text"] == text and r["method"] == row["method"])]
-        for method in dict.fromkeys(row["method"] for row in chosen):
-            points = sorted((sum(row["bucket"]) / 2048, row["nll"]) for row in chosen if row["method"] == method)
-            axis.plot(*zip(*points), marker="o", label=method, linestyle=figures.method_style(method))
-        axis.set_xlabel("position (thousands of tokens, bucket centre)")
+        for method, length in dict.fromkeys((cell.method, cell.length) for cell in cells if cell.text == text):
+            losses = [np.load(runner.path(cell))["losses"] for cell in cells
+                      if (cell.text, cell.method, cell.length) == (text, method, length)]
+            bins = np.mean([part[: length // width * width].reshape(-1, width).mean(axis=1) for part in losses], axis=0)
+            axis.plot((np.arange(len(bins)) + 0.5) * width / 1024, bins, linestyle=figures.method_style(method),
+                      label=f"{method} ({length / runner.trained:g}x)")
+        for multiple in (1, 2):
+            axis.axvline(multiple * runner.trained / 1024, color="grey", linestyle=":", linewidth=1)
+        axis.set_xlabel(f"position (thousands of tokens; bins of {width:,})")
         axis.set_ylabel("mean NLL (nats)")
         axis.set_title(text)
         axis.grid(True, alpha=0.3)
@@ -450,7 +459,7 @@ def write_outputs(runner: Runner, passkey: list[dict], args: argparse.Namespace,
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (args.out / "report.md").write_text(report_markdown(rows, passkey, meta))
     if rows:
-        plot(rows, args.out / "nll_by_bucket.png")
+        plot(runner, args.out / "nll_by_position.png")
     print(report_markdown(rows, passkey, meta))
 
 
