@@ -185,8 +185,7 @@ def plan_cells(texts: list[str], windows: int, methods: list[str], lengths: list
 
 def run_passkey(model, tokenizer, out: Path, methods: list[str], lengths: list[int], depths: list[float],
                 trials: int, trained: int, amp: torch.dtype | None, deadline: float) -> list[dict]:
-    """Passkey rows per (method, length, depth), each cached in OUT/cache/passkey/."""
-    rows = []
+    """Passkey rows per (method, length, depth), each cached in OUT/cache/passkey/; returns every cached row."""
     for length in lengths:
         for method in methods if length > trained else [NONE]:  # the passkey methods act past L only
             for depth in depths:
@@ -201,8 +200,9 @@ def run_passkey(model, tokenizer, out: Path, methods: list[str], lengths: list[i
                     row.update(method=method, seconds=time.perf_counter() - started)
                     path.parent.mkdir(parents=True, exist_ok=True)
                     path.write_text(json.dumps(row))
-                rows.append(json.loads(path.read_text()))
-    return rows
+    # every cached row, this invocation's and earlier ones'
+    rows = [json.loads(path.read_text()) for path in (out / "cache" / "passkey").glob("*.json")]
+    return sorted(rows, key=lambda row: (row["length"], row["method"], row["depth"]))
 
 
 BUCKETS = ((0, 1), (1, 2), (2, 4))  # in units of L
