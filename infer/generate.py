@@ -89,9 +89,11 @@ def generate_tokens(
     context = torch.zeros((1, len(prompt_ids) + max_new_tokens), dtype=torch.long, device=device)  # (1, time)
     context[:, : len(prompt_ids)] = tokens
     filled = len(prompt_ids)
-    forward = model  # the prompt, eagerly
+    forward = None  # the prompt: the model itself, eagerly
     for _ in range(max_new_tokens):
-        logits, _ = forward(tokens, kv_cache=cache)
+        # the prompt's forward keeps the last row's logits only (a 32k prompt's would be 6 GB)
+        logits, _ = model(tokens, kv_cache=cache, logits_to_keep=1) if forward is None else forward(
+            tokens, kv_cache=cache)
         forward = step
         next_logits = logits[:, -1]  # (1, vocab)
         for process in processors:

@@ -67,6 +67,25 @@ def _linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
     return total / (flat_targets != IGNORE_INDEX).sum().clamp(min=1)
 
 
+@torch.no_grad()
+def token_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                        chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
+    """cross_entropy(hidden @ weight.T, targets, reduction="none") in chunks of rows, without gradients: the
+    loss of every token (float32, 0 where the target is IGNORE_INDEX), shaped as targets; hidden (..., dim). What
+    scoring a long window needs: a 32k-token window of a 49k vocabulary would otherwise hold 6 GB of logits."""
+    flat_hidden, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    exact = torch.promote_types(weight.dtype, torch.float32)
+    losses = torch.empty(flat_targets.shape, dtype=exact, device=hidden.device)
+    rows = max(1, chunk_elements // weight.shape[0])
+    for start in range(0, flat_hidden.shape[0], rows):
+        logits = torch.matmul(flat_hidden[start : start + rows], weight.t()).to(exact)  # (rows, vocab)
+        t = flat_targets[start : start + rows]
+        scored = t != IGNORE_INDEX
+        picked = logits.gather(1, torch.where(scored, t, torch.zeros_like(t))[:, None]).squeeze(1)
+        losses[start : start + rows] = (torch.logsumexp(logits, dim=-1) - picked) * scored
+    return losses.view(targets.shape)
+
+
 # Never traced: under torch.compile (torch 2.11, CUDA) this Function's traced graph returned no gradients at all,
 # so the compiled model never learned (docs/performance.md, "GPU"). A compiled model runs it eagerly (one graph break at
 # the head), which kept its gradients there and keeps the (tokens x vocab) logits out of memory.

@@ -19,7 +19,7 @@ from model.encodings import build_position_encoding
 from model.encodings.base import PositionEncoding
 from model.kv_cache import KVCache
 from model.layers import RMSNorm, SwiGLU
-from model.loss import linear_cross_entropy
+from model.loss import linear_cross_entropy, token_cross_entropy
 from model.random_positions import sample_positions
 from model.rope import NEEDS_ORIGINAL_LENGTH, scaling_type
 
@@ -184,8 +184,9 @@ class Transformer(nn.Module):
         positions: (batch or 1, time) integer positions; default continues after what kv_cache holds.
         targets: (batch, time) ids, IGNORE_INDEX (-100) where no loss is wanted.
         loss_reduction: "mean" over scored tokens, "sum", or "none" for per-token loss (batch, time).
-        return_logits=False (with targets, reduction "mean" or "sum"): the head and the loss run in chunks of rows
-        and never hold the (batch, time, vocab) logits (model/loss.py); the logits returned are None.
+        return_logits=False (with targets, reduction "mean" or "sum", or "none" without gradients): the head and the
+        loss run in chunks of rows and never hold the (batch, time, vocab) logits (model/loss.py); the logits
+        returned are None.
         logits_to_keep > 0 (transformers' name): logits and loss for the last that many positions only (targets
         may be given for every position or for those); the last block's feed-forward part and the head skip the
         rows before them, whose values are the same either way (each row of those steps is computed alone).
@@ -218,6 +219,8 @@ class Transformer(nn.Module):
                 targets = targets[:, -keep:]
         if not return_logits and targets is not None and loss_reduction in ("mean", "sum"):
             return None, linear_cross_entropy(self.norm(x), self.lm_head.weight, targets, loss_reduction)
+        if not return_logits and targets is not None and loss_reduction == "none" and not torch.is_grad_enabled():
+            return None, token_cross_entropy(self.norm(x), self.lm_head.weight, targets)
         logits = self.lm_head(self.norm(x))
         if targets is None:
             return logits, None

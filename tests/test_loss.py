@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 from data.batches import IGNORE_INDEX
 from model.config import ModelConfig
-from model.loss import linear_cross_entropy
+from model.loss import linear_cross_entropy, token_cross_entropy
 from model.transformer import Transformer
 
 
@@ -108,3 +108,31 @@ def test_a_compiled_model_runs_the_fused_loss_eagerly_with_the_same_loss_and_gra
     assert none is None and torch.allclose(compiled, eager, rtol=1e-5)
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.allclose(p.grad, expected[name], rtol=1e-3, atol=1e-6), name
+
+
+@pytest.mark.parametrize("chunk_elements", [7 * 50, 10**9])
+def test_per_token_losses_equal_the_plain_path_without_gradients(chunk_elements):
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 11, 16, dtype=torch.float64)
+    weight = torch.randn(50, 16, dtype=torch.float64)
+    targets = torch.randint(0, 50, (3, 11))
+    targets[0, :4] = IGNORE_INDEX
+    expected = plain(hidden, weight, targets, "none").view(3, 11)
+    assert torch.allclose(token_cross_entropy(hidden, weight, targets, chunk_elements=chunk_elements), expected,
+                          atol=1e-12)
+
+
+def test_scoring_a_long_window_in_chunks_gives_the_whole_logits_losses(monkeypatch):
+    """eval/scoring.py scores forwards past LOGITS_LIMIT through the chunked head: the same losses."""
+    import numpy as np
+
+    from eval import scoring
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=97, dim=32, n_layers=2, n_heads=4, max_seq_len=64)).eval()
+    windows = np.random.default_rng(0).integers(0, 97, size=(3, 65))
+    whole = scoring.score_windows(model, windows)
+    incremental = scoring.score_incremental(model, windows, prefill=40)
+    monkeypatch.setattr(scoring, "LOGITS_LIMIT", 100)
+    assert np.allclose(scoring.score_windows(model, windows), whole, atol=1e-5)
+    assert np.allclose(scoring.score_incremental(model, windows, prefill=40), incremental, atol=1e-5)

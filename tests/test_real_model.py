@@ -1,0 +1,66 @@
+"""eval.real_model on a micro checkpoint: buckets, intervals over windows, dynamic NTK's tails, the passkey, the
+prefix rule (a length-independent method is scored once), and resuming from the cache."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from data.tokenizer import load_tokenizer
+from eval.real_model import main
+from model import Transformer
+from model.checkpoint import save_checkpoint
+from tests.conftest import micro_config
+
+
+@pytest.fixture
+def checkpoint(prepared_data, tmp_path):
+    tokenizer = load_tokenizer(prepared_data)
+    torch.manual_seed(0)
+    model = Transformer(micro_config(vocab_size=len(tokenizer), max_seq_len=16))
+    folder = tmp_path / "ckpt"
+    save_checkpoint(folder, model, tokenizer, {"trained_seq_len": 16, "step": 0})
+    return folder
+
+
+def run(checkpoint, book, out, *extra):
+    return main(["--checkpoint", str(checkpoint), "--book", str(book), "--texts", "book", "--windows", "2",
+                 "--lengths", "1x,2x,4x", "--dynamic-tail", "4", "--passkey-lengths", "160",
+                 "--passkey-methods", "none", "--depths", "0.5", "--out", str(out), *extra])
+
+
+def test_report_rows_intervals_and_resuming(checkpoint, small_text_file, tmp_path):
+    out = tmp_path / "report"
+    methods = ["--methods", "none,yarn,dynamic,selfextend,logn"]
+    assert run(checkpoint, small_text_file, out, *methods) == 0
+    results = json.loads((out / "results.json").read_text())
+    rows = {(row["method"], row["length"], tuple(row["bucket"])): row for row in results["rows"]}
+    plain = rows[("none", 64, (32, 64))]
+    assert plain["windows"] == 2 and plain["nll_low"] < plain["nll"] < plain["nll_high"]
+    assert plain["vs_plain"] == 0.0
+    assert ("yarn", 64, (0, 16)) in rows and ("selfextend", 32, (16, 32)) in rows
+    assert rows[("dynamic", 64, (60, 64))]["kind"] == "tail"
+    assert ("yarn", 64, (60, 64)) in rows  # every method on dynamic NTK's tail positions
+    cache = out / "cache" / "code" / "w0"
+    # logn does not depend on the length: scored once at 4x, its 1x and 2x cells are that window's prefix
+    assert (cache / "logn@64.npz").exists() and not (cache / "logn@32.npz").exists()
+    assert ("logn", 64, (16, 32)) in rows
+    # yarn at 1x is plain RoPE (factor 1): not scored again
+    assert not (cache / "yarn@16.npz").exists() and (cache / "yarn@32.npz").exists()
+    assert len(np.load(cache / "dynamic@64.npz")["losses"]) == 4
+    assert results["passkey"][0]["length"] == 160 and "seconds" in results["passkey"][0]
+    report = (out / "report.md").read_text()
+    assert "mean NLL by position bucket" in report and "Passkey retrieval" in report
+    assert (out / "nll_by_position.png").exists()
+    stamps = {path: path.stat().st_mtime_ns for path in (out / "cache").rglob("*.npz")}
+    assert run(checkpoint, small_text_file, out, *methods) == 0  # a rerun scores nothing again
+    assert {path: path.stat().st_mtime_ns for path in (out / "cache").rglob("*.npz")} == stamps
+    assert len(json.loads((out / "cache" / "invocations.json").read_text())) == 2
+
+
+def test_another_window_layout_is_refused(checkpoint, small_text_file, tmp_path, capsys):
+    out = tmp_path / "report"
+    assert run(checkpoint, small_text_file, out, "--methods", "none", "--passkey-lengths", "") == 0
+    assert main(["--checkpoint", str(checkpoint), "--book", str(small_text_file), "--texts", "book", "--windows", "3",
+                 "--lengths", "4x", "--passkey-lengths", "", "--out", str(out)]) == 2
+    assert "holds cells of other windows" in capsys.readouterr().err
