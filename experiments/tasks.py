@@ -55,6 +55,7 @@ from train.config import RunConfig, build_run_config
 from train.loop import Training, run_training
 
 CONTROL = "window"  # the window control: scored beside every model of a retrieval task, not as a method of its own
+GRID_COUNT = 128  # sequences per cell of a retrieval grid (up to 10 cells, each scored with and without the control)
 SUITE = ["copy", "flipflop"]  # the tasks every encoding learns at 1x at the default budget (docs/evaluation.md)
 DEFAULT_LENGTH = 32
 VAL_COUNT = 256  # validation sequences at L for the stop check
@@ -161,7 +162,8 @@ def run_task_job(job: TaskJob, log_path: Path | None = None) -> dict[str, Any]:
             if task.make_at is not None:  # a retrieval task: length x answer distance, and the window control
                 methods = [NONE] + [m for m in job.methods if m not in (NONE, CONTROL) and applies(
                     m, model.config.position, model.config.layer_encodings())]
-                result["grids"] = {method: retrieval_grid(model, task, job.length, list(job.multiples), job.count,
+                count = min(job.count, GRID_COUNT)
+                result["grids"] = {method: retrieval_grid(model, task, job.length, list(job.multiples), count,
                                                           method=method) for method in methods}
         except Exception as error:  # reported with the others' results
             traceback.print_exc()
