@@ -196,10 +196,18 @@ class Session:
         wheels = sorted((self.carry / "wheels").glob("*.whl"))
         if wheels:
             site = Path("/tmp/gpu_session_site")
-            subprocess.run([self.python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                            "--no-cache-dir", "--upgrade", "--target", str(site), *map(str, wheels)], check=True)
+            installed = subprocess.run([self.python, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                                        "--no-compile", "--no-cache-dir", "--upgrade", "--target", str(site),
+                                        *map(str, wheels)], capture_output=True, text=True)
+            if installed.returncode:
+                print(f"installing the carried wheels failed; the steps run without them:\n{installed.stderr}")
             self.env["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [self.env.get("PYTHONPATH")])])
         self.record["wheels"] = [wheel.name for wheel in wheels]
+        # What the steps import beyond the image's packages (data/ needs datasets; importing a GGUF file, gguf)
+        check = "import datasets, gguf; print(datasets.__version__, gguf.__name__)"
+        found = subprocess.run([self.python, "-c", check], capture_output=True, text=True, cwd=ROOT, env=self.env)
+        self.record["imports"] = found.stdout.strip() if found.returncode == 0 else found.stderr.strip()[-300:]
+        print(f"carried packages: {self.record['imports']}", flush=True)
 
 
 # ---- the steps (each the same on the device and, at a micro scale, in a dry run) ----

@@ -187,6 +187,8 @@ def test_without_carried_data_or_model_the_steps_say_what_to_carry(tmp_path):
     with pytest.raises(gs.StepSkipped, match="over the 64 MiB a call carries"):
         gs.smollm2(session)
     assert gs.main(["nosuchstep", "--dry-run"]) == 2  # one line naming the steps
+    with pytest.raises(ConfigError, match="no CUDA device here.*--dry-run"):  # the device mode on this CPU
+        gs.Session(tmp_path / "out", tmp_path / "work", tmp_path / "carry", dry=False).setup()
 
 
 @pytest.mark.integration  # the five steps for real, at a micro scale: about 2.5 min on an idle 2-core CPU
