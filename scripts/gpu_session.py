@@ -32,6 +32,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -96,6 +97,14 @@ def last_lines(path: Path, count: int = 15) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-count:]) if path.exists() else ""
 
 
+def pytest_summary(log: Path) -> str:
+    """pytest's last summary line in `log` ('3 failed, 410 passed, 9 skipped in 201.5s'), or ''."""
+    for line in reversed(log.read_text(errors="replace").splitlines() if log.exists() else []):
+        if re.search(r"\d+ (passed|failed|skipped|error|errors|deselected)\b", line):
+            return line.strip("= ").strip()
+    return ""
+
+
 def pack(folder: Path, archive: Path) -> dict:
     """folder's text, JSON, logs and figures (KEPT suffixes, each at most LARGEST_KEPT) into archive (tar.gz),
     the largest files left out while the total exceeds LARGEST_ARCHIVE. Returns {files, bytes, left_out}."""
@@ -143,8 +152,11 @@ class Session:
         else:
             result = run_command(argv, self.folder() / f"{name}.log", limit, self.env)
         result["ok"] = result["rc"] in ok and not result["timed_out"]
+        summary = pytest_summary(self.folder() / f"{name}.log") if "pytest" in argv else ""
+        if summary:
+            result["summary"] = summary
         self.commands.append({"name": name, **result})
-        ended = "timed out" if result["timed_out"] else f"exit {result['rc']}"
+        ended = ("timed out" if result["timed_out"] else f"exit {result['rc']}") + (f", {summary}" if summary else "")
         print(f"[{self.step}] {name}: {ended} ({result['seconds']:.0f} s)", flush=True)
         if not result["ok"]:
             tail = last_lines(self.folder() / f"{name}.log")
