@@ -10,7 +10,7 @@ TORCH_INDEX ?=
 RUN ?= runs/demo
 DATA ?= runs/data/stdlib
 
-.PHONY: install demo test test-integration test-all test-slow real-model-deps real-model clean
+.PHONY: install demo test test-integration test-all test-slow real-model-deps real-model gpu-carry clean
 
 # pelab itself is not installed: every command runs from the repository root. An editable install left by an
 # older checkout (which mapped model/, data/, ... as top-level packages) is removed.
@@ -63,6 +63,13 @@ real-model-deps: install
 # Import it (about 30 s) and print its parity with transformers' own model of the same file (about 2 min).
 real-model: real-model-deps
 	$(PYTHON) -m scripts.import_hf --checkpoint smollm2 --out runs/smollm2 --overwrite --parity-tokens 2048
+
+# What a GPU lease's calls carry (scripts/gpu_carry.py: wheels, the books prepared for the gpu preset, War and Peace,
+# SmolLM2's GGUF file in parts), each call within 64 MiB with the working tree; prints the calls
+# (docs/performance.md, "GPU session"). BOOKS: the shared data's books folder.
+BOOKS ?= ../shared/data/books
+gpu-carry: install
+	$(PYTHON) -m scripts.gpu_carry --books $(BOOKS)
 
 clean:
 	rm -rf runs .installed

@@ -141,11 +141,11 @@ class Attention(nn.Module):
             window=self.window, methods=methods is not None, passes=passes,
             visibility=methods is not None and methods.visible is not None, observed=self.observer is not None,
             dropout=self.dropout if self.training else 0.0, compiling=torch.compiler.is_compiling(), causal=causal,
-            flex_enabled=runtime_config().flex_attention)
+            flex_enabled=runtime_config().flex_attention, flex_cuda=runtime_config().flex_cuda)
         path = choose(encoding, forward, lambda: flex.consecutive(encoding_state))
         y = None
         if path.kind == FLEX:
-            y = flex.attention(q, k, v, encoding, encoding_state, self.layer_index)
+            y = flex.attention(q, k, v, encoding, encoding_state, self.layer_index, self.window)
             if y is None:  # compiling failed: every later forward takes the chunked path (choose knows)
                 path = choose(encoding, forward)
         if path.kind == SDPA:

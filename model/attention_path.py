@@ -12,7 +12,8 @@
                diagnostic reads, or a learned bias wanting gradients on the CPU
     flex       compiled FlexAttention with the bias as a score_mod (model/flex.py): the long no-grad float32 CPU
                forwards of an encoding with a `flex_kind`: a distance bias over one sequence, a clipped one (Shaw)
-               or a separable one (FoX)
+               or a separable one (FoX). On CUDA only with runtime.flex_cuda (off by default: not measured there
+               yet), and then also in training, in bf16, for batches and with a layer's window (why_not_flex_on_cuda)
 
 The encoding names what its attention needs (`attention`, `flex_kind`: model/encodings/base.py), never by its own
 name; everything else is a field of Forward, which the attention fills for each forward, so choose is a function of
@@ -53,6 +54,7 @@ class Forward:
     compiling: bool = False  # inside a compiled graph (training's validation)
     causal: bool = True
     flex_enabled: bool = True  # runtime.flex_attention, the process's switch (model/runtime.py)
+    flex_cuda: bool = False  # runtime.flex_cuda: FlexAttention on CUDA too (to measure it; off by default)
 
 
 @dataclass(frozen=True)
@@ -73,24 +75,49 @@ def why_not_flex(encoding: Any, forward: Forward) -> str | None:
     reason it does not."""
     if encoding.flex_kind is None:
         return "no bias that is a function of the distance alone (or a query's term less a key's)"
-    checks = [
-        (not forward.flex_enabled, "runtime.flex_attention is off"),
-        (forward.grad, "gradients are wanted, and it serves no-grad evaluation"),
-        (forward.device != "cpu", f"measured on the CPU only, not on {forward.device}"),
-        (forward.compiling, "inside a compiled graph"),
-        (not forward.causal or forward.cache != "none", "a KV cache or a non-causal forward"),
-        (forward.methods or forward.window or forward.observed or forward.dropout,
-         "an attention method, a window, a diagnostic or dropout"),
-        (forward.dtype != torch.float32, f"{str(forward.dtype).removeprefix('torch.')}, and it serves float32"),
-        (forward.queries != forward.keys or forward.queries < flex.MIN_LENGTH,
-         f"shorter than {flex.MIN_LENGTH} tokens, where compiling for each shape does not pay"),
-        (encoding.flex_kind == "distance" and forward.batch != 1,
-         "several sequences, between which the chunked path shares each chunk's bias"),
-    ]
-    reason = next((reason for failed, reason in checks if failed), None)
+    if not forward.flex_enabled:
+        return "runtime.flex_attention is off"
+    if forward.device == "cuda" and forward.flex_cuda:
+        reason = why_not_flex_on_cuda(encoding, forward)
+    else:
+        checks = [
+            (forward.device != "cpu", f"measured on the CPU only, not on {forward.device}"
+                                      + (" (runtime.flex_cuda turns it on there, to measure it)"
+                                         if forward.device == "cuda" else "")),
+            (forward.grad, "gradients are wanted, and it serves no-grad evaluation"),
+            (forward.compiling, "inside a compiled graph"),
+            (not forward.causal or forward.cache != "none", "a KV cache or a non-causal forward"),
+            (forward.methods or forward.window or forward.observed or forward.dropout,
+             "an attention method, a window, a diagnostic or dropout"),
+            (forward.dtype != torch.float32, f"{str(forward.dtype).removeprefix('torch.')}, and it serves float32"),
+            (forward.queries != forward.keys or forward.queries < flex.MIN_LENGTH,
+             f"shorter than {flex.MIN_LENGTH} tokens, where compiling for each shape does not pay"),
+            (encoding.flex_kind == "distance" and forward.batch != 1,
+             "several sequences, between which the chunked path shares each chunk's bias"),
+        ]
+        reason = next((reason for failed, reason in checks if failed), None)
     if reason is None and flex.failed(encoding):
         reason = "compiling FlexAttention failed in this process"
     return reason
+
+
+def why_not_flex_on_cuda(encoding: Any, forward: Forward) -> str | None:
+    """The rules on CUDA once runtime.flex_cuda is on. FlexAttention has a backward there and Triton kernels for
+    bf16, and its block mask skips the keys outside a window, so training, bf16, batches and a layer's window take
+    it too; how fast each is against the chunked path is not measured yet (the GPU session's cost step measures
+    it: docs/performance.md). Parity with the chunked path: tests/test_cuda.py."""
+    checks = [
+        (forward.compiling, "inside a compiled graph (FlexAttention within train.compile is not tried yet)"),
+        (not forward.causal or forward.cache != "none", "a KV cache or a non-causal forward"),
+        (forward.methods or forward.observed or forward.dropout, "an attention method, a diagnostic or dropout"),
+        (forward.window and encoding.flex_kind == "clipped",
+         "a window with a clipped bias, whose near band model/flex.py computes without one"),
+        (forward.dtype not in (torch.float32, torch.bfloat16),
+         f"{str(forward.dtype).removeprefix('torch.')}, and it serves float32 and bfloat16"),
+        (forward.queries != forward.keys or forward.queries < flex.CUDA_MIN_LENGTH,
+         f"shorter than {flex.CUDA_MIN_LENGTH} tokens (one FlexAttention block)"),
+    ]
+    return next((reason for failed, reason in checks if failed), None)
 
 
 def choose(encoding: Any, forward: Forward, consecutive: Callable[[], bool] = lambda: True) -> Path:

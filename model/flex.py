@@ -29,6 +29,14 @@ extra channel and 0 elsewhere. That channel is s_i = e^m_i / (F_i + e^m_i), so t
 F_i / e^m_i = (1 - s_i) / s_i, the near masses are exp(logit - m_i) <= 1, and every probability is a mass over
 their sum; the far keys' output is the other channels / (s_i * total), with no division by 1 - s_i.
 
+On CUDA nothing is measured yet, so FlexAttention is used there only with runtime.flex_cuda = true (off by
+default; the GPU session turns it on for its measurements), and then under other rules (attention_path.py
+why_not_flex_on_cuda): FlexAttention has a backward and bf16 kernels on CUDA, so training, bf16 autocast, batches
+and a layer's sliding window (a block mask that skips the keys outside it) take it too. Gradients reach a learned
+bias through the tensors its score_mod reads (T5's and KERPLE's distance table, FoX's terms). FIRE's bias depends
+on the query's position as well as on i - j (its distance is normalised by the query's position), so it has no
+table and stays on the chunked path everywhere.
+
 If compiling fails (no C++ compiler, say), a warning names the error and every later forward takes the chunked
 path; runtime.flex_attention = false (model/runtime.py) turns it off.
 """
@@ -42,7 +50,8 @@ import torch
 from model.compiled import Compiled
 
 MIN_LENGTH = 512  # shorter forwards keep the chunked path
-_block_masks: dict[tuple[int, str, int], Any] = {}
+CUDA_MIN_LENGTH = 128  # on CUDA (runtime.flex_cuda): one FlexAttention block; not measured yet
+_block_masks: dict[tuple[int, str, int, int], Any] = {}
 
 
 def consecutive(state: Any) -> bool:
@@ -101,18 +110,21 @@ def _flex_far(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink: torch.Ten
     return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=enable_gqa)
 
 
-def block_mask(time: int, device: torch.device, clip: int = 0) -> Any:
-    """Built once per (time, device, clip). clip = 0: the causal block mask for `time` queries and keys. clip > 0:
+def block_mask(time: int, device: torch.device, clip: int = 0, window: int = 0) -> Any:
+    """Built once per (time, device, clip, window). clip = 0: the causal block mask for `time` queries and keys,
+    limited to the `window` latest keys of each query when window > 0 (as the chunked path's visible_keys). clip > 0:
     for `time` queries and a sink followed by the `time` keys (key j + 1 is token j): the sink, and the tokens at
     distance clip or more (j <= i - clip)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    key = (time, str(device), clip)
+    key = (time, str(device), clip, window)
     if key not in _block_masks:
         if len(_block_masks) >= 16:
             _block_masks.clear()
         if clip:
             mask, keys = (lambda b, h, i, j: (j == 0) | (j <= i + 1 - clip)), time + 1
+        elif window:
+            mask, keys = (lambda b, h, i, j: (i >= j) & (i - j < window)), time
         else:
             mask, keys = (lambda b, h, i, j: i >= j), time
         _block_masks[key] = create_block_mask(mask, None, None, time, keys, device=str(device))
@@ -140,7 +152,9 @@ def clipped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, encodin
     for d in range(min(clip, time)):  # the key at distance d of every query i >= d
         near[:, :, d:, d] = (q[:, :, d:] * k_all[:, :, : time - d]).sum(-1).float()
     near = near / math.sqrt(dim) + (table[..., :clip] - table[..., clip:])
-    top = near.amax(-1)  # every query has its own key (d = 0)
+    # Every query has its own key (d = 0). The result does not depend on top (it only keeps the exponentials in
+    # range), so no gradient goes through it (FlexAttention's backward on CUDA then needs none for the sink).
+    top = near.amax(-1).detach()
     zero = k.new_zeros(batch, k.shape[1], 1, dim)
     k_sink = torch.cat((zero, k), dim=2)
     v_sink = torch.cat((torch.cat((zero, zero.new_ones(batch, k.shape[1], 1, 1)), dim=-1),
@@ -160,14 +174,19 @@ def clipped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, encodin
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, encoding: Any, state: Any,
-              layer: int) -> torch.Tensor | None:
+              layer: int, window: int = 0) -> torch.Tensor | None:
     """Causal attention with the encoding's bias (and value term) through compiled FlexAttention, or None when
-    compiling failed (then the caller takes the chunked path, as every later forward does)."""
+    compiling failed (then the caller takes the chunked path, as every later forward does). `window` > 0: each
+    query sees its `window` latest keys (a distance or separable bias; attention_path.py never sends a clipped
+    one with a window)."""
     if encoding.flex_kind == "clipped":
+        if window:
+            raise ValueError("a clipped bias takes FlexAttention without a window (model/attention_path.py)")
         return clipped_attention(q, k, v, encoding, state, layer)
+    mask = block_mask(q.shape[2], q.device, window=window)
     if encoding.flex_kind == "separable":
         query_terms, key_terms = encoding.separable_terms(state)
-        return _separable_kernel(q, k, v, query_terms.contiguous(), key_terms.contiguous(),
-                                 block_mask(q.shape[2], q.device), k.shape[1] != q.shape[1])
+        return _separable_kernel(q, k, v, query_terms.contiguous(), key_terms.contiguous(), mask,
+                                 k.shape[1] != q.shape[1])
     table = distance_table(q, encoding, state, layer)
-    return _kernel(q, k, v, table, block_mask(q.shape[2], q.device), k.shape[1] != q.shape[1])
+    return _kernel(q, k, v, table, mask, k.shape[1] != q.shape[1])

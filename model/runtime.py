@@ -27,6 +27,9 @@ class RuntimeConfig:
     flex_attention: bool = True  # long no-grad CPU forwards of distance biases take FlexAttention (model/flex.py)
     compiled_rope: bool = True  # long no-grad CPU rotations run compiled (model/rope.py)
     keep_freed_memory: bool = True  # glibc keeps freed blocks for reuse (keep_freed_memory below)
+    # FlexAttention on CUDA for the bias encodings, in evaluation and training (model/attention_path.py): off until
+    # it is measured there (docs/performance.md, "GPU session"); the GPU session turns it on to measure it
+    flex_cuda: bool = False
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():

@@ -3,6 +3,7 @@ evaluation and in cached decoding, each run for real on a model of the quick pre
 
     python -m scripts.attention_paths                   # every registered encoding, on this machine's device
     python -m scripts.attention_paths --device cuda --out runs/paths
+    python -m scripts.attention_paths --device cuda --flex-cuda        # with runtime.flex_cuda on (to measure it)
 
 The three situations are the ones the project runs:
   - training: the train loop's forward with a loss, gradients on, at L with --batch sequences, in the trainer's
@@ -30,7 +31,7 @@ from eval.scoring import score_windows
 from model.config import ModelConfig
 from model.encodings import POSITION_ENCODINGS
 from model.kv_cache import KVCache
-from model.runtime import autocast, autocast_dtype, configure_runtime, resolve_device
+from model.runtime import RuntimeConfig, autocast, autocast_dtype, configure_runtime, resolve_device
 from model.transformer import Transformer
 
 # The quick preset's model (configs/compare.toml).
@@ -84,14 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--encodings", help="comma-separated encodings (default: every registered one)")
     parser.add_argument("--batch", type=int, default=32, help="training sequences (the quick preset's batch)")
     add_device(parser)
+    parser.add_argument("--flex-cuda", action="store_true",
+                        help="runtime.flex_cuda on: FlexAttention on CUDA for the bias encodings (model/flex.py)")
     add_out(parser, "folder for attention_paths.md and .json (default: print only)", type=Path, default=None)
     return parser
 
 
 @cli_command
 def main(argv: list[str] | None = None) -> int:
-    configure_runtime()  # the process's runtime switches, at start-up (model/runtime.py)
     args = parse(build_parser(), argv)
+    configure_runtime(RuntimeConfig(flex_cuda=args.flex_cuda))  # the process's switches, at start-up (model/runtime.py)
     names = args.encodings.split(",") if args.encodings else list(POSITION_ENCODINGS)
     unknown = [name for name in names if name not in POSITION_ENCODINGS]
     if unknown:
@@ -106,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "attention_paths.md").write_text(table)
         (args.out / "attention_paths.json").write_text(json.dumps({"device": device.type, "shape": SHAPE,
-                                                                   "rows": rows}, indent=2) + "\n")
+                                                                   "flex_cuda": args.flex_cuda, "rows": rows},
+                                                                  indent=2) + "\n")
     return 0
 
 

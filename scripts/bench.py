@@ -3,6 +3,7 @@
     python -m scripts.bench                      # tiny shape, writes runs/bench/bench-tiny.json
     python -m scripts.bench --shape small --out runs/bench   # writes runs/bench/bench-small.json
     python -m scripts.bench --compile            # adds torch.compile modes (compile time reported)
+    python -m scripts.bench --device cuda --shape research6 --compile --peak-size 8192 --skip long_eval   # on a GPU
 
 Both models run in this one process, alternating mode by mode in every repeat (the order rotates from repeat
 to repeat), and each figure is the median over --repeats. Reported:
@@ -52,6 +53,12 @@ SHAPES = {
     "micro": {"model": dict(vocab_size=512, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64), "batch": 4},
     # MiniMind-small-like: 26M parameters.
     "small": {"model": dict(vocab_size=6400, dim=512, n_layers=8, n_heads=8, n_kv_heads=2, max_seq_len=512), "batch": 8},
+    # The research shapes of the GPU session (docs/performance.md): the literature's small grid (the `gpu` preset's
+    # model, configs/compare.toml) at its batch, and a larger one at L = 512; both 16,384 tokens per step, MHA.
+    "research6": {"model": dict(vocab_size=4096, dim=384, n_layers=6, n_heads=6, n_kv_heads=6, max_seq_len=128),
+                  "batch": 128},
+    "research8": {"model": dict(vocab_size=4096, dim=512, n_layers=8, n_heads=8, n_kv_heads=8, max_seq_len=512),
+                  "batch": 32},
 }
 SAMPLING = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
 
@@ -323,7 +330,8 @@ def report(results: dict) -> str:
     lines = [
         f"shape {results['shape']} ({results['parameters']:,} parameters), {results['device']}, "
         f"{results['threads']} threads, median of {results['repeats']} runs",
-        f"matmul peak (2048^3): fp32 {peaks['fp32']:.0f} GFLOP/s, bf16 {peaks['bf16']:.0f} GFLOP/s",
+        f"matmul peak ({results.get('peak_size', 2048)}^3 or less, see matmul_peak): fp32 {peaks['fp32']:.0f} GFLOP/s, "
+    f"bf16 {peaks['bf16']:.0f} GFLOP/s",
     ]
     if train:
         lines += training_lines(train)
@@ -366,7 +374,12 @@ SECTIONS = ["training", "generation", "long_eval"]
 def build_parser() -> argparse.ArgumentParser:
     parser = command_parser("scripts.bench", __doc__)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny",
-                        help="tiny (configs/tiny.toml's 4.0M model), small (26M), micro (smoke tests)")
+                        help="tiny (configs/tiny.toml's 4.0M model), small (26M), micro (smoke tests), research6 "
+                             "and research8 (the GPU session's: 6 layers, d 384, L 128, batch 128; 8 layers, d 512, "
+                             "L 512, batch 32)")
+    parser.add_argument("--peak-size", type=int, default=2048,
+                        help="side of the square matmul that measures the peak (8192 saturates an H100; a CPU "
+                             "that only emulates bf16 gets a smaller one)")
     add_out(parser, "output folder; writes OUT/bench-SHAPE.json (default: runs/bench)")
     parser.add_argument("--repeats", type=int, default=5, help="runs per mode; the median is reported")
     parser.add_argument("--train-steps", type=int, default=5, help="optimizer steps per timed training run")
@@ -389,8 +402,8 @@ def main(argv: list[str] | None = None) -> int:
         long_eval_child(argv[1], argv[2], int(argv[3]))
         return 0
     args = parse(build_parser(), argv)
-    if args.repeats < 1 or args.train_steps < 1 or args.new_tokens < 1:
-        raise ConfigError("--repeats, --train-steps and --new-tokens must be positive")
+    if args.repeats < 1 or args.train_steps < 1 or args.new_tokens < 1 or args.peak_size < 256:
+        raise ConfigError("--repeats, --train-steps and --new-tokens must be positive, and --peak-size at least 256")
     args.long_positions = comma_list(args.long_positions)
     args.skip = comma_list(args.skip)
     unknown = sorted(set(args.skip) - set(SECTIONS))
@@ -409,8 +422,9 @@ def main(argv: list[str] | None = None) -> int:
         "parameters": Transformer(ModelConfig(**shape["model"])).num_parameters(),
         "default_autocast": str(autocast_dtype(device, "auto")), "long_eval_device": "cpu",
     }
-    peaks = {"fp32": matmul_peak(torch.float32, device), "bf16": matmul_peak(torch.bfloat16, device)}
-    results["matmul_peak_gflops"] = peaks
+    peaks = {"fp32": matmul_peak(torch.float32, device, args.peak_size),
+             "bf16": matmul_peak(torch.bfloat16, device, args.peak_size)}
+    results["matmul_peak_gflops"], results["peak_size"] = peaks, args.peak_size
     results["training"] = bench_training(shape, args, peaks, device) if "training" not in args.skip else None
     results["generation"] = bench_generation(shape, args, device) if "generation" not in args.skip else None
     positions = [position for position in args.long_positions if position != "none"]

@@ -3,6 +3,7 @@ evaluation tokens/s and peak memory at 1x and 16x the trained length, side by si
 
     python -m scripts.encoding_costs             # every encoding and hybrid; writes runs/bench/encoding_costs.{md,json}
     python -m scripts.encoding_costs --variants '[{"position": "fire"}, {"position": "rope", "attention_window": [64]}]'
+    python -m scripts.encoding_costs --device cuda --flex-cuda   # on a GPU, FlexAttention on: encoding_costs-cuda-flex.*
 
 The shape is the full comparison preset's (dim 256, 4 layers, 8 heads, 4 KV heads, L = 256, vocabulary 4096),
 random weights and tokens, one torch thread (as one compare worker runs). Each variant runs in a fresh process, so
@@ -19,6 +20,9 @@ peaks do not mix:
   - with --compile, the same step under torch.compile (train.compile) too: its first step's time (compilation
     included, with whatever inductor cache the machine has) and the step count after which compiling has paid:
     (first compiled step - an eager step) / (eager step - compiled step).
+On --device cuda the same is timed on the GPU between synchronisations, and the peak is torch.cuda's peak
+allocated memory after that length; --flex-cuda turns runtime.flex_cuda on (FlexAttention for the bias encodings on
+CUDA, in training too: model/attention_path.py), so a run with and one without it set the two paths side by side.
 All variants are measured --rounds times, the order rotating from round to round, and each figure is the median
 over the rounds, so a slow moment of the machine does not land on one variant; the ratios to rope are the figures
 to quote.
@@ -36,12 +40,13 @@ from pathlib import Path
 
 import torch
 
-from commands import add_out, command_parser, parse
+from commands import add_device, add_out, command_parser, parse
 from errors import ConfigError, cli_command
 from model.config import ModelConfig
-from model.runtime import configure_runtime
+from model.runtime import RuntimeConfig, configure_runtime, resolve_device
 from model.transformer import Transformer
 
+CPU = torch.device("cpu")
 SHAPE = {"vocab_size": 4096, "dim": 256, "n_layers": 4, "n_heads": 8, "n_kv_heads": 4, "max_seq_len": 256}
 DEFAULT_VARIANTS = [
     {"position": "rope"}, {"position": "none"}, {"position": "sinusoidal"}, {"position": "learned", "position_args": {"learned": {"clamp": True}}},
@@ -65,51 +70,70 @@ def label(settings: dict) -> str:
     return ", ".join([settings["position"] + (f" + {methods}" if methods else ""), *rest])
 
 
-def train_speed(settings: dict, batch: int, train_steps: int, repeats: int, compile_model: bool) -> dict:
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_mib(device: torch.device) -> float:
+    """The process's peak resident memory (CPU), or torch.cuda's peak allocated memory since the last reset."""
+    from scripts.bench import peak_rss_mib  # VmHWM
+
+    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else peak_rss_mib()
+
+
+def train_speed(settings: dict, batch: int, train_steps: int, repeats: int, compile_model: bool,
+                device: torch.device = CPU) -> dict:
     """The train loop's step on random batches: median tokens/s over `repeats` runs, and the first step's time."""
     from scripts.bench import our_trainer  # the train loop's own step
 
     tokens = batch * SHAPE["max_seq_len"]
     with tempfile.TemporaryDirectory() as out_dir:
-        step, trainer = our_trainer({**SHAPE, **settings}, batch, compile_model, out_dir, torch.device("cpu"))
+        step, trainer = our_trainer({**SHAPE, **settings}, batch, compile_model, out_dir, device)
         started = time.perf_counter()
         step()  # warm-up (compilation, when compiled)
+        synchronize(device)
         first = time.perf_counter() - started
         runs = []
         for _ in range(repeats):
             started = time.perf_counter()
             for _ in range(train_steps):
                 step()
+            synchronize(device)
             runs.append(train_steps * tokens / (time.perf_counter() - started))
     return {"tokens_per_s": round(statistics.median(runs)), "first_step_s": round(first, 2),
             "precision": "bf16" if trainer.amp == torch.bfloat16 else "fp32"}
 
 
 def measure(settings: dict, lengths: list[int], batch: int, train_steps: int, repeats: int,
-            compile_model: bool = False, eval_batch: int = 1) -> dict:
-    """Evaluation at each multiple of L (shortest first), then training, in this process."""
-    from scripts.bench import peak_rss_mib  # VmHWM
-
+            compile_model: bool = False, eval_batch: int = 1, device: torch.device = CPU) -> dict:
+    """Evaluation at each multiple of L (shortest first), then training, in this process. The attention paths
+    the model took are in the row (FlexAttention or the chunked path, and why)."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(**{**SHAPE, **settings})).eval()
-    row: dict = {"settings": settings, "label": label(settings)}
+    model = Transformer(ModelConfig(**{**SHAPE, **settings})).eval().to(device)
+    row: dict = {"settings": settings, "label": label(settings), "device": device.type}
     for multiple in sorted(lengths):
-        idx = torch.randint(0, SHAPE["vocab_size"], (eval_batch, multiple * SHAPE["max_seq_len"] + 1))
+        idx = torch.randint(0, SHAPE["vocab_size"], (eval_batch, multiple * SHAPE["max_seq_len"] + 1)).to(device)
         times = []
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         with torch.inference_mode():
             model(idx[:, :-1], idx[:, 1:])  # warm-up (FlexAttention compiles here for a distance bias: model/flex.py)
             for _ in range(repeats):
+                synchronize(device)
                 started = time.perf_counter()
                 model(idx[:, :-1], idx[:, 1:])
+                synchronize(device)
                 times.append(time.perf_counter() - started)
         row[f"eval_{multiple}x"] = {"tokens_per_s": round(idx[:, 1:].numel() / statistics.median(times)),
-                                    "peak_rss_mib": round(peak_rss_mib())}
+                                    "peak_rss_mib": round(peak_mib(device))}
+        row[f"paths_{multiple}x"] = model.attention_paths()
     del model
     if train_steps:
-        row["train"] = train_speed(settings, batch, train_steps, repeats, False)
+        row["train"] = train_speed(settings, batch, train_steps, repeats, False, device)
         if compile_model:
-            row["train_compiled"] = compiled = train_speed(settings, batch, train_steps, repeats, True)
+            row["train_compiled"] = compiled = train_speed(settings, batch, train_steps, repeats, True, device)
             tokens = batch * SHAPE["max_seq_len"]
             eager_step, compiled_step = tokens / row["train"]["tokens_per_s"], tokens / compiled["tokens_per_s"]
             saved = eager_step - compiled_step
@@ -175,15 +199,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per figure in one process (median)")
     parser.add_argument("--rounds", type=int, default=3, help="times every variant is measured, in rotating order "
                                                              "(each figure is the median over rounds)")
-    add_out(parser, "folder for encoding_costs.md and encoding_costs.json", type=Path, default=Path("runs/bench"))
+    add_device(parser, default="cpu")
+    parser.add_argument("--flex-cuda", action="store_true", help="runtime.flex_cuda on (FlexAttention on CUDA)")
+    add_out(parser, "folder for encoding_costs.md and encoding_costs.json (on CUDA: encoding_costs-cuda.*, and "
+                    "encoding_costs-cuda-flex.* with --flex-cuda)", type=Path, default=Path("runs/bench"))
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure this JSON settings dict here
     return parser
 
 
 @cli_command
 def main(argv: list[str] | None = None) -> int:
-    configure_runtime()  # the process's runtime switches, at start-up (model/runtime.py)
     args = parse(build_parser(), argv)
+    configure_runtime(RuntimeConfig(flex_cuda=args.flex_cuda))  # the process's switches, at start-up (model/runtime.py)
+    device = resolve_device(args.device)
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {args.device}: encoding_costs times the CPU or a CUDA GPU, not {device.type}")
     try:
         lengths = [int(value) for value in args.lengths.split(",")]
     except ValueError as error:
@@ -194,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                           "--rounds >= 1")
     if args.one is not None:
         print(json.dumps(measure(json.loads(args.one), lengths, args.batch, args.train_steps, args.repeats,
-                                 args.compile, args.eval_batch)), flush=True)
+                                 args.compile, args.eval_batch, device)), flush=True)
         return 0
     try:
         variants = json.loads(args.variants) if args.variants else DEFAULT_VARIANTS
@@ -209,8 +239,9 @@ def main(argv: list[str] | None = None) -> int:
         settings = variants[index]
         result = subprocess.run([sys.executable, "-m", "scripts.encoding_costs", "--lengths", args.lengths,
                                  "--batch", str(args.batch), "--train-steps", str(args.train_steps), "--repeats",
-                                 str(args.repeats), "--eval-batch", str(args.eval_batch),
-                                 *(["--compile"] if args.compile else []), "--one",
+                                 str(args.repeats), "--eval-batch", str(args.eval_batch), "--device", device.type,
+                                 *(["--compile"] if args.compile else []),
+                                 *(["--flex-cuda"] if args.flex_cuda else []), "--one",
                                  json.dumps(settings)], capture_output=True, text=True)
         if result.returncode != 0:
             row = {"settings": settings, "error": (result.stderr.strip().splitlines() or ["?"])[-1][:200]}
@@ -220,11 +251,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"round {round_index + 1}/{args.rounds}: " + json.dumps(row), flush=True)
     rows = [median_row(runs) for runs in measured]
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "encoding_costs.json").write_text(json.dumps({"shape": SHAPE, "lengths": lengths, "batch": args.batch,
-                                                             "rounds": args.rounds, "rows": rows,
-                                                             "all_rounds": measured}, indent=1) + "\n")
-    (args.out / "encoding_costs.md").write_text(table(rows, lengths))
-    print(table(rows, lengths) + f"wrote {args.out / 'encoding_costs.md'} and {args.out / 'encoding_costs.json'}")
+    stem = "encoding_costs" + ("-cuda" if device.type == "cuda" else "") + ("-flex" if args.flex_cuda else "")
+    named = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    (args.out / f"{stem}.json").write_text(json.dumps({"shape": SHAPE, "lengths": lengths, "batch": args.batch,
+                                                       "device": named, "flex_cuda": args.flex_cuda,
+                                                       "rounds": args.rounds, "rows": rows,
+                                                       "all_rounds": measured}, indent=1) + "\n")
+    header = f"device: {named}; runtime.flex_cuda {'on' if args.flex_cuda else 'off'}\n\n" if device.type == "cuda" else ""
+    (args.out / f"{stem}.md").write_text(header + table(rows, lengths))
+    print(table(rows, lengths) + f"wrote {args.out / (stem + '.md')} and {args.out / (stem + '.json')}")
     return 0
 
 

@@ -77,6 +77,32 @@ def test_each_rule_decides_and_says_why():
     assert choose(alibi, forward(flex_enabled=False)).reason.endswith("runtime.flex_attention is off")
 
 
+def test_on_cuda_flex_waits_for_its_switch_then_serves_training_bf16_batches_and_windows():
+    """runtime.flex_cuda (off by default: nothing is measured on CUDA yet) lets CUDA forwards take FlexAttention,
+    training and bf16 included; the CPU's rules do not change with it."""
+    by_name = {name: Transformer(micro_config(position=name)).position
+               for name in ("alibi", "t5", "kerple", "shaw", "fox", "fire", "rope")}
+    training = dict(device="cuda", grad=True, dtype=torch.bfloat16, batch=8, queries=128, keys=128)
+    off = choose(by_name["t5"], forward(**training))
+    assert off.kind == SDPA_MASK and "runtime.flex_cuda" in off.reason
+    for name in ("alibi", "t5", "kerple", "shaw", "fox"):
+        assert choose(by_name[name], forward(**training, flex_cuda=True)).kind == FLEX, name
+        assert choose(by_name[name], forward(device="cuda", batch=2, flex_cuda=True)).kind == FLEX, name
+    on = dict(training, flex_cuda=True)
+    assert choose(by_name["alibi"], forward(**on, window=32)).kind == FLEX
+    assert "window with a clipped bias" in choose(by_name["shaw"], forward(**on, window=32)).reason
+    for changes, why in (({"cache": "dynamic", "queries": 1}, "KV cache"), ({"compiling": True}, "compiled graph"),
+                         ({"queries": 64, "keys": 64}, "shorter than 128"), ({"dtype": torch.float16}, "float16"),
+                         ({"methods": True}, "attention method"), ({"flex_enabled": False}, "flex_attention is off")):
+        path = choose(by_name["alibi"], forward(**{**on, **changes}))
+        assert path.kind != FLEX and why in path.reason, (changes, path)
+    assert "distance alone" in choose(by_name["fire"], forward(**on)).reason  # FIRE's bias reads the query position
+    assert choose(by_name["rope"], forward(**on)).kind == SDPA
+    for name, grad in (("t5", True), ("alibi", False)):  # the CPU's decisions, with and without the switch
+        cpu = dict(grad=grad, batch=2 if grad else 1, queries=64 if grad else 1024, keys=64 if grad else 1024)
+        assert choose(by_name[name], forward(**cpu, flex_cuda=True)) == choose(by_name[name], forward(**cpu))
+
+
 def test_the_attention_reads_the_processs_flex_switch_into_each_forward():
     """choose is a function of its arguments; the attention fills Forward.flex_enabled from the process's runtime
     switch (model/runtime.py) when it gathers each forward's inputs."""
@@ -87,6 +113,10 @@ def test_the_attention_reads_the_processs_flex_switch_into_each_forward():
         with torch.no_grad():
             model(ids)
         assert all(path.endswith("runtime.flex_attention is off") for path in model.attention_paths().values())
+        configure_runtime(RuntimeConfig(flex_cuda=True))  # a CUDA switch: the CPU forward takes FlexAttention as before
+        with torch.no_grad():
+            model(ids)
+        assert all(path.startswith(FLEX) for path in model.attention_paths().values())
     finally:
         configure_runtime(RuntimeConfig())
 

@@ -17,15 +17,32 @@ def test_shipped_configs_load():
     assert {"tiny.toml", "compare.toml", "sft_stdlib.toml", "passkey_finetune.toml"} <= {path.name for path in paths}
     for path in paths:
         if path.name == "compare.toml":
-            for preset in ("quick", "full", "newer", "frontier", "frontier2"):
+            for preset in ("quick", "full", "newer", "frontier", "frontier2", "gpu"):
                 compare, shared, _ = load_compare_config(path, preset, [])
                 assert compare.encodings and shared["model"]["max_seq_len"] > 0
-        elif path.name == "ladder.toml":
+        elif path.name.startswith("ladder"):
             from experiments.ladder import load_ladder_config
 
             assert len(load_ladder_config(path).rungs) >= 3
         else:
             assert load_run_config(path).train.max_steps > 0, path
+
+
+def test_the_gpu_preset_is_the_small_grid_at_ten_times_the_full_budget_on_workers_sharing_a_gpu():
+    from experiments.compare.config import load_compare_config
+
+    path = ROOT / "configs" / "compare.toml"
+    tokens = {}
+    for preset in ("full", "gpu"):
+        compare, shared, _ = load_compare_config(path, preset, [])
+        train = build_run_config({"model": shared["model"], "train": shared["train"]}).train
+        tokens[preset] = train.max_steps * train.batch_size * shared["model"]["max_seq_len"]
+    model = shared["model"]
+    assert (model["n_layers"], model["dim"], model["n_heads"], model["max_seq_len"]) == (6, 384, 6, 128)
+    assert tokens["gpu"] >= 10 * tokens["full"]
+    assert compare.lengths[-1] == "16x" and len(compare.seeds) == 5 and compare.workers > 1
+    assert set(compare.encodings) == {"none", "sinusoidal", "alibi", "t5", "rope"}
+    assert set(compare.methods) == {"ntk", "yarn"}
 
 
 def test_overrides_take_precedence_over_file(tmp_path):

@@ -172,3 +172,93 @@ def test_bench_runs_every_contestant_on_cuda(tmp_path):
     assert results["device"] == "cuda"
     assert {mode["device"] for mode in [*training.values(), *generation.values()]} == {"cuda"}
     assert all(mode["tokens_per_s"] > 0 for mode in [*training.values(), *generation.values()])
+
+
+# FlexAttention on CUDA (runtime.flex_cuda, off by default: model/attention_path.py why_not_flex_on_cuda), against
+# the chunked path, which stays the reference: the same logits in fp32, and the same gradients in training.
+FLEX_CUDA = ["alibi", "t5", "kerple", "shaw", "fox"]
+
+
+def flex_cuda_model(position: str, max_seq_len: int = 64, **settings) -> Transformer:
+    """A model whose bias is far from its initial values (a trained model's differ from distance to distance)."""
+    model = Transformer(micro_config(position=position, max_seq_len=max_seq_len, **settings))
+    with torch.no_grad():
+        for name, parameter in model.position.named_parameters():
+            if position in ("t5", "shaw"):
+                parameter.normal_(0.0, 1.0)
+            elif position == "fox":
+                parameter.uniform_(-1.0, 3.0) if name.endswith("bias") else parameter.normal_(0.0, 0.3)
+    return model.to(CUDA)
+
+
+def run_with_flex_cuda(model: Transformer, on: bool, fn):
+    """fn() with runtime.flex_cuda set to `on`, and the paths the layers took."""
+    from model.runtime import runtime_config
+
+    saved = runtime_config().flex_cuda
+    runtime_config().flex_cuda = on
+    try:
+        result = fn()
+    finally:
+        runtime_config().flex_cuda = saved
+    return result, model.attention_paths()
+
+
+@pytest.mark.parametrize("window", [0, 48], ids=["global", "window"])
+@pytest.mark.parametrize("position", FLEX_CUDA)
+def test_flex_on_cuda_gives_the_chunked_paths_logits(position, window):
+    if window and position == "shaw":
+        pytest.skip("a clipped bias keeps the chunked path with a window")
+    model = flex_cuda_model(position, **({"attention_window": [window]} if window else {})).eval()
+    idx = torch.randint(0, model.config.vocab_size, (2, 300), device=CUDA)  # a batch, not a multiple of 128
+
+    def forward():
+        with torch.no_grad():
+            return model(idx)[0]
+
+    reference, chunked_paths = run_with_flex_cuda(model, False, forward)
+    fast, flex_paths = run_with_flex_cuda(model, True, forward)
+    assert all(path.startswith("sdpa_mask") or path.startswith("explicit") for path in chunked_paths.values())
+    assert all(path.startswith("flex") for path in flex_paths.values()), flex_paths
+    assert (fast - reference).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("position", FLEX_CUDA)
+def test_flex_on_cuda_trains_with_the_chunked_paths_gradients(position):
+    """A training forward (gradients, L = 128) takes FlexAttention under the switch; the loss and every gradient,
+    the bias's own parameters included, equal the chunked path's."""
+    model = flex_cuda_model(position, max_seq_len=128).train()
+    idx = torch.randint(0, model.config.vocab_size, (4, 129), device=CUDA)
+
+    def step():
+        model.zero_grad()
+        loss = model(idx[:, :-1], idx[:, 1:])[1]
+        loss.backward()
+        return loss.item(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    (loss, grads), chunked_paths = run_with_flex_cuda(model, False, step)
+    (flex_loss, flex_grads), flex_paths = run_with_flex_cuda(model, True, step)
+    assert all(path.startswith("flex") for path in flex_paths.values()), flex_paths
+    assert not any(path.startswith("flex") for path in chunked_paths.values())
+    assert flex_loss == pytest.approx(loss, rel=1e-5)
+    assert set(flex_grads) == set(grads)
+    assert any(name.startswith("position") for name in grads) or position == "alibi"
+    for name, grad in grads.items():
+        assert (flex_grads[name] - grad).abs().max() < 1e-4 * max(1.0, grad.abs().max().item()), name
+
+
+@pytest.mark.parametrize("position", ["alibi", "t5", "fox"])
+def test_flex_on_cuda_under_bf16_autocast_follows_fp32(position):
+    from model.runtime import autocast
+
+    model = flex_cuda_model(position, max_seq_len=128).train()
+    idx = torch.randint(0, model.config.vocab_size, (4, 129), device=CUDA)
+
+    def loss(amp):
+        with autocast(CUDA, amp):
+            return model(idx[:, :-1], idx[:, 1:])[1].item()
+
+    fp32, _ = run_with_flex_cuda(model, False, lambda: loss(None))
+    bf16, paths = run_with_flex_cuda(model, True, lambda: loss(torch.bfloat16))
+    assert all(path.startswith("flex") for path in paths.values()), paths
+    assert abs(bf16 - fp32) < 0.02 * fp32

@@ -185,3 +185,24 @@ def test_flex_attention_gives_the_chunked_paths_logits_for_fox_in_batches(n_kv_h
             gate.bias.uniform_(-1.0, 3.0)
     idx = torch.randint(0, model.config.vocab_size, (3, LENGTH))
     assert_flex_matches_the_chunked_path(model, idx, None, flex_calls)
+
+
+@pytest.mark.parametrize("position", ["alibi", "t5"])
+def test_a_windowed_block_mask_gives_the_chunked_paths_windowed_attention(position):
+    """flex.attention with a layer's window (taken on CUDA under runtime.flex_cuda) against the chunked path of a
+    windowed layer, run here on the CPU forward: the block mask shows each query its `window` latest keys only."""
+    window = 40
+    model = Transformer(micro_config(position=position, max_seq_len=64, attention_window=[window])).eval()
+    if position == "t5":
+        torch.nn.init.normal_(model.position.relative_attention_bias.weight, std=1.0)
+    layer = model.layers[0].attention
+    positions = torch.arange(LENGTH)[None, :]
+    state = model.position.prepare(positions, positions)
+    q, k, v = (torch.randn(1, heads, LENGTH, 16) for heads in (4, 2, 2))
+    with torch.inference_mode():
+        chunked = layer.chunked_attention(q, k, v, model.position, state, True, explicit=False)
+        windowed = flex.attention(q, k, v, model.position, state, 0, window)
+        unwindowed = flex.attention(q, k, v, model.position, state, 0)
+    assert (windowed - chunked).abs().max() < 1e-5
+    assert (unwindowed - chunked)[:, :, window:].abs().max() > 1e-3  # the window matters: the check can fail
+    assert (unwindowed - chunked)[:, :, :window].abs().max() < 1e-5  # ... and only past it

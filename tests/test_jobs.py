@@ -113,3 +113,34 @@ def test_the_worker_layout_follows_the_usable_cores_gpus_and_what_was_asked(monk
     assert jobs.worker_layout(1, 10) == (1, 4)  # one worker takes every core
     assert jobs.worker_layout(0, 10, gpus=2) == (2, 2)  # one worker per GPU
     assert jobs.worker_layout(2, 10, threads=1) == (2, 1)  # threads as asked
+
+
+@pytest.mark.parametrize("gpus, workers", [(4, 6), (1, 8)])
+def test_compares_workers_take_one_gpu_each_or_share_one(monkeypatch, gpus, workers):
+    """experiments.compare's worker placement with a fake device list (no GPU is needed): worker slot i sets
+    CUDA device i mod the device count, so 4 GPUs get one worker each (6 workers: the first two GPUs take a
+    second), and 8 workers share 1 GPU (the gpu preset's layout); without workers asked, one per GPU."""
+    import queue
+
+    import torch
+
+    from experiments import jobs
+    from experiments.compare import running
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.setattr(running, "die_with_parent", lambda parent=None: None)
+    monkeypatch.setattr(running, "_WORKER", running._WORKER)  # restored after the test
+    monkeypatch.setattr(jobs.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    slots = queue.Queue()
+    for index in range(workers):
+        slots.put(index)
+    for _ in range(workers):  # each worker process runs the initializer once, taking the next slot
+        running._init_worker(slots)
+    assert chosen == [index % gpus for index in range(workers)]
+    assert sorted(chosen.count(device) for device in range(gpus)) == sorted(
+        workers // gpus + (device < workers % gpus) for device in range(gpus))
+    assert jobs.worker_layout(0, 25, gpus=gpus) == (gpus, 16 // gpus)  # unasked: one worker per GPU
+    assert jobs.worker_layout(workers, 25, gpus=gpus) == (workers, 16 // workers)

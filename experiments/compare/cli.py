@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", type=Path, default=Path("configs/compare.toml"), metavar="FILE",
                         help="TOML compare config")
     parser.add_argument("--preset", help="a [presets.NAME] table of the config: quick, newer, frontier, frontier2, "
-                        "full or wikitext103 (docs/presets.md: what each answers and costs)")
+                        "full, wikitext103 or gpu (docs/presets.md: what each answers and costs)")
     add_out(parser, "output folder (default: compare.out of the config)")
     return parser
 
