@@ -126,8 +126,11 @@ def pack(folder: Path, archive: Path) -> dict:
 class Session:
     """What every step sees: the mode, the folders, and run() for its commands (which share the step's limit)."""
 
-    def __init__(self, out: Path, work: Path, carry: Path, dry: bool) -> None:
+    def __init__(self, out: Path, work: Path, carry: Path, dry: bool, limits: dict[str, float] | None = None,
+                 suite_workers: int = 1) -> None:
         self.out, self.work, self.carry, self.dry = out, work, carry, dry
+        self.limits = {**LIMITS, **(limits or {})}
+        self.suite_workers = suite_workers
         self.python = sys.executable
         self.env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.record: dict = {"mode": "dry-run" if dry else "device", "started": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -169,10 +172,10 @@ class Session:
 
     def run_step(self, name: str, body: Callable[["Session"], None]) -> dict:
         self.step, self.commands = name, []
-        self.deadline = time.perf_counter() + LIMITS[name]
+        self.deadline = time.perf_counter() + self.limits[name]
         started = time.perf_counter()
         status, reason = "ok", ""
-        print(f"[{name}] started (limit {LIMITS[name]} s)", flush=True)
+        print(f"[{name}] started (limit {self.limits[name]:.0f} s)", flush=True)
         try:
             body(self)
         except StepSkipped as skipped:
@@ -207,7 +210,7 @@ class Session:
                               "steps on this CPU with --dry-run")
         wheels = sorted((self.carry / "wheels").glob("*.whl"))
         if wheels:
-            site = Path("/tmp/gpu_session_site")
+            site = Path(f"/tmp/gpu_session_site_{os.getpid()}")  # two sessions may run side by side
             installed = subprocess.run([self.python, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
                                         "--no-compile", "--no-cache-dir", "--upgrade", "--target", str(site),
                                         *map(str, wheels)], capture_output=True, text=True)
@@ -233,7 +236,9 @@ def suite(s: Session) -> None:
              "-p", "no:cacheprovider", limit_s=220, ok=(0, 5) if s.dry else (0,))
     # The fast tier; its commands' default device (auto) is CUDA there. The dry run takes one small module of it.
     tier = ["tests/test_layers.py"] if s.dry else []
-    s.module("fast", "pytest", *tier, "-q", "-rfEs", "--timeout=180", f"--junitxml={s.folder() / 'fast.xml'}",
+    # pytest-xdist, one worker per test file (files share no run folders across workers then)
+    workers = ["-n", str(s.suite_workers), "--dist", "loadfile"] if s.suite_workers > 1 else []
+    s.module("fast", "pytest", *tier, *workers, "-q", "-rfEs", "--timeout=180", f"--junitxml={s.folder() / 'fast.xml'}",
              "-p", "no:cacheprovider")
 
 
@@ -378,6 +383,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "tool's $OUT)", type=Path, default=ROOT / "runs" / "gpu_session" / "out")
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "gpu_session",
                         help="each step's own files, WORK/STEP (default: runs/gpu_session)")
+    parser.add_argument("--limits", default="",
+                        help="seconds per step for this call, STEP=SECONDS,... (default: " +
+                             ",".join(f"{k}={v}" for k, v in LIMITS.items()) + ")")
+    parser.add_argument("--suite-workers", type=int, default=1,
+                        help="pytest-xdist workers for the suite's fast tier (default 1: no xdist; the GPU "
+                             "machine's image has pytest-xdist)")
     parser.add_argument("--carry", type=Path, default=ROOT / "runs" / "gpu_carry",
                         help="what the calls carry (python -m scripts.gpu_carry writes it; default: runs/gpu_carry)")
     return parser
@@ -391,8 +402,16 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [step for step in steps if step not in STEPS]
     if unknown:
         raise ConfigError(f"unknown steps {unknown}; the steps are {', '.join(STEPS)} (or all)")
+    limits = {}
+    for item in comma_list(args.limits):
+        step, _, seconds = item.partition("=")
+        if step not in STEPS or not seconds.replace(".", "", 1).isdigit():
+            raise ConfigError(f"--limits item {item!r} must look like STEP=SECONDS with STEP one of "
+                              f"{', '.join(STEPS)} (for example --limits suite=300,preset=480)")
+        limits[step] = float(seconds)
     args.out.mkdir(parents=True, exist_ok=True)
-    session = Session(args.out.resolve(), args.work.resolve(), args.carry.resolve(), args.dry_run)
+    session = Session(args.out.resolve(), args.work.resolve(), args.carry.resolve(), args.dry_run, limits,
+                      args.suite_workers)
     session.setup()
     for step in steps:
         session.run_step(step, BODIES[step])

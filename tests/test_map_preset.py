@@ -16,7 +16,8 @@ def test_the_map_preset_draws_harm_against_use(small_text_file, tmp_path):
     assert main(["--config", str(ROOT / "configs" / "compare.toml"), "--preset", "map", "--out", str(out),
                  f"--compare.source={small_text_file}", "--compare.val_fraction=0.3", *overrides,
                  '--compare.encodings=["alibi", "rope"]', "--compare.seeds=[1, 2]", '--compare.tasks=["mqar"]',
-                 "--compare.task_steps=4", "--compare.task_cycle=2", "--compare.workers=1"]) == 0
+                 "--compare.task_steps=4", "--compare.task_cycle=2", "--compare.task_count=8",
+                 "--compare.workers=1"]) == 0
     results = json.loads((out / "results.json").read_text())
     labels = {cell["label"] for cell in results["cells"]}
     assert {"alibi", "alibi+window", "rope", "rope+yarn", "rope+window", "rope+yarn+window"} <= labels

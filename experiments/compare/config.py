@@ -54,6 +54,7 @@ class CompareConfig:
     task_steps: int = 12000  # the cap on each task model's training steps (experiments.tasks default)
     task_until: float = 0.95  # stop a task model's training at this validation exact match at L (0: train to the cap)
     task_cycle: int = 0  # the task models' learning-rate cycle and stop check, in steps (0: experiments.tasks' 3,000)
+    task_count: int = 256  # fresh test sequences per length (per cell of a retrieval grid: at most 128)
     workers: int = 0  # 0: one per usable CPU core (one per GPU on CUDA)
     threads: int = 0  # torch threads per worker; 0: CPU cores / workers
     out: str = "runs/compare"
@@ -93,8 +94,8 @@ class CompareConfig:
         if self.task_cycle < 0:
             raise ConfigError(f"compare.task_cycle is a number of steps >= 0 (0: the default cycle), got "
                               f"{self.task_cycle}")
-        if min(self.probe_tokens, self.passkey_trials, self.task_steps) < 1:
-            raise ConfigError("compare.probe_tokens, passkey_trials and task_steps must be positive")
+        if min(self.probe_tokens, self.passkey_trials, self.task_steps, self.task_count) < 1:
+            raise ConfigError("compare.probe_tokens, passkey_trials, task_steps and task_count must be positive")
         if not 0 <= self.task_until <= 1:
             raise ConfigError(f"compare.task_until is an exact match in [0, 1] (0: off), got {self.task_until}")
         if min(self.workers, self.threads, self.max_documents, self.reference_stride) < 0:

@@ -49,7 +49,7 @@ from model.transformer import Transformer
 
 PASSKEY_DEPTHS = [0.0, 0.5, 1.0]
 INDUCTION_BLOCK, INDUCTION_TRIALS = 32, 32
-TASK_LENGTH, TASK_MULTIPLES, TASK_COUNT = DEFAULT_LENGTH, [1, 2, 4, 8], 256
+TASK_LENGTH, TASK_MULTIPLES = DEFAULT_LENGTH, [1, 2, 4, 8]
 
 
 def _per_length(compare: CompareConfig, trained: int, run: Callable[[int], Any]) -> dict[str, Any]:
@@ -128,6 +128,8 @@ def run_tasks(compare: CompareConfig, out: Path, shared_model: dict) -> None:
                 "train": train, "until": compare.task_until or None}
     if any(TASKS[name].make_at is not None for name in compare.tasks):
         settings["methods"] = methods
+    if compare.task_count != 256:  # the default is left out, so that earlier results stay cached
+        settings["count"] = compare.task_count
     suite = Suite()
     for name in compare.tasks:
         path = task_path(out, name)
@@ -140,7 +142,7 @@ def run_tasks(compare: CompareConfig, out: Path, shared_model: dict) -> None:
     todo = [name for name in compare.tasks if name not in suite.results]
     if todo:
         print(f"tasks {', '.join(todo)}: training {len(encodings)} encodings x {len(compare.seeds)} seeds", flush=True)
-        suite.update(run_suite(todo, encodings, compare.seeds, TASK_LENGTH, TASK_MULTIPLES, TASK_COUNT,
+        suite.update(run_suite(todo, encodings, compare.seeds, TASK_LENGTH, TASK_MULTIPLES, compare.task_count,
                                {"model": DEFAULT_MODEL, "train": train}, out / "tasks" / "runs", compare.workers,
                                compare.task_until or None, tuple(methods)))
     chosen = Suite({name: suite.results[name] for name in compare.tasks},
@@ -318,7 +320,8 @@ def tasks_section(results: ComparisonResults) -> list[str]:
         training = saved.get("training", {})
         lines += [f"### Task: {name}", "",
                   f"Trained per encoding and seed at L = {saved['length']} (experiments/tasks.py, model {DEFAULT_MODEL}, "
-                  f"batches of {DEFAULT_TRAIN['batch_size']} sequences, {budget}), exact match on {TASK_COUNT} "
+                  f"batches of {DEFAULT_TRAIN['batch_size']} sequences, {budget}), exact match on "
+                  f"{saved['settings'].get('count', 256)} "
                   "fresh sequences per length, mean [95% t interval] over seeds; steps: each seed's (* reached "
                   "the cap).", "", *header("encoding", multiples + ["steps"])]
         for encoding, by_length in results.items():
