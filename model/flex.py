@@ -135,6 +135,16 @@ _INSTEAD = "evaluation continues on the chunked attention path (model/flex.py)"
 _kernel = Compiled(_flex, "FlexAttention", _INSTEAD)
 _far_kernel = Compiled(_flex_far, "FlexAttention (a clipped encoding's far keys)", _INSTEAD)
 _separable_kernel = Compiled(_flex_separable, "FlexAttention (a separable bias)", _INSTEAD)
+# Training forwards (CUDA with runtime.flex_cuda) compile with static shapes: once evaluation at other lengths has made
+# the shapes symbolic, inductor (torch 2.11, H200) failed to lower a separable bias's backward (sym_size of a captured
+# tensor). Its backward compiles inside loss.backward(), where no fallback can catch it, so it must not be tried.
+_TRAINING = {kernel: Compiled(kernel.function, kernel.what, _INSTEAD, dynamic=False)
+             for kernel in (_kernel, _far_kernel, _separable_kernel)}
+
+
+def _for(kernel: Compiled, *tensors: torch.Tensor) -> Compiled:
+    """The kernel to call: its static-shape twin where gradients will flow back through it."""
+    return _TRAINING.get(kernel, kernel) if torch.is_grad_enabled() and any(t.requires_grad for t in tensors) else kernel
 
 
 def clipped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, encoding: Any, state: Any,
@@ -159,7 +169,7 @@ def clipped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, encodin
     k_sink = torch.cat((zero, k), dim=2)
     v_sink = torch.cat((torch.cat((zero, zero.new_ones(batch, k.shape[1], 1, 1)), dim=-1),
                         torch.cat((v, v.new_zeros(*v.shape[:3], 1)), dim=-1)), dim=2)
-    out = _far_kernel(q, k_sink, v_sink, top, block_mask(time, q.device, clip), k.shape[1] != heads)
+    out = _for(_far_kernel, q, k)(q, k_sink, v_sink, top, block_mask(time, q.device, clip), k.shape[1] != heads)
     if out is None:
         return None
     share = out[..., dim].float().clamp_min(torch.finfo(torch.float32).tiny)  # e^top / (far mass + e^top)
@@ -186,7 +196,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, encoding: Any, 
     mask = block_mask(q.shape[2], q.device, window=window)
     if encoding.flex_kind == "separable":
         query_terms, key_terms = encoding.separable_terms(state)
-        return _separable_kernel(q, k, v, query_terms.contiguous(), key_terms.contiguous(), mask,
-                                 k.shape[1] != q.shape[1])
+        kernel = _for(_separable_kernel, q, k, query_terms)
+        return kernel(q, k, v, query_terms.contiguous(), key_terms.contiguous(), mask, k.shape[1] != q.shape[1])
     table = distance_table(q, encoding, state, layer)
-    return _kernel(q, k, v, table, mask, k.shape[1] != q.shape[1])
+    return _for(_kernel, q, k, table)(q, k, v, table, mask, k.shape[1] != q.shape[1])

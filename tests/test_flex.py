@@ -206,3 +206,15 @@ def test_a_windowed_block_mask_gives_the_chunked_paths_windowed_attention(positi
     assert (windowed - chunked).abs().max() < 1e-5
     assert (unwindowed - chunked)[:, :, window:].abs().max() > 1e-3  # the window matters: the check can fail
     assert (unwindowed - chunked)[:, :, :window].abs().max() < 1e-5  # ... and only past it
+
+
+def test_training_forwards_take_static_shape_kernels_and_evaluation_the_dynamic_ones():
+    """A backward compiles inside loss.backward(), out of the fallback's reach: where gradients flow, each kernel has
+    a twin compiled with static shapes (with symbolic ones, inductor failed to lower FoX's backward on CUDA)."""
+    leaf, data = torch.zeros(2, requires_grad=True), torch.zeros(2)
+    for kernel in (flex._kernel, flex._far_kernel, flex._separable_kernel):
+        twin = flex._for(kernel, data, leaf)
+        assert twin is not kernel and twin.function is kernel.function and twin.options == {"dynamic": False}
+        assert flex._for(kernel, data, data) is kernel and "dynamic" not in kernel.options
+        with torch.no_grad():
+            assert flex._for(kernel, leaf) is kernel
