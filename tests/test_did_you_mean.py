@@ -50,6 +50,8 @@ def test_a_flag_typed_the_argparse_way_names_the_override(capsys):
     assert error_line(capsys).endswith("did you mean --train.max_steps=100?")
     assert pretrain(["--overwite"]) == 2  # a flag of the command itself
     assert error_line(capsys).endswith("did you mean --overwrite?")
+    assert pretrain(["configs/tiny.toml"]) == 2  # the config without its flag
+    assert error_line(capsys).endswith("did you mean --config configs/tiny.toml?")
 
 
 def test_an_unknown_flag_of_a_plain_command_names_the_nearest(capsys):

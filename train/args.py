@@ -125,10 +125,13 @@ def check_names(values: dict[str, Any], where: str, known: dict[str, Collection[
         for key in keys:
             if key in known[section] or (section == "model" and key in former):
                 continue
-            elsewhere = {other_key: f"{other}.{other_key}" for other, keys in known.items() for other_key in keys}
-            match = nearest(key, known[section])  # or a key of another section: --model.max_steps -> train.max_steps
-            match = elsewhere[key] if key in elsewhere else f"{section}.{match}" if match else \
-                elsewhere.get(nearest(key, elsewhere) or "")
+            elsewhere = {name: f"{other}.{name}" for other, names in known.items() for name in names}
+            if key in elsewhere:  # the key of another section: --model.max_steps -> train.max_steps
+                match = elsewhere[key]
+            elif (close := nearest(key, known[section])) is not None:
+                match = f"{section}.{close}"
+            else:
+                match = elsewhere.get(nearest(key, elsewhere) or "")
             hint = f"did you mean {match}?" if match else f"valid keys of [{section}] are {', '.join(known[section])}"
             raise ConfigError(f"{where}: unknown key {section}.{key}; {hint}")
 
@@ -177,7 +180,8 @@ def check_arguments(extras: list[str], parser: argparse.ArgumentParser) -> None:
         value = word.split("=", 1)[1] if "=" in word else following
         flag = word.split("=", 1)[0]
         if not flag.startswith("-"):
+            hint = f"; did you mean --config {word}?" if word.endswith(".toml") else ""
             raise ConfigError(f"unexpected argument {word!r}: {parser.prog} takes its flags (--help) and config keys "
-                              "as --section.key=value")
+                              f"as --section.key=value{hint}")
         raise ConfigError(f"unknown option {flag}: {parser.prog} takes its flags (--help) and config keys as "
                           f"--section.key=value{suggest_override(flag, value, known, option_names(parser))}")
