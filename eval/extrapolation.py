@@ -396,17 +396,20 @@ def plot_results(rows: list[dict[str, Any]], path: Path,
     first = {name: next(row for row in rows if row["label"] == name) for name in labels}
     styles = dict(zip(labels, figures.line_styles([(first[name]["position"], first[name]["method"])
                                                     for name in labels])))
+    # The legend names the encoding of a checkpoint whose folder does not (runs/demo: "demo (rope)").
+    legend = {name: name if first[name]["name"] == first[name]["position"] else f"{name} ({first[name]['position']})"
+              for name in labels}
     figure, (ppl_axis, penalty_axis) = figures.new(columns=2, width=13, height=5)
     for name in labels:
         chosen = sorted((row for row in rows if row["label"] == name), key=lambda row: row["length"])
         points = [(row["length"], row["ppl"]) for row in chosen if row["ppl"] is not None]
         if points:
-            ppl_axis.plot(*zip(*points), **styles[name], markersize=4, linewidth=1.3, label=name)
+            ppl_axis.plot(*zip(*points), **styles[name], markersize=4, linewidth=1.3, label=legend[name])
         beyond = [row for row in chosen if row.get("penalty") is not None]
         if beyond:
             xs = [row["length"] for row in beyond]
             penalty_axis.plot(xs, [row["penalty"] for row in beyond], **styles[name], markersize=4, linewidth=1.3,
-                              label=name)
+                              label=legend[name])
             penalty_axis.fill_between(xs, [row["penalty_low"] for row in beyond],
                                       [row["penalty_high"] for row in beyond], color=styles[name]["color"],
                                       alpha=0.15, linewidth=0)
