@@ -13,19 +13,26 @@ DATA ?= runs/data/stdlib
 .PHONY: install demo test test-integration test-all test-slow real-model-deps real-model gpu-carry clean
 
 # pelab itself is not installed: every command runs from the repository root. An editable install left by an
-# older checkout (which mapped model/, data/, ... as top-level packages) is removed.
+# older checkout (which mapped model/, data/, ... as top-level packages) is removed. Each step runs pip only when
+# something is missing (scripts/requirements_met.py reads the installed versions in a fraction of a second), so
+# `make` prints nothing here when nothing needs installing.
 .installed: requirements.txt
-	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install $(TORCH_INDEX) "$(TORCH_SPEC)"
-	$(PYTHON) -m pip install -r requirements.txt
-	-$(PYTHON) -m pip uninstall -y -q pelab 2>/dev/null
-	touch .installed
+	@$(PYTHON) -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)" || \
+		$(PYTHON) -m pip install $(TORCH_INDEX) "$(TORCH_SPEC)"
+	@$(PYTHON) scripts/requirements_met.py requirements.txt || $(PYTHON) -m pip install -r requirements.txt
+	@! $(PYTHON) -c "import importlib.metadata as m; m.version('pelab')" 2>/dev/null || \
+		$(PYTHON) -m pip uninstall -y -q pelab
+	@touch .installed
 
 install: .installed
 
-# The main job on the offline default corpus (the Python standard library of this machine):
-# build the corpus + BPE tokenizer, pretrain a tiny RoPE model for a few minutes, print a sample.
-demo: install
+# The main job on the offline default corpus (the Python standard library of this machine): build the corpus + BPE
+# tokenizer (once: data.prepare refuses a prepared folder, as training refuses a run folder), pretrain a tiny RoPE
+# model for a few minutes, print a sample.
+$(DATA)/meta.json: | install
 	$(PYTHON) -m data.prepare --data stdlib --out $(DATA)
+
+demo: install $(DATA)/meta.json
 	$(PYTHON) -m train.pretrain --config configs/tiny.toml --data.dir=$(DATA) --out.dir=$(RUN) --out.overwrite=true
 	$(PYTHON) -m scripts.generate --checkpoint $(RUN) --prompt "def " --max-new-tokens 200 --temperature 0.8 --top-k 50 --seed 0
 

@@ -4,15 +4,97 @@ One name for one thing in every command: --checkpoint (a checkpoint folder to re
 prepared folder, a named source or a text path), --out (the output folder), --length / --lengths (token counts,
 or multiples of the trained length like 4x), --tokens (how many tokens to score), --device, --dtype, --seed,
 --overwrite, and for commands that train, --config FILE plus --section.key=value overrides. Lists are
-comma-separated. --help shows every default. A former spelling is refused with the name that replaced it.
+comma-separated. --help shows every default. A former spelling is refused with the name that replaced it, and a
+misspelled flag, key, folder or name with the nearest one ("did you mean ..."; `did_you_mean`, `nearby_folder`).
 """
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import subprocess
 import sys
-from typing import Any, NoReturn
+from pathlib import Path
+from typing import Any, Callable, Iterable, NoReturn
+
+# How close a suggestion must be (difflib's ratio: 2 x matching characters / total characters), as pip's and git's
+# "did you mean" are: a letter or two off in a short name, a word off in a long one.
+CLOSE = 0.6
+
+
+def nearest(word: str, choices: Iterable[str]) -> str | None:
+    """The choice closest to `word` by edit similarity, or None when none is close (the one "did you mean" of every
+    command and config loader)."""
+    found = difflib.get_close_matches(word, list(dict.fromkeys(choices)), n=1, cutoff=CLOSE)
+    return found[0] if found else None
+
+
+def did_you_mean(word: str, choices: Iterable[str], shown: Callable[[str], str] = str) -> str:
+    """"; did you mean X?" for the choice nearest to `word` (written by `shown`), or "" when none is close."""
+    found = nearest(word, choices)
+    return f"; did you mean {shown(found)}?" if found is not None else ""
+
+
+def nearby_folder(path: str | Path, accept: Callable[[Path], bool]) -> Path | None:
+    """The folder beside `path` (in its parent) whose name is nearest to `path`'s and that `accept`s, or None: for a
+    misspelled checkpoint or data folder (runs/demoo -> runs/demo)."""
+    path = Path(path)
+    parent = path.parent
+    if not parent.is_dir():
+        return None
+    try:
+        folders = {child.name: child for child in parent.iterdir() if child.is_dir() and child.name != path.name}
+    except OSError:
+        return None
+    while folders:
+        found = nearest(path.name, folders)
+        if found is None:
+            return None
+        if accept(folders[found]):
+            return folders[found]
+        del folders[found]
+    return None
+
+
+def option_names(parser: argparse.ArgumentParser) -> list[str]:
+    """Every option string `parser` takes and shows (former spellings, hidden, are left out)."""
+    return [flag for action in parser._actions if action.help != argparse.SUPPRESS for flag in action.option_strings]
+
+
+def suggest_options(words: list[str], parser: argparse.ArgumentParser) -> str:
+    """"; did you mean --x?" for arguments `parser` does not take: the nearest option of each unknown flag that has a
+    close one (an underscore typed for a hyphen counts as the hyphen), or ""."""
+    options = {option.replace("_", "-"): option for option in option_names(parser)}
+    found = []
+    for word in words:
+        flag = word.split("=", 1)[0]
+        match = nearest(flag.replace("_", "-"), options) if flag.startswith("--") else None
+        if match is not None:
+            found.append((flag, options[match]))
+    if not found:
+        return ""
+    if len(found) == 1:
+        return f"; did you mean {found[0][1]}?"
+    return "; did you mean " + ", ".join(f"{option} for {flag}" for flag, option in found) + "?"
+
+
+# Every figure is written by eval/figures.py as PNG and, beside it, SVG: a help that names a .png says so.
+FIGURE_NOTE = "Each figure (.png) is also written beside it as .svg: the same figure as vector graphics."
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser, whose "unrecognized arguments" names the nearest option of each unknown one, and whose help
+    names the SVG twin of the figures it names."""
+
+    def format_help(self) -> str:
+        text = super().format_help()
+        return f"{text}\n{FIGURE_NOTE}\n" if ".png" in text and ".svg" not in text else text
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}{suggest_options(extras, self)}")
+        return parsed
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -30,8 +112,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 def command_parser(module: str, description: str | None, epilog: str | None = None) -> argparse.ArgumentParser:
     """The parser of `python -m MODULE` (its usage line names the command as it is typed)."""
-    return argparse.ArgumentParser(prog=f"python -m {module}", description=description, epilog=epilog,
-                                   formatter_class=HelpFormatter)
+    return CommandParser(prog=f"python -m {module}", description=description, epilog=epilog,
+                         formatter_class=HelpFormatter)
 
 
 class Renamed(argparse.Action):

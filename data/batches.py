@@ -8,6 +8,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from commands import nearby_folder
 from errors import DataError
 
 # Targets equal to IGNORE_INDEX add no loss (PyTorch cross_entropy's default ignore_index): SFT labels, padding.
@@ -73,10 +74,10 @@ def windows_at(tokens: np.ndarray, starts, seq_len: int) -> tuple[torch.Tensor, 
 def read_meta(data_dir: str | Path) -> dict:
     path = Path(data_dir) / "meta.json"
     if not path.exists():
-        raise DataError(
-            f"{path} not found: {data_dir} is not a prepared data folder; "
+        near = nearby_folder(data_dir, lambda folder: (folder / "meta.json").exists())
+        fix = f"did you mean {near}?" if near else \
             f"create it with `python -m data.prepare --data stdlib --out {data_dir}`"
-        )
+        raise DataError(f"{path} not found: {data_dir} is not a prepared data folder; {fix}")
     return json.loads(path.read_text())
 
 

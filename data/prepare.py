@@ -9,6 +9,8 @@ The train/val split is per document and deterministic: a document goes to val wh
 falls in the first --val-fraction of the hash range. A source with a single document is split at the line
 boundary nearest (1 - val_fraction) of its length instead. A source with its own validation split (pg19,
 wikitext103) uses that split as val. Hub sources are streamed: --max-documents caps the training documents.
+An --out folder that already holds any of these files is refused unless --overwrite, as training refuses a run
+folder that holds a run; with --overwrite the command says what it replaced.
 """
 from __future__ import annotations
 
@@ -163,12 +165,30 @@ def prepare(
     return meta
 
 
+WRITTEN = ("tokenizer.json", "tokenizer_config.json", "train.bin", "val.bin", "meta.json")  # what prepare() writes
+
+
+def existing_preparation(out: Path) -> str | None:
+    """What of prepare()'s files `out` already holds, described in a few words (its source and token counts when it
+    is a prepared folder), or None."""
+    present = [name for name in WRITTEN if (out / name).exists()]
+    if not present:
+        return None
+    try:
+        meta = json.loads((out / "meta.json").read_text())
+        return (f"prepared data of {meta.get('source', 'an unknown source')!r} ({meta.get('train_tokens', 0):,} train "
+                f"tokens, vocab {meta.get('vocab_size')})")
+    except (OSError, ValueError):
+        return ", ".join(present)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = command_parser("data.prepare", __doc__)
     parser.add_argument("--data", default="stdlib", metavar="SOURCE",
                         help=f"stdlib (offline), {', '.join(HUB_SOURCES)} (hub), or a local file or folder")
     renamed(parser, "--source", "--data")
     add_out(parser, "output folder (tokenizer, train.bin, val.bin, meta.json)", required=True, type=Path)
+    parser.add_argument("--overwrite", action="store_true", help="replace the prepared data already in --out")
     parser.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary size")
     parser.add_argument("--tokenizer", help="reuse this tokenizer.json or tokenizer folder instead of training one")
     parser.add_argument("--val-fraction", type=float, default=DEFAULT_VAL_FRACTION,
@@ -185,6 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
 @cli_command
 def main(argv: list[str] | None = None) -> int:
     args = parse(build_parser(), argv)
+    replaced = existing_preparation(args.out)
+    if replaced is not None and not args.overwrite:
+        raise ConfigError(f"{args.out} already holds {replaced}; pass --overwrite to replace it, or choose another "
+                          "--out")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     meta = prepare(args.data, args.out, args.vocab_size, args.tokenizer, args.val_fraction, args.num_proc,
                    args.errors, args.max_documents)
@@ -192,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         f"wrote {args.out}: {meta['train_tokens']:,} train tokens, {meta['val_tokens']:,} val tokens, "
         f"vocab {meta['vocab_size']}, {meta['dtype']}"
     )
+    if replaced is not None:
+        print(f"replaced what {args.out} held: {replaced}")
     return 0
 
 

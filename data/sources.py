@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import datasets
 
+from commands import did_you_mean
 from errors import SourceError
 
 DOCUMENT_SEPARATOR = "<|endoftext|>"
@@ -298,6 +299,7 @@ def load_source(name_or_path: str, errors: str = "strict", max_documents: int | 
     else:
         raise SourceError(
             f"unknown source {name_or_path!r}: not a named source ({', '.join(SOURCE_NAMES)}) nor an existing path"
+            + did_you_mean(name_or_path, SOURCE_NAMES)
         )
     source.meta = {"source": name_or_path, **source.meta}
     if len(source.dataset) == 0 or (source.heldout is not None and len(source.heldout) == 0):

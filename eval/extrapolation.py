@@ -19,7 +19,9 @@ with the same tokenizer and L, scores the same tokens. For each checkpoint, meth
            move at all).
 Methods: "none" (the checkpoint as trained) plus each of --methods that applies (eval/inference_methods.py): RoPE scalings
 with factor = length / L, dynamic NTK scored token by token, a learned table clamped at its last row.
-Writes OUT/results.json, OUT/table.md and OUT/plot.png.
+Writes OUT/results.json (a row per checkpoint, method and length: ppl, nll, tokens, penalty and its interval; the
+1x rows also the probe), OUT/table.md (the perplexity, penalty and probe tables), OUT/plot.png (perplexity and
+penalty against length, side by side) and OUT/plot.svg (the same figure as vector graphics).
 """
 from __future__ import annotations
 
@@ -309,8 +311,29 @@ def summary_rows(evaluation: CheckpointEvaluation, name: str, position: str, che
                 if windows is not None:
                     estimate = crossed_bootstrap(windows[None, :])
                     row.update(penalty=estimate.mean, penalty_low=estimate.low, penalty_high=estimate.high)
+            if length == plan["trained"]:
+                row.update(probe_rows(evaluation, method))
             rows.append(row)
     return rows
+
+
+def probe_rows(evaluation: CheckpointEvaluation, method: str) -> dict[str, Any]:
+    """{"probe": [{offset, offset_multiple, nll, ppl} or {offset, offset_multiple, error}, ...]} of the shift probe
+    under `method` (the 1x cell's L-windows with their positions offset), or {} where it did not run."""
+    trained = evaluation.plan["trained"]
+    probe = []
+    for offset in evaluation.plan.get("probe_offsets", []):
+        entry: dict[str, Any] = {"offset": offset, "offset_multiple": offset / trained}
+        nll = evaluation.probe_nll(method, offset)
+        error = evaluation.errors.get(key_for(f"probe:{method}", offset))
+        if nll is not None:
+            entry.update(nll=nll, ppl=math.exp(nll))
+        elif error is not None:
+            entry.update(error=error)
+        else:
+            continue
+        probe.append(entry)
+    return {"probe": probe} if probe else {}
 
 
 def format_cell(value: float | None, digits: int = 2) -> str:
@@ -344,31 +367,71 @@ def tables_markdown(rows: list[dict[str, Any]]) -> str:
             "held-out text).")
     return ("### Perplexity\n\n" + "\n".join(ppl_lines) + "\n\n"
             "### Extrapolation penalty (nats; positions >= L, against the L-window reference; 95% bootstrap over "
-            "this model's windows)\n\n" + "\n".join(penalty_lines) + "\n\n" + note + "\n")
+            "this model's windows)\n\n" + "\n".join(penalty_lines) + "\n\n" + note + "\n" + probe_markdown(rows))
 
 
-def plot_results(rows: list[dict[str, Any]], path: Path, title: str = "Perplexity vs evaluation length") -> None:
-    """One line per checkpoint and method: the encoding's colour and marker when each checkpoint has its own
-    encoding (otherwise the default cycle), the method's line style (eval/figures.py)."""
-    names = dict.fromkeys(row["name"] for row in rows)
-    by_encoding = len({next(r["position"] for r in rows if r["name"] == n) for n in names}) == len(names)
-    figure, axis = figures.new(width=8, height=5)
-    for name in dict.fromkeys(row["label"] for row in rows):
-        chosen = [row for row in rows if row["label"] == name]
-        points = sorted((row["length"], row["ppl"]) for row in chosen if row["ppl"] is not None)
-        style = (figures.style(chosen[0]["position"], chosen[0]["method"]) if by_encoding
-                 else {"marker": "o", "linestyle": figures.method_style(chosen[0]["method"])})
+def probe_markdown(rows: list[dict[str, Any]]) -> str:
+    """The position-shift probe's table (perplexity of the L-windows at each position offset), or "" without one."""
+    probed = [row for row in rows if row.get("probe")]
+    if not probed:
+        return ""
+    multiples = sorted({entry["offset_multiple"] for row in probed for entry in row["probe"]})
+    lines = ["| variant | L | " + " | ".join(f"+{m:g}L" for m in multiples) + " |",
+             "|---|---:|" + "---:|" * len(multiples)]
+    for row in probed:
+        by_multiple = {entry["offset_multiple"]: entry for entry in row["probe"]}
+        cells = [format_cell(by_multiple.get(m, {}).get("ppl")) for m in multiples]
+        lines.append(f"| {row['label']} | {row['trained_length']} | " + " | ".join(cells) + " |")
+    return ("\n### Position-shift probe (perplexity of the 1x windows with every position offset by 0, L, 3L, 15L; "
+            "the context is the same, so an encoding that reads only relative positions gives equal numbers)\n\n"
+            + "\n".join(lines) + "\n")
+
+
+def plot_results(rows: list[dict[str, Any]], path: Path,
+                 title: str = "Perplexity and extrapolation penalty vs evaluation length") -> None:
+    """Two panels on one length axis: perplexity, and the extrapolation penalty (with its bootstrap band) beyond L.
+    One line per checkpoint and method, each with a colour of its own: the encoding's as trained, the method's under
+    a method, with the encoding's marker and the method's line style (eval/figures.py)."""
+    labels = list(dict.fromkeys(row["label"] for row in rows))
+    first = {name: next(row for row in rows if row["label"] == name) for name in labels}
+    styles = dict(zip(labels, figures.line_styles([(first[name]["position"], first[name]["method"])
+                                                    for name in labels])))
+    # The legend names the encoding of a checkpoint whose folder does not (runs/demo: "demo (rope)").
+    legend = {name: name if first[name]["name"] == first[name]["position"] else f"{name} ({first[name]['position']})"
+              for name in labels}
+    figure, (ppl_axis, penalty_axis) = figures.new(columns=2, width=13, height=5)
+    for name in labels:
+        chosen = sorted((row for row in rows if row["label"] == name), key=lambda row: row["length"])
+        points = [(row["length"], row["ppl"]) for row in chosen if row["ppl"] is not None]
         if points:
-            axis.plot(*zip(*points), **style, markersize=3, label=name)
-    for trained in sorted({row["trained_length"] for row in rows}):
-        axis.axvline(trained, color="grey", linestyle=":", linewidth=1)
-    axis.set_xscale("log", base=2)
-    axis.set_yscale("log")
-    axis.set_xlabel("evaluation length (tokens, log scale); dotted = trained length")
-    axis.set_ylabel("perplexity (log scale)")
-    axis.set_title(title)
-    axis.grid(True, which="both", alpha=0.3)
-    figures.save(figure, path, axis)
+            ppl_axis.plot(*zip(*points), **styles[name], markersize=4, linewidth=1.3, label=legend[name])
+        beyond = [row for row in chosen if row.get("penalty") is not None]
+        if beyond:
+            xs = [row["length"] for row in beyond]
+            penalty_axis.plot(xs, [row["penalty"] for row in beyond], **styles[name], markersize=4, linewidth=1.3,
+                              label=legend[name])
+            penalty_axis.fill_between(xs, [row["penalty_low"] for row in beyond],
+                                      [row["penalty_high"] for row in beyond], color=styles[name]["color"],
+                                      alpha=0.15, linewidth=0)
+    lengths = sorted({row["length"] for row in rows})
+    for axis in (ppl_axis, penalty_axis):
+        for trained in sorted({row["trained_length"] for row in rows}):
+            axis.axvline(trained, color="grey", linestyle=":", linewidth=1)
+        axis.set_xscale("log", base=2)
+        if len(lengths) <= 12:  # the lengths evaluated, in tokens, rather than powers of two
+            axis.set_xticks(lengths, [str(length) for length in lengths])
+            axis.minorticks_off()
+        axis.set_xlabel("evaluation length (tokens, log scale); dotted = trained length L")
+        axis.grid(True, which="both", alpha=0.3)
+    ppl_axis.set_yscale("log")
+    figures.plain_numbers(ppl_axis.yaxis)
+    ppl_axis.set_ylabel("perplexity (log scale)")
+    ppl_axis.set_title("Perplexity", fontsize=10)
+    penalty_axis.axhline(0, color="black", linewidth=0.8)
+    penalty_axis.set_ylabel("penalty (nats); band: 95% bootstrap over windows")
+    penalty_axis.set_title("Penalty: loss beyond L minus the L-window reference (> 0: worse)", fontsize=10)
+    figure.suptitle(title, fontsize=11)
+    figures.save(figure, path, penalty_axis)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -393,7 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="stride S of the L-window reference (0: L / 8)")
     add_device(parser)
     parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | auto")
-    add_out(parser, "output folder: results.json, table.md, plot.png (required)", type=Path)
+    add_out(parser, "output folder: results.json, table.md, plot.png and plot.svg (required)", type=Path)
     return parser
 
 
@@ -424,7 +487,8 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "table.md").write_text(tables_markdown(rows))
     plot_results(rows, args.out / "plot.png")
     print(tables_markdown(rows))
-    print(f"wrote {args.out / 'results.json'}, {args.out / 'table.md'}, {args.out / 'plot.png'}")
+    print(f"wrote {args.out / 'results.json'}, {args.out / 'table.md'}, {args.out / 'plot.png'} and "
+          f"{args.out / 'plot.svg'}")
     return 0
 
 

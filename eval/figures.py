@@ -71,6 +71,34 @@ def style(encoding: str, method: str = "none") -> dict[str, Any]:
     return {"color": colour(encoding), "marker": marker(encoding), "linestyle": method_style(method)}
 
 
+def line_styles(lines: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """plot() keywords for lines of (encoding, method) that share one figure: as trained, the encoding's colour; under
+    a method, the method's colour (method_colour); each with the encoding's marker and the method's line style. A
+    colour an earlier line took goes to the next one no line has, so every line has a colour of its own (two
+    checkpoints of one encoding, a method whose colour is an encoding's)."""
+    import matplotlib
+
+    spare = [matplotlib.colors.to_hex(c) for c in [*matplotlib.colormaps["tab10"].colors,
+                                                    *matplotlib.colormaps["Dark2"].colors[:7]]]
+    wanted = [colour(encoding) if method == "none" else method_colour(method) for encoding, method in lines]
+    taken: set[str] = set()
+    styles = []
+    for (encoding, method), hue in zip(lines, wanted):
+        if hue in taken:
+            hue = next((c for c in spare if c not in taken and c not in wanted), hue)
+        taken.add(hue)
+        styles.append({"color": hue, "marker": marker(encoding), "linestyle": method_style(method)})
+    return styles
+
+
+def plain_numbers(axis: Any) -> None:
+    """Tick labels of a log-scale axis as plain numbers (450, 500) rather than powers (4.5 x 10^2)."""
+    from matplotlib.ticker import FuncFormatter
+
+    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    axis.set_minor_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+
+
 def _pyplot():
     """matplotlib.pyplot on the non-interactive backend."""
     import matplotlib

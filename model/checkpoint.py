@@ -25,6 +25,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from safetensors.torch import save as save_safetensors
 
+from commands import nearby_folder
 from errors import CheckpointError
 from model.config import ModelConfig
 from model.transformer import Transformer
@@ -229,7 +230,8 @@ def _read_config(folder: Path, shown: Path) -> ModelConfig:
 def _existing(folder: str | Path) -> Path:
     folder = Path(folder)
     if not folder.is_dir():
-        raise CheckpointError(f"{folder}: no such checkpoint folder")
+        near = nearby_folder(folder, lambda path: (path / CONFIG).exists())
+        raise CheckpointError(f"{folder}: no such checkpoint folder" + (f"; did you mean {near}?" if near else ""))
     return folder
 
 

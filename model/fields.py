@@ -8,6 +8,7 @@ import types
 import typing
 from typing import Any
 
+from commands import nearest
 from errors import ConfigError
 
 
@@ -51,11 +52,14 @@ def check_field_types(obj: Any, where: str) -> None:
 
 
 def build_dataclass(cls: type, values: dict[str, Any], where: str) -> Any:
-    """Create dataclass `cls` from a dict, rejecting unknown keys with the list of valid ones."""
+    """Create dataclass `cls` from a dict, rejecting an unknown key with the nearest valid one (or, when none is
+    close, the list of them)."""
     valid = [field.name for field in dataclasses.fields(cls)]
     unknown = sorted(set(values) - set(valid))
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; valid keys are {valid}")
+        match = nearest(unknown[0], valid)
+        hint = f"did you mean {where}.{match}?" if match else f"valid keys are {valid}"
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; {hint}")
     return cls(**values)
 
 
@@ -65,3 +69,18 @@ def parse_override_value(text: str) -> Any:
         return tomllib.loads(f"value = {text}")["value"]
     except tomllib.TOMLDecodeError:
         return text
+
+
+def toml_value(value: Any) -> str:
+    """`value` written as TOML (what parse_override_value reads back)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{key} = {toml_value(item)}" for key, item in value.items()) + " }"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")

@@ -67,6 +67,8 @@ def run_chat(model: Transformer, tokenizer, args: argparse.Namespace) -> None:
             break
         if text == "/reset":
             messages = messages[:1] if args.system else []
+            kept = " (the system message is kept)" if args.system else ""
+            print(f"chat: conversation reset; the next message starts a new one{kept}", file=sys.stderr)
             continue
         messages.append({"role": "user", "content": text})
         sys.stdout.write("assistant> ")

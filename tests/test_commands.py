@@ -84,3 +84,10 @@ def test_lists_are_comma_separated(tmp_path):
     config.write_text("[compare]\nencodings = ['rope']\n")
     compare, _, _ = load_compare_config(config, None, ["--compare.encodings=rope,alibi", "--compare.seeds=1,2"])
     assert compare.encodings == ["rope", "alibi"] and compare.seeds == [1, 2]
+
+
+def test_a_help_that_names_a_figure_names_its_svg_twin():
+    """eval/figures.py writes every figure as PNG and SVG: every command whose --help names a .png names the .svg."""
+    figures = [module for module in COMMANDS if ".png" in parser_of(module).format_help()]
+    assert len(figures) >= 6, figures
+    assert [module for module in figures if ".svg" not in parser_of(module).format_help()] == []

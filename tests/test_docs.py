@@ -213,3 +213,23 @@ def test_every_file_a_source_file_names_exists():
         missing += [f"{path.relative_to(ROOT)}: {name}" for name in named.findall(path.read_text())
                     if not (ROOT / name).exists()]
     assert not missing, missing
+
+
+def test_the_tour_script_runs_the_commands_readme_shows():
+    """scripts/tour.sh times the README tour: each `python -m` command it runs is one README shows (the flags that
+    replace an earlier tour's output, --overwrite and --out.overwrite=true, aside), and README states a time and
+    what each step needs first."""
+    script = (ROOT / "scripts" / "tour.sh").read_text().replace("\\\n", " ")
+    ran = ["python " + re.sub(r"\s+", " ", line.split('"$PYTHON" ', 1)[1]).strip() for line in script.splitlines()
+           if '"$PYTHON" -m ' in line]
+    readme = (ROOT / "README.md").read_text()
+    shown = {re.sub(r"\s+", " ", command).strip() for command in shown_commands(readme)}
+
+    def bare(command: str) -> str:
+        return re.sub(r" --(?:out\.)?overwrite(?:=true)?(?= |$)", "", command)
+
+    assert len(ran) >= 10
+    assert [command for command in ran if bare(command) not in {bare(c) for c in shown}] == []
+    tour = readme[readme.index("## The tour"):readme.index("## What the quick comparison finds")]
+    steps = re.split(r"\n\*\*(?=\d\. )", tour)[1:]
+    assert len(steps) == 6 and all("Needs:" in step for step in steps), [step[:40] for step in steps]

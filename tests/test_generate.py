@@ -132,3 +132,27 @@ def test_generate_cli_rope_scaling_flags(prepared_data, tmp_path):
     assert conflict.returncode == 2 and "each sets positions" in conflict.stderr and "Traceback" not in conflict.stderr
     malformed = run(*common, "--attention-method", "rerope:window")
     assert malformed.returncode == 2 and "NAME:KEY=VALUE" in malformed.stderr
+
+
+@pytest.mark.parametrize("system", [None, "Be brief."])
+def test_chat_reset_says_the_conversation_starts_over_and_does(system, prepared_data, tmp_path, monkeypatch, capsys):
+    """/reset prints one confirming line (naming the system message it keeps) and the next turn sees only itself."""
+    import scripts.generate as generate
+    from tests.conftest import train_micro_run
+
+    run = train_micro_run(prepared_data, tmp_path / "run")
+    seen = []
+
+    def reply(model, tokenizer, messages, max_new_tokens, **sampling):
+        seen.append([dict(message) for message in messages])
+        return "ok", True
+
+    monkeypatch.setattr(generate, "chat_reply", reply)
+    monkeypatch.setattr("sys.stdin", io.StringIO("first\n/reset\nsecond\n\n"))
+    capsys.readouterr()
+    assert generate.main(["--checkpoint", str(run), "--chat", *(["--system", system] if system else [])]) == 0
+    err = capsys.readouterr().err
+    confirmations = [line for line in err.splitlines() if "conversation reset" in line]
+    assert len(confirmations) == 1 and (("system message is kept" in confirmations[0]) == bool(system)), err
+    kept = [{"role": "system", "content": system}] if system else []
+    assert seen == [kept + [{"role": "user", "content": "first"}], kept + [{"role": "user", "content": "second"}]]

@@ -2,7 +2,9 @@
 
 Layers, bottom first (docs/internals.md): errors and commands, data, model, then train and infer side by side, eval,
 experiments, scripts. A module may import its own package and the layers below it, at the top of the file: an import
-inside a function (the usual way to dodge a cycle) of another project package is refused too. Imports under
+inside a function (the usual way to dodge a cycle) of another project package is refused too, with one exception: a
+command's `main` (in a module run as `python -m`) may import after the statement that parses its arguments, so that a
+mistyped flag is refused before torch loads; those imports obey the ranks like any other. Imports under
 `if TYPE_CHECKING:` are annotations only and do not count. Besides the ranks, eval/ never trains: it measures one
 checkpoint and imports nothing from train/ (an experiment, which trains fleets of models, composes the two).
 """
@@ -39,26 +41,48 @@ def is_type_checking(node: ast.If) -> bool:
         (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def imports(path: Path) -> list[tuple[str, int, bool]]:
-    """(imported project module, line, inside a function) for every runtime import of a project module."""
-    found: list[tuple[str, int, bool]] = []
+PARSE_CALLS = {"parse", "parse_args", "parse_known_args"}  # what parses a command's arguments (commands.parse, ...)
 
-    def visit(node: ast.AST, in_function: bool) -> None:
+
+def parsed_by(main: ast.FunctionDef) -> int | None:
+    """The last line of `main`'s first statement that parses the command line (calls one of PARSE_CALLS), or None."""
+    for statement in main.body:
+        for node in ast.walk(statement):
+            if isinstance(node, ast.Call):
+                function = node.func
+                name = getattr(function, "id", None) or getattr(function, "attr", None)
+                if name in PARSE_CALLS:
+                    return statement.end_lineno
+    return None
+
+
+def imports(path: Path) -> list[tuple[str, int, bool]]:
+    """(imported project module, line, inside a function) for every runtime import of a project module; an import in
+    a command's `main` after its arguments are parsed counts as not inside a function."""
+    found: list[tuple[str, int, bool]] = []
+    tree = ast.parse(path.read_text())
+    command = any(isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) for node in tree.body)
+
+    def visit(node: ast.AST, in_function: bool, parsed: int | None) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and is_type_checking(child):
                 continue
-            nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
             names: list[str] = []
             if isinstance(child, ast.Import):
                 names = [alias.name for alias in child.names]
             elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
                 names = [child.module] + [f"{child.module}.{alias.name}" for alias in child.names]
+            lazy = in_function and parsed is not None and getattr(child, "lineno", 0) > parsed
             for name in names:
                 if name.split(".")[0] in RANK:
-                    found.append((name, child.lineno, in_function))
-            visit(child, nested)
+                    found.append((name, child.lineno, in_function and not lazy))
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                main = command and node is tree and isinstance(child, ast.FunctionDef) and child.name == "main"
+                visit(child, True, parsed_by(child) if main else None)
+            else:
+                visit(child, in_function, parsed)
 
-    visit(ast.parse(path.read_text()), False)
+    visit(tree, False, None)
     return found
 
 
@@ -134,6 +158,41 @@ def test_the_checker_catches_what_it_forbids(tmp_path):
                                ("data", 4, True), ("data.sources", 4, True)]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_a_command_may_import_in_main_after_parsing_and_nowhere_else(tmp_path):
+    """The one exception to "at the top of the file": a command's main, after the statement that parses its
+    arguments. An import there still obeys the ranks; one before the parse, in another function, in a function
+    nested in main, or in a `main` of a module that is not a command is refused."""
+    modules = project_modules()
+    command = tmp_path / "command.py"
+    command.write_text(
+        "from commands import parse\n\n"
+        "def main(argv=None):\n"
+        "    from data import sources\n"  # line 4: before the parse
+        "    args = parse(build_parser(), argv)\n"
+        "    from model.checkpoint import load_model\n"  # line 6: after it, a lower layer: allowed
+        "    from experiments.jobs import run\n"  # line 7: after it, but upward
+        "    def inner():\n        from model import rope\n"  # line 9: nested function
+        "    return 0\n\n"
+        "def helper():\n    from model import config\n\n"  # line 13: another function
+        "if __name__ == '__main__':\n    main()\n")
+    assert [(name, line, inside) for name, line, inside in imports(command) if name.count(".") < 2] == [
+        ("commands", 1, False), ("commands.parse", 1, False), ("data", 4, True), ("data.sources", 4, True),
+        ("model.checkpoint", 6, False), ("experiments.jobs", 7, False), ("model", 9, True), ("model.rope", 9, True),
+        ("model", 13, True), ("model.config", 13, True)]
+    _, problems = graph({**modules, "eval.command": command})
+    mine = [problem for problem in problems if "command.py" in problem]
+
+    def refused(line: int, why: str) -> bool:
+        return any(f"command.py:{line} imports" in problem and why in problem for problem in mine)
+
+    assert refused(4, "inside a function") and refused(9, "inside a function") and refused(13, "inside a function")
+    assert refused(7, "may not import experiments") and not refused(6, ""), mine
+    library = tmp_path / "library.py"  # the same main in a module that is not a command
+    library.write_text(command.read_text().split("if __name__")[0])
+    _, problems = graph({**modules, "eval.library": library})
+    assert any("library.py:6 imports model.checkpoint inside a function" in problem for problem in problems), problems
 
 
 def project_sources() -> dict[str, str]:

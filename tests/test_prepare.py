@@ -93,6 +93,29 @@ def test_unknown_source_cli_error(tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
+def test_a_prepared_folder_is_refused_without_overwrite_and_replaced_with_a_note(small_text_file, tmp_path, capsys):
+    """The rule training follows for a run folder: an --out holding prepared data (or any file data.prepare writes)
+    is refused, one line naming what it holds; --overwrite replaces it and says what it replaced."""
+    out = tmp_path / "data"
+    argv = ["--data", str(small_text_file), "--out", str(out), "--vocab-size", "300", "--num-proc", "1"]
+    assert prepare_main(argv) == 0
+    assert "replaced" not in capsys.readouterr().out
+    before = prepared_folder_bytes(out)
+    assert prepare_main(argv) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and error.startswith(f"error: {out} already holds prepared data of ")
+    assert error.endswith("pass --overwrite to replace it, or choose another --out")
+    assert prepared_folder_bytes(out) == before
+    assert prepare_main([*argv[:5], "400", "--num-proc", "1", "--overwrite"]) == 0
+    assert f"replaced what {out} held: prepared data of " in capsys.readouterr().out
+    assert json.loads((out / "meta.json").read_text())["vocab_size"] == 400
+    run = tmp_path / "run"  # a folder holding another command's files it would replace (a checkpoint's tokenizer)
+    run.mkdir()
+    (run / "tokenizer.json").write_text("{}")
+    assert prepare_main(["--data", str(small_text_file), "--out", str(run)]) == 2
+    assert "already holds tokenizer.json" in capsys.readouterr().err
+
+
 def prepared_folder_bytes(folder):
     return {path.name: path.read_bytes() for path in folder.iterdir()}
 
@@ -100,7 +123,7 @@ def prepared_folder_bytes(folder):
 @pytest.mark.parametrize("case", ["missing", "empty_txt", "empty_jsonl", "latin1_txt", "latin1_jsonl", "split_char"])
 def test_bad_data_files_fail_clearly_and_keep_the_good_output(case, prepared_data, tmp_path, capsys):
     """Each bad file: exit 2, a one-line error naming the file (and the byte for non-UTF-8), and the good
-    prepared folder given as --out is left byte-for-byte as it was."""
+    prepared folder given as --out (with --overwrite) is left byte-for-byte as it was."""
     good = {path.name: path.read_bytes() for path in prepared_data.iterdir()}
     text = "def f(x):\n    return x\n" * 50
     files = {
@@ -116,7 +139,7 @@ def test_bad_data_files_fail_clearly_and_keep_the_good_output(case, prepared_dat
     path = tmp_path / name
     if content is not None:
         path.write_bytes(content)
-    assert prepare_main(["--data", str(path), "--out", str(prepared_data), "--vocab-size", "300"]) == 2
+    assert prepare_main(["--data", str(path), "--out", str(prepared_data), "--vocab-size", "300", "--overwrite"]) == 2
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and str(path) in error
     expected = {

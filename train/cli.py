@@ -1,4 +1,5 @@
-"""What the training entry points share: arguments, the model factory, vocabulary checks."""
+"""What the training entry points share once their command line is checked (train/args.py): the config with a
+checkpoint's, --resume, the model factory, vocabulary checks."""
 from __future__ import annotations
 
 import argparse
@@ -7,41 +8,10 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from commands import add_checkpoint, add_out, command_parser, renamed
 from errors import ConfigError
 from model.checkpoint import has_checkpoint, load_config, load_trainer_state, load_weights_into
 from model.transformer import Transformer
-from train.config import RunConfig, build_run_config, load_run_config, toml_value
-
-
-def build_parser(module: str, description: str | None, data_key: str = "data.dir",
-                 data_help: str = "a prepared data folder") -> argparse.ArgumentParser:
-    """The options every training command shares: --config, --checkpoint, --data, --out, --overwrite, --resume.
-    --data, --out and --overwrite are shorthands for the config keys they name."""
-    parser = command_parser(module, description, epilog="Any config key can be set as --section.key=value, e.g. "
-                                                        "--train.lr=1e-3 --model.position=none")
-    parser.add_argument("--config", metavar="FILE", help="TOML run config (see configs/)")
-    add_checkpoint(parser, "start from this checkpoint's weights; its config.json is the base of [model]")
-    renamed(parser, "--init", "--checkpoint")
-    parser.add_argument("--data", metavar="PATH", help=f"{data_help}: shorthand for --{data_key}=PATH")
-    add_out(parser, "the run folder: shorthand for --out.dir=DIR")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace a run already in the run folder: shorthand for --out.overwrite=true")
-    parser.add_argument("--resume", action="store_true", help="continue the run saved in the run folder")
-    parser.set_defaults(data_key=data_key)
-    return parser
-
-
-def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    """(args, overrides): the shorthands become overrides after those given as --section.key=value."""
-    args, overrides = parser.parse_known_args(argv)
-    if args.data is not None:
-        overrides.append(f"--{args.data_key}={toml_value(args.data)}")
-    if args.out is not None:
-        overrides.append(f"--out.dir={toml_value(args.out)}")
-    if args.overwrite:
-        overrides.append("--out.overwrite=true")
-    return args, overrides
+from train.config import RunConfig, build_run_config, load_run_config
 
 
 def load_config_with_init(args: argparse.Namespace, overrides: list[str]) -> RunConfig:

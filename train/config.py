@@ -7,15 +7,16 @@ that name the key; the resolved config is printed and saved with the run as run_
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from errors import ConfigError
 from model.config import ModelConfig
-from model.fields import build_dataclass, check_field_types, parse_override_value
+from model.fields import build_dataclass, check_field_types, parse_override_value, toml_value
+from model.plugins import legacy_keys
 from model.runtime import RuntimeConfig
+from train.args import check_names, check_override, read_toml
 from train.trackers import TRACKERS
 
 
@@ -141,14 +142,16 @@ def set_dotted(values: dict[str, Any], dotted: str, value: Any, where: str) -> N
 
 
 def apply_overrides(values: dict[str, dict[str, Any]], overrides: list[str]) -> None:
+    """Set each `--section.key=value` of `overrides` in `values` (each checked first: check_override)."""
     for override in overrides:
-        if not override.startswith("--") or "=" not in override or "." not in override.split("=", 1)[0]:
-            raise ConfigError(f"override {override!r} must look like --section.key=value (e.g. --train.lr=1e-3)")
+        check_override(override, section_keys(), legacy_keys())
         key, text = override[2:].split("=", 1)
-        section = key.split(".")[0]
-        if section not in SECTION_CLASSES:
-            raise ConfigError(f"override {override!r}: unknown section {section!r}; valid: {list(SECTION_CLASSES)}")
         set_dotted(values, key, parse_override_value(text), f"override {override!r}")
+
+
+def section_keys() -> dict[str, list[str]]:
+    """Section -> the keys its dataclass takes."""
+    return {name: [field.name for field in dataclasses.fields(cls)] for name, cls in SECTION_CLASSES.items()}
 
 
 def build_run_config(values: dict[str, Any], where: str = "config", saved: bool = False) -> RunConfig:
@@ -177,13 +180,8 @@ def load_run_config(
     config) -> TOML file -> overrides."""
     values: dict[str, Any] = {}
     if path is not None:
-        path = Path(path)
-        if not path.exists():
-            raise ConfigError(f"config file {path} not found (see configs/ for examples)")
-        try:
-            values = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as error:
-            raise ConfigError(f"{path}: invalid TOML ({error})") from error
+        values = read_toml(path)
+        check_names(values, str(path), section_keys(), legacy_keys())
     for section, defaults in (base or {}).items():
         if isinstance(values.get(section, {}), dict):
             values[section] = {**defaults, **values.get(section, {})}
@@ -191,20 +189,6 @@ def load_run_config(
     if model_base is not None:
         values["model"] = {**model_base, **values.get("model", {})}
     return build_run_config(values, str(path or "config"))
-
-
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(toml_value(item) for item in value) + "]"
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{key} = {toml_value(item)}" for key, item in value.items()) + " }"
-    raise TypeError(f"cannot write {type(value).__name__} to TOML")
 
 
 def to_toml(config: RunConfig) -> str:

@@ -37,8 +37,9 @@ from errors import ConfigError, DataError, cli_command
 from model.checkpoint import load_config, load_trainer_state, trained_length
 from model.data_folder import training_data_dir
 from model.rope import ROPE_SCALINGS
-from train.cli import build_parser as training_parser
-from train.cli import check_vocab, model_factory, parse_args, resolve_resume
+from train.args import build_parser as training_parser
+from train.args import parse_args
+from train.cli import check_vocab, model_factory, resolve_resume
 from train.config import load_run_config
 from train.loop import Training, run_training
 

@@ -15,12 +15,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from data.batches import PretrainBatches, read_meta
-from data.tokenizer import load_tokenizer
 from errors import cli_command
-from train.cli import build_parser as training_parser
-from train.cli import check_vocab, load_config_with_init, model_factory, parse_args, resolve_resume
-from train.loop import Training, run_training
+from train.args import build_parser as training_parser
+from train.args import parse_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,7 +26,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 @cli_command
 def main(argv: list[str] | None = None) -> int:
-    args, overrides = parse_args(build_parser(), argv)
+    args, overrides = parse_args(build_parser(), argv)  # names checked before torch loads (train/args.py)
+    from data.batches import PretrainBatches, read_meta
+    from data.tokenizer import load_tokenizer
+    from train.cli import check_vocab, load_config_with_init, model_factory, resolve_resume
+    from train.loop import Training, run_training
+
     config, resume = resolve_resume(load_config_with_init(args, overrides), overrides, args.resume)
     meta = read_meta(config.data.dir)
     check_vocab(config, int(meta["vocab_size"]), config.data.dir)

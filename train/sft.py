@@ -14,12 +14,9 @@ import argparse
 import sys
 
 from commands import require
-from data.sft import SFTBatches, build_sft_data
-from data.tokenizer import load_tokenizer
 from errors import ConfigError, cli_command
-from train.cli import build_parser as training_parser
-from train.cli import check_vocab, load_config_with_init, model_factory, parse_args, resolve_resume
-from train.loop import Training, run_training
+from train.args import build_parser as training_parser
+from train.args import parse_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, overrides = parse_args(parser, argv)
     require(parser, args, "checkpoint")
+    from data.sft import SFTBatches, build_sft_data  # after the command line is checked (train/args.py)
+    from data.tokenizer import load_tokenizer
+    from train.cli import check_vocab, load_config_with_init, model_factory, resolve_resume
+    from train.loop import Training, run_training
 
     config, resume = resolve_resume(load_config_with_init(args, overrides), overrides, args.resume)
     tokenizer = load_tokenizer(args.checkpoint)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from commands import add_out, command_parser
+from commands import add_out, command_parser, suggest_options
 from errors import ConfigError, cli_command
 from experiments.compare.config import CompareConfig, load_compare_config
 from experiments.compare.probes import run_tasks
@@ -73,7 +73,8 @@ def experiment_arguments(parser: argparse.ArgumentParser, argv: list[str] | None
     bad = [o for o in overrides if not o.startswith(("--compare.", "--model.", "--train.", "--runtime.")) or "=" not in o]
     if bad:
         raise ConfigError(f"unknown arguments {bad}: {parser.prog} takes the flags of its --help and "
-                          "--compare.key=value, --model.key=value, --train.key=value, --runtime.key=value overrides")
+                          "--compare.key=value, --model.key=value, --train.key=value, --runtime.key=value overrides"
+                          f"{suggest_options(bad, parser)}")
     command = " ".join([parser.prog, *map(shlex.quote, (argv if argv is not None else sys.argv[1:]))])
     return args, overrides, command
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from commands import comma_list
+from commands import comma_list, did_you_mean
 from errors import ConfigError
 from eval.extrapolation import parse_lengths
 from eval.inference_methods import check_methods
@@ -140,7 +140,8 @@ def load_compare_config(path: Path, preset: str | None, overrides: list[str]) ->
     presets = values.pop("presets", {})
     if preset is not None:
         if preset not in presets:
-            raise ConfigError(f"--preset {preset!r} is not in {path}; available: {sorted(presets)}")
+            raise ConfigError(f"--preset {preset!r} is not in {path}; available: {sorted(presets)}"
+                              f"{did_you_mean(preset, presets)}")
         for dotted, value in presets[preset].items():
             set_dotted(values, dotted, value, f"{path} [presets.{preset}]")
     for override in overrides:
