@@ -248,3 +248,17 @@ def test_the_dry_run_goes_through_every_step_and_a_failed_step_does_not_stop_the
     assert "make gpu-carry" in record["steps"]["preset"]["reason"]
     assert record["steps"]["real_model"]["status"] == "ok"
     assert "real_model/real_model/results.json" in archived(out2 / "real_model.tar.gz")
+
+
+def test_a_call_sets_its_steps_limits_and_the_suites_xdist_workers(tmp_path, monkeypatch, capsys):
+    assert gs.main(["--dry-run", "--limits", "suit=3", "--out", str(tmp_path / "out")]) == 2
+    assert "must look like STEP=SECONDS" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    ran = []
+    monkeypatch.setattr(gs.Session, "run", lambda self, name, argv, limit_s=None, ok=(0,): ran.append(
+        (self.step, round(self.left()), argv)) or {"ok": True})
+    monkeypatch.setitem(gs.BODIES, "suite", gs.suite)
+    assert gs.main(["suite", "--dry-run", "--limits", "suite=40", "--suite-workers", "3", "--out",
+                    str(tmp_path / "out"), "--work", str(tmp_path / "work")]) == 0
+    assert all(step == "suite" and 35 <= left <= 40 for step, left, _ in ran)  # this call's limit, not LIMITS'
+    fast = ran[-1][2]
+    assert fast[fast.index("-n") + 1] == "3" and fast[fast.index("--dist") + 1] == "loadfile"
