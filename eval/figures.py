@@ -73,21 +73,23 @@ def style(encoding: str, method: str = "none") -> dict[str, Any]:
 
 def line_styles(lines: list[tuple[str, str]]) -> list[dict[str, Any]]:
     """plot() keywords for lines of (encoding, method) that share one figure: as trained, the encoding's colour; under
-    a method, the method's colour (method_colour); each with the encoding's marker and the method's line style. A
-    colour an earlier line took goes to the next one no line has, so every line has a colour of its own (two
-    checkpoints of one encoding, a method whose colour is an encoding's)."""
+    a method, the method's colour (method_colour); each with the encoding's marker and the method's line style. The
+    lines as trained choose first, in order, so an encoding keeps its colour in every figure; a colour already taken
+    goes to the next one no line has, so every line has a colour of its own (two checkpoints of one encoding, a
+    method whose colour is an encoding's)."""
     import matplotlib
 
     spare = [matplotlib.colors.to_hex(c) for c in [*matplotlib.colormaps["tab10"].colors,
                                                     *matplotlib.colormaps["Dark2"].colors[:7]]]
     wanted = [colour(encoding) if method == "none" else method_colour(method) for encoding, method in lines]
     taken: set[str] = set()
-    styles = []
-    for (encoding, method), hue in zip(lines, wanted):
+    styles: list[dict[str, Any]] = [{} for _ in lines]
+    for index in sorted(range(len(lines)), key=lambda i: lines[i][1] != "none"):  # as trained first, stable
+        (encoding, method), hue = lines[index], wanted[index]
         if hue in taken:
             hue = next((c for c in spare if c not in taken and c not in wanted), hue)
         taken.add(hue)
-        styles.append({"color": hue, "marker": marker(encoding), "linestyle": method_style(method)})
+        styles[index] = {"color": hue, "marker": marker(encoding), "linestyle": method_style(method)}
     return styles
 
 

@@ -72,13 +72,20 @@ def test_the_figure_has_a_penalty_panel_and_a_colour_per_line(extrapolated, tmp_
 
 
 def test_line_styles_give_each_line_its_own_colour_even_when_names_share_one():
-    """clamp's method colour is alibi's, linear's is NoPE's; two checkpoints of one encoding share its colour."""
-    lines = [("alibi", "none"), ("learned", "clamp"), ("none", "none"), ("rope", "linear"), ("rope", "none"),
-             ("rope", "none"), ("rope", "yarn"), ("rope", "ntk")]
-    assert figures.method_colour("clamp") == figures.colour("alibi")  # the clash being resolved
-    colours = [style["color"] for style in figures.line_styles(lines)]
-    assert len(set(colours)) == len(lines), colours
-    assert colours[0] == figures.colour("alibi") and colours[4] == figures.colour("rope")
+    """Two checkpoints of one encoding, or a method whose colour is an encoding's (which method's is whose follows the
+    methods' registry, which tests extend): every line gets a colour of its own, and the lines as trained keep their
+    encoding's colour, wherever the method's line comes in the figure."""
+    from eval.inference_methods import METHODS
+
+    encodings = ["alibi", "none", "rope", "learned", "sinusoidal"]
+    own = [figures.colour(encoding) for encoding in encodings]
+    methods = [method for method in METHODS if method != "none"]
+    assert any(figures.method_colour(method) in own for method in methods)  # a clash to resolve
+    for method in methods:
+        lines = [("rope", method), *[(encoding, "none") for encoding in encodings], ("rope", "none")]
+        colours = [style["color"] for style in figures.line_styles(lines)]
+        assert len(set(colours)) == len(lines), (method, colours)
+        assert colours[1:-1] == own, method
 
 
 def test_summary_rows_carry_the_probe_only_at_1x():

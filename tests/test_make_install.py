@@ -3,6 +3,7 @@ when something does: the Makefile's recipe, run in a copy of the repository's fi
 records each pip call instead of making it."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -26,8 +27,11 @@ def run_install(folder, requirements: str) -> tuple[subprocess.CompletedProcess,
     python.write_text(f'#!/bin/sh\nif [ "$1" = "-m" ] && [ "$2" = "pip" ]; then echo "$@" >> {log}; exit 0; fi\n'
                       f'exec {sys.executable} "$@"\n')
     python.chmod(0o755)
+    # As from a shell: under `make test` the variables of the outer make would make this one a sub-make, which
+    # names its directory ("make[1]: Entering directory ...")
+    env = {key: value for key, value in os.environ.items() if key not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     done = subprocess.run(["make", "install", f"PYTHON={python}"], cwd=folder, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=env)
     return done, log.read_text().splitlines() if log.exists() else []
 
 
