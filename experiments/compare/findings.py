@@ -289,6 +289,10 @@ NEWER_CLAIMS = [
     ("kerple", "alibi", "longest", "not higher", "KERPLE-log extrapolates at least as well as ALiBi (Chi et al. 2022)"),
     ("fire", "rope", "longest", "lower", "FIRE generalises to longer inputs better than RoPE (Li et al. 2024)"),
     ("fire", "alibi", "longest", "not higher", "FIRE is at least as good as ALiBi beyond L (Li et al. 2024)"),
+    ("fire-512", "alibi", "longest", "not higher", "FIRE with the public code's T0 = 512 is at least as good as ALiBi "
+     "beyond L (Li et al. 2024)"),
+    ("fire-512", "fire", "longest", "not higher", "FIRE's threshold T0 = 512 (the public code's) does no worse beyond L "
+     "than T0 = L"),
     ("cope", "rope", "1x", "not higher", "CoPE's perplexity is no worse than RoPE's (Golovneva et al. 2024)"),
     ("p-rope", "rope", "1x", "not higher", "p-RoPE (p = 0.75) loses nothing against RoPE (Barbero et al. 2025)"),
     ("rnope-swa", "rope", "longest", "lower", "windowed RoPE + global NoPE layers generalise beyond L better than RoPE "
@@ -299,6 +303,8 @@ NEWER_CLAIMS = [
     ("stickbreaking", "rope", "longest", "lower", "stick-breaking attention extrapolates beyond L better than softmax "
      "with RoPE (Tan et al. 2025)"),
     ("ssmax", "none", "longest", "lower", "SSMax lowers NoPE's extrapolation penalty (Nakanishi 2025)"),
+    ("ssmax-rope", "rope", "longest", "lower", "SSMax lowers RoPE's extrapolation penalty, as the paper trains it "
+     "(Nakanishi 2025)"),
     ("dape", "alibi", "1x", "not higher", "DAPE's perplexity is at or below that of ALiBi, its base (Zheng et al. "
      "2024)"),
     ("dape", "alibi", "longest", "not higher", "DAPE extrapolates at least as well as ALiBi, its base (Zheng et al. "
