@@ -209,3 +209,28 @@ def test_an_oracle_retrieves_at_every_distance_and_evaluate_takes_the_distance()
 
     for distance in (8, 60, 100):
         assert evaluate(Oracle(), task, 128, 8, distance=distance)["exact_match"] == 1.0
+
+
+def test_the_retrieval_command_scores_checkpoints_on_any_grid_and_refuses_another_tasks_model(tmp_path, capsys):
+    import json
+
+    from eval import retrieval
+    from model.checkpoint import save_checkpoint
+
+    task = TASKS["mqar"]
+    folder = tmp_path / "model"
+    save_checkpoint(folder, Transformer(micro_config(vocab_size=task.vocab_size, max_seq_len=32)))
+    out = tmp_path / "out"
+    assert retrieval.main(["--checkpoint", str(folder), "--task", "mqar", "--lengths", "4x,256", "--distances",
+                           "0.5x,3x,200", "--count", "4", "--out", str(out)]) == 0
+    cells = json.loads((out / "results.json").read_text())["results"][0]["cells"]
+    # 200 tokens do not fit the 128-token length, and are left out there
+    assert task.max_distance(128) < 200 <= task.max_distance(256)
+    assert [(cell["length"], cell["distance"]) for cell in cells] == [(128, 16), (128, 96), (256, 16), (256, 96),
+                                                                      (256, 200)]
+    assert all(0 <= cell[side]["exact_match"] <= 1 for cell in cells for side in ("full", "window"))
+    assert (out / "table.md").read_text().count("\n| ") == 1 + len(cells)
+    other = tmp_path / "other"
+    save_checkpoint(other, Transformer(micro_config(max_seq_len=32)))
+    assert retrieval.main(["--checkpoint", str(other), "--task", "mqar", "--out", str(tmp_path / "o2")]) == 2
+    assert "not trained on this task" in capsys.readouterr().err
