@@ -312,8 +312,8 @@ def tasks_section(results: ComparisonResults) -> list[str]:
         if not path.exists():
             continue
         saved = json.loads(path.read_text())
-        results = saved["results"]
-        multiples = list(next(iter(results.values())))
+        by_encoding = saved["results"]
+        multiples = list(next(iter(by_encoding.values())))
         cap, until = saved["settings"]["train"]["max_steps"], saved["settings"].get("until")
         budget = (f"until validation exact match at L reaches {until:g}, at most {cap:,} steps" if until
                   else f"{cap:,} steps")
@@ -324,7 +324,7 @@ def tasks_section(results: ComparisonResults) -> list[str]:
                   f"{saved['settings'].get('count', 256)} "
                   "fresh sequences per length, mean [95% t interval] over seeds; steps: each seed's (* reached "
                   "the cap).", "", *header("encoding", multiples + ["steps"])]
-        for encoding, by_length in results.items():
+        for encoding, by_length in by_encoding.items():
             steps = steps_cell(training.get(encoding, {}))
             lines.append(f"| {encoding} | " + " | ".join(
                 cell(estimate(row["exact_match"])) for row in by_length.values()) + f" | {steps} |")
