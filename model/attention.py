@@ -168,7 +168,13 @@ class Attention(nn.Module):
         mask = None
         if causal and not (plain and (q_len == 1 or k_len == q_len)):
             mask = visible_keys(q_len, k_len, q.device, kv_cache)
-        return F.scaled_dot_product_attention(
+        # Queries and keys wider than the values (PoPE's polar form): SDPA's fused kernels want one head width, and
+        # without them it falls back to materialising every score. Zero columns appended to the values change no
+        # output column and keep the fused kernel; the extra columns are dropped.
+        width = v.shape[-1]
+        if q.shape[-1] != width:
+            v = F.pad(v, (0, q.shape[-1] - width))
+        out = F.scaled_dot_product_attention(
             q,
             k,
             v,
@@ -178,6 +184,7 @@ class Attention(nn.Module):
             scale=self.score_scale,
             enable_gqa=self.n_kv_heads != self.n_heads,
         )
+        return out[..., :width] if out.shape[-1] != width else out
 
     def chunked_attention(
         self,
