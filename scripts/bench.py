@@ -187,6 +187,9 @@ def bench_training(shape: dict, args: argparse.Namespace, peaks: dict[str, float
         if args.compile:
             compiled_step, compiled = our_trainer(model_values, batch, True, out_dir + "/ours_compiled", device)
             modes["ours compiled"] = (compiled_step, our_precision, device_of(compiled.model))
+            # The chunked head + loss (model/loss.py) against the plain head, both inside the compiled graph
+            full_step, full = our_trainer(model_values, batch, True, out_dir + "/ours_compiled_full", device, False)
+            modes["ours compiled, full logits"] = (full_step, our_precision, device_of(full.model))
             step, hf_model = hf_trainer(reference, batch, torch.bfloat16, True, device)
             modes["hf compiled bf16"] = (step, "bf16", device_of(hf_model))
         first_step = {}
@@ -207,6 +210,8 @@ def bench_training(shape: dict, args: argparse.Namespace, peaks: dict[str, float
                     step()
                 synchronize(device)
                 samples[name].append(args.train_steps * tokens_per_step / (time.perf_counter() - start))
+        fastest = max((name for name in modes if name.startswith("ours")), key=lambda n: statistics.median(samples[n]))
+        profile = profile_step(fastest, modes[fastest][0], args, device) if args.profile else None
     flops = training_flops_per_token(reference)
     baseline = statistics.median(samples["hf eager fp32"])
     results = {}
@@ -224,7 +229,27 @@ def bench_training(shape: dict, args: argparse.Namespace, peaks: dict[str, float
     # What an implementation running every FLOP at the measured bf16 matmul peak would reach.
     ceiling = peaks["bf16"] * 1e9 / flops
     return {"flops_per_token": flops, "tokens_per_step": tokens_per_step, "modes": results,
-            "bf16_peak_tokens_per_s": ceiling, "bf16_peak_vs_hf_eager_fp32": ceiling / baseline}
+            "bf16_peak_tokens_per_s": ceiling, "bf16_peak_vs_hf_eager_fp32": ceiling / baseline, "profile": profile}
+
+
+def profile_step(name: str, step: Callable[[], None], args: argparse.Namespace, device: torch.device,
+                 top: int = 12) -> dict:
+    """Where a training step's time goes: torch.profiler over --train-steps steps of our fastest mode, the
+    operators and kernels with the most self time on the device (on the CPU, the CPU's)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(args.train_steps):
+            step()
+        synchronize(device)
+    events = prof.key_averages()
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    total = sum(getattr(event, key) for event in events) or 1.0
+    ranked = sorted(events, key=lambda event: getattr(event, key), reverse=True)[:top]
+    return {"mode": name, "steps": args.train_steps, "measure": key, "total_ms": total / 1e3,
+            "top": [{"name": event.key[:90], "self_ms": getattr(event, key) / 1e3, "share": getattr(event, key) / total,
+                     "calls": event.count} for event in ranked]}
 
 
 def bench_generation(shape: dict, args: argparse.Namespace, device: torch.device) -> dict:
@@ -349,13 +374,19 @@ def training_lines(train: dict) -> list[str]:
     lines = [
         "",
         f"training ({train['tokens_per_step']:,} tokens/step, {train['flops_per_token'] / 1e6:.1f} MFLOP/token)",
-        f"  {'mode':<18} {'tokens/s':>9} {'vs HF fp32':>10} {'MFU':>6} {'first step':>10}",
+        f"  {'mode':<26} {'tokens/s':>9} {'vs HF fp32':>10} {'MFU':>6} {'first step':>10}",
     ]
     for name, mode in train["modes"].items():
-        lines.append(f"  {name:<18} {mode['tokens_per_s']:>9,.0f} {mode['vs_hf_eager_fp32']:>9.2f}x "
+        lines.append(f"  {name:<26} {mode['tokens_per_s']:>9,.0f} {mode['vs_hf_eager_fp32']:>9.2f}x "
                      f"{mode['mfu']:>6.1%} {mode['first_step_s']:>9.1f}s")
     lines.append(f"  every FLOP at the bf16 peak: {train['bf16_peak_tokens_per_s']:,.0f} tokens/s = "
                  f"{train['bf16_peak_vs_hf_eager_fp32']:.2f}x HF eager fp32 (the ceiling on this machine)")
+    profile = train.get("profile")
+    if profile:
+        lines += ["", f"where {profile['mode']}'s time goes ({profile['steps']} steps, {profile['measure']}, "
+                      f"{profile['total_ms']:.1f} ms in all)"]
+        lines += [f"  {row['share']:>6.1%} {row['self_ms']:>9.2f} ms {row['calls']:>6}x  {row['name']}"
+                  for row in profile["top"]]
     return lines
 
 
@@ -383,7 +414,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_out(parser, "output folder; writes OUT/bench-SHAPE.json (default: runs/bench)")
     parser.add_argument("--repeats", type=int, default=5, help="runs per mode; the median is reported")
     parser.add_argument("--train-steps", type=int, default=5, help="optimizer steps per timed training run")
-    parser.add_argument("--compile", action="store_true", help="also time torch.compile'd training (ours and HF)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time torch.compile'd training (ours, with the chunked and the full-logits loss, "
+                             "and HF)")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile our fastest training mode (torch.profiler): the top operators by self time")
     parser.add_argument("--prompt-tokens", type=int, default=16, help="prompt length of the generation benchmark")
     parser.add_argument("--new-tokens", type=int, default=200, help="tokens generated per timed run")
     parser.add_argument("--long-tokens", type=int, default=16384, help="window of the long evaluation")

@@ -235,7 +235,7 @@ def suite(s: Session) -> None:
     s.module("cuda", "pytest", "tests/test_cuda.py", "-q", "-rfEs", "--timeout=180", f"--junitxml={junit}",
              "-p", "no:cacheprovider", limit_s=220, ok=(0, 5) if s.dry else (0,))
     # The fast tier; its commands' default device (auto) is CUDA there. The dry run takes one small module of it.
-    tier = ["tests/test_layers.py"] if s.dry else []
+    tier = ["tests/test_layers.py"] if s.dry else ["--ignore=tests/test_cuda.py"]  # that file ran just above
     # pytest-xdist, one worker per test file (files share no run folders across workers then)
     workers = ["-n", str(s.suite_workers), "--dist", "loadfile"] if s.suite_workers > 1 else []
     s.module("fast", "pytest", *tier, *workers, "-q", "-rfEs", "--timeout=180", f"--junitxml={s.folder() / 'fast.xml'}",
@@ -244,13 +244,14 @@ def suite(s: Session) -> None:
 
 # (shape, seconds; 0: what is left). The tiny shape's compiled figures were measured on an H100 before
 # (docs/performance.md): it runs eager only, with generation.
-BENCH_SHAPES = [("research6", 110), ("research8", 110), ("tiny", 0)]
+BENCH_SHAPES = [("research6", 130), ("research8", 130), ("tiny", 0)]
 
 
 def bench(s: Session) -> None:
     for shape, limit in BENCH_SHAPES if not s.dry else [("micro", 0)]:
         args = (["--device", "cuda", "--repeats", "3", "--train-steps", "5", "--peak-size", "8192",
-                 *(["--skip", "long_eval"] if shape == "tiny" else ["--compile", "--skip", "long_eval,generation"])]
+                 *(["--skip", "long_eval"] if shape == "tiny" else
+                   ["--compile", "--profile", "--skip", "long_eval,generation"])]
                 if not s.dry else
                 ["--device", "cpu", "--repeats", "1", "--train-steps", "1", "--peak-size", "256", "--skip",
                  "generation,long_eval"])
@@ -276,7 +277,8 @@ def preset_projection(folder: Path) -> dict | None:
                     f"{tokens / speed / 60:.1f} min of training if the workers do not overlap"}
 
 
-COST_VARIANTS = '[{"position": "rope"}, {"position": "alibi"}, {"position": "t5"}]'
+COST_VARIANTS = ('[{"position": "rope"}, {"position": "alibi"}, {"position": "t5"}, {"position": "kerple"}, '
+                 '{"position": "fire"}]')
 
 
 def costs(s: Session) -> None:
@@ -285,10 +287,13 @@ def costs(s: Session) -> None:
              "--encodings", "alibi,t5,kerple,shaw,fox,fire" if not s.dry else "alibi",
              "--out", str(s.folder("paths_flex_cuda")), limit_s=40)
     variants, lengths = (COST_VARIANTS, "1,16") if not s.dry else ('[{"position": "alibi"}]', "1")
+    # Without FlexAttention first (no compilation: about a quarter of the time); with it, what is left but a minute
+    # for flex_costs (compiling FlexAttention on CUDA takes tens of seconds in each variant's process)
     for name, flex in (("encoding_costs", []), ("encoding_costs_flex", ["--flex-cuda"])):
         s.module(name, "scripts.encoding_costs", "--device", device, *flex, "--variants", variants, "--lengths",
                  lengths, "--batch", "16" if not s.dry else "1", "--train-steps", "4" if not s.dry else "0",
-                 "--repeats", "2" if not s.dry else "1", "--rounds", "1", "--out", str(s.folder()), limit_s=45)
+                 "--repeats", "2" if not s.dry else "1", "--rounds", "1", "--out", str(s.folder()),
+                 limit_s=max(45.0, s.left() / 4) if not flex else max(45.0, s.left() - 60))
     s.module("flex_costs", "scripts.flex_costs", "--device", device, "--cases",
              "alibi,shaw" if not s.dry else "alibi", "--multiples", "16" if not s.dry else "1",
              "--repeats", "5" if not s.dry else "1", "--rounds", "1", "--out", str(s.folder()))
