@@ -135,11 +135,12 @@ _INSTEAD = "evaluation continues on the chunked attention path (model/flex.py)"
 _kernel = Compiled(_flex, "FlexAttention", _INSTEAD)
 _far_kernel = Compiled(_flex_far, "FlexAttention (a clipped encoding's far keys)", _INSTEAD)
 _separable_kernel = Compiled(_flex_separable, "FlexAttention (a separable bias)", _INSTEAD)
-# Training forwards (CUDA with runtime.flex_cuda) compile with static shapes: once evaluation at other lengths has made
-# the shapes symbolic, inductor (torch 2.11, H200) failed to lower a separable bias's backward (sym_size of a captured
-# tensor). Its backward compiles inside loss.backward(), where no fallback can catch it, so it must not be tried.
-_TRAINING = {kernel: Compiled(kernel.function, kernel.what, _INSTEAD, dynamic=False)
-             for kernel in (_kernel, _far_kernel, _separable_kernel)}
+# A separable bias's training forwards (CUDA with runtime.flex_cuda) compile with static shapes: once evaluation at
+# other lengths had made the shapes symbolic, inductor (torch 2.11, H200) failed to lower its backward (sym_size of a
+# captured tensor), inside loss.backward(), where no fallback can catch it. The distance kinds keep the dynamic kernel:
+# compiled with static shapes, T5's table got wrong gradients at distances 0 and 1 (the same lease, tests/test_cuda.py),
+# while the dynamic kernel matched the chunked path's gradients for ALiBi, T5, KERPLE and Shaw on the lease before.
+_TRAINING = {_separable_kernel: Compiled(_separable_kernel.function, _separable_kernel.what, _INSTEAD, dynamic=False)}
 
 
 def _for(kernel: Compiled, *tensors: torch.Tensor) -> Compiled:

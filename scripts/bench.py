@@ -9,8 +9,9 @@ Both models run in this one process, alternating mode by mode in every repeat (t
 to repeat), and each figure is the median over --repeats. Reported:
   - the matmul peak of this machine (GFLOP/s, fp32 and bf16), measured here, first;
   - training tokens/s: ours in its default mode (the real train.loop step: bf16 autocast where supported,
-    fused AdamW, clipping) vs transformers eager fp32 (and eager bf16; compiled bf16 with --compile), with
-    ratios, model FLOPs utilisation, and the ratio a perfect implementation could reach at the bf16 peak;
+    fused AdamW, clipping, the loss path the device takes by default) and with the other loss path (full logits
+    or the chunked head + loss: train.fused_loss) vs transformers eager fp32 (and eager bf16; compiled bf16
+    with --compile), with ratios, model FLOPs utilisation, and the ratio a perfect implementation could reach at the bf16 peak;
   - generation tokens/s at batch 1 with the same sampling settings (ours: scripts.generate's decode loop,
     fp32 eager by default, and bf16 weights eager and with the compiled one-token step; HF generate in
     fp32 and bf16);
@@ -130,7 +131,7 @@ class RandomBatches:
 
 
 def our_trainer(model_values: dict, batch: int, compile_model: bool, out_dir: str, device: torch.device,
-                fused_loss: bool = True):
+                fused_loss: bool | None = None):
     """train.loop's Trainer on random batches: its train_step is exactly what train.pretrain runs."""
     config = build_run_config({
         "model": model_values,
@@ -179,17 +180,21 @@ def bench_training(shape: dict, args: argparse.Namespace, peaks: dict[str, float
         our_precision = "bf16" if our_amp == torch.bfloat16 else "fp32"
         modes: dict[str, tuple[Callable[[], None], str, str]] = {
             "ours (default)": (ours_step, our_precision, device_of(reference))}
-        plain_step, plain = our_trainer(model_values, batch, False, out_dir + "/ours_plain_loss", device, False)
-        modes["ours, full logits"] = (plain_step, our_precision, device_of(plain.model))  # train.fused_loss = false
+        # The loss path the device does not take by default (train.fused_loss): full logits on the CPU, the chunked
+        # head + loss on CUDA
+        other = not trainer.fused_loss
+        other_name = "chunked loss" if other else "full logits"
+        plain_step, plain = our_trainer(model_values, batch, False, out_dir + "/ours_other_loss", device, other)
+        modes[f"ours, {other_name}"] = (plain_step, our_precision, device_of(plain.model))
         for name, amp in (("hf eager fp32", None), ("hf eager bf16", torch.bfloat16)):
             step, hf_model = hf_trainer(reference, batch, amp, False, device)
             modes[name] = (step, "fp32" if amp is None else "bf16", device_of(hf_model))
         if args.compile:
             compiled_step, compiled = our_trainer(model_values, batch, True, out_dir + "/ours_compiled", device)
             modes["ours compiled"] = (compiled_step, our_precision, device_of(compiled.model))
-            # The chunked head + loss (model/loss.py) against the plain head, both inside the compiled graph
-            full_step, full = our_trainer(model_values, batch, True, out_dir + "/ours_compiled_full", device, False)
-            modes["ours compiled, full logits"] = (full_step, our_precision, device_of(full.model))
+            other_step, other_trainer = our_trainer(model_values, batch, True, out_dir + "/ours_compiled_other", device,
+                                                    other)
+            modes[f"ours compiled, {other_name}"] = (other_step, our_precision, device_of(other_trainer.model))
             step, hf_model = hf_trainer(reference, batch, torch.bfloat16, True, device)
             modes["hf compiled bf16"] = (step, "bf16", device_of(hf_model))
         first_step = {}

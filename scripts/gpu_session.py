@@ -105,6 +105,14 @@ def pytest_summary(log: Path) -> str:
     return ""
 
 
+def pytest_failures(log: Path) -> list[str]:
+    """The test ids reported FAILED or ERROR in `log`, in order and once each: pytest's closing list, or, where the
+    run was cut off before it, xdist's verbose lines ('[gw3] [ 40%] FAILED tests/test_x.py::test_y')."""
+    found = re.findall(r"^(?:\[gw\d+\] \[\s*\d+%\] )?(?:FAILED|ERROR) (tests/\S+)",
+                       log.read_text(errors="replace") if log.exists() else "", re.MULTILINE)
+    return list(dict.fromkeys(found))
+
+
 def pack(folder: Path, archive: Path) -> dict:
     """folder's text, JSON, logs and figures (KEPT suffixes, each at most LARGEST_KEPT) into archive (tar.gz),
     the largest files left out while the total exceeds LARGEST_ARCHIVE. Returns {files, bytes, left_out}."""
@@ -158,6 +166,8 @@ class Session:
         summary = pytest_summary(self.folder() / f"{name}.log") if "pytest" in argv else ""
         if summary:
             result["summary"] = summary
+        if "pytest" in argv:
+            result["failed"] = pytest_failures(self.folder() / f"{name}.log")
         self.commands.append({"name": name, **result})
         ended = ("timed out" if result["timed_out"] else f"exit {result['rc']}") + (f", {summary}" if summary else "")
         print(f"[{self.step}] {name}: {ended} ({result['seconds']:.0f} s)", flush=True)
@@ -237,8 +247,9 @@ def suite(s: Session) -> None:
     # The fast tier; its commands' default device (auto) is CUDA there. The dry run takes one small module of it.
     tier = ["tests/test_layers.py"] if s.dry else ["--ignore=tests/test_cuda.py"]  # that file ran just above
     # pytest-xdist, one worker per test file (files share no run folders across workers then)
-    workers = ["-n", str(s.suite_workers), "--dist", "loadfile"] if s.suite_workers > 1 else []
-    s.module("fast", "pytest", *tier, *workers, "-q", "-rfEs", "--timeout=180", f"--junitxml={s.folder() / 'fast.xml'}",
+    # (verbose under xdist: each failure is named as it happens, so a run cut off at its limit still names them)
+    workers = ["-n", str(s.suite_workers), "--dist", "loadfile", "-v"] if s.suite_workers > 1 else ["-q"]
+    s.module("fast", "pytest", *tier, *workers, "-rfEs", "--timeout=180", f"--junitxml={s.folder() / 'fast.xml'}",
              "-p", "no:cacheprovider")
 
 

@@ -262,3 +262,15 @@ def test_a_call_sets_its_steps_limits_and_the_suites_xdist_workers(tmp_path, mon
     assert all(step == "suite" and 35 <= left <= 40 for step, left, _ in ran)  # this call's limit, not LIMITS'
     fast = ran[-1][2]
     assert fast[fast.index("-n") + 1] == "3" and fast[fast.index("--dist") + 1] == "loadfile"
+
+
+def test_a_cut_off_suite_still_names_its_failures(tmp_path):
+    """xdist's verbose lines name a failure as it happens; pytest's closing list names it again (counted once)."""
+    log = tmp_path / "fast.log"
+    log.write_text("[gw2] [ 39%] PASSED tests/test_a.py::test_one\n"
+                   "[gw5] [ 40%] FAILED tests/test_b.py::test_two[t5]\n"
+                   "[gw1] [ 41%] ERROR tests/test_c.py::test_three\n"
+                   "FAILED tests/test_b.py::test_two[t5] - AssertionError: x\n")
+    assert gs.pytest_failures(log) == ["tests/test_b.py::test_two[t5]", "tests/test_c.py::test_three"]
+    log.write_text("........ [100%]\n3 passed in 1.0s\n")
+    assert gs.pytest_failures(log) == [] and gs.pytest_failures(tmp_path / "absent.log") == []

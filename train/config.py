@@ -56,7 +56,9 @@ class TrainConfig:
     dtype: str = "auto"  # auto (bf16 autocast where the hardware supports it) | bfloat16 | float32
     compile: bool = False  # torch.compile the model
     # The head and the loss in chunks of rows, never holding the (batch x time x vocab) logits (model/loss.py).
-    fused_loss: bool = True
+    # None (auto): on the CPU, where it is faster (1.12-1.19x the full logits' step at the tiny shape); not on CUDA,
+    # where the full logits are faster (H200, research shapes: 1.3-1.7x) (docs/performance.md).
+    fused_loss: bool | None = None
     device: str = "auto"  # auto | cpu | cuda | mps
     log_interval: int = 10
     eval_interval: int = 100  # also evaluated at step 0 and at the end

@@ -253,6 +253,7 @@ class Trainer:
                   file=sys.stderr)
         torch.manual_seed(train.seed)
         self.amp = autocast_dtype(self.device, train.dtype)
+        self.fused_loss = train.fused_loss if train.fused_loss is not None else self.device.type != "cuda"
         self.start_step = 0
         self.state: dict[str, Any] = {"initial_val_loss": None, "val_loss": None, "tokens_seen": 0, "elapsed_s": 0.0}
         if resume:
@@ -298,7 +299,8 @@ class Trainer:
                           f"weight decay {settings['weight_decay']:g}")
         self.say(
             f"model: {self.model.num_parameters():,} parameters, position={config.model.position}, "
-            f"device={self.device.type}, autocast={self.amp or 'off (float32)'}, compile={train.compile}{processes}"
+            f"device={self.device.type}, autocast={self.amp or 'off (float32)'}, compile={train.compile}, "
+            f"loss={'chunked head + loss' if self.fused_loss else 'full logits'}{processes}"
         )
 
     def record(self, record: dict[str, Any]) -> None:
@@ -388,7 +390,7 @@ class Trainer:
             with self.dist.no_sync(self.ddp, sync=micro_step == train.grad_accum - 1):
                 with autocast(self.device, self.amp):
                     _, loss_sum = self.forward(inputs, targets, positions=positions, loss_reduction="sum",
-                                              return_logits=not train.fused_loss)
+                                              return_logits=not self.fused_loss)
                 loss = loss_sum * (self.dist.world_size / scored)  # DDP averages gradients over ranks
                 (loss / train.grad_accum).backward()
             step_loss += loss.detach()
