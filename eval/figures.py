@@ -101,6 +101,57 @@ def plain_numbers(axis: Any) -> None:
     axis.set_minor_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
 
 
+# Where a point's label may go, in points from the point, nearest first: right, left, above, below, the diagonals,
+# then the same directions further out.
+LABEL_OFFSETS = [(5, 3), (-5, 3), (0, 8), (0, -11), (5, -9), (-5, -9), (5, 12), (-5, 12),
+                 (14, 8), (-14, 8), (14, -14), (-14, -14), (0, 20), (0, -22), (24, 0), (-24, 0)]
+
+
+def place_labels(axis: Any, anchors: list[tuple[float, float, str]], fontsize: float = 7) -> list[Any]:
+    """Label each (x, y, text) point of `axis` where the text overlaps no label placed before it, no other point and
+    stays inside the axes: the first free offset of LABEL_OFFSETS, else the one that overlaps least; a label put
+    further than the nearest ring gets a thin leader line. Call after the axis limits are final. Returns the texts."""
+    figure = axis.figure
+    renderer = figure.canvas.get_renderer()
+    box = axis.get_window_extent(renderer)
+    scale = figure.dpi / 72.0
+    points = [axis.transData.transform((x, y)) for x, y, _ in anchors]
+    marks = [(px - 4 * scale, py - 4 * scale, px + 4 * scale, py + 4 * scale) for px, py in points]
+    placed: list[tuple[float, float, float, float]] = []
+    texts = []
+
+    def overlap(a: tuple, b: tuple) -> float:
+        width, height = min(a[2], b[2]) - max(a[0], b[0]), min(a[3], b[3]) - max(a[1], b[1])
+        return width * height if width > 0 and height > 0 else 0.0
+
+    for index, ((x, y, label), (px, py)) in enumerate(zip(anchors, points)):
+        best = None
+        for dx, dy in LABEL_OFFSETS:
+            text = axis.annotate(label, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=fontsize,
+                                 ha="left" if dx > 0 else "right" if dx < 0 else "center",
+                                 va="bottom" if dy > 0 else "top")
+            extent = text.get_window_extent(renderer)
+            rect = (extent.x0, extent.y0, extent.x1, extent.y1)
+            outside = max(0.0, box.x0 - rect[0]) + max(0.0, rect[2] - box.x1) + max(0.0, box.y0 - rect[1]) + \
+                max(0.0, rect[3] - box.y1)
+            cost = sum(overlap(rect, other) for other in placed) + \
+                sum(overlap(rect, mark) for other, mark in enumerate(marks) if other != index) + outside * 100
+            text.remove()
+            if best is None or cost < best[0]:
+                best = (cost, dx, dy, rect)
+            if cost == 0:
+                break
+        _, dx, dy, rect = best
+        far = abs(dx) > 6 or abs(dy) > 12
+        text = axis.annotate(label, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=fontsize,
+                             ha="left" if dx > 0 else "right" if dx < 0 else "center",
+                             va="bottom" if dy > 0 else "top",
+                             arrowprops={"arrowstyle": "-", "linewidth": 0.5, "color": "0.4"} if far else None)
+        placed.append(rect)
+        texts.append(text)
+    return texts
+
+
 def _pyplot():
     """matplotlib.pyplot on the non-interactive backend."""
     import matplotlib

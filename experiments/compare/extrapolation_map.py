@@ -106,6 +106,7 @@ def plot_map(points: list[MapPoint], tasks: list[str], longest_multiple: float, 
     figure, axes = figures.new(columns=len(shown), width=5.2 * len(shown) + 1.8, height=4.6)
     axes = list(axes) if len(shown) > 1 else [axes]
     for axis, task in zip(axes, shown):
+        anchors = []
         controls = [p.control[task] for p in points if task in p.control and p.control[task].has_interval]
         if controls:
             axis.axhspan(max(0.0, min(c.low for c in controls)), max(c.high for c in controls), color="tab:blue",
@@ -121,12 +122,13 @@ def plot_map(points: list[MapPoint], tasks: list[str], longest_multiple: float, 
             axis.errorbar(harm.mean, use.mean, xerr=xerr, yerr=yerr, color=style["color"], marker=style["marker"],
                           markersize=6, capsize=2, linewidth=1, linestyle="none",
                           markerfacecolor="white" if point.method != NONE else style["color"], label=point.label)
-            axis.annotate(point.label, (harm.mean, use.mean), textcoords="offset points", xytext=(4, 4), fontsize=7)
+            anchors.append((harm.mean, use.mean, point.label))
         axis.axvline(0, color="black", linewidth=0.8)
         axis.set_ylim(-0.03, 1.03)
         axis.set_xlabel(f"harm: text penalty at {longest_multiple:g}x (nats)")
         axis.set_title(f"{task}: answers {USE_DISTANCE} back in {USE_LENGTH} L", fontsize=9)
         axis.grid(True, alpha=0.3)
+        figures.place_labels(axis, anchors)
     axes[0].set_ylabel("use: exact match past L (95% t over seeds)")
     return figures.save(figure, path, axes[-1])
 
