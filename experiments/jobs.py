@@ -111,9 +111,10 @@ def saved_run_config(out: Path) -> dict | None:
         return None
 
 
-# Where metrics go, and whether the step is compiled: how a run executes, not what it trains (a resumed run may
-# change either), so not settings that make runs differ.
-EXECUTION = ("report_to", "tracker_group", "compile")
+# Where metrics go, whether the step is compiled, and whether the head and loss run in chunks (the same loss, summed in
+# another order; unset, it follows the device): how a run executes, not what it trains (a resumed run may change any
+# of them), so not settings that make runs differ.
+EXECUTION = ("report_to", "tracker_group", "compile", "fused_loss")
 
 
 def comparable(settings: dict | None) -> dict | None:

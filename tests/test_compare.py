@@ -522,3 +522,4 @@ def test_findings_give_the_absolute_encodings_1x_gap_and_check_the_papers_order_
             "sinusoidal (+1.000) > rope (+0.350, difference +0.650 [+0.526, +0.774]): agrees; rope (+0.350) > t5 "
             "(+0.650, difference -0.300 [-0.300, -0.300]): reversed; t5 (+0.650) > alibi (+0.000, difference +0.650 "
             "[+0.521, +0.779]): agrees.") in text
+

@@ -144,3 +144,14 @@ def test_compares_workers_take_one_gpu_each_or_share_one(monkeypatch, gpus, work
         workers // gpus + (device < workers % gpus) for device in range(gpus))
     assert jobs.worker_layout(0, 25, gpus=gpus) == (gpus, 16 // gpus)  # unasked: one worker per GPU
     assert jobs.worker_layout(workers, 25, gpus=gpus) == (workers, 16 // workers)
+
+
+def test_how_a_run_executes_never_makes_it_other_settings():
+    """A run saved with the chunked loss set explicitly (the default before it followed the device), compiled or not,
+    is the same comparison; a setting that changes what is trained is not."""
+    from experiments.jobs import comparable
+
+    saved = {"model": {"dim": 64}, "train": {"lr": 3e-3, "fused_loss": True, "compile": False}}
+    assert comparable(saved) == comparable({"model": {"dim": 64}, "train": {"lr": 3e-3, "fused_loss": None,
+                                                                          "compile": True}})
+    assert comparable(saved) != comparable({"model": {"dim": 64}, "train": {"lr": 1e-3, "fused_loss": True}})

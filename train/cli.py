@@ -24,7 +24,7 @@ def load_config_with_init(args: argparse.Namespace, overrides: list[str]) -> Run
 RESUME_CHANGEABLE = {
     "train.max_steps": "the run goes on to the new end; its learning-rate schedule is stretched to it from here on",
     "train.log_interval": "", "train.eval_interval": "", "train.save_interval": "", "train.device": "",
-    "train.compile": "", "train.nonfinite": "", "train.max_nonfinite_skips": "", "out.overwrite": "",
+    "train.compile": "", "train.fused_loss": "", "train.nonfinite": "", "train.max_nonfinite_skips": "", "out.overwrite": "",
     "train.report_to": "", "train.tracker_group": "",
 }
 
