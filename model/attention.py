@@ -45,18 +45,23 @@ def at_least_float32(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
+def token_slots(q_len: int, k_len: int, device: torch.device,
+                kv_cache: KVCache | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token index of each query (q_len,) and of each key (k_len, or a static cache's max_len): where each
+    token stands in the sequence, whatever position id the encoding is given (randomized positions differ)."""
+    if kv_cache is not None and kv_cache.static:
+        start = kv_cache.start(device)
+        return start + torch.arange(q_len, device=device), torch.arange(kv_cache.max_len, device=device)
+    return torch.arange(k_len - q_len, k_len, device=device), torch.arange(k_len, device=device)
+
+
 def visible_keys(q_len: int, k_len: int, device: torch.device, kv_cache: KVCache | None,
                  rows: slice | None = None, keys: slice | None = None, window: int = 0) -> torch.Tensor:
     """(rows, keys) True where a query may attend a key: causal, only filled slots of a static cache, and within
     `window` slots of the query (itself and the window - 1 before it) when window > 0."""
     rows = rows if rows is not None else slice(None)
     keys = keys if keys is not None else slice(None)
-    if kv_cache is not None and kv_cache.static:
-        query_slot = kv_cache.start(device) + torch.arange(q_len, device=device)
-        key_slot = torch.arange(kv_cache.max_len, device=device)
-    else:
-        query_slot = torch.arange(k_len - q_len, k_len, device=device)
-        key_slot = torch.arange(k_len, device=device)
+    query_slot, key_slot = token_slots(q_len, k_len, device, kv_cache)
     distance = query_slot[rows, None] - key_slot[None, keys]  # >= 0 for keys at or before the query
     visible = distance >= 0
     if window:
@@ -238,8 +243,9 @@ class Attention(nn.Module):
             if methods is not None:
                 i = methods.q_positions[:, rows, None]  # true positions (batch|1, rows, 1) and (batch|1, 1, keys)
                 j = methods.k_positions[:, None, keys]
-                if methods.visible is not None:
-                    seen = methods.visible(i, j)[:, None]
+                if methods.visible is not None:  # which keys a query sees: counted in tokens, not position ids
+                    query_slot, key_slot = token_slots(q_len, k_len, q.device, kv_cache)
+                    seen = methods.visible(query_slot[None, rows, None], key_slot[None, None, keys])[:, None]
                     visible = seen if visible is None else visible & seen
             if explicit:
                 if passes:

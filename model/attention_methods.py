@@ -85,7 +85,8 @@ class AttentionMethod:
         raise NotImplementedError
 
     def visible(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
-        """True where a query at position i may see a key at position j (already causal)."""
+        """True where the query, token i of the sequence, may see the key, token j (already causal): counted in
+        tokens, whatever position ids the encoding is given (randomized positions spread them apart)."""
         raise NotImplementedError
 
 

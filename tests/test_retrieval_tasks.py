@@ -142,6 +142,23 @@ def test_the_window_control_equals_the_model_run_on_its_first_token_and_last_L_m
     assert not torch.allclose(full, alone, atol=1e-3)  # the control changes something
 
 
+def test_the_window_control_of_randomized_positions_counts_tokens_not_position_ids():
+    """Randomized positions (Ruoss et al.) spread a sequence's position ids over [0, N): the control still hides
+    every token but the first and the last L - 1, whatever ids they were drawn, and hides nothing within L."""
+    torch.manual_seed(0)
+    model = Transformer(micro_config(position="rope", n_layers=1, max_seq_len=16, random_positions=256)).eval()
+    idx = torch.randint(0, 97, (2, 40))
+    kept = torch.cat([torch.zeros(1, dtype=torch.long), torch.arange(25, 40)])
+    with torch.no_grad():
+        assert torch.allclose(window_control(model, 16)(idx[:, :16])[0], model(idx[:, :16])[0], atol=1e-5)
+        drawn = model.default_positions(idx, None)  # the ids the model draws for these rows
+        windowed = window_control(model, 16)(idx)[0][:, -1]
+        alone = model(idx[:, kept], positions=drawn[:, kept])[0][:, -1]
+        full = model(idx)[0][:, -1]
+    assert torch.allclose(windowed, alone, atol=1e-5)
+    assert not torch.allclose(full, alone, atol=1e-3)
+
+
 def test_the_window_control_covers_stick_breaking():
     """Hiding keys applies to weights of an encoding's own (stick-breaking), as to softmax."""
     torch.manual_seed(0)
