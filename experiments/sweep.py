@@ -5,7 +5,7 @@ encoding's value on its held-out loss at the trained length, never at longer len
     python -m experiments.sweep --preset frontier --key train.lr --values 1e-3,3e-3,1e-2,3e-2 --compare.seeds=1,2
 
 One comparison (experiments.compare) per value, each in OUT/KEY=VALUE with every other setting of the preset (and
-the overrides), evaluated at 1x only: its held-out perplexity, on the same tokens for every encoding, value and seed.
+the overrides), on the data prepared once in OUT/data, evaluated at 1x only: its held-out perplexity, on the same tokens for every encoding, value and seed.
 Re-running resumes, as a comparison does. Writes OUT/sweep.md and OUT/sweep.json: per encoding and value the 1x loss
 (nats, mean [95% t interval] over seeds), the value with the lowest mean, and that value against the preset's own,
 paired by seed (the same seed is the same initialisation and data order for every value): "better" where the
@@ -15,8 +15,10 @@ preset as [compare.train_settings] (docs/baselines.md).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -27,6 +29,7 @@ from eval.stats import Estimate, t_interval
 from experiments.compare.cli import experiment_arguments, run_comparison
 from experiments.compare.config import load_compare_config
 from experiments.compare.layout import invocations, record_invocation
+from experiments.compare.running import prepared_data
 from experiments.jobs import machine_description
 from model.fields import parse_override_value
 from model.folder_lock import FolderLock
@@ -134,6 +137,13 @@ def main(argv: list[str] | None = None) -> int:
         for value in values}  # every value's settings are checked before anything trains
     started, status = time.perf_counter(), 0
     with FolderLock(out, "sweep"):
+        # The data once, in OUT/data (a preparation already there with the same settings is kept), then a copy in
+        # each value's comparison, which compare takes as its own: every value trains and scores the same tokens.
+        first = next(iter(configs.values()))[0]
+        data = prepared_data(dataclasses.replace(first, out=str(out)))
+        for compare, _, _ in configs.values():
+            if not (Path(compare.out) / "data" / "meta.json").exists():
+                shutil.copytree(data, Path(compare.out) / "data", dirs_exist_ok=True)
         for value, (compare, shared_values, preset) in configs.items():
             print(f"\n=== {args.key} = {value} ===", flush=True)
             with FolderLock(Path(compare.out), "comparison"):

@@ -34,6 +34,7 @@ from commands import add_out, command_parser, parse
 from data.batches import read_meta
 from data.prepare import prepare
 from errors import ConfigError, SourceError, cli_command
+from experiments.compare.config import load_compare_config
 from infer.gguf import resolve_gguf
 from scripts.gpu_session import LIMITS, ROOT
 
@@ -72,8 +73,6 @@ def prepare_data(books: str, out: Path, vocab_size: int) -> None:
 def prepare_quick_data(source: str | None, out: Path) -> None:
     """The quick preset's source prepared with its settings (vocabulary, held-out share), as its comparisons would
     prepare it; an identical preparation already there is kept."""
-    from experiments.compare.config import load_compare_config
-
     compare, _, _ = load_compare_config(ROOT / "configs" / "compare.toml", "quick", [])
     source = source or compare.source
     if (out / "meta.json").exists():

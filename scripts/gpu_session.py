@@ -321,18 +321,14 @@ SWEEP_WORKERS = 13  # comparison workers on the one GPU (16 CPU cores there)
 
 
 def sweep(s: Session) -> None:
-    from experiments.sweep import value_folder
-
     data = s.carry / "quick_data"
     if not (data / "meta.json").exists():
         raise StepSkipped(f"no prepared data in {data}: run `make gpu-carry` (it prepares the quick preset's "
                           f"stdlib) and carry {data} in this call")
     out = s.folder("sweep_lr")
     values = SWEEP_VALUES if not s.dry else SWEEP_VALUES[:2]
-    for value in values:  # the carried preparation in every comparison, as compare would have made it
-        target = out / value_folder("train.lr", value) / "data"
-        if not (target / "meta.json").exists():
-            shutil.copytree(data, target, dirs_exist_ok=True)
+    if not (out / "data" / "meta.json").exists():  # the carried preparation, which the sweep shares among its rates
+        shutil.copytree(data, out / "data", dirs_exist_ok=True)
     meta = json.loads((data / "meta.json").read_text())
     encodings = SWEEP_ENCODINGS if not s.dry else ["alibi", "rope"]
     s.module("sweep", "experiments.sweep", "--config", "configs/compare.toml", "--preset", "quick", "--values",

@@ -25,6 +25,10 @@ def test_micro_sweep_end_to_end(small_text_file, tmp_path):
     runs = json.loads((out / "lr=1e-3" / "results.json").read_text())
     assert runs["settings"]["lengths"] == [16]  # 1x only: the choice never looks at longer lengths
     assert "| encoding | train.lr = 1e-3 | train.lr = 3e-3 (preset) |" in (out / "sweep.md").read_text()
+    # the data prepared once, in OUT/data: every value trains and scores the same tokens
+    for name in ("meta.json", "train.bin", "val.bin", "tokenizer.json"):
+        shared = (out / "data" / name).read_bytes()
+        assert all((out / value / "data" / name).read_bytes() == shared for value in ("lr=1e-3", "lr=3e-3"))
     assert main(args) == 0  # a re-run trains nothing and writes the same numbers
     assert json.loads((out / "sweep.json").read_text())["encodings"] == record["encodings"]
 
