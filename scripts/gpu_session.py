@@ -320,16 +320,21 @@ SWEEP_VALUES = ["1.5e-3", "3e-3", "6e-3", "1.2e-2"]
 SWEEP_WORKERS = 13  # comparison workers on the one GPU (16 CPU cores there)
 
 
-def sweep(s: Session) -> None:
-    data = s.carry / "quick_data"
+def carried_data(s: Session, name: str, where: str, folder: str) -> tuple[Path, dict]:
+    """The preparation carried as CARRY/NAME copied into the step's FOLDER/data (once), where a comparison takes it as
+    its own (same source and split); returns FOLDER and the preparation's meta."""
+    data = s.carry / name
     if not (data / "meta.json").exists():
-        raise StepSkipped(f"no prepared data in {data}: run `make gpu-carry` (it prepares the quick preset's "
-                          f"stdlib) and carry {data} in this call")
-    out = s.folder("sweep_lr")
-    values = SWEEP_VALUES if not s.dry else SWEEP_VALUES[:2]
-    if not (out / "data" / "meta.json").exists():  # the carried preparation, which the sweep shares among its rates
+        raise StepSkipped(f"no prepared data in {data}: run `make gpu-carry` {where}, and carry {data} in this call")
+    out = s.folder(folder)
+    if not (out / "data" / "meta.json").exists():
         shutil.copytree(data, out / "data", dirs_exist_ok=True)
-    meta = json.loads((data / "meta.json").read_text())
+    return out, json.loads((data / "meta.json").read_text())
+
+
+def sweep(s: Session) -> None:
+    out, meta = carried_data(s, "quick_data", "(it prepares the quick preset's stdlib)", "sweep_lr")
+    values = SWEEP_VALUES if not s.dry else SWEEP_VALUES[:2]
     encodings = SWEEP_ENCODINGS if not s.dry else ["alibi", "rope"]
     s.module("sweep", "experiments.sweep", "--config", "configs/compare.toml", "--preset", "quick", "--values",
              ",".join(values), "--out", str(out), f"--compare.encodings={','.join(encodings)}",
@@ -348,14 +353,7 @@ DRY_PRESET = ["--compare.encodings=alibi,rope", "--compare.eval_tokens=512", "--
 
 
 def preset(s: Session) -> None:
-    data = s.carry / "data"
-    if not (data / "meta.json").exists():
-        raise StepSkipped(f"no prepared data in {data}: run `make gpu-carry` where the books are, and carry "
-                          f"{data} in this call")
-    out = s.folder("compare_gpu")
-    if not (out / "data" / "meta.json").exists():  # the carried preparation, as compare would have made it
-        shutil.copytree(data, out / "data", dirs_exist_ok=True)
-    meta = json.loads((data / "meta.json").read_text())  # compare reuses a preparation of the same source and split
+    out, meta = carried_data(s, "data", "where the books are", "compare_gpu")
     args = ["--config", "configs/compare.toml", "--preset", "gpu", f"--compare.source={meta['source']}",
             f"--compare.val_fraction={meta['val_fraction']}", f"--compare.out={out}", *(DRY_PRESET if s.dry else [])]
     for stage, seeds in enumerate(("1", "1,2") if s.dry else ("1,2,3", "1,2,3,4,5")):
