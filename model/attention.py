@@ -19,8 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import model.flex as flex
+import model.pass_merge as pass_merge
 from model.attention_methods import MethodContext
-from model.attention_path import EXPLICIT, FLEX, SDPA, Forward, Path, choose
+from model.attention_path import EXPLICIT, FLEX, MERGED, SDPA, Forward, Path, choose
 from model.config import ModelConfig
 from model.encodings.base import PositionEncoding
 from model.kv_cache import KVCache
@@ -38,6 +39,10 @@ EXPLICIT_CHUNK_ELEMENTS = 2**20
 # SmolLM2 window (9 heads) 28-row chunks, and SelfExtend there took 317 s against 58 s with 455-row ones (bf16,
 # shared 2-core Zen 4); at 32k keys it would give 3 rows. Without gradients a chunk's scores are freed at once.
 EXPLICIT_MIN_ROWS_NO_GRAD = 256
+# The merged path (an attention method's passes through the fused kernel): a chunk's masked parts (the edges of
+# each pass's key range, model/pass_merge.py) cost about 3 x rows^2 per chunk against the unmasked rows x keys, so
+# chunks stay short; its masks, (batch x rows x keys) per part, are shared by the heads.
+MERGED_ROWS = 256
 
 
 def at_least_float32(x: torch.Tensor) -> torch.Tensor:
@@ -157,7 +162,7 @@ class Attention(nn.Module):
             y = self.fused_attention(q, k, v, causal, kv_cache)
         elif y is None:
             y = self.chunked_attention(q, k, v, encoding, encoding_state, causal, kv_cache, methods,
-                                       pass_states, explicit=path.kind == EXPLICIT,
+                                       pass_states, explicit=path.kind == EXPLICIT, merged=path.kind == MERGED,
                                        pass_scale=scale if passes else None)
         self.last_path = path
         # (batch, heads, time, head_dim) -> (batch, time, heads * head_dim)
@@ -204,13 +209,15 @@ class Attention(nn.Module):
         pass_states: list[Any] | None = None,
         *,
         explicit: bool,
+        merged: bool = False,
         pass_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention in chunks of query rows, each against the keys it can see, with the encoding's bias: through
         explicit steps (scores, softmax, probabilities @ values) or SDPA with a float mask, as the path says; with
         an attention method's passes (q and k raw here), each pass encodes positions its own way and the pairs it
-        selects take their scores from it; `pass_scale`, a query scale (logn), multiplies each pass's encoded
-        queries."""
+        selects take their scores from it (`merged`: each pass through the fused kernel over the pairs it owns, the
+        passes merged by log-sum-exp, model/pass_merge.py); `pass_scale`, a query scale (logn), multiplies each
+        pass's encoded queries."""
         batch, heads, q_len, _ = q.shape
         k_len = k.shape[2]
         static = kv_cache is not None and kv_cache.static
@@ -220,11 +227,13 @@ class Attention(nn.Module):
         span = min(k_len, 2 * window) if window and not static else k_len
         budget = EXPLICIT_CHUNK_ELEMENTS if explicit else BIAS_CHUNK_ELEMENTS
         rows_per_chunk = max(1, budget // (batch * heads * span))
+        if merged:
+            rows_per_chunk = MERGED_ROWS
         if explicit and not torch.is_grad_enabled():
             rows_per_chunk = max(rows_per_chunk, EXPLICIT_MIN_ROWS_NO_GRAD)
         if window:
             rows_per_chunk = min(rows_per_chunk, window)
-        if explicit and self.n_kv_heads != self.n_heads:
+        if (explicit or merged) and self.n_kv_heads != self.n_heads:
             k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
             v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
         encoded = None
@@ -247,6 +256,12 @@ class Attention(nn.Module):
                     query_slot, key_slot = token_slots(q_len, k_len, q.device, kv_cache)
                     seen = methods.visible(query_slot[None, rows, None], key_slot[None, None, keys])[:, None]
                     visible = seen if visible is None else visible & seen
+            if merged:
+                selects = [None if one_pass.select is None else one_pass.select(i, j)[:, None] for one_pass in passes]
+                outputs.append(pass_merge.merged_attention(
+                    [q_pass[:, :, rows] for q_pass, _ in encoded], [k_pass[:, :, keys] for _, k_pass in encoded],
+                    v_keys, pass_merge.owned_pairs(selects, visible), self.score_scale))
+                continue
             if explicit:
                 if passes:
                     scores = None

@@ -8,8 +8,11 @@
                learned on a device with a mask gradient
     explicit   the explicit steps in chunks (scores, softmax, probabilities @ values): an EXPLICIT encoding (a bias
                that reads the scores: CoPE, DAPE; a value term: Shaw; weights of its own: stick-breaking, ASEntmax;
-               scores of its own: PaTH), an attention method that encodes positions per pass, probabilities a
-               diagnostic reads, or a learned bias wanting gradients on the CPU
+               scores of its own: PaTH), an attention method's passes where the merged path does not serve,
+               probabilities a diagnostic reads, or a learned bias wanting gradients on the CPU
+    merged     an attention method's passes (ReRoPE, SelfExtend, sinks) each through the fused CPU kernel with a mask of
+               the pairs it owns, merged by their log-sum-exps (model/pass_merge.py): encodings that add nothing to
+               the scores, no-grad CPU forwards, nothing that reads the probabilities
     flex       compiled FlexAttention with the bias as a score_mod (model/flex.py): the long no-grad float32 CPU
                forwards of an encoding with a `flex_kind`: a distance bias over one sequence, a clipped one (Shaw)
                or a separable one (FoX). On CUDA only with runtime.flex_cuda (off by default: not measured there
@@ -28,10 +31,11 @@ from typing import Any, Callable
 import torch
 
 import model.flex as flex
+import model.pass_merge as pass_merge
 from model.encodings.base import EXPLICIT as NEEDS_EXPLICIT
 from model.encodings.base import FUSED
 
-SDPA, SDPA_MASK, EXPLICIT, FLEX = "sdpa", "sdpa_mask", "explicit", "flex"
+SDPA, SDPA_MASK, EXPLICIT, FLEX, MERGED = "sdpa", "sdpa_mask", "explicit", "flex", "merged"
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,7 @@ class Forward:
 
 @dataclass(frozen=True)
 class Path:
-    kind: str  # SDPA, SDPA_MASK, EXPLICIT or FLEX
+    kind: str  # SDPA, SDPA_MASK, EXPLICIT, FLEX or MERGED
     reason: str
 
     def __str__(self) -> str:
@@ -101,6 +105,18 @@ def why_not_flex(encoding: Any, forward: Forward) -> str | None:
     return reason
 
 
+def why_not_merged(encoding: Any, forward: Forward) -> str | None:
+    """None when an attention method's passes take the merged path (model/pass_merge.py), else why not."""
+    checks = [
+        (encoding.attention != FUSED, "the encoding adds to the scores"),
+        (forward.device != "cpu", f"its kernel is the CPU's, not {forward.device}'s"),
+        (forward.grad, "gradients are wanted"),
+        (forward.observed or forward.dropout, "a diagnostic reads the probabilities, or dropout"),
+        (not pass_merge.available(), "this torch has no fused CPU kernel that returns the log-sum-exp"),
+    ]
+    return next((reason for failed, reason in checks if failed), None)
+
+
 def why_not_flex_on_cuda(encoding: Any, forward: Forward) -> str | None:
     """The rules on CUDA once runtime.flex_cuda is on. FlexAttention has a backward there and Triton kernels for
     bf16, and its block mask skips the keys outside a window, so training, bf16, batches and a layer's window take
@@ -125,7 +141,10 @@ def choose(encoding: Any, forward: Forward, consecutive: Callable[[], bool] = la
     positions are consecutive and the keys the queries (FlexAttention indexes its bias table by i - j); it is asked
     only when everything else allows FlexAttention."""
     if forward.passes:
-        return Path(EXPLICIT, "an attention method encodes positions per pass at score time")
+        blocked = why_not_merged(encoding, forward)
+        if blocked is None:
+            return Path(MERGED, "an attention method's passes, each through the fused kernel, merged by log-sum-exp")
+        return Path(EXPLICIT, f"an attention method encodes positions per pass at score time; not merged: {blocked}")
     if encoding.attention == FUSED and not (forward.window or forward.observed or forward.visibility):
         return Path(SDPA, "no score bias and no window: the fused kernel")
     blocked = why_not_flex(encoding, forward)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from model.attention_path import EXPLICIT, FLEX, SDPA, SDPA_MASK, Forward, Path, choose, describe
+from model.attention_path import EXPLICIT, FLEX, MERGED, SDPA, SDPA_MASK, Forward, Path, choose, describe
 from model.encodings import POSITION_ENCODINGS
 from model.runtime import RuntimeConfig, configure_runtime
 from model.transformer import Transformer
@@ -68,7 +68,10 @@ def test_each_rule_decides_and_says_why():
     assert choose(alibi, forward(queries=256, keys=256)).kind == SDPA_MASK
     assert choose(alibi, forward(device="cuda")).kind == SDPA_MASK
     assert choose(alibi, forward(observed=True)).kind == EXPLICIT
-    assert choose(rope, forward(passes=True, methods=True)).kind == EXPLICIT
+    assert choose(rope, forward(passes=True, methods=True)).kind == MERGED
+    assert choose(rope, forward(passes=True, methods=True, grad=True)).reason.endswith("gradients are wanted")
+    assert choose(rope, forward(passes=True, methods=True, device="cuda")).kind == EXPLICIT
+    assert choose(rope, forward(passes=True, methods=True, observed=True)).kind == EXPLICIT
     assert choose(rope, forward(window=8)).kind == SDPA_MASK  # a window: chunks, even without a bias
     assert choose(rope, forward(visibility=True, methods=True)).kind == SDPA_MASK
     assert choose(rope, forward()).kind == SDPA

@@ -3,9 +3,11 @@ import json
 import math
 import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from eval.extrapolation import CheckpointEvaluation
 from eval.stats import Estimate
@@ -523,3 +525,23 @@ def test_findings_give_the_absolute_encodings_1x_gap_and_check_the_papers_order_
             "(+0.650, difference -0.300 [-0.300, -0.300]): reversed; t5 (+0.650) > alibi (+0.000, difference +0.650 "
             "[+0.521, +0.779]): agrees.") in text
 
+
+
+def test_an_encodings_own_learning_rate_reaches_its_optimizer_groups_and_no_other(prepared_data, tmp_path):
+    from experiments.compare.config import load_compare_config
+    from model import Transformer
+    from train.loop import build_optimizer
+
+    compare, shared, _ = load_compare_config(ROOT / "configs" / "compare.toml", "quick", [
+        *MICRO, "--train.max_steps=4", "--train.warmup_steps=2", "--train.log_interval=1", "--train.eval_interval=4",
+        f"--compare.out={tmp_path}", "--compare.train_settings={alibi = {lr = 0.0125}}"])
+    rates = {}
+    for encoding in ("alibi", "rope"):
+        config = running.variant_config(shared, encoding, 1, prepared_data, compare)
+        groups = build_optimizer(Transformer(config.model), config, torch.device("cpu")).param_groups
+        assert len(groups) >= 2 and {group["lr"] for group in groups} == {config.train.lr}
+        assert running.train_variant(config) == "trained"
+        logged = [json.loads(line) for line in (Path(config.out.dir) / "metrics.jsonl").read_text().splitlines()]
+        rates[encoding] = max(record["lr"] for record in logged if "lr" in record)  # the peak, after warm-up
+    assert rates["alibi"] == pytest.approx(0.0125)
+    assert rates["rope"] == pytest.approx(shared["train"]["lr"])  # the shared rate, untouched

@@ -1,0 +1,90 @@
+"""The merged path of an attention method's passes (model/pass_merge.py) against a loop of its definition and
+against the explicit steps, which stay the reference."""
+
+import pytest
+import torch
+
+from model import Transformer
+from model.attention_path import EXPLICIT, MERGED
+from model.pass_merge import key_parts, merged_attention, owned_pairs
+from tests.conftest import micro_config
+
+
+def test_the_last_pass_whose_selection_holds_owns_a_pair_and_the_first_owns_the_rest():
+    first_select = torch.tensor([[True, True, False, False]])
+    last_select = torch.tensor([[True, False, True, False]])
+    visible = torch.tensor([[True, True, True, False]])
+    first, middle, last = owned_pairs([None, first_select, last_select], visible)
+    assert last.tolist() == [[True, False, True, False]]
+    assert middle.tolist() == [[False, True, False, False]]
+    assert first.tolist() == [[False, False, False, False]]  # the fourth key is not visible
+
+
+def test_merging_partial_softmaxes_equals_one_softmax_over_the_chosen_scores():
+    batch, heads, rows, keys, dim, scale = 2, 3, 6, 9, 8, 0.35
+    queries = [torch.randn(batch, heads, rows, dim) for _ in range(3)]
+    keys_by_pass = [torch.randn(batch, heads, keys, dim) for _ in range(3)]
+    values = torch.randn(batch, heads, keys, dim)
+    owner = torch.randint(0, 3, (batch, 1, rows, keys))
+    owner[0, 0, 2] = 0  # a row that owns keys in the first pass only: the others have no weight there
+    owned = [owner == p for p in range(3)]
+    got = merged_attention(queries, keys_by_pass, values, owned, scale)
+    expected = torch.zeros(batch, heads, rows, dim)
+    for b in range(batch):
+        for h in range(heads):
+            for i in range(rows):
+                scores = torch.stack([queries[owner[b, 0, i, j]][b, h, i] @ keys_by_pass[owner[b, 0, i, j]][b, h, j]
+                                      for j in range(keys)]) * scale
+                expected[b, h, i] = scores.softmax(0) @ values[b, h]
+    assert (got - expected).abs().max() < 1e-5
+
+
+METHODS = [
+    [{"method": "rerope", "window": 5}],
+    [{"method": "rerope", "window": 5}, {"method": "logn"}],
+    [{"method": "leaky_rerope", "window": 5, "k": 4.0}],
+    [{"method": "selfextend", "neighbors": 6, "group": 3}],
+    [{"method": "sinks", "sinks": 2, "window": 6}],
+]
+
+
+CASES = [(position, methods) for position in ("rope", "xpos") for methods in METHODS] + [
+    ("pope", [{"method": "sinks", "sinks": 2, "window": 6}]),  # queries and keys wider than the values
+]
+
+
+@pytest.mark.parametrize("position, methods", CASES,
+                         ids=[f"{p}-" + "+".join(m["method"] for m in methods) for p, methods in CASES])
+def test_a_no_grad_forward_takes_the_merged_path_and_equals_the_explicit_steps(methods, position):
+    model = Transformer(micro_config(position=position, max_seq_len=8, n_kv_heads=2,
+                                     attention_methods=methods)).eval()
+    idx = torch.randint(0, 97, (2, 40))
+    with torch.no_grad():
+        merged = model(idx)[0]
+    assert {layer.attention.last_path.kind for layer in model.layers} == {MERGED}
+    with torch.enable_grad():  # gradients wanted: the explicit steps
+        explicit = model(idx)[0]
+    assert {layer.attention.last_path.kind for layer in model.layers} == {EXPLICIT}
+    assert (merged - explicit.detach()).abs().max() < 2e-5
+
+
+def test_in_bfloat16_the_merged_path_stays_near_the_float32_explicit_steps():
+    model = Transformer(micro_config(max_seq_len=8, attention_methods=[{"method": "selfextend", "neighbors": 6,
+                                                                        "group": 3}])).eval()
+    idx = torch.randint(0, 97, (1, 64))
+    with torch.enable_grad():
+        reference = model(idx)[0].detach().log_softmax(-1)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        merged = model(idx)[0].float().log_softmax(-1)
+    assert model.layers[0].attention.last_path.kind == MERGED
+    # bf16 rounding of the projections and of the kernel's inputs: about 1e-2 in the log-probabilities
+    assert (merged - reference).abs().max() < 5e-2
+
+
+def test_a_pass_runs_over_the_keys_every_row_owns_unmasked_and_masks_only_its_edges():
+    rows, keys, window = torch.arange(8, 12)[:, None], torch.arange(16)[None], 4
+    near = ((rows - keys >= 0) & (rows - keys < window))[None, None]  # keys 5..11: partial 5-7, all 8, partial 9-11
+    assert key_parts(near) == [(5, 8, True), (8, 9, False), (9, 12, True)]
+    far = (rows - keys >= window)[None, None]  # keys 0..7: every row owns 0-4
+    assert key_parts(far) == [(0, 5, False), (5, 8, True)]
+    assert key_parts(torch.zeros(1, 1, 4, 16, dtype=torch.bool)) == []
