@@ -190,7 +190,7 @@ def test_the_gguf_parts_fill_the_calls_room_and_reassemble_to_the_checked_file(t
         gs.smollm2(session)
 
 
-def test_without_carried_data_or_model_the_steps_say_what_to_carry(tmp_path):
+def test_without_carried_data_or_model_the_steps_say_what_to_carry(tmp_path, monkeypatch):
     session = gs.Session(tmp_path / "out", tmp_path / "work", tmp_path / "carry", dry=True)
     session.step = "preset"
     with pytest.raises(gs.StepSkipped, match="make gpu-carry"):
@@ -198,6 +198,7 @@ def test_without_carried_data_or_model_the_steps_say_what_to_carry(tmp_path):
     session.step = "sweep"
     with pytest.raises(gs.StepSkipped, match="make gpu-carry.*quick_data"):
         gs.sweep(session)
+    monkeypatch.setattr(gs, "ROOT", tmp_path)  # not this checkout's runs/smollm2, if it has imported one
     with pytest.raises(gs.StepSkipped, match="over the 64 MiB a call carries"):
         gs.smollm2(session)
     assert gs.main(["nosuchstep", "--dry-run"]) == 2  # one line naming the steps
