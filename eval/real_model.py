@@ -325,25 +325,34 @@ def report_markdown(rows: list[dict], passkey: list[dict], meta: dict[str, Any])
 
 
 def plot(runner: Runner, path: Path) -> None:
-    """Mean NLL in bins of L / 8 positions, one line per scored (method, length) cell (mean over its windows), one
-    panel per text; dotted lines at L and 2L. Dynamic NTK's tails are left out (they are in the tables)."""
+    """Mean NLL in bins of L / 8 positions, one line per scored (method, length) cell, one panel per text; the mean
+    over the windows every plotted cell of the text has (a method's colour, a length's line style); dotted lines at
+    L and 2L. Dynamic NTK's tails are left out (they are in the tables)."""
     cells = [cell for cell in runner.cells() if not method_spec(cell.method).incremental]
     texts = list(dict.fromkeys(cell.text for cell in cells))
     figure, axes = figures.new(columns=len(texts), width=6.5 * len(texts), height=4.8)
     axes = np.atleast_1d(axes)
     width = max(1, runner.trained // 8)
+    styles = {4: "-", 2: "--", 1: ":"}
     for axis, text in zip(axes, texts):
-        for method, length in dict.fromkeys((cell.method, cell.length) for cell in cells if cell.text == text):
+        lines = list(dict.fromkeys((cell.method, cell.length) for cell in cells if cell.text == text))
+        common = set.intersection(*({cell.window for cell in cells if (cell.text, cell.method, cell.length) ==
+                                     (text, method, length)} for method, length in lines))
+        for method, length in lines:
             losses = [np.load(runner.path(cell))["losses"] for cell in cells
-                      if (cell.text, cell.method, cell.length) == (text, method, length)]
+                      if (cell.text, cell.method, cell.length) == (text, method, length)
+                      and (cell.window in common or not common)]
             bins = np.mean([part[: length // width * width].reshape(-1, width).mean(axis=1) for part in losses], axis=0)
-            axis.plot((np.arange(len(bins)) + 0.5) * width / 1024, bins, linestyle=figures.method_style(method),
-                      label=f"{method} ({length / runner.trained:g}x)")
+            multiple = length / runner.trained
+            axis.plot((np.arange(len(bins)) + 0.5) * width / 1024, bins, color=figures.method_colour(method),
+                      linestyle=styles.get(round(multiple), "-."), label=f"{method} ({multiple:g}x)")
         for multiple in (1, 2):
             axis.axvline(multiple * runner.trained / 1024, color="grey", linestyle=":", linewidth=1)
         axis.set_xlabel(f"position (thousands of tokens; bins of {width:,})")
         axis.set_ylabel("mean NLL (nats)")
-        axis.set_title(text)
+        shown = sorted(common) if common else "each line's own"
+        axis.set_title(f"{text} (windows {shown})" if common and len(common) > 1 or not common
+                       else f"{text} (window {shown[0]})")
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize=7)
     figures.save(figure, path)
@@ -427,6 +436,16 @@ def cell_costs(runner: Runner) -> tuple[float, float]:
     return seconds, peak
 
 
+def attention_paths(runner: Runner) -> str:
+    """Each method's attention path as its cells recorded it, e.g. "none: sdpa; selfextend: merged"."""
+    kinds: dict[str, set[str]] = {}
+    for cell in runner.cells():
+        with np.load(runner.path(cell)) as data:
+            recorded = json.loads(str(data["paths"])) if "paths" in data else {}
+        kinds.setdefault(cell.method, set()).update(path.split(":")[0] for path in recorded.values())
+    return "; ".join(f"{method}: {', '.join(sorted(found))}" for method, found in kinds.items() if found)
+
+
 def write_outputs(runner: Runner, passkey: list[dict], args: argparse.Namespace, texts: dict[str, np.ndarray]) -> None:
     cells = runner.cells()
     longest = runner.longest()
@@ -445,13 +464,15 @@ def write_outputs(runner: Runner, passkey: list[dict], args: argparse.Namespace,
                       "its rows are the position buckets within it. Dynamic NTK: token by token through the KV cache "
                       f"on the last {runner.tail} positions before 2L and 4L, after a prefill of the rest; the tail "
                       "table sets every method's numbers on those same positions beside it. Intervals: Student's t "
-                      "95% over windows; a row with one window has none."),
+                      "95% over windows; a row with one window has none. Attention path of each method's cells "
+                      f"(docs/internals.md): {attention_paths(runner) or 'not recorded'}."),
             "parity": json.loads(parity.read_text())["table"] if parity.exists() else "",
             "cost": (f"Machine: {machine()}. Cells and passkey rows: {cell_seconds / 60:.1f} min of compute in all; "
                      f"peak resident memory of any cell {peak:.1f} GiB. Invocations on this cache (end time, wall "
                      "minutes, load average 1/5/15 min at the end: the CPU was shared with other jobs):\n\n" +
                      "\n".join(f"- `{item['command']}`: ended {item['ended']}, {item['minutes']:.1f} min, load "
-                               f"{' / '.join(map(str, item['load_average']))}" for item in invocations))}
+                               f"{' / '.join(map(str, item['load_average'])) or 'not recorded'}"
+                               + (f" ({item['note']})" if item.get("note") else "") for item in invocations))}
     args.out.mkdir(parents=True, exist_ok=True)
     results = {"meta": meta, "machine": machine(), "cell_minutes": cell_seconds / 60, "peak_rss_gib": peak,
                "rows": rows, "passkey": passkey, "invocations": invocations}

@@ -51,6 +51,7 @@ def test_report_rows_intervals_and_resuming(checkpoint, small_text_file, tmp_pat
     assert results["passkey"][0]["length"] == 160 and "seconds" in results["passkey"][0]
     report = (out / "report.md").read_text()
     assert "mean NLL by position bucket" in report and "Passkey retrieval" in report
+    assert "selfextend: merged" in report and "none: sdpa" in report  # each method's attention path, as recorded
     assert (out / "nll_by_position.png").exists()
     stamps = {path: path.stat().st_mtime_ns for path in (out / "cache").rglob("*.npz")}
     assert run(checkpoint, small_text_file, out, *methods) == 0  # a rerun scores nothing again
