@@ -424,33 +424,29 @@ def log_invocation(out: Path, argv: list[str] | None, started: float) -> None:
     path.write_text(json.dumps(log, indent=1))
 
 
-def cell_costs(runner: Runner) -> tuple[float, float]:
-    """(seconds of every cached cell and passkey row, the largest peak RSS any recorded)."""
+def cell_costs(runner: Runner) -> tuple[float, float, str]:
+    """(seconds of every cached cell and passkey row, the largest peak RSS any recorded, each method's attention
+    path as its cells recorded it, e.g. "none: sdpa; selfextend: merged")."""
     seconds, peak = 0.0, 0.0
-    for path in runner.cache.rglob("*.npz"):
+    kinds: dict[str, set[str]] = {}
+    for path in sorted(runner.cache.rglob("*.npz")):
         with np.load(path) as data:
             seconds += float(data["seconds"])
             peak = max(peak, float(data["peak_rss_gib"]))
+            recorded = json.loads(str(data["paths"])) if "paths" in data else {}
+        method = path.stem.rsplit("@", 1)[0]
+        kinds.setdefault(method, set()).update(kind.split(":")[0] for kind in recorded.values())
     for path in (runner.cache / "passkey").glob("*.json"):
         seconds += json.loads(path.read_text())["seconds"]
-    return seconds, peak
-
-
-def attention_paths(runner: Runner) -> str:
-    """Each method's attention path as its cells recorded it, e.g. "none: sdpa; selfextend: merged"."""
-    kinds: dict[str, set[str]] = {}
-    for cell in runner.cells():
-        with np.load(runner.path(cell)) as data:
-            recorded = json.loads(str(data["paths"])) if "paths" in data else {}
-        kinds.setdefault(cell.method, set()).update(path.split(":")[0] for path in recorded.values())
-    return "; ".join(f"{method}: {', '.join(sorted(found))}" for method, found in kinds.items() if found)
+    paths = "; ".join(f"{method}: {', '.join(sorted(found))}" for method, found in sorted(kinds.items()) if found)
+    return seconds, peak, paths
 
 
 def write_outputs(runner: Runner, passkey: list[dict], args: argparse.Namespace, texts: dict[str, np.ndarray]) -> None:
     cells = runner.cells()
     longest = runner.longest()
     rows = summarise(runner, cells, longest)
-    cell_seconds, peak = cell_costs(runner)
+    cell_seconds, peak, paths = cell_costs(runner)
     text_lines = "; ".join(f"{name} ({len(ids):,} tokens{TEXT_NOTES.get(name, ', the file given as --book, read whole')})"
                            for name, ids in texts.items())
     invocations = json.loads((runner.cache / "invocations.json").read_text())
@@ -465,7 +461,7 @@ def write_outputs(runner: Runner, passkey: list[dict], args: argparse.Namespace,
                       f"on the last {runner.tail} positions before 2L and 4L, after a prefill of the rest; the tail "
                       "table sets every method's numbers on those same positions beside it. Intervals: Student's t "
                       "95% over windows; a row with one window has none. Attention path of each method's cells "
-                      f"(docs/internals.md): {attention_paths(runner) or 'not recorded'}."),
+                      f"(docs/internals.md): {paths or 'not recorded'}."),
             "parity": json.loads(parity.read_text())["table"] if parity.exists() else "",
             "cost": (f"Machine: {machine()}. Cells and passkey rows: {cell_seconds / 60:.1f} min of compute in all; "
                      f"peak resident memory of any cell {peak:.1f} GiB. Invocations on this cache (end time, wall "
