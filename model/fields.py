@@ -71,6 +71,21 @@ def parse_override_value(text: str) -> Any:
         return text
 
 
+def set_dotted(values: dict[str, Any], dotted: str, value: Any, where: str) -> None:
+    """values[section][key] = value for dotted = "section.key"; a longer name sets a key of a table
+    ("model.position_args.t5.max_distance"), creating the tables on the way."""
+    section, *names = dotted.split(".")
+    if not names or not all([section, *names]):
+        raise ConfigError(f"{where}: {dotted!r} must look like section.key")
+    table, path = values, ""
+    for name in [section, *names[:-1]]:
+        path = f"{path}.{name}" if path else name
+        table = table.setdefault(name, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where}: [{path}] must be a table of keys, got {table!r}; cannot set {dotted}")
+    table[names[-1]] = value
+
+
 def toml_value(value: Any) -> str:
     """`value` written as TOML (what parse_override_value reads back)."""
     if isinstance(value, bool):

@@ -392,6 +392,42 @@ def test_dape_attention_is_the_papers_formula():
         assert (out - expected).abs().max() < 1e-5, base
 
 
+def test_dape_mlp_bias_clip_feeds_the_mlp_the_bias_at_the_clipped_distance():
+    """With mlp_bias_clip = c the MLP reads the base's bias at min(i - j, c) while the logit keeps the bias at i - j
+    (a loop over query and key); a clip no distance reaches changes nothing, bit for bit."""
+    for base in ("alibi", "kerple"):
+        plain = Transformer(micro_config(position="dape", position_args={"dape": {"base": base}})).eval()
+        clipped = Transformer(micro_config(position="dape", position_args={
+            "dape": {"base": base, "mlp_bias_clip": 3}})).eval()
+        unreached = Transformer(micro_config(position="dape", position_args={
+            "dape": {"base": base, "mlp_bias_clip": 9}})).eval()
+        clipped.load_state_dict(plain.state_dict())
+        unreached.load_state_dict(plain.state_dict())
+        heads, time = plain.config.n_heads, 8
+        positions = torch.arange(time)[None]
+        scores = torch.randn(1, heads, time, time).masked_fill(~torch.ones(time, time, dtype=torch.bool).tril(),
+                                                               float("-inf"))
+        q = torch.zeros(1, heads, time, plain.config.head_dim)
+        with torch.no_grad():
+            state = plain.position.prepare(positions, positions)
+            without = plain.position.score_bias(q, state, 0, slice(0, time), scores=scores)
+            assert torch.equal(unreached.position.score_bias(q, state, 0, slice(0, time), scores=scores), without)
+            got = clipped.position.score_bias(q, state, 0, slice(0, time), scores=scores)
+            bias = plain.position.base.score_bias(q, state, 0, slice(0, time))[0]  # (heads, time, time)
+            mlp = plain.position.mlps["0"]
+            for i in range(time):
+                for j in range(i + 1):
+                    read = bias[:, i, max(j, i - 3)]  # the bias at distance min(i - j, 3)
+                    expected = bias[:, i, j] + mlp(torch.cat((scores[0, :, i, j], read)))
+                    assert (got[0, :, i, j] - expected).abs().max() < 1e-5, (base, i, j)
+            assert not torch.allclose(got[0, :, 7, 0], without[0, :, 7, 0])
+
+
+def test_dape_refuses_a_negative_mlp_bias_clip():
+    with pytest.raises(ConfigError, match="mlp_bias_clip must be >= 0"):
+        Transformer(micro_config(position="dape", position_args={"dape": {"mlp_bias_clip": -1}}))
+
+
 def test_ssmax_starts_as_softmax_at_the_trained_length():
     model = Transformer(micro_config(position="ssmax", max_seq_len=32))
     assert torch.allclose(model.position.s * math.log(32), torch.ones_like(model.position.s))

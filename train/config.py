@@ -13,7 +13,7 @@ from typing import Any
 
 from errors import ConfigError
 from model.config import ModelConfig
-from model.fields import build_dataclass, check_field_types, parse_override_value, toml_value
+from model.fields import build_dataclass, check_field_types, parse_override_value, set_dotted, toml_value
 from model.plugins import legacy_keys
 from model.runtime import RuntimeConfig
 from train.args import check_names, check_override, read_toml
@@ -126,21 +126,6 @@ class RunConfig:
 SECTIONS = {field.name: field.type for field in dataclasses.fields(RunConfig)}
 SECTION_CLASSES = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "out": OutConfig,
                    "runtime": RuntimeConfig}
-
-
-def set_dotted(values: dict[str, Any], dotted: str, value: Any, where: str) -> None:
-    """values[section][key] = value for dotted = "section.key"; a longer name sets a key of a table
-    ("model.position_args.t5.max_distance"), creating the tables on the way."""
-    section, *names = dotted.split(".")
-    if not names or not all([section, *names]):
-        raise ConfigError(f"{where}: {dotted!r} must look like section.key")
-    table, path = values, ""
-    for name in [section, *names[:-1]]:
-        path = f"{path}.{name}" if path else name
-        table = table.setdefault(name, {})
-        if not isinstance(table, dict):
-            raise ConfigError(f"{where}: [{path}] must be a table of keys, got {table!r}; cannot set {dotted}")
-    table[names[-1]] = value
 
 
 def apply_overrides(values: dict[str, dict[str, Any]], overrides: list[str]) -> None:

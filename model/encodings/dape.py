@@ -7,6 +7,12 @@ LeakyReLU, so the bias each head adds is rewritten from all heads' logits and bi
 (chuanyang-Zheng/DAPE, DAPE.py: AliBi_DAPE and ParallelKerpleLog_DAPE, which read the logits before the causal mask
 and keep torch's default initialisation of the MLP); here logits of keys a query does not see enter the MLP as 0
 (their bias is masked either way) and the MLP runs in float32.
+
+`mlp_bias_clip` (0: off) feeds the MLP the base's bias at distance min(|i - j|, clip) instead of at |i - j|, while
+the bias added to the logit stays the base's own. Both bases are non-increasing in distance, so this is the
+element-wise maximum of the bias and its value at the clip. With the clip at L - 1 training is unchanged (no distance
+within L exceeds it), and past L the MLP only ever sees bias values it met in training: a test of whether the MLP's
+extrapolation over bias values it never saw is what changes DAPE's behaviour past L.
 """
 from __future__ import annotations
 
@@ -30,12 +36,16 @@ BASES = ("alibi", "kerple")  # the reference's bias encodings
 class DAPESettings(EncodingSettings):
     base: str = "alibi"  # the bias the MLP adapts: alibi or kerple
     mlp_width: int = 32  # the MLP's hidden width (the reference's default)
+    mlp_bias_clip: int = 0  # 0: off; else the MLP reads the base's bias at distance min(|i - j|, this)
 
     def check(self, config: "ModelConfig", where: str) -> None:
         if self.base not in BASES:
             raise ConfigError(f"{where}.base must be one of {list(BASES)}, got {self.base!r}")
         if self.mlp_width < 1:
             raise ConfigError(f"{where}.mlp_width must be >= 1, got {self.mlp_width}")
+        if self.mlp_bias_clip < 0:
+            raise ConfigError(f"{where}.mlp_bias_clip must be >= 0 (0: off; a distance in tokens, e.g. "
+                              f"max_seq_len - 1), got {self.mlp_bias_clip}")
 
 
 @register_encoding("dape")
@@ -80,6 +90,13 @@ class DAPE(PositionEncoding):
             base = self.base.score_bias(q, state, layer, rows, keys).float()  # (batch|1, heads, rows, keys)
             logits = scores.float().masked_fill(~torch.isfinite(scores), 0.0)
             mlp = self.mlps[str(layer)]
-            features = torch.cat((logits, base.expand_as(logits)), dim=1).permute(0, 2, 3, 1)
+            seen = base if not self.settings.mlp_bias_clip else torch.maximum(base, self._bias_at_clip(q, layer))
+            features = torch.cat((logits, seen.expand_as(logits)), dim=1).permute(0, 2, 3, 1)
             adapted = mlp(features.to(mlp[0].weight.dtype)).float().permute(0, 3, 1, 2)
         return base + adapted
+
+    def _bias_at_clip(self, q: torch.Tensor, layer: int) -> torch.Tensor:
+        """The base's bias at distance mlp_bias_clip, (1, heads, 1, 1)."""
+        clip = Positions(queries=torch.tensor([[self.settings.mlp_bias_clip]], device=q.device),
+                         keys=torch.zeros(1, 1, dtype=torch.long, device=q.device))
+        return self.base.score_bias(q, clip, layer, slice(0, 1)).float()

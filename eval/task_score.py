@@ -1,0 +1,105 @@
+"""Score trained checkpoints on a synthetic task at multiples of their trained length, optionally with model
+settings changed for the evaluation only.
+
+    python -m eval.task_score --task copy --checkpoint runs/tasks/runs/copy/dape/seed1 --multiples 1,2
+    python -m eval.task_score --task copy --checkpoint A,B,C --multiples 1,2 --model.position_args.dape.mlp_bias_clip=20
+
+A model setting given as --model.KEY=VALUE replaces the checkpoint's for this scoring: an evaluation-time option
+(dape's mlp_bias_clip, random_positions_draw, an attention method's parameters) answers a question about a trained
+model without training it again. A setting that changes the weights' shapes is refused when the weights are loaded.
+The sequences are those experiments.tasks scores (eval/task_generators.py, the evaluation seed), so the scores of an
+unchanged checkpoint equal the suite's.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from commands import comma_list, command_parser
+from errors import ConfigError
+from eval.stats import t_interval
+from eval.task_generators import TASKS, evaluate, get_task
+from model.checkpoint import load_config, load_weights_into, trained_length
+from model.config import ModelConfig
+from model.fields import parse_override_value, set_dotted
+from model.transformer import Transformer
+
+
+def configured(folder: str, overrides: list[str]) -> ModelConfig:
+    """The checkpoint's model config with each --model.KEY=VALUE of `overrides` set."""
+    values = {"model": dataclasses.asdict(load_config(folder))}
+    for override in overrides:
+        if not override.startswith("--model.") or "=" not in override:
+            raise ConfigError(f"unexpected argument {override!r}: a setting to change looks like --model.key=value")
+        dotted, text = override[2:].split("=", 1)
+        set_dotted(values, dotted, parse_override_value(text), f"override {override!r}")
+    return ModelConfig.from_dict(values["model"])
+
+
+def score_checkpoints(task_name: str, folders: list[str], multiples: list[int], count: int,
+                      overrides: list[str]) -> dict[str, dict[str, dict[str, float]]]:
+    """{checkpoint: {"Nx": {"exact_match", "token_accuracy"}}} for each checkpoint at each multiple of its
+    trained length."""
+    task = get_task(task_name)
+    scores = {}
+    for folder in folders:
+        source = f"{folder}'s model config with {' '.join(overrides)}" if overrides else "the model config"
+        model = load_weights_into(Transformer(configured(folder, overrides)), folder, source)
+        length = trained_length(folder)
+        with torch.no_grad():
+            scores[folder] = {f"{multiple}x": evaluate(model, task, multiple * length, count)
+                              for multiple in multiples}
+    return scores
+
+
+def table(scores: dict[str, dict[str, dict[str, float]]], multiples: list[int]) -> list[str]:
+    """Token accuracy / exact match per checkpoint and multiple, then the mean [95% t interval] over checkpoints."""
+    columns = [f"{multiple}x" for multiple in multiples]
+    lines = ["| checkpoint | " + " | ".join(f"{column} token accuracy / exact match" for column in columns) + " |",
+             "|---|" + "---:|" * len(columns)]
+    for folder, row in scores.items():
+        lines.append(f"| {folder} | " + " | ".join(
+            f"{row[column]['token_accuracy']:.3f} / {row[column]['exact_match']:.3f}" for column in columns) + " |")
+    if len(scores) > 1:
+        cells = [" / ".join(t_interval([row[column][metric] for row in scores.values()]).format(3)
+                            for metric in ("token_accuracy", "exact_match")) for column in columns]
+        lines.append("| mean [95% t interval] | " + " | ".join(cells) + " |")
+    return lines
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = command_parser("eval.task_score", __doc__)
+    parser.add_argument("--task", required=True, help=f"the task the checkpoints were trained on, from {sorted(TASKS)}")
+    parser.add_argument("--checkpoint", required=True, metavar="DIRS",
+                        help="comma-separated checkpoints (e.g. one per seed: the table adds their mean)")
+    parser.add_argument("--multiples", default="1,2", help="evaluation lengths as multiples of each checkpoint's "
+                        "trained length")
+    parser.add_argument("--count", type=int, default=256, help="evaluation sequences per length")
+    parser.add_argument("--json", metavar="FILE", type=Path, help="also write the scores as JSON")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, overrides = build_parser().parse_known_args(argv)
+    try:
+        multiples = [int(multiple) for multiple in comma_list(args.multiples)]
+    except ValueError as error:
+        raise ConfigError(f"--multiples are comma-separated integers ({error})") from error
+    if not multiples or min(multiples) < 1 or args.count < 1:
+        raise ConfigError("--multiples need values >= 1 and --count >= 1")
+    folders = comma_list(args.checkpoint)
+    scores = score_checkpoints(args.task, folders, multiples, args.count, overrides)
+    print("\n".join(table(scores, multiples)))
+    if args.json:
+        args.json.write_text(json.dumps({"task": args.task, "overrides": overrides, "count": args.count,
+                                         "scores": scores}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
