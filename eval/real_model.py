@@ -350,9 +350,11 @@ def plot(runner: Runner, path: Path) -> None:
             axis.axvline(multiple * runner.trained / 1024, color="grey", linestyle=":", linewidth=1)
         axis.set_xlabel(f"position (thousands of tokens; bins of {width:,})")
         axis.set_ylabel("mean NLL (nats)")
-        shown = sorted(common) if common else "each line's own"
-        axis.set_title(f"{text} (windows {shown})" if common and len(common) > 1 or not common
-                       else f"{text} (window {shown[0]})")
+        if not common:
+            axis.set_title(f"{text} (each line over its own windows)")
+        else:
+            shown = sorted(common)
+            axis.set_title(f"{text} (windows {shown})" if len(shown) > 1 else f"{text} (window {shown[0]})")
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize=7)
     figures.save(figure, path)

@@ -41,6 +41,12 @@ def configured(folder: str, overrides: list[str]) -> ModelConfig:
     return ModelConfig.from_dict(values["model"])
 
 
+def load_changed(folder: str, overrides: list[str]) -> Transformer:
+    """The checkpoint's weights in a model built from its config with `overrides` set."""
+    source = f"{folder}'s model config with {' '.join(overrides)}" if overrides else "the model config"
+    return load_weights_into(Transformer(configured(folder, overrides)), folder, source)
+
+
 def score_checkpoints(task_name: str, folders: list[str], multiples: list[int], count: int,
                       overrides: list[str]) -> dict[str, dict[str, dict[str, float]]]:
     """{checkpoint: {"Nx": {"exact_match", "token_accuracy"}}} for each checkpoint at each multiple of its
@@ -48,8 +54,7 @@ def score_checkpoints(task_name: str, folders: list[str], multiples: list[int], 
     task = get_task(task_name)
     scores = {}
     for folder in folders:
-        source = f"{folder}'s model config with {' '.join(overrides)}" if overrides else "the model config"
-        model = load_weights_into(Transformer(configured(folder, overrides)), folder, source)
+        model = load_changed(folder, overrides)
         length = trained_length(folder)
         with torch.no_grad():
             scores[folder] = {f"{multiple}x": evaluate(model, task, multiple * length, count)

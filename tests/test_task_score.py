@@ -37,6 +37,12 @@ def test_scores_equal_the_task_evaluation_and_an_override_reaches_the_model(tmp_
     got = task_score.score_checkpoints("copy", [str(tmp_path / "a")], [2], 32,
                                        ["--model.position_args.dape.mlp_bias_clip=3"])
     assert got[str(tmp_path / "a")]["2x"] == expected_clipped
+    # a random model scores 0 either way, so the override is checked on the model it builds: the clipped logits
+    inputs = task.batch(0, 4, 32).inputs
+    changed = task_score.load_changed(str(tmp_path / "a"), ["--model.position_args.dape.mlp_bias_clip=3"]).eval()
+    with torch.no_grad():
+        assert torch.equal(changed(inputs)[0], clipped(inputs)[0])
+        assert not torch.allclose(changed(inputs)[0], model(inputs)[0])
 
 
 def test_the_command_writes_the_table_and_json(tmp_path, capsys):
