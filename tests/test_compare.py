@@ -127,10 +127,10 @@ def test_the_jobs_that_evaluate_the_most_models_start_first():
 def test_a_failed_variant_is_reported_and_the_others_go_on(small_text_file, tmp_path, monkeypatch, capsys):
     real = running.train_variant
 
-    def failing(config):
+    def failing(config, reuse=None):
         if config.model.position == "t5":
             raise RuntimeError("simulated failure")
-        return real(config)
+        return real(config, reuse)
 
     monkeypatch.setattr(running, "train_variant", failing)
     out = tmp_path / "cmp"
@@ -182,6 +182,7 @@ def test_the_newer_encodings_and_named_variants_run_through_compare(small_text_f
     ((EVERY, "--model.position_args.t5.max_distanc=64"), "unknown setting(s) ['max_distanc']"),
     ("--compare.seeds=[1, 1]", "distinct integers"),
     ("--compare.snapshots=[1.5]", "fractions of training"),
+    ('--compare.reuse=["no/such/comparison"]', "compare.reuse: ['no/such/comparison'] are not comparisons'"),
     ((EVERY, "--model.position_args.learned.max_positions=8"), "beyond the learned table of 8 positions"),
 ])
 def test_bad_settings_are_refused_before_anything_trains(small_text_file, tmp_path, capsys, override, message):
@@ -332,7 +333,7 @@ def test_a_rerun_in_which_every_job_fails_keeps_the_previous_report(small_text_f
     assert main(args) == 0
     report = (out / "report.md").read_bytes()
 
-    def failing(config):
+    def failing(config, reuse=None):
         raise RuntimeError("simulated failure")
 
     monkeypatch.setattr(running, "train_variant", failing)
@@ -545,3 +546,30 @@ def test_an_encodings_own_learning_rate_reaches_its_optimizer_groups_and_no_othe
         rates[encoding] = max(record["lr"] for record in logged if "lr" in record)  # the peak, after warm-up
     assert rates["alibi"] == pytest.approx(0.0125)
     assert rates["rope"] == pytest.approx(shared["train"]["lr"])  # the shared rate, untouched
+
+
+def test_a_comparison_copies_the_models_another_trained_with_the_same_settings_and_trains_the_others(
+        small_text_file, tmp_path):
+    """compare.reuse: the same settings on the same data give the same weights (a fresh training in a third folder
+    shows it), so the copy stands for the training; a changed setting is trained, not copied."""
+    first, second, fresh, other = (tmp_path / name for name in ("first", "second", "fresh", "other"))
+    two = ['--compare.encodings=["alibi", "rope"]', "--compare.workers=1"]
+    assert main(arguments(small_text_file, first, *two)) == 0
+    assert main(arguments(small_text_file, second, *two, f'--compare.reuse=["{first}"]')) == 0
+    results = json.loads((second / "results.json").read_text())
+    assert {r["status"] for r in results["status"].values()} == {f"reused (trained in {first})"}
+    assert results["cells"] == json.loads((first / "results.json").read_text())["cells"]
+    copied = second / "runs" / "rope" / "seed1"
+    state = json.loads((copied / "trainer_state.json").read_text())
+    assert state["run_config"]["out"]["dir"] == str(copied)
+    assert state["run_config"]["data"]["dir"] == str(second / "data")
+    assert Path(state["data_folder"]["path"]) == (second / "data").resolve()
+    assert f'dir = "{copied}"' in (copied / "run_config.toml").read_text()
+    assert main(arguments(small_text_file, fresh, '--compare.encodings=["rope"]', "--compare.workers=1")) == 0
+    assert (fresh / "runs" / "rope" / "seed1" / "model.safetensors").read_bytes() == \
+        (first / "runs" / "rope" / "seed1" / "model.safetensors").read_bytes()
+    assert main(arguments(small_text_file, other, *two, "--compare.train_settings={rope = {lr = 0.01}}",
+                          f'--compare.reuse=["{first}"]')) == 0
+    statuses = json.loads((other / "results.json").read_text())["status"]
+    assert statuses["alibi-seed1"]["status"] == f"reused (trained in {first})"
+    assert statuses["rope-seed1"]["status"] == "trained"

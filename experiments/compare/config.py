@@ -58,6 +58,9 @@ class CompareConfig:
     workers: int = 0  # 0: one per usable CPU core (one per GPU on CUDA)
     threads: int = 0  # torch threads per worker; 0: CPU cores / workers
     out: str = "runs/compare"
+    # Other comparisons' output folders whose finished models this one copies instead of training them, where one
+    # was trained with the same settings on byte-identical data (experiments/compare/reuse.py).
+    reuse: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         check_field_types(self, "compare")
@@ -98,6 +101,10 @@ class CompareConfig:
             raise ConfigError("compare.probe_tokens, passkey_trials, task_steps and task_count must be positive")
         if not 0 <= self.task_until <= 1:
             raise ConfigError(f"compare.task_until is an exact match in [0, 1] (0: off), got {self.task_until}")
+        missing = [folder for folder in self.reuse if not isinstance(folder, str) or not (Path(folder) / "runs").is_dir()]
+        if missing:
+            raise ConfigError(f"compare.reuse: {missing} are not comparisons' output folders (each holds runs/); "
+                              "name the compare.out of a comparison that has trained, or leave compare.reuse empty")
         if min(self.workers, self.threads, self.max_documents, self.reference_stride) < 0:
             raise ConfigError("compare.workers, threads, max_documents and reference_stride must be >= 0")
 

@@ -29,6 +29,7 @@ from eval.inference_methods import applies
 from experiments.compare.config import CompareConfig, RunConfigs, run_model
 from experiments.compare.layout import eval_path, record_invocation, run_dir
 from experiments.compare.probes import run_probes
+from experiments.compare.reuse import reuse_trained
 from experiments.jobs import FreeCores, comparable, die_with_parent, job_output, saved_run_config, usable_cores
 from model.checkpoint import WEIGHTS, has_checkpoint, load_model, load_trainer_state, trained_length
 from model.runtime import autocast_dtype, configure_runtime, resolve_device
@@ -118,9 +119,14 @@ def variant_config(shared: dict, encoding: str, seed: int, data_dir: Path, compa
     return build_run_config(values, f"variant {encoding}, seed {seed}")
 
 
-def train_variant(config: RunConfig) -> str:
-    """Train (or skip, or resume) one variant; returns what happened."""
+def train_variant(config: RunConfig, reuse: tuple[list[str], str, int] | None = None) -> str:
+    """Train (or skip, or resume) one variant, or copy it from another comparison (reuse: that comparison's
+    folders, the encoding and the seed; experiments/compare/reuse.py); returns what happened."""
     out = Path(config.out.dir)
+    if reuse is not None and reuse[0]:
+        reused = reuse_trained(config, reuse[1], reuse[2], reuse[0])
+        if reused is not None:
+            return reused
     resume = False
     if has_checkpoint(out):
         state = load_trainer_state(out)
@@ -199,7 +205,7 @@ def run_job(job: Job, log_path: Path | None = None) -> dict[str, Any]:
             configure_runtime(config.runtime)  # the evaluation below too, not just the training
             print(f"=== {job.name} ===", flush=True)
             report_phase(job, "training")
-            result["status"] = train_variant(config)
+            result["status"] = train_variant(config, (compare.reuse, job.encoding, job.seed))
             report_phase(job, "evaluating")
             result["train_s"] = time.perf_counter() - started
             out = Path(config.out.dir)
