@@ -31,7 +31,7 @@ from experiments.compare.config import load_compare_config
 from experiments.compare.layout import invocations, record_invocation
 from experiments.compare.running import prepared_data
 from experiments.jobs import machine_description
-from model.fields import parse_override_value
+from model.fields import parse_override_value, toml_value
 from model.folder_lock import FolderLock
 
 
@@ -125,8 +125,17 @@ def main(argv: list[str] | None = None) -> int:
                           "train.lr")
     out = Path(args.out or f"runs/sweep-{args.preset or 'default'}")
     base = [*overrides, "--compare.lengths=1x", "--compare.methods=[]", "--compare.snapshots=[]"]
-    _, shared, _ = load_compare_config(args.config, args.preset, base)
+    preset_compare, shared, _ = load_compare_config(args.config, args.preset, base)
     section, name = args.key.split(".", 1)
+    if section == "train":  # an encoding's own value of the swept setting would override every swept value
+        kept = {label: {key: value for key, value in settings.items() if key != name}
+                for label, settings in preset_compare.train_settings.items()}
+        if kept != preset_compare.train_settings:
+            own = {label: settings[name] for label, settings in preset_compare.train_settings.items() if name in settings}
+            print(f"note: the sweep sets {args.key} for every encoding, so the preset's own values of it are left "
+                  f"out: {own}", file=sys.stderr)
+            base.append(f"--compare.train_settings={toml_value(kept)}")
+            _, shared, _ = load_compare_config(args.config, args.preset, base)
     own = shared.get(section, {}).get(name)
     default = next((value for value in values if parse_override_value(value) == own), None)
     if default is None:

@@ -559,6 +559,8 @@ def test_a_comparison_copies_the_models_another_trained_with_the_same_settings_a
     results = json.loads((second / "results.json").read_text())
     assert {r["status"] for r in results["status"].values()} == {f"reused (trained in {first})"}
     assert results["cells"] == json.loads((first / "results.json").read_text())["cells"]
+    assert "Reproduce: `python -m experiments.compare" in (second / "report.md").read_text()
+    assert "--compare.reuse" not in (second / "report.md").read_text()  # it changes no number
     copied = second / "runs" / "rope" / "seed1"
     state = json.loads((copied / "trainer_state.json").read_text())
     assert state["run_config"]["out"]["dir"] == str(copied)

@@ -37,7 +37,8 @@ def parser_of(command: str) -> argparse.ArgumentParser:
     package = ROOT.joinpath(*command.split(".")) / "__main__.py"
     return importlib.import_module(f"{command}.__main__" if package.exists() else command).build_parser()
 # Commands whose configs take `--section.key=value` overrides after the flags.
-OVERRIDES = ("train.", "experiments.compare", "experiments.tasks", "experiments.ladder", "eval.task_score")
+OVERRIDES = ("train.", "experiments.compare", "experiments.tasks", "experiments.ladder", "experiments.sweep",
+             "eval.task_score")
 
 
 def doc_pages() -> list[Path]:

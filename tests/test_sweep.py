@@ -23,6 +23,9 @@ def test_micro_sweep_end_to_end(small_text_file, tmp_path):
         assert set(found["loss"]) == {"1e-3", "3e-3"} and found["chosen"] in ("1e-3", "3e-3")
         assert all(set(by_value["seeds"]) == {"1", "2"} for by_value in found["loss"].values())
     runs = json.loads((out / "lr=1e-3" / "results.json").read_text())
+    # the preset's own rate for rope ([compare.train_settings]) would override every swept value: the sweep drops it
+    trained = json.loads((out / "lr=1e-3" / "runs" / "rope" / "seed1" / "trainer_state.json").read_text())
+    assert trained["run_config"]["train"]["lr"] == pytest.approx(1e-3)
     assert runs["settings"]["lengths"] == [16]  # 1x only: the choice never looks at longer lengths
     assert "| encoding | train.lr = 1e-3 | train.lr = 3e-3 (preset) |" in (out / "sweep.md").read_text()
     # the data prepared once, in OUT/data: every value trains and scores the same tokens

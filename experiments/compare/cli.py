@@ -75,7 +75,10 @@ def experiment_arguments(parser: argparse.ArgumentParser, argv: list[str] | None
         raise ConfigError(f"unknown arguments {bad}: {parser.prog} takes the flags of its --help and "
                           "--compare.key=value, --model.key=value, --train.key=value, --runtime.key=value overrides"
                           f"{suggest_options(bad, parser)}")
-    command = " ".join([parser.prog, *map(shlex.quote, (argv if argv is not None else sys.argv[1:]))])
+    # compare.reuse copies models that the settings given would train to the same bytes: it changes no number, so
+    # the command a report gives to reproduce it leaves it out (the folders it names are this machine's).
+    typed = [a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--compare.reuse=")]
+    command = " ".join([parser.prog, *map(shlex.quote, typed)])
     return args, overrides, command
 
 
