@@ -13,10 +13,11 @@ import os
 import shutil
 from pathlib import Path
 
+from errors import DataError
 from experiments.compare.layout import run_dir
 from experiments.jobs import comparable, saved_run_config
 from model.checkpoint import READY, STAGING, TRAINER_STATE, has_checkpoint, load_trainer_state
-from model.data_folder import DATA_FOLDER, data_folder_record
+from model.data_folder import DATA_FOLDER, data_folder_record, training_data_dir
 from train.config import RunConfig, to_toml
 from train.loop import RUN_CONFIG, SNAPSHOTS
 
@@ -57,7 +58,11 @@ def reusable(source: Path, config: RunConfig) -> bool:
         return False
     if comparable(as_trained_here(saved, config)) != comparable(config.to_dict()):
         return False
-    return same_data(Path(saved["data"]["dir"]), Path(config.data.dir))
+    try:
+        trained_on = Path(training_data_dir(source))  # wherever the run is started from
+    except DataError:
+        return False
+    return same_data(trained_on, Path(config.data.dir))
 
 
 def rewrite_state(folder: Path, config: RunConfig, final: Path) -> None:
