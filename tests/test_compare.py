@@ -127,10 +127,10 @@ def test_the_jobs_that_evaluate_the_most_models_start_first():
 def test_a_failed_variant_is_reported_and_the_others_go_on(small_text_file, tmp_path, monkeypatch, capsys):
     real = running.train_variant
 
-    def failing(config, reuse=None):
+    def failing(config):
         if config.model.position == "t5":
             raise RuntimeError("simulated failure")
-        return real(config, reuse)
+        return real(config)
 
     monkeypatch.setattr(running, "train_variant", failing)
     out = tmp_path / "cmp"
@@ -333,7 +333,7 @@ def test_a_rerun_in_which_every_job_fails_keeps_the_previous_report(small_text_f
     assert main(args) == 0
     report = (out / "report.md").read_bytes()
 
-    def failing(config, reuse=None):
+    def failing(config):
         raise RuntimeError("simulated failure")
 
     monkeypatch.setattr(running, "train_variant", failing)

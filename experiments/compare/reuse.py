@@ -7,7 +7,7 @@ chosen rates, for example, become a preset's without training them twice.
 from __future__ import annotations
 
 import copy
-import hashlib
+import filecmp
 import json
 import os
 import shutil
@@ -24,19 +24,11 @@ from train.loop import RUN_CONFIG, SNAPSHOTS
 DATA_FILES = ("train.bin", "val.bin", "tokenizer.json")  # what a prepared folder's tokens and their meaning are
 
 
-def digest(path: Path) -> str:
-    hasher = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            hasher.update(block)
-    return hasher.hexdigest()
-
-
 def same_data(one: Path, other: Path) -> bool:
     """Whether two prepared data folders hold the same tokens, split and tokenizer, byte for byte."""
     if one.resolve() == other.resolve():
         return True
-    return all((one / name).exists() and (other / name).exists() and digest(one / name) == digest(other / name)
+    return all((one / name).exists() and (other / name).exists() and filecmp.cmp(one / name, other / name, shallow=False)
                for name in DATA_FILES)
 
 

@@ -119,14 +119,9 @@ def variant_config(shared: dict, encoding: str, seed: int, data_dir: Path, compa
     return build_run_config(values, f"variant {encoding}, seed {seed}")
 
 
-def train_variant(config: RunConfig, reuse: tuple[list[str], str, int] | None = None) -> str:
-    """Train (or skip, or resume) one variant, or copy it from another comparison (reuse: that comparison's
-    folders, the encoding and the seed; experiments/compare/reuse.py); returns what happened."""
+def train_variant(config: RunConfig) -> str:
+    """Train (or skip, or resume) one variant; returns what happened."""
     out = Path(config.out.dir)
-    if reuse is not None and reuse[0]:
-        reused = reuse_trained(config, reuse[1], reuse[2], reuse[0])
-        if reused is not None:
-            return reused
     resume = False
     if has_checkpoint(out):
         state = load_trainer_state(out)
@@ -205,7 +200,9 @@ def run_job(job: Job, log_path: Path | None = None) -> dict[str, Any]:
             configure_runtime(config.runtime)  # the evaluation below too, not just the training
             print(f"=== {job.name} ===", flush=True)
             report_phase(job, "training")
-            result["status"] = train_variant(config, (compare.reuse, job.encoding, job.seed))
+            # a model another comparison trained with these settings (compare.reuse), else train it here
+            result["status"] = (reuse_trained(config, job.encoding, job.seed, compare.reuse)
+                                or train_variant(config))
             report_phase(job, "evaluating")
             result["train_s"] = time.perf_counter() - started
             out = Path(config.out.dir)
