@@ -27,7 +27,7 @@ from commands import add_checkpoint, add_device, add_out, comma_list, command_pa
 from errors import ConfigError, cli_command
 from eval import figures
 from eval.extrapolation import parse_lengths, resolve_length
-from eval.stats import t_interval
+from eval.stats import bounded_t_interval, t_interval
 from infer.rope_args import add_rope_scaling_args, load_for_inference
 from model.checkpoint import trained_length
 from model.runtime import configure_runtime
@@ -76,7 +76,9 @@ def induction_probe(model: Transformer, ids: np.ndarray, distances: list[int], b
     for distance in distances:
         first, second = copy_losses(model, make_trials(ids, distance, block, trials, seed), block)
         rows.append({"distance": distance, "tokens": distance + block,
-                     "first_copy": t_interval(first).__dict__, "second_copy": t_interval(second).__dict__,
+                     # losses are >= 0: their t intervals over trials cut at 0 (no coverage lost); the gain is signed
+                     "first_copy": bounded_t_interval(first, low=0.0).__dict__,
+                     "second_copy": bounded_t_interval(second, low=0.0).__dict__,
                      "gain": t_interval(first - second).__dict__})
     return rows
 

@@ -22,7 +22,7 @@ import torch
 
 from commands import comma_list, command_parser
 from errors import ConfigError
-from eval.stats import t_interval
+from eval.stats import rate_over_seeds
 from eval.task_generators import TASKS, evaluate, get_task
 from model.checkpoint import load_config, load_weights_into, trained_length
 from model.config import ModelConfig
@@ -62,8 +62,10 @@ def score_checkpoints(task_name: str, folders: list[str], multiples: list[int], 
     return scores
 
 
-def table(scores: dict[str, dict[str, dict[str, float]]], multiples: list[int]) -> list[str]:
-    """Token accuracy / exact match per checkpoint and multiple, then the mean [95% t interval] over checkpoints."""
+def table(scores: dict[str, dict[str, dict[str, float]]], multiples: list[int], count: int | None = None) -> list[str]:
+    """Token accuracy / exact match per checkpoint and multiple, then the mean over checkpoints with a 95% interval
+    inside [0, 1] (eval.stats.rate_over_seeds: exact match, `count` sequences per checkpoint, with the pooled
+    Wilson interval; token accuracy, the t interval cut to [0, 1])."""
     columns = [f"{multiple}x" for multiple in multiples]
     lines = ["| checkpoint | " + " | ".join(f"{column} token accuracy / exact match" for column in columns) + " |",
              "|---|" + "---:|" * len(columns)]
@@ -71,9 +73,10 @@ def table(scores: dict[str, dict[str, dict[str, float]]], multiples: list[int]) 
         lines.append(f"| {folder} | " + " | ".join(
             f"{row[column]['token_accuracy']:.3f} / {row[column]['exact_match']:.3f}" for column in columns) + " |")
     if len(scores) > 1:
-        cells = [" / ".join(t_interval([row[column][metric] for row in scores.values()]).format(3)
+        cells = [" / ".join(rate_over_seeds([row[column][metric] for row in scores.values()],
+                                            count if metric == "exact_match" else None).estimate.format(3)
                             for metric in ("token_accuracy", "exact_match")) for column in columns]
-        lines.append("| mean [95% t interval] | " + " | ".join(cells) + " |")
+        lines.append("| mean [95% interval, inside 0..1] | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -99,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError("--multiples need values >= 1 and --count >= 1")
     folders = comma_list(args.checkpoint)
     scores = score_checkpoints(args.task, folders, multiples, args.count, overrides)
-    print("\n".join(table(scores, multiples)))
+    print("\n".join(table(scores, multiples, args.count)))
     if args.json:
         args.json.write_text(json.dumps({"task": args.task, "overrides": overrides, "count": args.count,
                                          "scores": scores}, indent=1) + "\n")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from commands import add_out, comma_list, command_parser
 from errors import ConfigError, cli_command
-from eval.stats import Estimate, t_interval
+from eval.stats import Estimate, bounded_t_interval, t_interval
 from experiments.compare.cli import experiment_arguments, run_comparison
 from experiments.compare.config import load_compare_config
 from experiments.compare.layout import invocations, record_invocation
@@ -76,7 +76,8 @@ def write_sweep(out: Path, key: str, values: list[str], default: str, losses: di
     record: dict = {"key": key, "values": values, "default": default, "encodings": {}}
     for label in labels:
         by_value = {value: losses[value].get(label, {}) for value in values if value in losses}
-        estimates = {value: t_interval(list(seeds.values())) for value, seeds in by_value.items() if seeds}
+        estimates = {value: bounded_t_interval(list(seeds.values()), low=0.0)  # a loss: its t interval cut at 0
+                     for value, seeds in by_value.items() if seeds}
         cells = [estimates[value].format(3) if value in estimates and estimates[value] else "n/a" for value in values]
         chosen = choose({v: s for v, s in by_value.items() if s}, default) if estimates else None
         if chosen is None:

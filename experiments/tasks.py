@@ -44,7 +44,7 @@ from errors import ConfigError, cli_command
 from eval import figures
 from eval.inference_methods import NONE, applies, check_methods, label
 from eval.retrieval import retrieval_grid
-from eval.stats import Estimate, t_interval
+from eval.stats import Estimate, rate_over_seeds, t_interval
 from eval.task_generators import EVAL_SEED, TASKS, Task, TaskBatch, evaluate, get_task
 from experiments.jobs import comparable, die_with_parent, job_output, saved_run_config, worker_layout
 from model.checkpoint import load_model, load_trainer_state
@@ -234,20 +234,33 @@ class Suite:
 
 
 def estimate_record(values: list[float]) -> dict[str, Any]:
-    """A metric over seeds as results files keep it: mean, t interval, n, and the seeds' own values."""
+    """A signed metric over seeds (a difference) as results files keep it: mean, t interval, n, and the seeds' own
+    values."""
     return {**t_interval(values).__dict__, "values": values}
 
 
-def aggregate_grid(grids: list[dict]) -> dict[str, dict[str, dict]]:
+def rate_record(metric: str, values: list[float], count: int | None, threshold: float | None) -> dict[str, Any]:
+    """A rate over seeds (exact match, token accuracy) as results files keep it: eval.stats.rate_over_seeds, an
+    interval inside [0, 1] (exact match: each seed's rate is a whole number of the `count` sequences scored, so the
+    interval holds both the t interval over seeds and the pooled Wilson interval; token accuracy: the t interval
+    over seeds cut to [0, 1]), the seeds' values and, for exact match, how many reach `threshold`."""
+    exact = metric == "exact_match"
+    return rate_over_seeds(values, count if exact else None, threshold if exact else None).record()
+
+
+def aggregate_grid(grids: list[dict], count: int | None = None,
+                   threshold: float | None = DEFAULT_UNTIL) -> dict[str, dict[str, dict]]:
     """The seeds' retrieval grids (eval/task_generators.py retrieval_grid, in seed order) as one: per cell, each
-    metric of the model ("full") and of its window control ("window") over seeds, and their difference full -
-    window paired by seed ("difference", a t interval on the per-seed differences)."""
+    metric of the model ("full") and of its window control ("window") over seeds (rate_record: `count` sequences
+    per cell, `threshold` for "k of n seeds"), and their difference full - window paired by seed ("difference", a
+    t interval on the per-seed differences)."""
     merged: dict[str, dict[str, dict]] = {}
     for key, cells in grids[0].items():
         for distance, first in cells.items():
             cell_of = [grid[key][distance] for grid in grids]
             merged.setdefault(key, {})[distance] = {"distance": first["distance"], **{
-                part: {metric: estimate_record([c[part][metric] for c in cell_of]) for metric in first["full"]}
+                part: {metric: rate_record(metric, [c[part][metric] for c in cell_of], count, threshold)
+                       for metric in first["full"]}
                 for part in ("full", "window")},
                 "difference": {metric: estimate_record([c["full"][metric] - c["window"][metric] for c in cell_of])
                                for metric in first["full"]}}
@@ -268,6 +281,7 @@ def run_suite(tasks: list[str], encodings: dict[str, dict], seeds: list[int], le
     workers, threads = worker_layout(workers, len(jobs))
     jobs = [dataclasses.replace(job, threads=threads if workers > 1 else 0) for job in jobs]
     finished = run_jobs(jobs, workers, runs / "logs")
+    threshold = until if until else DEFAULT_UNTIL  # a seed "learned" at this exact match
     failed = [f"{r['task']}-{r['encoding']}-seed{r['seed']}: {r['status']}" for r in finished if r["status"] != "ok"]
     if failed:
         print("failed (left out of the results):\n  " + "\n  ".join(failed), file=sys.stderr)
@@ -281,11 +295,13 @@ def run_suite(tasks: list[str], encodings: dict[str, dict], seeds: list[int], le
             if rows:
                 suite.training[task][encoding] = {key: [r[name] for r in done] for key, name in
                                                   (("seeds", "seed"), ("steps", "steps"), ("reached", "reached"))}
-                suite.results[task][encoding] = {key: {metric: estimate_record([row[key][metric] for row in rows])
-                                                       for metric in rows[0][key]} for key in rows[0]}
+                suite.results[task][encoding] = {
+                    key: {metric: rate_record(metric, [row[key][metric] for row in rows], count, threshold)
+                          for metric in rows[0][key]} for key in rows[0]}
             if done and all("grids" in r for r in done):
                 for method in done[0]["grids"]:
-                    suite.grids[task][label(encoding, method)] = aggregate_grid([r["grids"][method] for r in done])
+                    suite.grids[task][label(encoding, method)] = aggregate_grid(
+                        [r["grids"][method] for r in done], min(count, GRID_COUNT), threshold)
         if not suite.grids[task]:
             del suite.grids[task]
     return suite
@@ -296,7 +312,7 @@ def _draw(axis, results: dict[str, Any], task: str, length: int) -> None:
         multiples = [int(key[:-1]) for key in by_length]
         estimates = [by_length[key]["exact_match"] for key in by_length]
         axis.plot(multiples, [e["mean"] for e in estimates], **figures.style(encoding), label=encoding)
-        if all(e["low"] is not None for e in estimates):  # the 95% t interval over seeds, as a band
+        if all(e["low"] is not None for e in estimates):  # the 95% interval (rate_record), as a band
             axis.fill_between(multiples, [min(1.0, max(0.0, e["low"])) for e in estimates],
                               [min(1.0, max(0.0, e["high"])) for e in estimates], color=figures.colour(encoding),
                               alpha=0.15, linewidth=0)
@@ -314,13 +330,37 @@ def plot(results: dict[str, dict[str, Any]], length: int, path: Path) -> Path:
     axes = list(axes) if len(results) > 1 else [axes]
     for axis, (task, by_encoding) in zip(axes, results.items()):
         _draw(axis, by_encoding, task, length)
-    axes[0].set_ylabel("exact match (band: 95% t over seeds)")
+    axes[0].set_ylabel("exact match (band: 95% interval over seeds)")
     return figures.save(figure, path, axes[-1])
 
 
 def estimate(saved: dict[str, Any]) -> Estimate:
     """A saved metric (mean, low, high, n and, since they were kept, the seeds' values) as an Estimate."""
     return Estimate(**{key: saved[key] for key in ("mean", "low", "high", "n")})
+
+
+def rate_cell(saved: dict[str, Any], digits: int = 2) -> str:
+    """A saved rate as a table shows it: 'mean [low, high]', then 'k/n' (the seeds that reach the threshold) where
+    the record counts them (results written before it did: the interval alone)."""
+    text = estimate(saved).format(digits)
+    return text if saved.get("reached") is None else f"{text} {saved['reached']}/{saved['n']}"
+
+
+def rate_caption(records: list[dict[str, Any]]) -> str:
+    """What the intervals and the k/n of `records` (saved rates of one table) are, in words."""
+    methods = {record.get("interval") for record in records}
+    thresholds = {record.get("threshold") for record in records} - {None}
+    if methods == {"seeds and trials"}:
+        words = ("the mean of the seeds' rates [95% interval holding the t interval over seeds, cut to 0..1, and "
+                 "the pooled Wilson interval of the sequences scored]")
+    elif methods == {"t over seeds, clipped to [0, 1]"}:
+        words = "the mean of the seeds' rates [95% t interval over seeds, cut to 0..1]"
+    else:
+        words = "the mean of the seeds' rates [95% interval]"
+    if thresholds:
+        words += (f"; k/n: the seeds whose exact match reaches {min(thresholds):g} (learned at 1x, retrieved past "
+                  "it)")
+    return words
 
 
 def steps_cell(runs: dict[str, Any]) -> str:
@@ -331,9 +371,14 @@ def steps_cell(runs: dict[str, Any]) -> str:
 
 def table(results: dict[str, dict[str, Any]], length: int, seeds: list[int],
           training: dict[str, dict[str, Any]] | None = None) -> str:
-    """Markdown: per task, exact match at each length, mean [95% t interval] over seeds, and each seed's training
-    steps when they are known."""
-    lines = [f"Exact match at each multiple of L = {length}, mean [95% t interval] over seeds {seeds}.", ""]
+    """Markdown: per task, exact match at each length over seeds (rate_cell: the mean [95% interval] and the
+    seeds that reach the stop target), and each seed's training steps when they are known."""
+    records = [row["exact_match"] for by_encoding in results.values() for by_length in by_encoding.values()
+               for row in by_length.values()]
+    if all("interval" in record for record in records):
+        lines = [f"Exact match at each multiple of L = {length} over seeds {seeds}: {rate_caption(records)}.", ""]
+    else:  # results written before rate_record: t intervals over seeds
+        lines = [f"Exact match at each multiple of L = {length}, mean [95% t interval] over seeds {seeds}.", ""]
     for task, by_encoding in results.items():
         if not by_encoding:
             continue
@@ -342,7 +387,7 @@ def table(results: dict[str, dict[str, Any]], length: int, seeds: list[int],
         extra = [" steps (each seed) |"] if steps else []
         lines += [f"| {task} | " + " | ".join(keys) + " |" + "".join(extra), "|---|" + "---|" * (len(keys) + len(extra))]
         for encoding, by_length in by_encoding.items():
-            cells = [estimate(by_length[key]["exact_match"]).format(2) for key in keys]
+            cells = [rate_cell(by_length[key]["exact_match"]) for key in keys]
             if steps:
                 cells.append(steps_cell(steps.get(encoding, {})))
             lines.append(f"| {encoding} | " + " | ".join(cells) + " |")
@@ -355,7 +400,8 @@ def table(results: dict[str, dict[str, Any]], length: int, seeds: list[int],
 
 def grid_table(grids: dict[str, Any], metric: str = "exact_match") -> list[str]:
     """Markdown: the retrieval grid of one task, a row per encoding and a column per (length, answer distance):
-    the model's `metric` [95% t over seeds], then its difference from its window control, paired by seed."""
+    the model's `metric` over seeds [95% interval inside 0..1, rate_record], then its difference from its window
+    control, paired by seed [95% t interval]."""
     if not grids:
         return []
     first = next(iter(grids.values()))

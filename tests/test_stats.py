@@ -2,6 +2,7 @@
 set of rates that a score test at 95% does not reject (found by bisection); the penalty's interval over seeds
 and windows against the t interval it reduces to, and by its coverage in simulated comparisons."""
 import math
+import statistics
 
 import numpy as np
 import pytest
@@ -129,3 +130,84 @@ def test_seeds_and_trials_counts_the_variation_between_training_runs():
         covered["pooled"] += pooled.low <= 0.4 <= pooled.high
     assert covered["seeds_and_trials"] / runs >= 0.93  # 94.4%
     assert covered["pooled"] / runs < 0.6  # 45.8%
+
+
+# Intervals inside the quantity's range (issue 61): hand-made data against independent references.
+
+def test_perplexity_interval_is_the_exponentiated_t_interval_of_the_nll_and_stays_positive():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    from eval.stats import perplexity_interval
+    nll = [4.0, 4.2, 9.0]  # one seed diverges: a t interval on raw perplexity would reach below 0
+    mean, sd = statistics.fmean(nll), statistics.stdev(nll)
+    half = scipy_stats.t.ppf(0.975, 2) * sd / math.sqrt(3)
+    estimate = perplexity_interval(nll)
+    assert estimate.mean == pytest.approx(math.exp(mean))  # the geometric mean of the seeds' perplexities
+    assert estimate.mean == pytest.approx((math.exp(4.0) * math.exp(4.2) * math.exp(9.0)) ** (1 / 3))
+    assert (estimate.low, estimate.high) == pytest.approx((math.exp(mean - half), math.exp(mean + half)), rel=1e-4)
+    raw = t_interval([math.exp(v) for v in nll])
+    assert raw.low < 0 < estimate.low
+    assert perplexity_interval([3.0]).low is None and perplexity_interval([]) is None
+
+
+def test_perplexity_ratio_interval_pairs_by_seed_on_the_log_scale():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    from eval.stats import perplexity_ratio_interval
+    here, base = [5.0, 5.5, 7.0], [4.0, 4.1, 4.2]
+    differences = [1.0, 1.4, 2.8]
+    mean, sd = statistics.fmean(differences), statistics.stdev(differences)
+    half = scipy_stats.t.ppf(0.975, 2) * sd / math.sqrt(3)
+    estimate = perplexity_ratio_interval(here, base)
+    assert estimate.mean == pytest.approx(math.exp(mean))
+    assert (estimate.low, estimate.high) == pytest.approx((math.exp(mean - half), math.exp(mean + half)), rel=1e-4)
+    assert estimate.low > 0
+    assert perplexity_ratio_interval([2.0, 2.0], [2.0, 2.0]).format() == "1.00 [1.00, 1.00]"
+    with pytest.raises(ValueError):
+        perplexity_ratio_interval([1.0], [1.0, 2.0])
+
+
+def test_bounded_t_interval_cuts_the_t_interval_at_the_range():
+    from eval.stats import bounded_t_interval
+    values = [0.0, 0.1, 2.0]
+    plain = t_interval(values)
+    cut = bounded_t_interval(values, low=0.0)
+    assert plain.low < 0 and cut.low == 0.0 and cut.high == plain.high and cut.mean == plain.mean
+    assert bounded_t_interval([0.9, 1.0, 0.5], 0.0, 1.0).high == 1.0
+
+
+def test_rate_over_seeds_counts_learned_seeds_and_stays_in_the_unit_interval():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    from eval.stats import rate_over_seeds, seeds_and_trials
+    values = [0.0, 1.0, 1.0]  # FoX's mqar: one seed learned nothing; the t interval is [-0.77, 2.10]
+    assert t_interval(values).low < 0 and t_interval(values).high > 1
+    rate = rate_over_seeds(values, trials=256, threshold=0.95)
+    assert rate.reached == 2 and rate.n == 3 and rate.method == "seeds and trials"
+    assert rate.estimate == seeds_and_trials([0, 256, 256], [256] * 3)
+    assert 0.0 <= rate.estimate.low and rate.estimate.high <= 1.0
+    assert rate.format() == f"{rate.estimate.format()} 2/3"
+    assert rate.record()["values"] == values and rate.record()["reached"] == 2
+    # every seed at 1: not a point interval, the pooled Wilson interval of 768 of 768 (scipy's binomtest reference)
+    all_right = rate_over_seeds([1.0, 1.0, 1.0], trials=256)
+    wilson = scipy_stats.binomtest(768, 768).proportion_ci(method="wilson")
+    assert all_right.estimate.low == pytest.approx(wilson.low, abs=1e-6) and all_right.estimate.high == 1.0
+    # values that are no whole number of the trials (token accuracy): the t interval cut to [0, 1]
+    clipped = rate_over_seeds([0.1, 0.9, 0.95], trials=256)
+    assert clipped.method == "t over seeds, clipped to [0, 1]" and clipped.estimate.high == 1.0
+    assert rate_over_seeds([]) is None and rate_over_seeds([0.5]).reached is None
+
+
+def test_paired_bootstrap_against_an_exhaustive_enumeration():
+    import itertools
+
+    from eval.stats import paired_bootstrap
+    here, base = [1.0, 2.0, 4.0], [0.0, 0.5, 1.0]
+    differences = [1.0, 1.5, 3.0]
+    estimate = paired_bootstrap(here, base, resamples=20000, seed=3)
+    assert estimate.mean == pytest.approx(statistics.fmean(differences))
+    # all 27 equally likely resamples of 3 pairs: their means' 2.5th and 97.5th percentiles
+    means = sorted(statistics.fmean(pick) for pick in itertools.product(differences, repeat=3))
+    # (the exact distribution's quantiles: 1/27 of it sits on each extreme, more than 2.5%)
+    assert estimate.low == pytest.approx(float(np.percentile(means, 2.5, method="inverted_cdf")), abs=1e-9)
+    assert estimate.high == pytest.approx(float(np.percentile(means, 97.5, method="inverted_cdf")), abs=1e-9)
+    assert min(differences) <= estimate.low and estimate.high <= max(differences)  # narrow at few pairs
+    assert paired_bootstrap(here, base, seed=3) == paired_bootstrap(here, base, seed=3)  # deterministic
+    assert paired_bootstrap([1.0], [0.0]).low is None

@@ -52,7 +52,7 @@ def test_the_command_writes_the_table_and_json(tmp_path, capsys):
     assert task_score.main(["--task", "copy", "--checkpoint", f"{tmp_path / 'a'},{tmp_path / 'b'}",
                             "--multiples", "1,2", "--count", "16", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "mean [95% t interval]" in printed and "2x token accuracy / exact match" in printed
+    assert "mean [95% interval, inside 0..1]" in printed and "2x token accuracy / exact match" in printed
     saved = json.loads(out.read_text())
     assert set(saved["scores"]) == {str(tmp_path / "a"), str(tmp_path / "b")}
 

@@ -10,7 +10,7 @@ import math
 from typing import Callable
 
 from eval.inference_methods import NONE, label
-from eval.stats import Estimate, excludes_zero, separated, t_interval
+from eval.stats import Estimate, excludes_zero, perplexity_ratio_interval, separated
 from experiments.compare.results import Snapshots, Variant
 from model.encodings import POSITION_ENCODINGS
 
@@ -248,9 +248,10 @@ def snapshot_findings(snapshots: Snapshots, budget: int, longest_multiple: float
 
 def paired_change(variant: Variant, baseline: Variant, length: int) -> Estimate | None:
     """Perplexity ratio variant / baseline at `length`, paired by seed (the same trained model under two methods),
-    with a t interval over seeds."""
+    with the t interval over seeds of the NLL differences, exponentiated."""
     here, there = variant.nll.get(length, {}), baseline.nll.get(length, {})
-    return t_interval([math.exp(here[s] - there[s]) for s in here if s in there])
+    seeds = [s for s in here if s in there]
+    return perplexity_ratio_interval([here[s] for s in seeds], [there[s] for s in seeds])
 
 
 def method_findings(variants: dict[str, Variant], lengths: list[int], trained: int) -> list[str]:

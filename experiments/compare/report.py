@@ -1,13 +1,14 @@
 """The comparison's outputs: table.md, the figures, report.md (with the findings of findings.py) and results.json.
 
 Cells (variant x length) come from the cached per-token evaluations (eval/extrapolation.py):
-  perplexity         mean over seeds, Student's t 95% interval over seeds
-  ratio to own 1x    per-seed ratio, t interval (secondary: it mixes context gain, the early-token curse and
-                     positions beyond L)
+  perplexity         exp of the mean NLL over seeds, with the Student's t 95% interval over seeds of the NLL,
+                     exponentiated (eval.stats.perplexity_interval: always > 0)
+  ratio to own 1x    exp of the per-seed NLL difference, its t interval exponentiated (secondary: it mixes context
+                     gain, the early-token curse and positions beyond L)
   penalty            tokens at positions >= L: loss in the k*L window minus loss in the L-window reference, nats;
                      95% Student's t interval over seeds on a standard error that adds the between-seed and the
                      between-window variance (eval.stats.seeds_and_windows); none with one seed
-  probe              L-windows with positions offset by 0, L, 3L, 15L: perplexity, t interval over seeds
+  probe              L-windows with positions offset by 0, L, 3L, 15L: perplexity, as the perplexity cells
 An ordering or a paper's claim is stated only where the 95% intervals do not overlap; otherwise "within noise".
 """
 from __future__ import annotations
@@ -20,16 +21,21 @@ from pathlib import Path
 from data.batches import read_meta
 from eval.extrapolation import CheckpointEvaluation
 from eval.inference_methods import NONE, method_spec
-from eval.stats import t_interval
+from eval.stats import bounded_t_interval
 from experiments.compare.cells import cell, estimate_dict, table
 from experiments.compare.extrapolation_map import map_findings, map_points, map_section, retrieval_tasks
 from experiments.compare.findings import findings, snapshot_findings
 from experiments.compare.layout import eval_path, invocations
 from experiments.compare.plots import write_figures
-from experiments.compare.probes import report_sections
+from experiments.compare.probes import report_sections, text_use
 from experiments.compare.results import ComparisonResults
 from model.transformer import Transformer
 from train.loop import position_group_settings
+
+# How table.md states the perplexity and ratio intervals (experiments/compare/rerender.py reads it too).
+PPL_NOTE = ("Perplexity: exp of the mean NLL over seeds, with the Student's t interval over seeds of the NLL, "
+            "exponentiated (a geometric mean of the seeds' perplexities; the interval stays above 0). Ratios: exp "
+            "of the per-seed NLL difference, its t interval exponentiated.")
 
 
 def wall_time_line(results: ComparisonResults) -> str:
@@ -57,8 +63,8 @@ def tables_markdown(results: ComparisonResults) -> str:
     penalty_lines = table(variants, results.penalty_lengths, [f"{n / trained:g}x" for n in results.penalty_lengths],
                           lambda v, n: cell(v.penalty_estimate(n), 3, signed=True))
     ratio_lines = table(variants, lengths, titles, lambda v, n: cell(v.ratio(n, lengths[0])))
-    interval_note = (f"Each cell: mean over {len(results.compare.seeds)} seed(s) [95% interval]. Perplexity and "
-                     "ratios: Student's t interval over seeds. Penalty: Student's t interval over seeds on a standard "
+    interval_note = (f"Each cell: {len(results.compare.seeds)} seed(s), estimate [95% interval]. {PPL_NOTE} Penalty: "
+                     "Student's t interval over seeds on a standard "
                      "error that adds the between-seed and the between-window variance (the same windows in every "
                      "seed). With one seed there is no interval: one training run says nothing about the next "
                      "(RoPE's penalty at 16x was +0.72 and +1.01 nats for two trainings of one seed that differed "
@@ -81,6 +87,7 @@ def probe_table(results: ComparisonResults) -> list[str]:
 def results_record(results: ComparisonResults) -> dict:
     """results.json: the settings, every job's status, the training summaries and every number of the report."""
     compare, lengths, trained = results.compare, results.lengths, results.trained
+    use = text_use(results)
     cells = []
     for name, variant in results.variants.items():
         for length in lengths:
@@ -112,8 +119,10 @@ def results_record(results: ComparisonResults) -> dict:
         "map": [{"label": point.label, "harm": estimate_dict(point.harm),
                  "text_window": estimate_dict(point.text_window), "verdict": point.verdict,
                  **{key: {task: estimate_dict(value) for task, value in getattr(point, key).items()}
-                    for key in ("use", "control", "difference")}}
-                for point in (map_points(results) if retrieval_tasks(results) else [])]}
+                    for key in ("use", "control", "difference")},
+                 "text_use": estimate_dict(point.text_use),
+                 "reads_back": point.text.reads_back() if point.text else None}
+                for point in (map_points(results, use) if retrieval_tasks(results) or use else [])]}
 
 
 def attention_paths(results: ComparisonResults) -> dict[str, dict]:
@@ -201,7 +210,7 @@ def report_markdown(results: ComparisonResults) -> str:
             optimiser = f"x{settings['lr_scale']:g}, {settings['weight_decay']:g}"
         if summaries:
             speed = [s["tok_per_s"] for s in summaries if s["tok_per_s"]]
-            val = t_interval([s["val_loss"] for s in summaries])
+            val = bounded_t_interval([s["val_loss"] for s in summaries], low=0.0)
             initial = statistics.fmean(s["initial_val_loss"] for s in summaries)
             lines.append(f"| {encoding} | {params[encoding]:,} | {optimiser} | {summaries[0]['tokens']:,} | "
                          f"{statistics.fmean(s['wall_s'] for s in summaries):.0f} s | "
@@ -217,12 +226,12 @@ def report_markdown(results: ComparisonResults) -> str:
               "The penalty isolates the first two for tokens at positions >= L by comparing each with its own loss "
               "under an L-token sliding window: > 0 means the model loses more from the unseen positions than it "
               "gains from the extra context.", "", "![penalty vs length](penalty.png)", "",
-              "![penalty by position](position_loss.png)", "", *map_section(results)]
+              "![penalty by position](position_loss.png)", "", *map_section(results, text_use(results))]
     if probe_lines and len(probe_lines) > 2:
         lines += ["### Position-shift probe", "",
                   "The L-token windows of the 1x cell, scored with all positions offset; the context is unchanged, so "
                   "a relative encoding gives identical numbers and an absolute one shows how it treats positions it "
-                  "never saw (perplexity, mean [95% t interval] over seeds).", "", *probe_lines, ""]
+                  "never saw (perplexity: exp of the mean NLL over seeds [its 95% t interval, exponentiated]).", "", *probe_lines, ""]
     if snapshots:
         lines += ["### Extrapolation against training tokens", "",
                   f"Models kept at fractions of the {max_steps}-step schedule (the learning rate was still high at "
@@ -237,7 +246,7 @@ def report_markdown(results: ComparisonResults) -> str:
     lines += report_sections(results)
     lines += ["## Training curves", "", "![training curves](train_curves.png)", "", "## What this shows", ""]
     lines += findings(variants, lengths, trained, results.probe_offsets)
-    lines += map_findings(map_points(results)) if retrieval_tasks(results) else []
+    lines += map_findings(map_points(results, text_use(results)))
     lines += snapshot_findings(snapshots, max_steps * tokens_per_step, longest / trained)
     lines += ["", "The paper's setting differs (word-level WikiText-103, 247M parameters, L = 512); these are small "
               "models trained for minutes, so sizes of effects do not transfer, and statements above hold only "

@@ -8,7 +8,6 @@ an output folder; experiments/compare/report.py, plots.py and probes.py take it.
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -19,7 +18,7 @@ import numpy as np
 
 from eval.extrapolation import CheckpointEvaluation, resolve_length
 from eval.inference_methods import NONE, applies, label
-from eval.stats import Estimate, seeds_and_windows, t_interval
+from eval.stats import Estimate, perplexity_interval, perplexity_ratio_interval, seeds_and_windows, t_interval
 from experiments.compare.config import CompareConfig, RunConfigs
 from experiments.compare.layout import eval_path
 from model.checkpoint import has_checkpoint, load_trainer_state
@@ -47,11 +46,15 @@ class Variant:
     errors: dict[int, str] = field(default_factory=dict)  # length -> why no number
 
     def ppl(self, length: int) -> Estimate | None:
-        return t_interval([math.exp(v) for v in self.nll.get(length, {}).values()])
+        """Perplexity at `length` over seeds: exp of the mean NLL with the t interval of the NLL, exponentiated."""
+        return perplexity_interval(list(self.nll.get(length, {}).values()))
 
     def ratio(self, length: int, base: int) -> Estimate | None:
+        """Perplexity at `length` over perplexity at `base`, paired by seed: the t interval of the seeds' NLL
+        differences, exponentiated."""
         here, there = self.nll.get(length, {}), self.nll.get(base, {})
-        return t_interval([math.exp(here[s] - there[s]) for s in here if s in there])
+        seeds = [s for s in here if s in there]
+        return perplexity_ratio_interval([here[s] for s in seeds], [there[s] for s in seeds])
 
     def penalty_estimate(self, length: int) -> Estimate | None:
         by_seed = self.penalty.get(length, {})
@@ -71,7 +74,7 @@ class Variant:
         return seeds_and_windows(np.stack([here[seed] - there[seed] for seed in seeds])) if seeds else None
 
     def probe_estimate(self, offset: int) -> Estimate | None:
-        return t_interval([math.exp(v) for v in self.probe.get(offset, {}).values()])
+        return perplexity_interval(list(self.probe.get(offset, {}).values()))
 
 
 def training_summary(run: Path) -> dict[str, Any] | None:
@@ -157,11 +160,11 @@ def collect_snapshots(compare: CompareConfig, configs: RunConfigs, lengths: list
                     if penalty is None:
                         continue
                     windows.append(penalty)
-                    nll_short.append(math.exp(evaluation.nll(method, shortest)))
-                    nll_long.append(math.exp(evaluation.nll(method, longest)))
+                    nll_short.append(evaluation.nll(method, shortest))
+                    nll_long.append(evaluation.nll(method, longest))
                 if windows:
                     rows.append(((step or max_steps) / max_steps, seeds_and_windows(np.stack(windows)),
-                                 t_interval(nll_short), t_interval(nll_long)))
+                                 perplexity_interval(nll_short), perplexity_interval(nll_long)))
             if rows:
                 table[label(encoding, method)] = rows
     return table

@@ -1,0 +1,228 @@
+"""Find intervals in the committed reports that leave the range of the quantity they measure.
+
+    python -m scripts.interval_ranges                  # docs/ and README.md; exit status 1 when one is found
+    python -m scripts.interval_ranges docs/compare_map  # one folder or file
+
+An interval is "MEAN [LOW, HIGH]" in markdown and {"mean", "low", "high"} in a results .json. Its quantity is read
+from where it stands, and only these are checked:
+
+    perplexity, ppl, NLL, loss      LOW < 0 is out of range (a perplexity or a loss is never negative)
+    ratio (of perplexities)         LOW <= 0
+    exact match, accuracy, rate     LOW < 0 or HIGH > 1
+
+In a markdown table the column's header names the quantity, else the table's caption (the nearest heading or line of
+text above it); in prose, the words just before the interval in the same clause; in JSON, the nearest key on the
+path that names one. The scan is conservative: anything that names a signed quantity (a penalty, a difference,
+"minus", "paired", a gain, a change, use, ...) in the same place is never checked, and an interval whose quantity is
+not named is not checked either. tests/test_interval_ranges.py runs it over the repository.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+ROOT = Path(__file__).resolve().parent.parent
+
+NUMBER = r"[+\-\u2212]?\d[\d,]*(?:\.\d+)?"
+INTERVAL = re.compile(rf"(?P<mean>{NUMBER})x?\s*\[(?P<low>{NUMBER})x?,\s*(?P<high>{NUMBER})x?\]")
+
+# Words that make a quantity signed (or not one of ours): never checked where they stand.
+SIGNED = re.compile(r"penalt|differ|minus|paired|\bgain|change|\bvs\b|versus|delta|\u0394|\u2212 |(?<=\s)- (?=\w)|"
+                    r"advantage|effect|slope|\buse\b|\buses\b|benefit|improve|worse|better|cost|excess|drop|shift|"
+                    r"lowest - |against|control|relative to rope|over rope|\bgap\b|full \u2212|plain\b|rise|"
+                    r"correlation|\bcorr\b|log-ratio|log ratio|entropy", re.IGNORECASE)
+KINDS = [  # (kind, pattern), first match wins
+    ("ratio", re.compile(r"ratio|relative to the same variant|relative to its own|relative to own", re.IGNORECASE)),
+    ("positive", re.compile(r"perplexit|\bppl", re.IGNORECASE)),
+    ("unit", re.compile(r"exact match|exact_match|accuracy|success rate|retrieval rate|\brate\b|passkey",
+                        re.IGNORECASE)),
+    ("nonnegative", re.compile(r"\bnll\b|\bloss\b|val loss|held-out loss|cross-entropy", re.IGNORECASE)),
+]
+JSON_KINDS = {"ppl": "positive", "ppl_1x": "positive", "ppl_longest": "positive", "perplexity": "positive",
+              "ratio": "ratio", "exact_match": "unit", "token_accuracy": "unit", "accuracy": "unit", "rate": "unit",
+              "nll": "nonnegative", "loss": "nonnegative", "val_loss": "nonnegative", "first_copy": "nonnegative",
+              "second_copy": "nonnegative"}
+JSON_SIGNED = re.compile(r"differ|penalt|gain|change|paired|minus|use|control|advantage|delta|rise", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Finding:
+    path: str
+    line: int  # 1-based; in JSON, 0 and `where` holds the key path
+    kind: str
+    text: str
+    where: str = ""
+
+    def __str__(self) -> str:
+        place = f"{self.path}:{self.line}" if self.line else f"{self.path} at {self.where}"
+        return f"{place}: {self.kind} interval {self.text} leaves its range"
+
+
+def number(text: str) -> float:
+    return float(text.replace(",", "").replace("\u2212", "-"))
+
+
+def out_of_range(kind: str, low: float, high: float) -> bool:
+    if kind in ("positive", "nonnegative"):
+        return low < 0
+    if kind == "ratio":
+        return low <= 0
+    if kind == "unit":
+        return low < 0 or high > 1
+    return False
+
+
+def kind_of(text: str) -> str | None:
+    """The quantity `text` names, or None where it names none or a signed one."""
+    if SIGNED.search(text):
+        return None
+    for kind, pattern in KINDS:
+        if pattern.search(text):
+            return kind
+    return None
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def _is_table(line: str) -> bool:
+    return line.lstrip().startswith("|")
+
+
+def scan_markdown(text: str, path: str = "<text>") -> list[Finding]:
+    """Every out-of-range interval of a named quantity in markdown `text`."""
+    findings: list[Finding] = []
+    lines = text.splitlines()
+    caption, header, in_code = "", None, False
+    for number_, line in enumerate(lines, 1):
+        if line.lstrip().startswith("```"):
+            in_code = not in_code
+            continue
+        if in_code:
+            continue
+        if _is_table(line):
+            cells = _cells(line)
+            if header is None:
+                header = cells
+                continue
+            if all(re.fullmatch(r":?-+:?", cell) for cell in cells if cell):
+                continue
+            label = cells[0] if cells else ""
+            for column, cell in enumerate(cells[1:], 1):
+                title = header[column] if column < len(header) else ""
+                findings += _check(cell, _column_kind(title, caption, label), path, number_)
+            continue
+        header = None
+        if line.strip():
+            caption = line
+            findings += _scan_prose(line, path, number_)
+    return sorted(set(findings), key=lambda f: (f.path, f.line, f.text))
+
+
+def _column_kind(title: str, caption: str, label: str) -> str | None:
+    """A table cell's quantity: its column's header names it, else the table's caption, else the row's label; a
+    signed word in the first of these that names anything makes it unchecked."""
+    for text in (title, caption, label):
+        if SIGNED.search(text):
+            return None
+        kind = kind_of(text)
+        if kind is not None:
+            return kind
+    return None
+
+
+def _check(cell: str, kind: str | None, path: str, line: int) -> list[Finding]:
+    if kind is None:
+        return []
+    found = []
+    for match in INTERVAL.finditer(cell):
+        if out_of_range(kind, number(match["low"]), number(match["high"])):
+            found.append(Finding(path, line, kind, match.group(0)))
+    return found
+
+
+def _scan_prose(line: str, path: str, number_: int) -> list[Finding]:
+    """Intervals in running text: the words between the previous clause break (or interval) and this one name the
+    quantity."""
+    found, start = [], 0
+    for match in INTERVAL.finditer(line):
+        before = line[start:match.start()]
+        start = match.end()
+        clause = re.split(r"[;:(),.](?!\d)|\bthan\b|\band\b|\bwhile\b", before)[-1]
+        found += _check(match.group(0), kind_of(clause) if len(clause) <= 80 else None, path, number_)
+    return found
+
+
+def _walk(value: Any, keys: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], dict]]:
+    if isinstance(value, dict):
+        if {"mean", "low", "high"} <= value.keys():
+            yield keys, value
+        for key, item in value.items():
+            yield from _walk(item, (*keys, str(key)))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _walk(item, (*keys, str(index)))
+
+
+def scan_json(data: Any, path: str = "<json>") -> list[Finding]:
+    """Every out-of-range {"mean", "low", "high"} of a named quantity in a results file's `data`."""
+    findings = []
+    for keys, estimate in _walk(data, ()):
+        if any(JSON_SIGNED.search(key) for key in keys):
+            continue
+        kind = next((JSON_KINDS[key] for key in reversed(keys) if key in JSON_KINDS), None)
+        low, high = estimate.get("low"), estimate.get("high")
+        if kind is None or not isinstance(low, (int, float)) or not isinstance(high, (int, float)):
+            continue
+        if out_of_range(kind, low, high):
+            findings.append(Finding(path, 0, kind, f"{estimate['mean']:.4g} [{low:.4g}, {high:.4g}]",
+                                    "/".join(keys)))
+    return findings
+
+
+def report_files(paths: list[Path]) -> list[Path]:
+    """The markdown files and results .json files under `paths` (files given by name are taken as they are)."""
+    found = []
+    for path in paths:
+        if path.is_file():
+            found.append(path)
+        else:
+            found += sorted(p for p in path.rglob("*") if p.suffix in (".md", ".json") and p.is_file())
+    return found
+
+
+def scan(paths: list[Path], root: Path = ROOT) -> list[Finding]:
+    findings = []
+    for path in report_files(paths):
+        shown = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".json":
+            findings += scan_json(json.loads(text), shown)
+        else:
+            findings += scan_markdown(text, shown)
+    return findings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scripts.interval_ranges", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="*", type=Path, help="files or folders (default: docs/ and README.md)")
+    args = parser.parse_args(argv)
+    findings = scan(args.paths or [ROOT / "docs", ROOT / "README.md"])
+    for finding in findings:
+        print(finding)
+    kinds = {}
+    for finding in findings:
+        kinds[finding.kind] = kinds.get(finding.kind, 0) + 1
+    print(f"{len(findings)} out-of-range interval(s)" + (f": {kinds}" if kinds else ""))
+    return 1 if findings else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
