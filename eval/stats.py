@@ -13,6 +13,11 @@
                         comparisons)
     excludes_zero       whether an interval lies wholly on one side of 0: the comparison's criterion for stating an
                         order or a difference between two variants, on their difference paired by seed
+    spread              the mean of a (seeds x windows) matrix, or of one model's windows, with its standard error and
+                        degrees of freedom: what the tests below read
+    one_sided_above     "uses": the one-sided 95% lower bound lies above a bound (0)
+    equivalent          "flat" / "no use": the two one-sided tests (TOST, 5% each) put the mean within +-margin
+    verdict             one of the three words those give: the positive word, the null word, or "cannot tell"
     exp_t_interval      exp of the t interval of log-scale values: always > 0
     perplexity_interval perplexity over seeds from their mean NLL: the t interval of the NLL, exponentiated
     perplexity_ratio_interval  a ratio of perplexities paired by seed: the t interval of NLL differences, exponentiated
@@ -33,15 +38,28 @@ T_975 = [12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622
          2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860, 2.0796, 2.0739, 2.0687, 2.0639, 2.0595, 2.0555,
          2.0518, 2.0484, 2.0452, 2.0423]
 Z_975 = 1.959964
+# Student's t 0.95 quantiles (the one-sided 95% bound) for 1..30 degrees of freedom.
+T_95 = [6.3138, 2.9200, 2.3534, 2.1318, 2.0150, 1.9432, 1.8946, 1.8595, 1.8331, 1.8125, 1.7959, 1.7823, 1.7709,
+        1.7613, 1.7531, 1.7459, 1.7396, 1.7341, 1.7291, 1.7247, 1.7207, 1.7171, 1.7139, 1.7109, 1.7081, 1.7056,
+        1.7033, 1.7011, 1.6991, 1.6973]
+Z_95 = 1.644854
 
 
 def t_quantile_975(df: int) -> float:
     """Student's t 0.975 quantile: the table up to 30 degrees of freedom, then the Cornish-Fisher expansion."""
+    return _t_quantile(df, T_975, Z_975)
+
+
+def t_quantile_95(df: int) -> float:
+    """Student's t 0.95 quantile (one-sided 95%), as t_quantile_975."""
+    return _t_quantile(df, T_95, Z_95)
+
+
+def _t_quantile(df: int, table: list[float], z: float) -> float:
     if df < 1:
         raise ValueError(f"degrees of freedom must be >= 1, got {df}")
-    if df <= len(T_975):
-        return T_975[df - 1]
-    z = Z_975
+    if df <= len(table):
+        return table[df - 1]
     return (z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
             + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))
 
@@ -101,15 +119,12 @@ def seeds_and_windows(matrix: np.ndarray) -> Estimate | None:
     matrix = _seed_window_rows(matrix)
     if matrix is None:
         return None
-    seeds, windows = matrix.shape
-    mean = float(matrix.mean())
+    seeds = matrix.shape[0]
     if seeds < 2:
-        return Estimate(mean, None, None, seeds)
-    variance = matrix.mean(axis=1).var(ddof=1) / seeds
-    if windows > 1:
-        variance += matrix.mean(axis=0).var(ddof=1) / windows
-    half = t_quantile_975(seeds - 1) * math.sqrt(variance)
-    return Estimate(mean, mean - half, mean + half, seeds)
+        return Estimate(float(matrix.mean()), None, None, seeds)
+    estimate = spread(matrix)
+    half = t_quantile_975(estimate.df) * estimate.se
+    return Estimate(estimate.mean, estimate.mean - half, estimate.mean + half, seeds)
 
 
 def crossed_bootstrap(matrix: np.ndarray, resamples: int = 2000, seed: int = 0) -> Estimate | None:
@@ -178,6 +193,65 @@ def separated(a: Estimate, b: Estimate) -> bool:
 def excludes_zero(estimate: Estimate | None) -> bool:
     """Whether `estimate` has an interval that lies wholly above or wholly below 0."""
     return estimate is not None and estimate.has_interval and (estimate.low > 0 or estimate.high < 0)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A mean with its standard error and the degrees of freedom of its t quantile."""
+    mean: float
+    se: float
+    df: int
+
+    def bounds_90(self) -> tuple[float, float]:
+        """The two one-sided 95% bounds (together a 90% interval), what both tests below read."""
+        half = t_quantile_95(self.df) * self.se
+        return self.mean - half, self.mean + half
+
+
+def spread(matrix: np.ndarray) -> Spread | None:
+    """The mean of a (seeds, windows) matrix with the standard error of seeds_and_windows and seeds - 1 degrees
+    of freedom; with one seed (one model), over its windows: se = sd(windows) / sqrt(windows), windows - 1 degrees
+    of freedom (text sampling is then the only noise). None when there is too little to tell (one value)."""
+    matrix = _seed_window_rows(np.atleast_2d(np.asarray(matrix, dtype=np.float64)))
+    if matrix is None:
+        return None
+    seeds, windows = matrix.shape
+    mean = float(matrix.mean())
+    if seeds == 1:
+        if windows < 2:
+            return None
+        return Spread(mean, float(matrix[0].std(ddof=1)) / math.sqrt(windows), windows - 1)
+    variance = matrix.mean(axis=1).var(ddof=1) / seeds
+    if windows > 1:
+        variance += matrix.mean(axis=0).var(ddof=1) / windows
+    return Spread(mean, math.sqrt(variance), seeds - 1)
+
+
+def one_sided_above(estimate: Spread | None, bound: float = 0.0) -> bool:
+    """The one-sided test at 5%: the lower 95% bound of the mean lies above `bound`."""
+    return estimate is not None and estimate.bounds_90()[0] > bound
+
+
+def equivalent(estimate: Spread | None, margin: float) -> bool:
+    """The equivalence test (two one-sided tests at 5% each, TOST): the mean lies within +-margin, i.e. the 90%
+    interval is inside (-margin, margin)."""
+    if estimate is None:
+        return False
+    if margin <= 0:
+        raise ValueError(f"an equivalence margin must be positive, got {margin}")
+    low, high = estimate.bounds_90()
+    return -margin < low and high < margin
+
+
+def verdict(estimate: Spread | None, margin: float, positive: str = "uses", null: str = "none") -> str:
+    """`positive` when the mean is shown above 0 (one-sided test), `null` when it is shown within +-margin
+    (equivalence test), otherwise "cannot tell". A mean can pass both (above 0 and below the margin): it is then
+    the positive word, since a margin states what is too small to matter, not what is absent."""
+    if one_sided_above(estimate):
+        return positive
+    if equivalent(estimate, margin):
+        return null
+    return "cannot tell"
 
 
 # Intervals that stay inside the range of what they measure (issue 61). A t interval on a raw perplexity, on a

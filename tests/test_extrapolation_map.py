@@ -5,6 +5,7 @@ import json
 
 from eval.stats import Estimate
 from experiments.compare.extrapolation_map import MapPoint, map_findings, map_points, map_section
+from experiments.compare.use import UseSummary
 from tests.test_compare_report import load_state
 
 
@@ -61,4 +62,42 @@ def test_the_readings_follow_harm_and_use():
     assert point(degrading, does_not).verdict == "degrades"
     assert point(degrading, uses).verdict == "uses the context past L but degrades on text"
     assert point(within_noise, does_not).verdict == "window-like (text within noise)"
-    assert MapPoint("x", "x", "none", Estimate(*flat, 3)).verdict == "no retrieval task"
+    assert MapPoint("x", "x", "none", Estimate(*flat, 3)).verdict == "no use measured"
+
+
+def summary(verdicts, distances=(32, 128, 256, 512), lengths=(64, 1024, 1024, 1024), reach=None):
+    """The first column in windows of L (the positive control), the others at the longest length."""
+    return UseSummary("x", list(distances), [Estimate(0.5, 0.1, 0.9, 3)] * len(distances), list(verdicts), reach,
+                      list(lengths))
+
+
+def test_the_readings_follow_the_text_models_own_use_when_measured():
+    flat, degrading = Estimate(0.001, -0.004, 0.006, 3), Estimate(0.3, 0.2, 0.4, 3)
+
+    def point(harm, verdicts, lookup=None):
+        return MapPoint("x", "x", "none", harm, text=summary(verdicts), text_distance=256, trained=64,
+                        difference={"mqar": Estimate(*lookup, 3)} if lookup else {})
+
+    # use past L on the same weights decides, whatever the separate task models show
+    assert point(flat, ["uses", "uses", "none", "none"], lookup=(0.02, -0.05, 0.09)).verdict == "extrapolates"
+    assert point(flat, ["uses", "none", "none", "cannot tell"], lookup=(0.5, 0.3, 0.7)).verdict == "window-like"
+    assert point(degrading, ["uses", "none", "none", "none"]).verdict == "degrades"
+    assert point(degrading, ["uses", "cannot tell", "uses", "none"]).verdict == \
+        "uses the context past L but degrades on text"
+    # the positive control: no use even within L says nothing about past L
+    assert point(flat, ["none", "none", "none", "none"]).verdict == "no use within L: cannot tell"
+    p = point(flat, ["uses", "uses", "uses", "none"])
+    assert p.text.reads_back() == 256 and p.text_use == Estimate(0.5, 0.1, 0.9, 3)
+    assert "reads back to about 256 tokens (4L)" in "\n".join(map_findings([p]))
+
+
+def test_the_map_section_draws_the_text_panel_from_the_use_probe(tmp_path):
+    results = load_state(tmp_path)  # L = 16, longest 64
+    distances, lengths = (8, 32, 64, 60), (16, 64, 64, 64)
+    text_use = {"rope": summary(["uses", "uses", "none", "none"], distances, lengths),
+                "alibi": summary(["uses", "uses", "uses", "uses"], distances, lengths)}
+    section = "\n".join(map_section(results, text_use))
+    assert "![the extrapolation map](map.png)" in section and (tmp_path / "map.png").stat().st_size > 0
+    assert "text use 4L back (nats)" in section and "reads back to about 64 tokens (4L)" in section
+    assert "| rope | +0.002" in section and "reads back to about 32 tokens (2L)" in section
+    assert "Lookup panels" not in section  # no lookup task in this comparison

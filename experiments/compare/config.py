@@ -20,7 +20,7 @@ from model.fields import build_dataclass, check_field_types
 from train.config import RunConfig, build_run_config, parse_override_value, set_dotted
 
 # The probes a comparison can run on every trained model (compare.probes); experiments/compare/probes.py runs them.
-PROBE_NAMES = ("attention", "induction", "passkey")
+PROBE_NAMES = ("attention", "induction", "passkey", "use")
 RunConfigs = dict[tuple[str, int], RunConfig]  # (encoding, seed) -> the run config that variant trains with
 
 
@@ -50,6 +50,12 @@ class CompareConfig:
     probe_lengths: list = field(default_factory=lambda: ["1x", "4x"])
     probe_tokens: int = 16384  # held-out tokens per length for the attention diagnostics
     passkey_trials: int = 50  # per (length, depth) and seed
+    # the use probe (experiments/compare/use.py): distances between the repeated passages at the longest length,
+    # multiples of L or tokens or "max" (the first, within L, is the positive control); windows per model; the
+    # equivalence margin of its "none" verdict, nats
+    use_distances: list = field(default_factory=lambda: ["0.5x", "2x", "4x", "8x", "max"])
+    use_windows: int = 8
+    use_margin: float = 0.05
     tasks: list = field(default_factory=list)  # synthetic tasks trained per encoding (eval/task_generators.py)
     task_steps: int = 12000  # the cap on each task model's training steps (experiments.tasks default)
     task_until: float = 0.95  # stop a task model's training at this validation exact match at L (0: train to the cap)
@@ -97,6 +103,10 @@ class CompareConfig:
         if self.task_cycle < 0:
             raise ConfigError(f"compare.task_cycle is a number of steps >= 0 (0: the default cycle), got "
                               f"{self.task_cycle}")
+        parse_lengths(",".join(d for d in self.use_distances if d != "max") or "1x")
+        if self.use_windows < 1 or self.use_margin <= 0:
+            raise ConfigError(f"compare.use_windows must be >= 1 and compare.use_margin > 0, got {self.use_windows} "
+                              f"and {self.use_margin}")
         if min(self.probe_tokens, self.passkey_trials, self.task_steps, self.task_count) < 1:
             raise ConfigError("compare.probe_tokens, passkey_trials, task_steps and task_count must be positive")
         if not 0 <= self.task_until <= 1:

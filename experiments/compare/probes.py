@@ -32,6 +32,7 @@ from experiments.compare.cells import cell, header
 from experiments.compare.config import CompareConfig
 from experiments.compare.layout import probe_path, task_path
 from experiments.compare.results import ComparisonResults
+from experiments.compare.use import probe_use, summarise_use, use_section
 from experiments.tasks import (
     CONTROL,
     DEFAULT_LENGTH,
@@ -87,8 +88,13 @@ def _passkey(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: int
         model, tokenizer, [length], PASSKEY_DEPTHS, compare.passkey_trials, seed=0))
 
 
+def _use(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: int, compare: CompareConfig) -> dict:
+    return probe_use(model, ids, trained, compare)
+
+
 # name -> the probe; the names are experiments/compare/config.py's PROBE_NAMES (tests/test_compare_package.py checks).
-PROBES: dict[str, Callable[..., dict]] = {"attention": _attention, "induction": _induction, "passkey": _passkey}
+PROBES: dict[str, Callable[..., dict]] = {"attention": _attention, "induction": _induction, "passkey": _passkey,
+                                          "use": _use}
 
 
 def run_probes(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: int, compare: CompareConfig,
@@ -99,6 +105,9 @@ def run_probes(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: i
         path = probe_path(compare.out, encoding, seed, probe)
         key = {"weights": digest, "lengths": compare.probe_lengths, "tokens": compare.probe_tokens,
                "trials": compare.passkey_trials}
+        if probe == "use":
+            key = {"weights": digest, "lengths": compare.lengths, "distances": compare.use_distances,
+                   "windows": compare.use_windows, "methods": compare.methods}
         if path.exists():
             try:
                 if json.loads(path.read_text()).get("key") == key:
@@ -337,8 +346,17 @@ def tasks_section(results: ComparisonResults) -> list[str]:
     return lines
 
 
+def text_use(results: ComparisonResults) -> dict:
+    """Variant label -> its use summary (experiments/compare/use.py), for what the use probe has measured."""
+    return summarise_use(_load(results.out, results.compare, "use"), results.compare.use_margin)
+
+
+def text_use_section(results: ComparisonResults) -> list[str]:
+    return use_section(text_use(results), results.trained, results.longest, results.compare.use_margin)
+
+
 def report_sections(results: ComparisonResults) -> list[str]:
     """'Beyond perplexity': a section per probe and per task that has results (none: no heading)."""
-    lines = attention_section(results) + induction_section(results)
+    lines = text_use_section(results) + attention_section(results) + induction_section(results)
     lines += passkey_section(results) + tasks_section(results)
     return (["## Beyond perplexity", ""] + lines) if lines else []

@@ -1,0 +1,453 @@
+"""Use on the same weights: how far back does a model read its text? No training; any checkpoint, any method.
+
+    python -m eval.use --checkpoint runs/demo --lengths 1x,16x --distances 0.5x,2x,4x,8x,max --out runs/use
+    python -m eval.use --checkpoint runs/smollm2 --data book.txt --lengths 1x,2x \\
+        --distances 0.25x,0.75x,1.25x,1.75x --methods none,yarn,selfextend,sinks --out runs/use_smollm2
+
+The probe (after the forgetting-curve probes of arXiv 2410.04727): a window of T (--lengths) tokens of held-out text
+in which K (--per-distance) passages of S (--span) tokens, taken from elsewhere in the same text, are each written
+twice, the second copy d tokens after the first, for every distance d of --distances. The control is the identical
+window with each first copy replaced by another passage of the same text: the same positions, the same second
+copies, the same method, every other token the same. A model that reads the first copy from its second predicts
+the second copy better in the probe than in the control:
+
+    use(d) = NLL(control) - NLL(probe)   on tokens 2..S of each second copy (token 1 has nothing that predicts it)
+
+in nats, averaged over the K passages of a window; the interval is Student's t 95% over windows (over passages when
+there are fewer than 3 windows: each passage is its own draw of text and place). One probe and one
+control forward measure every distance at once: the second copies are packed at the end of the window, distances
+interleaved, so each distance is scored at about the same positions. Verdicts: "uses" when the one-sided 95% lower
+bound is above 0; "none" when the two one-sided tests put use within +-margin (--margin, nats); else "cannot tell".
+
+Self-checks beside every table: the positive control (in windows of at most L tokens, where the model meets only
+positions it trained at, a distance within L must read "uses" for a model that reads its context: a model that does
+not copy within L cannot show use past it) and the negative control (a method whose
+attention cannot reach a distance, sinks or a sliding window, must read "none" there).
+
+The second view, from the same forwards: the control's loss on natural tokens by how far back the n-gram before them
+(--ngram tokens) last occurred, beside tokens whose n-gram never occurred earlier in the window.
+
+Distances and lengths are multiples of the trained length L ("2x") or token counts; "max" is the longest distance
+the longest window holds; each length measures the distances that fit in it. Writes OUT/results.json, OUT/report.md and OUT/use.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, parse
+from data.tokenizer import load_tokenizer
+from errors import ConfigError, cli_command
+from eval import figures
+from eval.extrapolation import parse_lengths, resolve_length
+from eval.heldout import checkpoint_eval_tokens
+from eval.inference_methods import NONE, applies, check_methods, method_spec
+from eval.scoring import score_incremental, score_windows
+from eval.segments import choose_segments
+from eval.stats import Estimate, spread, t_interval, verdict
+from model.attention_methods import ATTENTION_METHODS, normalize_methods
+from model.checkpoint import load_model, trained_length
+from model.data_folder import training_data_dir
+from model.runtime import autocast_dtype, configure_runtime, resolve_device
+from model.transformer import Transformer
+
+LEAD = 16  # the window's first tokens stay natural text (attention sinks see them)
+GAP = 2  # natural tokens kept between any two written passages
+DEFAULT_MARGIN = 0.05  # nats: a use smaller than this is too small to matter
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One repeated passage: its first copy starts at token `first` of the window, its second at `second`."""
+
+    distance: int
+    first: int
+    second: int
+
+    def scored(self, span: int) -> np.ndarray:
+        """The loss columns of tokens 2..S of the second copy (column p is the loss of token p + 1)."""
+        return np.arange(self.second, self.second + span - 1)
+
+
+def place(length: int, span: int, distances: list[int], per_distance: int) -> list[Placement]:
+    """Where each of `per_distance` passages per distance goes in a window of length + 1 tokens: second copies packed
+    from the window's end backwards, distances interleaved (largest first in each round), first copies `distance`
+    before them; no two passages within GAP tokens of each other, none in the first LEAD tokens. Raises ConfigError
+    when they do not fit."""
+    if span < 2:
+        raise ConfigError(f"--span must be at least 2 tokens (token 1 of a copy is never scored), got {span}")
+    short = [d for d in distances if d < span + GAP]
+    if short:
+        raise ConfigError(f"distances {short} are shorter than a passage (--span {span}) plus {GAP}: the copies would "
+                          "overlap; use longer distances or a shorter --span")
+    used = np.zeros(length + 1 + GAP, dtype=bool)
+    used[:LEAD] = True
+
+    def free(start: int) -> bool:
+        return start >= LEAD and start + span <= length + 1 and not used[max(0, start - GAP) : start + span + GAP].any()
+
+    placements = []
+    order = [d for _ in range(per_distance) for d in sorted(distances, reverse=True)]
+    for distance in order:
+        second = length + 1 - span
+        while second - distance >= LEAD and not (free(second) and free(second - distance)):
+            second -= 1
+        if second - distance < LEAD:
+            raise ConfigError(f"{per_distance} passages of {span} tokens at distances {sorted(distances)} do not fit "
+                              f"in a window of {length:,} tokens (distance {distance} found no room); use fewer "
+                              "--per-distance, a shorter --span, shorter distances or a longer --length")
+        for start in (second, second - distance):
+            used[start : start + span] = True
+        placements.append(Placement(distance, second - distance, second))
+    return sorted(placements, key=lambda p: (p.distance, p.second))
+
+
+def longest_distance(length: int, span: int, distances: list[int], per_distance: int) -> int:
+    """The longest distance for which `per_distance` more passages fit beside those of `distances`."""
+    for distance in range(length + 1 - span - LEAD, span + GAP - 1, -1):
+        try:
+            place(length, span, [*distances, distance], per_distance)
+            return distance
+        except ConfigError:
+            continue
+    raise ConfigError(f"no distance fits in a window of {length:,} tokens beside {distances}")
+
+
+def draw_passages(ids: np.ndarray, avoid: tuple[int, int], count: int, span: int,
+                  rng: np.random.Generator) -> np.ndarray:
+    """`count` distinct passages of `span` consecutive tokens of `ids`, none overlapping ids[avoid[0]:avoid[1]] nor
+    each other."""
+    taken = [avoid]
+    passages = []
+    for _ in range(count):
+        for _ in range(1000):
+            start = int(rng.integers(0, len(ids) - span + 1))
+            if all(start + span <= low or start >= high for low, high in taken):
+                break
+        else:
+            raise ConfigError(f"the text ({len(ids):,} tokens) is too short to draw {count} passages of {span} "
+                              "tokens outside the window; use a longer text or fewer/shorter passages")
+        taken.append((start, start + span))
+        passages.append(ids[start : start + span])
+    return np.stack(passages)
+
+
+def build_windows(ids: np.ndarray, length: int, placements: list[Placement], span: int, windows: int,
+                  seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(probe, control), each (windows, length + 1): `windows` windows of the text spread evenly; in the probe each
+    placement's passage at its first and second copy, in the control another passage at the first copy."""
+    starts = choose_segments(len(ids), length + 1, windows * (length + 1), 0).starts
+    if len(starts) < windows:
+        raise ConfigError(f"the text ({len(ids):,} tokens) holds {len(starts)} windows of {length + 1:,} tokens, "
+                          f"fewer than --windows {windows}")
+    probe = np.stack([ids[start : start + length + 1] for start in starts[:windows]]).astype(np.int64)
+    control = probe.copy()
+    for row, start in enumerate(starts[:windows]):
+        rng = np.random.default_rng([seed, row])
+        drawn = draw_passages(ids, (int(start), int(start) + length + 1), 2 * len(placements), span, rng)
+        for k, placement in enumerate(placements):
+            passage, other = drawn[2 * k], drawn[2 * k + 1]
+            probe[row, placement.first : placement.first + span] = passage
+            probe[row, placement.second : placement.second + span] = passage
+            control[row, placement.first : placement.first + span] = other
+            control[row, placement.second : placement.second + span] = passage
+    return probe, control
+
+
+def per_passage_losses(losses: np.ndarray, placements: list[Placement], span: int,
+                       distances: list[int]) -> np.ndarray:
+    """(windows, distances, passages): the mean loss over the scored tokens of each passage at each distance."""
+    return np.stack([np.stack([losses[:, p.scored(span)].mean(axis=1) for p in placements if p.distance == d], axis=1)
+                     for d in distances], axis=1)
+
+
+def recurrence_distances(tokens: np.ndarray, n: int) -> np.ndarray:
+    """For each target token t = 1..T of `tokens` (length T + 1; aligned with loss columns), how far back the n
+    tokens before it last occurred as the same n-gram (0: never in this window, or fewer than n tokens before)."""
+    last: dict[bytes, int] = {}
+    out = np.zeros(len(tokens) - 1, dtype=np.int64)
+    for t in range(n, len(tokens)):
+        key = tokens[t - n : t].tobytes()
+        if key in last:
+            out[t - 1] = t - last[key]
+        last[key] = t
+    return out
+
+
+def recurrence_view(windows: np.ndarray, losses: np.ndarray, n: int, edges: list[int]) -> list[dict[str, Any]]:
+    """The mean loss of tokens whose preceding n-gram last occurred within each [edges[i], edges[i + 1]) tokens
+    back, and of tokens whose n-gram never occurred before in the window (pooled over windows)."""
+    distance = np.concatenate([recurrence_distances(row, n) for row in windows])
+    flat = losses.reshape(-1)
+    rows = [{"from": 0, "to": 0, "tokens": int((distance == 0).sum()),
+             "nll": float(flat[distance == 0].mean()) if (distance == 0).any() else None}]
+    for low, high in zip(edges[:-1], edges[1:]):
+        chosen = (distance >= low) & (distance < high)
+        rows.append({"from": int(low), "to": int(high), "tokens": int(chosen.sum()),
+                     "nll": float(flat[chosen].mean()) if chosen.any() else None})
+    return rows
+
+
+def reach(model: Transformer, trained: int) -> int | None:
+    """How far back in tokens the model's attention methods let a query see (a sliding window, sinks + window:
+    their window; the first tokens a method keeps lie in the window's natural lead), or None: everything."""
+    windows = [int(entry["window"]) for entry in normalize_methods(model.config.attention_methods, trained)
+               if ATTENTION_METHODS[entry["method"]].sets_visibility and "window" in entry]
+    return min(windows) if windows else None
+
+
+MIN_WINDOWS = 3  # fewer windows: the interval is over passages (each its own draw of text and place)
+
+
+@dataclass
+class UseResult:
+    """One model (under one method) at one window length: per-window and per-passage numbers at each distance."""
+
+    method: str
+    length: int
+    distances: list[int]
+    passages: np.ndarray  # (windows, distances, passages): use of each passage, nats
+    probe: np.ndarray  # (windows, distances): NLL of the second copies in the probe
+    control: np.ndarray  # (windows, distances): in the control
+    reach: int | None
+    recurrence: list[dict[str, Any]]
+    seconds: float
+
+    @property
+    def use(self) -> np.ndarray:
+        """(windows, distances): each window's use, the mean over its passages."""
+        return self.passages.mean(axis=2)
+
+    def values(self, index: int) -> tuple[np.ndarray, str]:
+        """The values an interval at one distance is over: the windows' when there are MIN_WINDOWS or more, else
+        every passage's (the unit named)."""
+        if self.passages.shape[0] >= MIN_WINDOWS:
+            return self.use[:, index], "windows"
+        return self.passages[:, index, :].reshape(-1), "passages"
+
+    def row(self, index: int, trained: int, margin: float) -> dict[str, Any]:
+        values, unit = self.values(index)
+        return {"method": self.method, "length": self.length, "distance": self.distances[index],
+                "multiple": self.distances[index] / trained, "windows": int(self.passages.shape[0]),
+                "unit": unit, "n": int(values.size), "use": t_interval(values).__dict__,
+                "use_values": self.use[:, index].tolist(),
+                "probe_nll": float(self.probe[:, index].mean()), "control_nll": float(self.control[:, index].mean()),
+                "verdict": verdict(spread(values[None, :]), margin),
+                "past_reach": self.reach is not None and self.distances[index] > self.reach}
+
+
+@torch.inference_mode()
+def measure_use(model: Transformer, ids: np.ndarray, trained: int, length: int, distances: list[int], span: int,
+                per_distance: int, windows: int, seed: int = 0, methods: tuple[str, ...] = (NONE,),
+                amp: torch.dtype | None = None, ngram: int = 4) -> list[UseResult]:
+    """use(d) for each method (eval/inference_methods.py, set for `length`) on the same windows; see the module
+    docstring."""
+    placements = place(length, span, distances, per_distance)
+    probe, control = build_windows(ids, length, placements, span, windows, seed)
+    edges = sorted({1, *[e for e in (trained // 4, trained // 2, trained, 2 * trained, 4 * trained, 8 * trained,
+                                     16 * trained) if 1 < e < length], length + 1})
+    results = []
+    for method in methods:
+        started = time.perf_counter()
+        spec = method_spec(method)
+        view = spec.view(model, length, trained)
+        if spec.incremental:  # dynamic NTK: each scored token under the base of its own prefix, as in decoding
+            prefill = min(p.second for p in placements)
+            probe_losses = score_incremental(view, probe, prefill, amp)
+            control_losses = score_incremental(view, control, prefill, amp)
+        else:
+            probe_losses = score_windows(view, probe, amp)
+            control_losses = score_windows(view, control, amp)
+        on_probe = per_passage_losses(probe_losses, placements, span, distances)
+        on_control = per_passage_losses(control_losses, placements, span, distances)
+        results.append(UseResult(method, length, list(distances), on_control - on_probe, on_probe.mean(axis=2),
+                                 on_control.mean(axis=2), reach(view, trained),
+                                 recurrence_view(control, control_losses, ngram, edges), time.perf_counter() - started))
+        print(f"use @ {length:,} {method}: " + ", ".join(f"d={d:,} {u:+.3f}" for d, u in
+                                                        zip(distances, results[-1].use.mean(axis=0)))
+              + f" ({results[-1].seconds:.0f} s)", flush=True)
+    return results
+
+
+def self_checks(rows: list[dict[str, Any]], trained: int) -> list[str]:
+    """The positive and the negative control, in words, from the rows of one model. The positive control reads the
+    model as trained in a window of at most L tokens (every position one it trained at), at distances within L."""
+    lines = []
+    within = [r for r in rows if r["method"] == NONE and r["length"] <= trained and r["distance"] < trained]
+    if within:
+        shown_at = ", ".join(f"{r['distance']:,}" for r in within if r["verdict"] == "uses")
+        lines.append(f"positive control (as trained, windows of {within[0]['length']:,} <= L tokens): "
+                     + (f"passes: use shown at d = {shown_at}" if shown_at else
+                        "FAILS: no use shown within L; this model does not copy a repeated passage even within its "
+                        "context, so nothing it shows past L is use (it needs more training: docs/evaluation.md)"))
+    else:
+        lines.append("positive control: not measured (give a length of at most L with a distance within it)")
+    for r in rows:
+        if r["past_reach"]:
+            ok = r["verdict"] == "none"
+            lines.append(f"negative control ({r['method']}, d = {r['distance']:,} beyond its reach): "
+                         f"{'passes' if ok else 'FAILS'}: {r['verdict']} ({Estimate(**r['use']).format(3, signed=True)})")
+    return lines
+
+
+def markdown(name: str, rows: list[dict[str, Any]], recurrence: dict[str, list[dict]], meta: dict[str, Any]) -> str:
+    trained = meta["trained"]
+    lines = [f"## {name}", "", meta["setup"], "",
+             "| window | method | distance (tokens) | distance / L | use, nats [95% t] | over | verdict | "
+             "NLL probe | NLL control |", "|---:|---|---:|---:|---:|---|---|---:|---:|"]
+    for r in rows:
+        flag = " (past reach)" if r["past_reach"] else ""
+        lines.append(f"| {r['length']:,} ({r['length'] / trained:g}L) | {r['method']} | {r['distance']:,} | "
+                     f"{r['multiple']:.2f} | {Estimate(**r['use']).format(3, signed=True)} | {r['n']} {r['unit']} | "
+                     f"{r['verdict']}{flag} | {r['probe_nll']:.3f} | {r['control_nll']:.3f} |")
+    lines += ["", "Self-checks:", ""] + [f"- {line}" for line in self_checks(rows, trained)] + [""]
+    first = next(iter(recurrence.values()))
+    lines += [f"Second view (the control's natural tokens by how far back their preceding {meta['ngram']}-gram last "
+              "occurred; mean NLL (tokens), pooled over windows; the longest window):", "",
+              "| method | " + " | ".join(recurrence_label(b, trained) for b in first) + " |",
+              "|---|" + "---:|" * len(first)]
+    for method, bins in recurrence.items():
+        lines.append(f"| {method} | " + " | ".join("" if b["nll"] is None else f"{b['nll']:.3f} ({b['tokens']:,})"
+                                                  for b in bins) + " |")
+    return "\n".join(lines + [""])
+
+
+def recurrence_label(bin_: dict, trained: int) -> str:
+    if bin_["to"] == 0:
+        return "never"
+    return f"{bin_['from']:,}-{bin_['to']:,} back"
+
+
+def plot(results: dict[str, dict[str, Any]], path: Path) -> Path:
+    """use(d) against d / L, one line per checkpoint, method and window length, with its interval."""
+    figure, axis = figures.new(width=6.5, height=4.2)
+    for name, entry in results.items():
+        for method, length in dict.fromkeys((r["method"], r["length"]) for r in entry["rows"]):
+            rows = [r for r in entry["rows"] if (r["method"], r["length"]) == (method, length)]
+            x = [r["multiple"] for r in rows]
+            line, = axis.plot(x, [r["use"]["mean"] for r in rows], marker="o", label=(
+                name if method == NONE else f"{name} + {method}") + f" @ {length / entry['trained']:g}L")
+            if all(r["use"]["low"] is not None for r in rows):
+                axis.fill_between(x, [r["use"]["low"] for r in rows], [r["use"]["high"] for r in rows],
+                                  color=line.get_color(), alpha=0.15)
+    axis.axhline(0, color="black", linewidth=0.8)
+    axis.axvline(1, color="grey", linestyle="--", linewidth=1)
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("distance between the copies / trained length L (dashed: L)")
+    axis.set_ylabel("use: NLL(control) - NLL(probe), nats")
+    axis.set_title("Use on the same weights: repeated passages against their control")
+    axis.legend(fontsize=7)
+    return figures.save(figure, path, axis)
+
+
+def default_span(trained: int) -> int:
+    return int(min(64, max(8, trained // 8)))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = command_parser("eval.use", __doc__)
+    add_checkpoint(parser, "one or more checkpoint folders (required)", nargs="+")
+    parser.add_argument("--lengths", default="1x,16x",
+                        help="window lengths T: multiples of L (16x) or token counts; a length of at most L is "
+                             "measured as trained only (the positive control), with the distances that fit in it")
+    parser.add_argument("--distances", default="0.5x,2x,4x,8x,max",
+                        help="comma-separated distances between the copies: multiples of L, token counts, or max "
+                             "(the longest the longest window holds)")
+    parser.add_argument("--span", type=int, default=0, help="tokens S per passage (0: L / 8, within 8..64)")
+    parser.add_argument("--per-distance", type=int, default=4, help="passages K per distance in each window")
+    parser.add_argument("--windows", type=int, default=8,
+                        help=f"windows of held-out text (intervals over windows from {MIN_WINDOWS}, else over "
+                             "passages)")
+    parser.add_argument("--methods", default=NONE, help="inference-time methods, each where it applies (none: as "
+                                                        "trained), e.g. none,yarn,sinks")
+    parser.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
+                        help="nats: the equivalence margin of the 'none' verdict")
+    parser.add_argument("--ngram", type=int, default=4, help="n of the second view's recurring n-grams")
+    parser.add_argument("--data", help="prepared folder, source or path (default: each checkpoint's held-out text)")
+    parser.add_argument("--all-documents", action="store_true",
+                        help="--data that may be the checkpoint's training source: score every document")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the passages drawn")
+    add_device(parser)
+    parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | auto")
+    add_out(parser, "output folder: results.json, report.md, use.png (required)", type=Path)
+    return parser
+
+
+def distances_at(items: list[str], trained: int, length: int, longest: int, span: int, per_distance: int) -> list[int]:
+    """The distances measured in windows of `length`: those that fit in it (within L only, for a length of at most
+    L), and "max" resolved at the longest length."""
+    fixed = sorted({resolve_length(item, trained) for item in items if item != "max"})
+    fixed = [d for d in fixed if d + span + GAP + LEAD <= length and (length > trained or d < trained)]
+    if "max" in items and length == longest:
+        fixed.append(longest_distance(length, span, fixed, per_distance))
+    return sorted(set(fixed))
+
+
+def measure_checkpoint(model: Transformer, ids: np.ndarray, trained: int, lengths: list[int], items: list[str],
+                       span: int, per_distance: int, windows: int, seed: int, methods: list[str],
+                       amp: torch.dtype | None, ngram: int) -> list[UseResult]:
+    """measure_use at every length: at a length of at most L the model as trained, past L every method."""
+    found = []
+    for length in lengths:
+        distances = distances_at(items, trained, length, max(lengths), span, per_distance)
+        if distances:
+            chosen = (NONE,) if length <= trained else tuple(dict.fromkeys([NONE, *methods]))
+            found += measure_use(model, ids, trained, length, distances, span, per_distance, windows, seed, chosen,
+                                 amp, ngram)
+    return found
+
+
+@cli_command
+def main(argv: list[str] | None = None) -> int:
+    configure_runtime()  # the process's runtime switches, at start-up (model/runtime.py)
+    args = parse(build_parser(), argv, "checkpoint", "out")
+    if args.windows < 1 or args.per_distance < 1 or args.margin <= 0 or args.ngram < 1:
+        raise ConfigError("--windows, --per-distance and --ngram must be at least 1 and --margin positive")
+    methods = check_methods(comma_list(args.methods))
+    device = resolve_device(args.device)
+    amp = autocast_dtype(device, args.dtype)
+    results: dict[str, dict[str, Any]] = {}
+    sections = []
+    for checkpoint in args.checkpoint:
+        model = load_model(checkpoint, device).eval()
+        trained = trained_length(checkpoint)
+        tokenizer = load_tokenizer(checkpoint)
+        ids, scored = checkpoint_eval_tokens(args.data or training_data_dir(checkpoint), checkpoint, tokenizer,
+                                             all_documents=args.all_documents)
+        lengths = sorted({resolve_length(item, trained) for item in parse_lengths(args.lengths)})
+        span = args.span or default_span(trained)
+        chosen = [m for m in methods if applies(m, model.config.position, model.config.layer_encodings())]
+        found = measure_checkpoint(model, ids, trained, lengths, comma_list(args.distances), span, args.per_distance,
+                                   args.windows, args.seed, chosen, amp, args.ngram)
+        rows = [result.row(i, trained, args.margin) for result in found for i in range(len(result.distances))]
+        longest = [r for r in found if r.length == lengths[-1]]
+        name = Path(checkpoint).name
+        meta = {"trained": trained, "ngram": args.ngram, "setup": (
+            f"Checkpoint `{checkpoint}` (L = {trained:,}); {scored}. Windows: {args.windows} per length of "
+            f"T = {', '.join(f'{n:,}' for n in lengths)} tokens, each with {args.per_distance} passages of "
+            f"S = {span} tokens per distance, second copies at the window's end; use on tokens 2..S of each second "
+            f"copy; intervals over windows (from {MIN_WINDOWS}) or else over passages; verdict margin "
+            f"{args.margin:g} nats; {args.dtype}. Seconds per (length, method), probe + control: "
+            + ", ".join(f"{r.length:,} {r.method} {r.seconds:.0f}" for r in found) + ".")}
+        results[name] = {"checkpoint": str(checkpoint), "trained": trained, "lengths": lengths, "span": span,
+                         "per_distance": args.per_distance, "windows": args.windows, "margin": args.margin,
+                         "rows": rows, "recurrence": {r.method: r.recurrence for r in longest}, "meta": meta}
+        sections.append(markdown(name, rows, results[name]["recurrence"], meta))
+        print(sections[-1])
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (args.out / "report.md").write_text("# Use on the same weights (eval.use)\n\n" + "\n".join(sections))
+    print(f"wrote {args.out / 'report.md'}, {args.out / 'results.json'} and {plot(results, args.out / 'use.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""The comparison's use axis: each trained text model's own use of its text past L (eval/use.py), on the same
+weights the penalty is measured on.
+
+    [compare]
+    probes = ["use"]
+    use_distances = ["0.5x", "2x", "4x", "8x", "max"]   # 0.5x: the positive control, within L
+    use_windows = 8                                     # held-out windows per model and length
+
+Each model is probed in windows of L tokens as trained (the positive control: distances within L, every position
+one it trained at) and at the comparison's longest length, as trained and under each of compare.methods that
+applies to it (the window control included): repeated passages at each distance against the control without the
+first copies. Over seeds and windows: the mean use with the interval of eval.stats.seeds_and_windows, the verdict
+of eval.stats.verdict ("uses" by a one-sided test, "none" by an equivalence test with compare.use_margin, else
+"cannot tell"), and how far back use holds ("reads back to about N tokens": the farthest distance whose verdict is
+"uses"). A variant whose positive control fails (no use at the distance within L) says nothing about use past L.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from eval.extrapolation import resolve_length
+from eval.inference_methods import NONE, applies, label
+from eval.stats import Estimate, seeds_and_windows, spread, t_quantile_975, verdict
+from eval.use import MIN_WINDOWS, default_span, measure_checkpoint
+from experiments.compare.cells import cell
+from experiments.compare.config import CompareConfig
+from model.transformer import Transformer
+
+PER_DISTANCE = 4  # passages per distance in each window
+NGRAM = 4  # the second view's n-grams
+
+
+def probe_use(model: Transformer, ids: np.ndarray, trained: int, compare: CompareConfig) -> dict[str, Any]:
+    """The use probe of one trained model: in windows of L tokens as trained (the positive control, distances within
+    L), and at the comparison's longest length as trained and under each method of compare.methods that applies to
+    it (every distance that fits). The per-window and per-passage numbers are the probe's cached rows."""
+    longest = max(resolve_length(item, trained) for item in compare.lengths)
+    methods = [m for m in compare.methods if applies(m, model.config.position, model.config.layer_encodings())]
+    span = default_span(trained)
+    found = measure_checkpoint(model, ids, trained, sorted({trained, longest}), list(compare.use_distances), span,
+                               PER_DISTANCE, compare.use_windows, 0, methods, None, NGRAM)
+    return {"span": span, "per_distance": PER_DISTANCE,
+            "results": [{"method": r.method, "length": r.length, "distances": r.distances,
+                         "passages": r.passages.tolist(), "reach": r.reach, "recurrence": r.recurrence}
+                        for r in found]}
+
+
+@dataclass
+class UseSummary:
+    """One variant's use over seeds and windows at each (window length, distance) it was probed at."""
+
+    label: str
+    distances: list[int]
+    estimates: list[Estimate | None]
+    verdicts: list[str]
+    reach: int | None  # how far its attention sees (a window control), None: everything
+    lengths: list[int] = field(default_factory=list)  # the window length of each column (empty: all the longest)
+
+    def _longest(self) -> list[int]:
+        """The columns measured at the longest length."""
+        if not self.lengths:
+            return list(range(len(self.distances)))
+        return [i for i, n in enumerate(self.lengths) if n == max(self.lengths)]
+
+    def reads_back(self) -> int | None:
+        """The farthest distance at the longest length whose verdict is 'uses' (None: none)."""
+        shown = [self.distances[i] for i in self._longest() if self.verdicts[i] == "uses"]
+        return max(shown) if shown else None
+
+    def at(self, distance: int) -> tuple[Estimate | None, str] | None:
+        """(estimate, verdict) at `distance` at the longest length."""
+        for i in self._longest():
+            if self.distances[i] == distance:
+                return self.estimates[i], self.verdicts[i]
+        return None
+
+
+def summarise_use(found: dict[str, dict[int, dict]], margin: float) -> dict[str, UseSummary]:
+    """encoding -> seed -> probe rows  =>  variant label -> its summary over seeds and windows. A method's variant
+    takes its encoding's windows of at most L (measured as trained) as its own: its positive control."""
+    summaries: dict[str, UseSummary] = {}
+    for encoding, by_seed in found.items():
+        entries: dict[tuple[str, int], list[dict]] = {}
+        for rows in by_seed.values():
+            for entry in rows.get("results", []):
+                entries.setdefault((entry["method"], entry["length"]), []).append(entry)
+        longest = max(length for _, length in entries)
+        short = [key for key in entries if key[1] < longest and key[0] == NONE]
+        for method in dict.fromkeys(m for m, length in entries if length == longest):
+            columns: list[tuple[int, int, np.ndarray]] = []  # (length, distance, (seeds, windows or passages))
+            for key in [*short, (method, longest)]:
+                per_seed = entries[key]
+                distances = per_seed[0]["distances"]
+                if any(entry["distances"] != distances for entry in per_seed):
+                    continue  # probed with other settings: not comparable
+                passages = np.stack([np.asarray(entry["passages"]) for entry in per_seed])  # (seeds, w, d, k)
+                for i, distance in enumerate(distances):
+                    columns.append((key[1], distance, unit_values(passages[:, :, i, :])))
+            summaries[label(encoding, method)] = UseSummary(
+                label(encoding, method), [d for _, d, _ in columns],
+                [seeds_and_windows(m) if m.shape[0] > 1 else _one_seed(m) for _, _, m in columns],
+                [verdict(spread(m), margin) for _, _, m in columns],
+                entries[(method, longest)][0]["reach"], [n for n, _, _ in columns])
+    return summaries
+
+
+def unit_values(passages: np.ndarray) -> np.ndarray:
+    """(seeds, windows, passages) -> (seeds, units): the windows' means from MIN_WINDOWS windows, else every passage
+    (eval/use.py's rule)."""
+    if passages.shape[1] >= MIN_WINDOWS:
+        return passages.mean(axis=2)
+    return passages.reshape(passages.shape[0], -1)
+
+
+def _one_seed(matrix: np.ndarray) -> Estimate:
+    """One seed: the mean with a t interval over its windows (text sampling only)."""
+    estimate = spread(matrix)
+    if estimate is None:
+        return Estimate(float(matrix.mean()), None, None, 1)
+    half = t_quantile_975(estimate.df) * estimate.se
+    return Estimate(estimate.mean, estimate.mean - half, estimate.mean + half, 1)
+
+
+def reads_back_words(summary: UseSummary, trained: int) -> str:
+    farthest = summary.reads_back()
+    if farthest is None:
+        return "no use shown"
+    return f"reads back to about {farthest:,} tokens ({farthest / trained:g}L)"
+
+
+def positive_control(summary: UseSummary, trained: int) -> bool | None:
+    """Whether use is shown at some distance within L in windows of at most L (None: no such column)."""
+    lengths = summary.lengths or [trained + 1] * len(summary.distances)
+    within = [v for d, n, v in zip(summary.distances, lengths, summary.verdicts) if d < trained and n <= trained]
+    return None if not within else "uses" in within
+
+
+def use_section(summaries: dict[str, UseSummary], trained: int, length: int, margin: float) -> list[str]:
+    """The report's table of use by window length and distance, with the self-checks."""
+    if not summaries:
+        return []
+    widest = max(summaries.values(), key=lambda s: len(s.distances))
+    columns = list(zip(widest.lengths or [length] * len(widest.distances), widest.distances))
+    lines = ["### Use of the text past L, on the same weights", "",
+             "Repeated passages in held-out windows (eval/use.py): each second copy d tokens after its first, against "
+             "the same window with other text in place of the first copies; use = the control's NLL minus the "
+             "probe's on the second copies (tokens 2..S), nats, mean [95% t over seeds and windows]. Verdict: 'uses' "
+             f"(one-sided 95% bound above 0), 'none' (equivalence within +-{margin:g} nats), else 'cannot tell'. "
+             f"Windows of L = {trained} tokens (the model as trained, every position one it trained at) give the "
+             f"positive control; windows of {length:,} tokens give use past L, as trained and under each method.", "",
+             "| variant | " + " | ".join(f"d = {d:,} ({d / trained:g}L) in {n:,}" for n, d in columns)
+             + " | how far back |", "|---|" + "---:|" * len(columns) + "---|"]
+    for name, summary in summaries.items():
+        found = dict(zip(zip(summary.lengths or [length] * len(summary.distances), summary.distances),
+                         zip(summary.estimates, summary.verdicts)))
+        cells = [f"{cell(found[c][0], 3, signed=True)} {found[c][1]}" if c in found else "n/a" for c in columns]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {reads_back_words(summary, trained)} |")
+    checks = []
+    failed = [n for n, s in summaries.items() if positive_control(s, trained) is False]
+    passed = [n for n, s in summaries.items() if positive_control(s, trained)]
+    checks.append(f"Positive control (use within L in windows of L): passes for {', '.join(passed) or 'no variant'}"
+                  + (f"; FAILS for {', '.join(failed)}: these do not copy even within L, so their columns past L "
+                     "cannot show use" if failed else "") + ".")
+    for name, summary in summaries.items():
+        if summary.reach is not None:
+            beyond = [(summary.distances[i], summary.verdicts[i]) for i in summary._longest()
+                      if summary.distances[i] > summary.reach]
+            ok = all(v == "none" for _, v in beyond)
+            checks.append(f"Negative control ({name}, attention limited to {summary.reach} keys): past its reach "
+                          + ", ".join(f"d = {d:,} {v}" for d, v in beyond)
+                          + (" (passes)." if ok else " (FAILS: the measure reads use where none is possible)."))
+    return lines + [""] + [f"- {c}" for c in checks] + [""]

@@ -1,0 +1,163 @@
+"""eval.use: the probe's windows against a hand-made layout, use of an oracle that copies within its reach (clearly
+positive within it, 0 beyond), a real model under a sliding window (exactly 0 past the window), the second view
+against a hand count, and the verdicts of eval.stats on hand-made data."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from errors import ConfigError
+from eval.stats import Spread, equivalent, one_sided_above, spread, verdict
+from eval.use import (
+    GAP,
+    LEAD,
+    Placement,
+    build_windows,
+    longest_distance,
+    measure_use,
+    place,
+    recurrence_distances,
+    self_checks,
+)
+from model.config import ModelConfig
+from model.transformer import Transformer
+
+
+def test_placement_matches_the_hand_made_layout():
+    # window of 101 tokens; second copies packed from the end, distances interleaved (40 first), GAP = 2 between
+    # passages: (57, 97) and (71, 91) go in first; the next 40 lands at (45, 85); the next 20 finds no room until
+    # its first copy clears 45-48 and 57-60: (31, 51)
+    assert GAP == 2 and LEAD == 16
+    placements = place(100, 4, [20, 40], 2)
+    assert placements == [Placement(20, 31, 51), Placement(20, 71, 91), Placement(40, 45, 85), Placement(40, 57, 97)]
+    assert list(placements[0].scored(4)) == [51, 52, 53]  # loss columns of tokens 52..54: tokens 2..4 of the copy
+
+
+def test_placement_refuses_what_does_not_fit():
+    with pytest.raises(ConfigError, match="shorter than a passage"):
+        place(100, 8, [5], 1)
+    with pytest.raises(ConfigError, match="do not fit"):
+        place(100, 8, [80], 4)
+    with pytest.raises(ConfigError, match="at least 2"):
+        place(100, 1, [20], 1)
+    longest = longest_distance(100, 4, [20], 2)
+    place(100, 4, [20, longest], 2)
+    with pytest.raises(ConfigError):
+        place(100, 4, [20, longest + 1], 2)
+
+
+def test_probe_and_control_differ_only_in_the_first_copies():
+    ids = np.arange(10_000) % 9973 + 7  # every 4-gram distinct: passages are identifiable
+    placements = place(100, 4, [20, 40], 2)
+    probe, control = build_windows(ids, 100, placements, 4, 3, seed=1)
+    assert probe.shape == control.shape == (3, 101)
+    first = np.zeros(101, dtype=bool)
+    for p in placements:
+        first[p.first : p.first + 4] = True
+        assert (probe[:, p.first : p.first + 4] == probe[:, p.second : p.second + 4]).all()  # the repeat
+        assert (control[:, p.second : p.second + 4] == probe[:, p.second : p.second + 4]).all()  # same second copy
+        assert (control[:, p.first : p.first + 4] != probe[:, p.first : p.first + 4]).all()  # other text there
+    assert (probe[:, ~first] == control[:, ~first]).all()
+    # the rest is the text itself: outside the passages each window is a contiguous run of ids
+    natural = np.ones(101, dtype=bool)
+    for p in placements:
+        natural[p.first : p.first + 4] = natural[p.second : p.second + 4] = False
+    for row in probe:
+        start = row[0] - 7
+        assert (row[natural] == (np.arange(start, start + 101) % 9973 + 7)[natural]).all()
+
+
+class CopyOracle(torch.nn.Module):
+    """A planted induction pattern: at each position, if the current token occurred within the last `reach` tokens,
+    predict (probability 0.9) the token that followed its latest occurrence; otherwise uniform."""
+
+    def __init__(self, vocab: int, reach: int) -> None:
+        super().__init__()
+        self.reach = reach
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.config = SimpleNamespace(vocab_size=vocab, attention_methods=[], to_dict=dict)
+
+    def with_settings(self, **changes):
+        return self
+
+    def forward(self, inputs, targets, positions=None, loss_reduction="none", logits_to_keep=0, return_logits=True):
+        rows, time = inputs.shape
+        vocab = self.config.vocab_size
+        probs = torch.full((rows, time, vocab), 0.1 / vocab)
+        for r in range(rows):
+            seen: dict[int, int] = {}
+            x = inputs[r].tolist()
+            for i in range(time):
+                j = seen.get(x[i])
+                probs[r, i] += (0.9 if j is not None and i - j <= self.reach and j + 1 < time else 0.0) * \
+                    F.one_hot(torch.tensor(x[j + 1] if j is not None and j + 1 < time else 0), vocab)
+                if j is None or not (i - j <= self.reach and j + 1 < time):
+                    probs[r, i] += 0.9 / vocab
+                seen[x[i]] = i
+        loss = F.nll_loss(probs.log().transpose(1, 2), targets, reduction="none")
+        return None, loss
+
+
+def text(seed: int = 0, size: int = 20_000, vocab: int = 512) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, vocab, size=size)
+
+
+def test_use_is_clearly_positive_within_reach_and_zero_beyond_it():
+    oracle = CopyOracle(512, reach=64)
+    [result] = measure_use(oracle, text(), trained=64, length=256, distances=[24, 160], span=8, per_distance=2,
+                           windows=4)
+    within, beyond = result.use[:, 0], result.use[:, 1]
+    assert within.min() > 2.0  # copying 7 tokens from 24 back: a few nats per token
+    assert verdict(spread(within[None, :]), 0.05) == "uses"
+    assert np.abs(beyond).max() < 0.2  # other passages' first copies may fall in the reach
+    assert verdict(spread(beyond[None, :]), 0.5) in ("none", "cannot tell")
+
+
+def test_a_real_model_under_a_sliding_window_reads_nothing_past_it():
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=512, dim=32, n_layers=2, n_heads=2, n_kv_heads=2, max_seq_len=32,
+                         position="rope")
+    model = Transformer(config).eval()
+    windowed = model.with_settings(attention_methods=[{"method": "window", "window": 32}])
+    [plain] = measure_use(model, text(1), trained=32, length=128, distances=[80], span=6, per_distance=1, windows=3)
+    [limited] = measure_use(windowed, text(1), trained=32, length=128, distances=[80], span=6, per_distance=1,
+                            windows=3)
+    assert limited.reach == 32
+    assert np.abs(limited.use).max() < 1e-5  # the first copy lies wholly outside every scored query's window
+    assert np.abs(plain.use).max() > 1e-4  # without the window the same model's losses do change
+    rows = [limited.row(0, 32, 0.05)]
+    assert rows[0]["past_reach"] and rows[0]["verdict"] == "none"
+    assert "negative control (none, d = 80 beyond its reach): passes" in " ".join(self_checks(rows, 32))
+
+
+def test_recurrence_distances_by_hand():
+    tokens = np.array([5, 6, 7, 5, 6, 7, 9, 5, 6, 8])
+    # the bigram before target t is tokens[t-2:t], its loss column t - 1; (5, 6) before t = 2, 5, 9 -> distances 3
+    # and 4 at columns 4 and 8; (6, 7) before t = 3 and 6 -> distance 3 at column 5; the others never recur
+    assert recurrence_distances(tokens, 2).tolist() == [0, 0, 0, 0, 3, 3, 0, 0, 4]
+
+
+def test_one_sided_and_equivalence_tests_on_hand_made_data():
+    # mean 0.1, se 0.02, 9 df: t(0.95, 9) = 1.8331 -> 90% interval [0.0633, 0.1367]
+    estimate = Spread(0.1, 0.02, 9)
+    low, high = estimate.bounds_90()
+    assert low == pytest.approx(0.1 - 1.8331 * 0.02) and high == pytest.approx(0.1 + 1.8331 * 0.02)
+    assert one_sided_above(estimate) and not equivalent(estimate, 0.1) and equivalent(estimate, 0.14)
+    assert verdict(estimate, 0.05) == "uses"
+    assert verdict(Spread(0.01, 0.01, 9), 0.05) == "none"  # [-0.008, 0.028] inside +-0.05, lower bound below 0
+    assert verdict(Spread(0.01, 0.05, 9), 0.05) == "cannot tell"
+    values = np.array([[0.1, 0.3, 0.2]])  # one model, three windows: mean 0.2, sd 0.1, se 0.1 / sqrt(3), 2 df
+    found = spread(values)
+    assert (found.mean, found.df) == (pytest.approx(0.2), 2) and found.se == pytest.approx(0.1 / np.sqrt(3))
+    assert spread(np.array([[0.5]])) is None
+    with pytest.raises(ValueError):
+        equivalent(estimate, 0.0)
+
+
+def test_t_95_quantiles_match_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    from eval.stats import t_quantile_95
+    for df in (1, 2, 5, 30, 31, 200):
+        assert t_quantile_95(df) == pytest.approx(stats.t.ppf(0.95, df), abs=2e-4)
