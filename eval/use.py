@@ -59,7 +59,7 @@ from model.data_folder import training_data_dir
 from model.runtime import autocast_dtype, configure_runtime, resolve_device
 from model.transformer import Transformer
 
-LEAD = 16  # the window's first tokens stay natural text (attention sinks see them)
+LEAD = 16  # the window's first tokens stay natural text (attention sinks see them); 1/16 of a shorter window
 GAP = 2  # natural tokens kept between any two written passages
 DEFAULT_MARGIN = 0.05  # nats: a use smaller than this is too small to matter
 
@@ -80,7 +80,7 @@ class Placement:
 def place(length: int, span: int, distances: list[int], per_distance: int) -> list[Placement]:
     """Where each of `per_distance` passages per distance goes in a window of length + 1 tokens: second copies packed
     from the window's end backwards, distances interleaved (largest first in each round), first copies `distance`
-    before them; no two passages within GAP tokens of each other, none in the first LEAD tokens. Raises ConfigError
+    before them; no two passages within GAP tokens of each other, none in the first lead_tokens(length). Raises ConfigError
     when they do not fit."""
     if span < 2:
         raise ConfigError(f"--span must be at least 2 tokens (token 1 of a copy is never scored), got {span}")
@@ -88,19 +88,20 @@ def place(length: int, span: int, distances: list[int], per_distance: int) -> li
     if short:
         raise ConfigError(f"distances {short} are shorter than a passage (--span {span}) plus {GAP}: the copies would "
                           "overlap; use longer distances or a shorter --span")
+    lead = lead_tokens(length)
     used = np.zeros(length + 1 + GAP, dtype=bool)
-    used[:LEAD] = True
+    used[:lead] = True
 
     def free(start: int) -> bool:
-        return start >= LEAD and start + span <= length + 1 and not used[max(0, start - GAP) : start + span + GAP].any()
+        return start >= lead and start + span <= length + 1 and not used[max(0, start - GAP) : start + span + GAP].any()
 
     placements = []
     order = [d for _ in range(per_distance) for d in sorted(distances, reverse=True)]
     for distance in order:
         second = length + 1 - span
-        while second - distance >= LEAD and not (free(second) and free(second - distance)):
+        while second - distance >= lead and not (free(second) and free(second - distance)):
             second -= 1
-        if second - distance < LEAD:
+        if second - distance < lead:
             raise ConfigError(f"{per_distance} passages of {span} tokens at distances {sorted(distances)} do not fit "
                               f"in a window of {length:,} tokens (distance {distance} found no room); use fewer "
                               "--per-distance, a shorter --span, shorter distances or a longer --length")
@@ -110,9 +111,25 @@ def place(length: int, span: int, distances: list[int], per_distance: int) -> li
     return sorted(placements, key=lambda p: (p.distance, p.second))
 
 
+def lead_tokens(length: int) -> int:
+    """Natural tokens kept at a window's start: LEAD, or 1/16 of a short window (at least 4, the sinks)."""
+    return min(LEAD, max(4, length // 16))
+
+
+def fitting_count(length: int, span: int, distances: list[int], per_distance: int) -> int:
+    """The most passages per distance, up to per_distance, that fit in a window of `length` (0: none)."""
+    for count in range(per_distance, 0, -1):
+        try:
+            place(length, span, distances, count)
+            return count
+        except ConfigError:
+            continue
+    return 0
+
+
 def longest_distance(length: int, span: int, distances: list[int], per_distance: int) -> int:
     """The longest distance for which `per_distance` more passages fit beside those of `distances`."""
-    for distance in range(length + 1 - span - LEAD, span + GAP - 1, -1):
+    for distance in range(length + 1 - span - lead_tokens(length), span + GAP - 1, -1):
         try:
             place(length, span, [*distances, distance], per_distance)
             return distance
@@ -385,7 +402,7 @@ def distances_at(items: list[str], trained: int, length: int, longest: int, span
     """The distances measured in windows of `length`: those that fit in it (within L only, for a length of at most
     L), and "max" resolved at the longest length."""
     fixed = sorted({resolve_length(item, trained) for item in items if item != "max"})
-    fixed = [d for d in fixed if d + span + GAP + LEAD <= length and (length > trained or d < trained)]
+    fixed = [d for d in fixed if d + span + GAP + lead_tokens(length) <= length and (length > trained or d < trained)]
     if "max" in items and length == longest:
         fixed.append(longest_distance(length, span, fixed, per_distance))
     return sorted(set(fixed))
@@ -398,9 +415,11 @@ def measure_checkpoint(model: Transformer, ids: np.ndarray, trained: int, length
     found = []
     for length in lengths:
         distances = distances_at(items, trained, length, max(lengths), span, per_distance)
-        if distances:
+        # a window of at most L holds fewer passages: as many as fit
+        count = per_distance if length > trained else fitting_count(length, span, distances, per_distance)
+        if distances and count:
             chosen = (NONE,) if length <= trained else tuple(dict.fromkeys([NONE, *methods]))
-            found += measure_use(model, ids, trained, length, distances, span, per_distance, windows, seed, chosen,
+            found += measure_use(model, ids, trained, length, distances, span, count, windows, seed, chosen,
                                  amp, ngram)
     return found
 
@@ -433,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         meta = {"trained": trained, "ngram": args.ngram, "setup": (
             f"Checkpoint `{checkpoint}` (L = {trained:,}); {scored}. Windows: {args.windows} per length of "
             f"T = {', '.join(f'{n:,}' for n in lengths)} tokens, each with {args.per_distance} passages of "
-            f"S = {span} tokens per distance, second copies at the window's end; use on tokens 2..S of each second "
+            f"S = {span} tokens per distance (in a window of at most L, as many as fit), second copies at the window's end; use on tokens 2..S of each second "
             f"copy; intervals over windows (from {MIN_WINDOWS}) or else over passages; verdict margin "
             f"{args.margin:g} nats; {args.dtype}. Seconds per (length, method), probe + control: "
             + ", ".join(f"{r.length:,} {r.method} {r.seconds:.0f}" for r in found) + ".")}

@@ -15,6 +15,8 @@ from eval.use import (
     LEAD,
     Placement,
     build_windows,
+    fitting_count,
+    lead_tokens,
     longest_distance,
     measure_use,
     place,
@@ -29,10 +31,18 @@ def test_placement_matches_the_hand_made_layout():
     # window of 101 tokens; second copies packed from the end, distances interleaved (40 first), GAP = 2 between
     # passages: (57, 97) and (71, 91) go in first; the next 40 lands at (45, 85); the next 20 finds no room until
     # its first copy clears 45-48 and 57-60: (31, 51)
-    assert GAP == 2 and LEAD == 16
+    assert GAP == 2 and LEAD == 16 and lead_tokens(100) == 6  # a short window keeps 1/16 of it natural
     placements = place(100, 4, [20, 40], 2)
     assert placements == [Placement(20, 31, 51), Placement(20, 71, 91), Placement(40, 45, 85), Placement(40, 57, 97)]
     assert list(placements[0].scored(4)) == [51, 52, 53]  # loss columns of tokens 52..54: tokens 2..4 of the copy
+
+
+def test_a_window_of_l_holds_as_many_passages_as_fit():
+    # L = 64, S = 8, d = 32, lead 4: seconds at 57 and 47, firsts at 25 and 15; a third first would start at 5,
+    # within GAP of the lead
+    assert fitting_count(64, 8, [32], 4) == 2
+    assert place(64, 8, [32], 2) == [Placement(32, 15, 47), Placement(32, 25, 57)]
+    assert fitting_count(64, 8, [60], 4) == 0
 
 
 def test_placement_refuses_what_does_not_fit():

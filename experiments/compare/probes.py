@@ -125,10 +125,30 @@ def run_probes(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: i
     return notes
 
 
+def cached_subset(saved: dict, settings: dict) -> dict | None:
+    """A task's saved results for `settings`: all of them when saved with the same settings, or those of the
+    encodings wanted when saved for more encodings with otherwise the same settings (each encoding's models are
+    trained alone, so they do not depend on the others); None otherwise."""
+    if not saved:
+        return None
+    if saved.get("settings") == settings:
+        return saved
+    wanted, had = settings["encodings"], saved.get("settings", {}).get("encodings", {})
+    same_rest = {k: v for k, v in saved.get("settings", {}).items() if k != "encodings"} == \
+        {k: v for k, v in settings.items() if k != "encodings"}
+    if not same_rest or any(had.get(name) != model for name, model in wanted.items()):
+        return None
+    return {**saved, "settings": settings,
+            "results": {e: v for e, v in saved["results"].items() if e in wanted},
+            "training": {e: v for e, v in saved.get("training", {}).items() if e in wanted},
+            **({"grid": {label_: v for label_, v in saved["grid"].items() if label_.split("+")[0] in wanted}}
+               if "grid" in saved else {})}
+
+
 def run_tasks(compare: CompareConfig, out: Path, shared_model: dict) -> None:
     """The task suite for every encoding of the comparison (its variants' model settings, and the position_args of
     the comparison's [model] that reach it), seeds shared with it, in compare.workers processes; a task whose
-    results exist for the same settings is not trained again."""
+    results exist for the same settings (or for more encodings, otherwise the same) is not trained again."""
     encodings = {name: compare.model_settings(name, shared_model) for name in compare.encodings}
     train = task_train({"max_steps": compare.task_steps, **({"lr_cycle": compare.task_cycle} if compare.task_cycle
                                                             else {})})
@@ -142,8 +162,8 @@ def run_tasks(compare: CompareConfig, out: Path, shared_model: dict) -> None:
     suite = Suite()
     for name in compare.tasks:
         path = task_path(out, name)
-        saved = json.loads(path.read_text()) if path.exists() else {}
-        if saved.get("settings") == settings:
+        saved = cached_subset(json.loads(path.read_text()) if path.exists() else {}, settings)
+        if saved:
             print(f"task {name}: cached")
             suite.results[name], suite.training[name] = saved["results"], saved.get("training", {})
             if "grid" in saved:

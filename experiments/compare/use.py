@@ -31,14 +31,17 @@ from model.transformer import Transformer
 
 PER_DISTANCE = 4  # passages per distance in each window
 NGRAM = 4  # the second view's n-grams
+NEGATIVE_CONTROL = "window"  # attention limited to the last L keys
 
 
 def probe_use(model: Transformer, ids: np.ndarray, trained: int, compare: CompareConfig) -> dict[str, Any]:
     """The use probe of one trained model: in windows of L tokens as trained (the positive control, distances within
     L), and at the comparison's longest length as trained and under each method of compare.methods that applies to
-    it (every distance that fits). The per-window and per-passage numbers are the probe's cached rows."""
+    it and under the window control (every distance that fits). The per-window and per-passage numbers are the probe's cached rows."""
     longest = max(resolve_length(item, trained) for item in compare.lengths)
-    methods = [m for m in compare.methods if applies(m, model.config.position, model.config.layer_encodings())]
+    # the window control is always probed: the negative control (no use past its window)
+    methods = [m for m in dict.fromkeys([*compare.methods, NEGATIVE_CONTROL])
+               if applies(m, model.config.position, model.config.layer_encodings())]
     span = default_span(trained)
     found = measure_checkpoint(model, ids, trained, sorted({trained, longest}), list(compare.use_distances), span,
                                PER_DISTANCE, compare.use_windows, 0, methods, None, NGRAM)
@@ -151,7 +154,7 @@ def use_section(summaries: dict[str, UseSummary], trained: int, length: int, mar
              f"(one-sided 95% bound above 0), 'none' (equivalence within +-{margin:g} nats), else 'cannot tell'. "
              f"Windows of L = {trained} tokens (the model as trained, every position one it trained at) give the "
              f"positive control; windows of {length:,} tokens give use past L, as trained and under each method.", "",
-             "| variant | " + " | ".join(f"d = {d:,} ({d / trained:g}L) in {n:,}" for n, d in columns)
+             "| variant | " + " | ".join(f"d = {d:,} ({d / trained:.3g}L) in {n:,}" for n, d in columns)
              + " | how far back |", "|---|" + "---:|" * len(columns) + "---|"]
     for name, summary in summaries.items():
         found = dict(zip(zip(summary.lengths or [length] * len(summary.distances), summary.distances),
