@@ -15,10 +15,13 @@ so that no (tokens x vocab) logits are held. A cell whose settings equal those o
 cell's prefix: causal attention gives its first tokens the same context and settings. Dynamic NTK is scored token
 by token through the KV cache (as generation uses it) on the last --dynamic-tail positions before each length
 past L, after a prefill of the rest. Buckets: positions [0, L), [L, 2L), [2L, 4L). Intervals: Student's t 95%
-over windows (the mean of each window's bucket), and for the difference to plain RoPE, paired by window; a cell
-with one window has no interval. Passkey (eval/passkey.py's prompt, greedy) for --passkey-methods at
---passkey-lengths and --depths. Cells are run in priority order (window by window) until --minutes have passed;
-a rerun continues. Writes OUT/cache/, OUT/results.json, OUT/report.md and OUT/nll_by_position.png.
+over windows (the mean of each window's bucket), cut at 0 (a mean NLL is not negative), and for the difference to
+plain RoPE, paired by window; a cell with one window has no interval. Passkey (eval/passkey.py's prompt, greedy)
+for --passkey-methods at --passkey-lengths and --depths; cells with fewer than 10 trials stay out of the report.
+Use of the text on the same weights (eval/use.py) for --use-methods at --use-lengths: repeated passages at
+--use-distances against the control without their first copies. Cells are run in priority order (window by window)
+until --minutes have passed; a rerun continues. Writes OUT/cache/, OUT/results.json, OUT/report.md and
+OUT/nll_by_position.png; --report-only rewrites report.md from results.json and the use cache.
 """
 from __future__ import annotations
 
@@ -46,11 +49,13 @@ from eval.inference_methods import NONE, check_methods, method_spec
 from eval.passkey import evaluate_passkey
 from eval.scoring import score_incremental, score_windows
 from eval.segments import choose_segments
-from eval.stats import t_interval
+from eval.stats import Estimate, bounded_t_interval, t_interval
+from eval.use import DEFAULT_MARGIN, default_span, distances_at, fitting_count, measure_use, self_checks
 from model.checkpoint import load_model, trained_length
 from model.runtime import autocast, configure_runtime, resolve_device
 
 DEFAULT_METHODS = "none,linear,ntk,dynamic,yarn,selfextend,rerope,sinks,logn"
+MIN_PASSKEY_TRIALS = 10  # a passkey cell with fewer trials is left out of the report
 
 
 @dataclass(frozen=True)
@@ -205,6 +210,55 @@ def run_passkey(model, tokenizer, out: Path, methods: list[str], lengths: list[i
     return sorted(rows, key=lambda row: (row["length"], row["method"], row["depth"]))
 
 
+def run_use(model, texts: dict[str, np.ndarray], trained: int, out: Path, methods: list[str], lengths: list[int],
+            items: list[str], windows: int, passages: int, amp: torch.dtype | None, deadline: float) -> list[dict]:
+    """The use measurement (eval/use.py) per (text, method, length), each cached in OUT/cache/use/TEXT/; at a length
+    of at most L the model as trained only (the positive control). Returns every cached row, with its text."""
+    span = default_span(trained)
+    for text, ids in texts.items():
+        for length in lengths:
+            distances = distances_at(items, trained, length, max(lengths), span, passages)
+            count = passages if length > trained else fitting_count(length, span, distances, passages)
+            for method in ([NONE] if length <= trained else methods):
+                path = out / "cache" / "use" / text / f"{method}@{length}.json"
+                if path.exists() or not distances or not count or time.perf_counter() > deadline:
+                    continue
+                [result] = measure_use(model, ids, trained, length, distances, span, count, windows, seed=0,
+                                       methods=(method,), amp=amp)
+                rows = [{**result.row(i, trained, DEFAULT_MARGIN), "text": text, "seconds": result.seconds,
+                         "passages": result.passages[:, i, :].tolist()} for i in range(len(distances))]
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps({"rows": rows, "recurrence": result.recurrence}))
+    found = [row for path in sorted((out / "cache" / "use").glob("*/*@*.json"))
+             for row in json.loads(path.read_text())["rows"]]
+    return sorted(found, key=lambda row: (row["text"], row["length"], row["method"], row["distance"]))
+
+
+def use_markdown(use: list[dict], meta: dict[str, Any]) -> list[str]:
+    """The use tables per text, with their self-checks (eval/use.py)."""
+    trained = meta["trained"]
+    lines = []
+    for text in dict.fromkeys(row["text"] for row in use):
+        rows = [row for row in use if row["text"] == text]
+        lines += [f"## {text}: use of the text on the same weights (eval/use.py)", "",
+                  "Repeated passages of S tokens, each second copy d tokens after its first, against the same window "
+                  "with other text in place of the first copies; use = NLL(control) - NLL(probe) on the second "
+                  "copies' tokens 2..S, nats, mean [95% t over the unit named]; verdict: 'uses' (one-sided 95% bound "
+                  f"above 0), 'none' (equivalence within +-{DEFAULT_MARGIN:g} nats), else 'cannot tell'. A window of "
+                  "L tokens holds the model as trained (the positive control); a method whose attention cannot "
+                  "reach d is marked 'past reach' (the negative control).", "",
+                  "| window | method | d (tokens) | d / L | use, nats [95% t] | over | verdict | NLL probe | NLL control "
+                  "| seconds (probe + control) |", "|---:|---|---:|---:|---:|---|---|---:|---:|---:|"]
+        for r in rows:
+            flag = " (past reach)" if r["past_reach"] else ""
+            lines.append(f"| {r['length'] / 1024:g}k ({r['length'] / trained:g}x) | {r['method']} | {r['distance']:,} | "
+                         f"{r['multiple']:.2f} | {Estimate(**r['use']).format(3, signed=True)} | {r['n']} {r['unit']} "
+                         f"| {r['verdict']}{flag} | {r['probe_nll']:.3f} | {r['control_nll']:.3f} | "
+                         f"{r['seconds']:.0f} |")
+        lines += ["", *[f"- {check}" for check in self_checks(rows, trained)], ""]
+    return lines
+
+
 BUCKETS = ((0, 1), (1, 2), (2, 4))  # in units of L
 TEXT_NOTES = {"stdlib": ", this machine's Python standard library: its .py files and pydoc topics, concatenated"}
 
@@ -268,7 +322,8 @@ def summarise(runner: Runner, cells: list[Cell], longest: int) -> list[dict[str,
                     differences.append(float(part.mean() - plain[begin:end].mean()))
             if not values:
                 continue
-            estimate, difference = t_interval(values), t_interval(differences) if differences else None
+            # a mean NLL is >= 0: its t interval over few windows is cut there (never losing coverage)
+            estimate, difference = bounded_t_interval(values, 0.0), t_interval(differences) if differences else None
             rows.append({"text": text, "method": method, "length": length, "multiple": length / runner.trained,
                          "bucket": [begin, end], "kind": kind, "windows": len(values), "nll": estimate.mean,
                          "nll_low": estimate.low, "nll_high": estimate.high,
@@ -289,7 +344,7 @@ def interval(mean: float | None, low: float | None, high: float | None, signed: 
     return f"{mean:{sign}.3f}" if low is None else f"{mean:{sign}.3f} [{low:{sign}.3f}, {high:{sign}.3f}]"
 
 
-def report_markdown(rows: list[dict], passkey: list[dict], meta: dict[str, Any]) -> str:
+def report_markdown(rows: list[dict], passkey: list[dict], meta: dict[str, Any], use: list[dict] | None = None) -> str:
     lines = [f"# {meta['title']}", "", meta["setup"], ""]
     lines += ["![Mean NLL by position, bins of L / 8, one line per method and window length; dotted: L and 2L]"
               "(nll_by_position.png)", ""]
@@ -311,6 +366,13 @@ def report_markdown(rows: list[dict], passkey: list[dict], meta: dict[str, Any])
                              f"{interval(row['nll'], row['nll_low'], row['nll_high'])} | "
                              f"{interval(row['vs_plain'], row['vs_plain_low'], row['vs_plain_high'], signed=True)} |")
             lines.append("")
+    shown = [row for row in passkey if row["trials"] >= MIN_PASSKEY_TRIALS]
+    if len(shown) < len(passkey):
+        lines += [f"Passkey: {len(passkey) - len(shown)} cells with fewer than {MIN_PASSKEY_TRIALS} trials each are "
+                  "left out of the report (one prompt says little about retrieval; results.json keeps them).", ""]
+    passkey = shown
+    if use:
+        lines += use_markdown(use, meta)
     if passkey:
         lines += ["## Passkey retrieval (greedy, eval/passkey.py's prompt)", "",
                   "| method | prompt length | depth | correct | answers (key -> answer) | seconds |",
@@ -374,7 +436,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--passkey-methods", default="none,yarn,selfextend")
     parser.add_argument("--passkey-lengths", default="1x,2x", help="passkey prompt lengths")
     parser.add_argument("--depths", default="0.1,0.5,0.9", help="passkey key depths")
-    parser.add_argument("--trials", type=int, default=1, help="passkey keys per (method, length, depth)")
+    parser.add_argument("--trials", type=int, default=MIN_PASSKEY_TRIALS,
+                        help=f"passkey keys per (method, length, depth); cells with fewer than {MIN_PASSKEY_TRIALS} "
+                             "stay out of the report")
+    parser.add_argument("--use-methods", default=DEFAULT_METHODS,
+                        help="methods whose use of the text is measured (eval/use.py) past L; '' for none")
+    parser.add_argument("--use-lengths", default="1x,2x",
+                        help="window lengths of the use measurement (one of at most L: the positive control)")
+    parser.add_argument("--use-distances", default="0.25x,0.75x,1.25x,1.75x",
+                        help="distances between the repeated passages, multiples of L or tokens")
+    parser.add_argument("--use-windows", type=int, default=1, help="windows per (text, length) for use")
+    parser.add_argument("--use-passages", type=int, default=8, help="passages per distance in each use window")
+    parser.add_argument("--report-only", action="store_true",
+                        help="compute nothing: rewrite report.md from OUT/results.json (and OUT/cache/use)")
     add_device(parser)
     parser.add_argument("--dtype", default="bfloat16", help="bfloat16 (autocast) | float32")
     parser.add_argument("--minutes", type=float, default=120.0, help="start no new cell after this many minutes")
@@ -388,6 +462,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(build_parser(), argv, "checkpoint", "out")
     if args.dtype not in ("bfloat16", "float32"):
         raise ConfigError(f"--dtype is bfloat16 or float32, not {args.dtype!r}")
+    if args.report_only:
+        rewrite_report(args.out, trained_length(args.checkpoint))
+        return 0
     started = time.perf_counter()
     deadline = started + 60 * args.minutes
     amp = torch.bfloat16 if args.dtype == "bfloat16" else None
@@ -411,8 +488,12 @@ def main(argv: list[str] | None = None) -> int:
     passkey = run_passkey(model, tokenizer, args.out, check_methods(comma_list(args.passkey_methods)),
                           [resolve_length(item, trained) for item in parse_lengths(args.passkey_lengths)],
                           [float(depth) for depth in comma_list(args.depths)], args.trials, trained, amp, deadline)
+    use = run_use(model, {name: texts[name] for name in chosen}, trained, args.out,
+                  [NONE] + [m for m in check_methods(comma_list(args.use_methods)) if m != NONE],
+                  sorted({resolve_length(item, trained) for item in parse_lengths(args.use_lengths)}),
+                  comma_list(args.use_distances), args.use_windows, args.use_passages, amp, deadline)
     log_invocation(args.out, argv, started)
-    write_outputs(runner, passkey, args, texts)
+    write_outputs(runner, passkey, args, texts, use)
     return 0
 
 
@@ -444,7 +525,26 @@ def cell_costs(runner: Runner) -> tuple[float, float, str]:
     return seconds, peak, paths
 
 
-def write_outputs(runner: Runner, passkey: list[dict], args: argparse.Namespace, texts: dict[str, np.ndarray]) -> None:
+def rewrite_report(out: Path, trained: int) -> None:
+    """report.md again from OUT/results.json, with the use rows of OUT/cache/use when there are any (mean NLL
+    intervals cut at 0, as summarise now gives them)."""
+    path = out / "results.json"
+    if not path.exists():
+        raise ConfigError(f"--report-only: {path} does not exist; run eval.real_model into {out} first")
+    results = json.loads(path.read_text())
+    for row in results["rows"]:
+        row["nll_low"] = None if row["nll_low"] is None else max(0.0, row["nll_low"])
+    use = [row for file in sorted((out / "cache" / "use").glob("*/*@*.json"))
+           for row in json.loads(file.read_text())["rows"]] or results.get("use", [])
+    use.sort(key=lambda row: (row["text"], row["length"], row["method"], row["distance"]))
+    results["use"], results["meta"]["trained"] = use, trained
+    results["meta"]["setup"] = results["meta"]["setup"].replace("95% over windows; a row", "95% over windows, cut at 0; a row")
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    (out / "report.md").write_text(report_markdown(results["rows"], results["passkey"], results["meta"], use))
+
+
+def write_outputs(runner: Runner, passkey: list[dict], args: argparse.Namespace, texts: dict[str, np.ndarray],
+                  use: list[dict]) -> None:
     cells = runner.cells()
     longest = runner.longest()
     rows = summarise(runner, cells, longest)
@@ -454,7 +554,7 @@ def write_outputs(runner: Runner, passkey: list[dict], args: argparse.Namespace,
     invocations = json.loads((runner.cache / "invocations.json").read_text())
     parity = Path(args.checkpoint) / "parity.json"
     meta = {"title": f"Long-context methods on {Path(args.checkpoint).name}, a model nobody here trained",
-            "tail": runner.tail,
+            "tail": runner.tail, "trained": runner.trained,
             "setup": (f"Checkpoint `{args.checkpoint}` (L = {runner.trained:,}), {trainer_note(args.checkpoint)}. "
                       f"Texts: {text_lines}. Windows: {args.windows} per text of up to {longest:,} tokens, spread "
                       f"evenly (window 0 starts at the text's first token); {args.dtype}. A cell scores a window's first "
@@ -462,7 +562,7 @@ def write_outputs(runner: Runner, passkey: list[dict], args: argparse.Namespace,
                       "its rows are the position buckets within it. Dynamic NTK: token by token through the KV cache "
                       f"on the last {runner.tail} positions before 2L and 4L, after a prefill of the rest; the tail "
                       "table sets every method's numbers on those same positions beside it. Intervals: Student's t "
-                      "95% over windows; a row with one window has none. Attention path of each method's cells "
+                      "95% over windows, cut at 0; a row with one window has none. Attention path of each method's cells "
                       f"(docs/internals.md): {paths or 'not recorded'}."),
             "parity": json.loads(parity.read_text())["table"] if parity.exists() else "",
             "cost": (f"Machine: {machine()}. Cells and passkey rows: {cell_seconds / 60:.1f} min of compute in all; "
@@ -473,12 +573,12 @@ def write_outputs(runner: Runner, passkey: list[dict], args: argparse.Namespace,
                                + (f" ({item['note']})" if item.get("note") else "") for item in invocations))}
     args.out.mkdir(parents=True, exist_ok=True)
     results = {"meta": meta, "machine": machine(), "cell_minutes": cell_seconds / 60, "peak_rss_gib": peak,
-               "rows": rows, "passkey": passkey, "invocations": invocations}
+               "rows": rows, "passkey": passkey, "use": use, "invocations": invocations}
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.out / "report.md").write_text(report_markdown(rows, passkey, meta))
+    (args.out / "report.md").write_text(report_markdown(rows, passkey, meta, use))
     if rows:
         plot(runner, args.out / "nll_by_position.png")
-    print(report_markdown(rows, passkey, meta))
+    print(report_markdown(rows, passkey, meta, use))
 
 
 if __name__ == "__main__":

@@ -402,7 +402,8 @@ def distances_at(items: list[str], trained: int, length: int, longest: int, span
     """The distances measured in windows of `length`: those that fit in it (within L only, for a length of at most
     L), and "max" resolved at the longest length."""
     fixed = sorted({resolve_length(item, trained) for item in items if item != "max"})
-    fixed = [d for d in fixed if d + span + GAP + lead_tokens(length) <= length and (length > trained or d < trained)]
+    fixed = [d for d in fixed if span + GAP <= d and d + span + GAP + lead_tokens(length) <= length
+             and (length > trained or d < trained)]
     if "max" in items and length == longest:
         fixed.append(longest_distance(length, span, fixed, per_distance))
     return sorted(set(fixed))
