@@ -429,7 +429,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--texts", default="stdlib,book", help="the texts this invocation scores (the report "
                                                                  "holds every cached cell)")
     parser.add_argument("--methods", default=DEFAULT_METHODS, help="inference-time methods (none = plain RoPE)")
-    parser.add_argument("--lengths", default="1x,2x,4x", help="window lengths: multiples of L or token counts")
+    parser.add_argument("--lengths", default="1x,2x,4x", help="window lengths of the NLL cells: multiples of L or "
+                                                               "token counts ('' for none)")
     parser.add_argument("--windows", type=int, default=2, help="windows of the longest length per text")
     parser.add_argument("--dynamic-tail", type=int, default=128,
                         help="positions before each length past L that dynamic NTK scores token by token")
@@ -478,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     saved = args.out / "cache" / "layout.json"  # texts an earlier invocation scored stay in the report
     wanted = set(comma_list(args.texts)) | set(json.loads(saved.read_text()) if saved.exists() else [])
     texts = read_texts(tokenizer, args.book, stdlib="stdlib" in wanted)
-    starts = window_layout(texts, max(lengths[-1], LAYOUT_MULTIPLE * trained), args.windows, args.out)
+    starts = window_layout(texts, max([*lengths, LAYOUT_MULTIPLE * trained]), args.windows, args.out)
     runner = Runner(model, texts, starts, trained, args.out, amp, args.dynamic_tail)
     asked = comma_list(args.texts)
     chosen = [name for name in texts if name in asked or (name != "stdlib" and "book" in asked)]
@@ -508,7 +509,7 @@ def log_invocation(out: Path, argv: list[str] | None, started: float) -> None:
 
 
 def cell_costs(runner: Runner) -> tuple[float, float, str]:
-    """(seconds of every cached cell and passkey row, the largest peak RSS any recorded, each method's attention
+    """(seconds of every cached cell, passkey row and use measurement, the largest peak RSS any recorded, each method's attention
     path as its cells recorded it, e.g. "none: sdpa; selfextend: merged")."""
     seconds, peak = 0.0, 0.0
     kinds: dict[str, set[str]] = {}
@@ -521,6 +522,8 @@ def cell_costs(runner: Runner) -> tuple[float, float, str]:
         kinds.setdefault(method, set()).update(kind.split(":")[0] for kind in recorded.values())
     for path in (runner.cache / "passkey").glob("*.json"):
         seconds += json.loads(path.read_text())["seconds"]
+    for path in (runner.cache / "use").glob("*/*@*.json"):  # one measurement: every row carries its seconds
+        seconds += json.loads(path.read_text())["rows"][0]["seconds"]
     paths = "; ".join(f"{method}: {', '.join(sorted(found))}" for method, found in sorted(kinds.items()) if found)
     return seconds, peak, paths
 
