@@ -218,7 +218,7 @@ def run_use(model, texts: dict[str, np.ndarray], trained: int, out: Path, method
     for text, ids in texts.items():
         for length in lengths:
             distances = distances_at(items, trained, length, max(lengths), span, passages)
-            count = passages if length > trained else fitting_count(length, span, distances, passages)
+            count = fitting_count(length, span, distances, passages)
             for method in ([NONE] if length <= trained else methods):
                 path = out / "cache" / "use" / text / f"{method}@{length}.json"
                 if path.exists() or not distances or not count or time.perf_counter() > deadline:

@@ -45,7 +45,7 @@ import torch
 
 from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, parse
 from data.tokenizer import load_tokenizer
-from errors import ConfigError, cli_command
+from errors import ConfigError, PositionRangeError, cli_command
 from eval import figures
 from eval.extrapolation import parse_lengths, resolve_length
 from eval.heldout import checkpoint_eval_tokens
@@ -405,24 +405,31 @@ def distances_at(items: list[str], trained: int, length: int, longest: int, span
     fixed = [d for d in fixed if span + GAP <= d and d + span + GAP + lead_tokens(length) <= length
              and (length > trained or d < trained)]
     if "max" in items and length == longest:
-        fixed.append(longest_distance(length, span, fixed, per_distance))
+        try:
+            fixed.append(longest_distance(length, span, fixed, 1))
+        except ConfigError:  # the window holds no further distance
+            pass
     return sorted(set(fixed))
 
 
 def measure_checkpoint(model: Transformer, ids: np.ndarray, trained: int, lengths: list[int], items: list[str],
                        span: int, per_distance: int, windows: int, seed: int, methods: list[str],
-                       amp: torch.dtype | None, ngram: int) -> list[UseResult]:
-    """measure_use at every length: at a length of at most L the model as trained, past L every method."""
-    found = []
+                       amp: torch.dtype | None, ngram: int) -> tuple[list[UseResult], list[str]]:
+    """measure_use at every length: at a length of at most L the model as trained, past L every method. Returns
+    the results and, for a (method, length) the model cannot run (a learned table's end), why (not raised)."""
+    found, errors = [], []
     for length in lengths:
         distances = distances_at(items, trained, length, max(lengths), span, per_distance)
-        # a window of at most L holds fewer passages: as many as fit
-        count = per_distance if length > trained else fitting_count(length, span, distances, per_distance)
-        if distances and count:
-            chosen = (NONE,) if length <= trained else tuple(dict.fromkeys([NONE, *methods]))
-            found += measure_use(model, ids, trained, length, distances, span, count, windows, seed, chosen,
-                                 amp, ngram)
-    return found
+        count = fitting_count(length, span, distances, per_distance)  # a short window holds fewer: as many as fit
+        if not distances or not count:
+            continue
+        for method in ([NONE] if length <= trained else list(dict.fromkeys([NONE, *methods]))):
+            try:
+                found += measure_use(model, ids, trained, length, distances, span, count, windows, seed, (method,),
+                                     amp, ngram)
+            except PositionRangeError as error:
+                errors.append(f"{method} @ {length}: {error}")
+    return found, errors
 
 
 @cli_command
@@ -445,8 +452,10 @@ def main(argv: list[str] | None = None) -> int:
         lengths = sorted({resolve_length(item, trained) for item in parse_lengths(args.lengths)})
         span = args.span or default_span(trained)
         chosen = [m for m in methods if applies(m, model.config.position, model.config.layer_encodings())]
-        found = measure_checkpoint(model, ids, trained, lengths, comma_list(args.distances), span, args.per_distance,
-                                   args.windows, args.seed, chosen, amp, args.ngram)
+        found, errors = measure_checkpoint(model, ids, trained, lengths, comma_list(args.distances), span,
+                                           args.per_distance, args.windows, args.seed, chosen, amp, args.ngram)
+        for error in errors:
+            print(f"not measured: {error}")
         rows = [result.row(i, trained, args.margin) for result in found for i in range(len(result.distances))]
         longest = [r for r in found if r.length == lengths[-1]]
         name = Path(checkpoint).name

@@ -399,7 +399,9 @@ def test_probes_and_tasks_add_their_sections_and_are_cached(small_text_file, tmp
     compare.tasks trains the task suite per encoding, the report gets their sections, and a re-run reuses both."""
     out = tmp_path / "cmp"
     args = arguments(small_text_file, out, '--compare.encodings=["learned", "rope"]', "--compare.workers=1",
-                     '--compare.probes=["attention", "induction", "passkey"]', '--compare.probe_lengths=["1x", "16x"]',
+                     '--compare.probes=["attention", "induction", "passkey", "use"]',
+                     '--compare.probe_lengths=["1x", "16x"]', '--compare.use_distances=["2x", "max"]',
+                     "--compare.use_windows=3",
                      "--compare.probe_tokens=256", "--compare.passkey_trials=2", '--compare.tasks=["flipflop"]',
                      "--compare.task_steps=3", "--compare.seeds=[1, 2]",
                      '--compare.methods=["clamp"]', '--compare.lengths=["1x", "2x"]')
@@ -414,9 +416,15 @@ def test_probes_and_tasks_add_their_sections_and_are_cached(small_text_file, tmp
     tasks = json.loads((out / "tasks" / "flipflop" / "results.json").read_text())
     assert set(tasks["results"]) == {"learned", "rope"} and tasks["results"]["rope"]["8x"]["exact_match"]["n"] == 2
     assert tasks["training"]["rope"] == {"seeds": [1, 2], "steps": [3, 3], "reached": [False, False]}  # the cap
+    use = json.loads((out / "probes" / "rope" / "seed1-use.json").read_text())["rows"]["results"]
+    # at the longest length (2x = 32 tokens) as trained, under clamp where it applies and under the window control
+    assert {(r["method"], r["length"]) for r in use} == {("none", 32), ("window", 32)}
+    assert np.asarray(use[0]["passages"]).shape[:2] == (3, 1)  # 3 windows x one distance (2L does not fit in 2L)
     report = (out / "report.md").read_text()
-    for heading in ("### Attention diagnostics", "### Induction probe", "### Passkey retrieval", "### Task: flipflop"):
+    for heading in ("### Attention diagnostics", "### Induction probe", "### Passkey retrieval", "### Task: flipflop",
+                    "### Use of the text past L, on the same weights"):
         assert heading in report
+    assert "| rope+window |" in report and "Negative control (rope+window" in report
     assert "| rope @ 16x |" in report and (out / "attention.png").stat().st_size > 0
     assert " | 3* / 3* |" in report and "until validation exact match at L reaches 0.95, at most 3 steps" in report
     from eval.figures import colour, method_colour
@@ -432,7 +440,8 @@ def test_probes_and_tasks_add_their_sections_and_are_cached(small_text_file, tmp
     capsys.readouterr()
     assert main(args) == 0
     output = capsys.readouterr().out
-    assert "attention cached, induction cached, passkey cached" in output and "task flipflop: cached" in output
+    assert "attention cached, induction cached, passkey cached, use cached" in output
+    assert "task flipflop: cached" in output
 
 
 def test_newer_paper_claims_are_judged_by_their_intervals():

@@ -43,9 +43,9 @@ def probe_use(model: Transformer, ids: np.ndarray, trained: int, compare: Compar
     methods = [m for m in dict.fromkeys([*compare.methods, NEGATIVE_CONTROL])
                if applies(m, model.config.position, model.config.layer_encodings())]
     span = default_span(trained)
-    found = measure_checkpoint(model, ids, trained, sorted({trained, longest}), list(compare.use_distances), span,
-                               PER_DISTANCE, compare.use_windows, 0, methods, None, NGRAM)
-    return {"span": span, "per_distance": PER_DISTANCE,
+    found, errors = measure_checkpoint(model, ids, trained, sorted({trained, longest}), list(compare.use_distances),
+                                       span, PER_DISTANCE, compare.use_windows, 0, methods, None, NGRAM)
+    return {"span": span, "per_distance": PER_DISTANCE, "errors": errors,
             "results": [{"method": r.method, "length": r.length, "distances": r.distances,
                          "passages": r.passages.tolist(), "reach": r.reach, "recurrence": r.recurrence}
                         for r in found]}
@@ -90,6 +90,8 @@ def summarise_use(found: dict[str, dict[int, dict]], margin: float) -> dict[str,
         for rows in by_seed.values():
             for entry in rows.get("results", []):
                 entries.setdefault((entry["method"], entry["length"]), []).append(entry)
+        if not entries:
+            continue
         longest = max(length for _, length in entries)
         short = [key for key in entries if key[1] < longest and key[0] == NONE]
         for method in dict.fromkeys(m for m, length in entries if length == longest):
