@@ -39,8 +39,9 @@ from experiments.tasks import (
     DEFAULT_MODEL,
     DEFAULT_TRAIN,
     Suite,
-    estimate,
     grid_table,
+    rate_caption,
+    rate_cell,
     run_suite,
     steps_cell,
     task_train,
@@ -351,12 +352,13 @@ def tasks_section(results: ComparisonResults) -> list[str]:
                   f"Trained per encoding and seed at L = {saved['length']} (experiments/tasks.py, model {DEFAULT_MODEL}, "
                   f"batches of {DEFAULT_TRAIN['batch_size']} sequences, {budget}), exact match on "
                   f"{saved['settings'].get('count', 256)} "
-                  "fresh sequences per length, mean [95% t interval] over seeds; steps: each seed's (* reached "
-                  "the cap).", "", *header("encoding", multiples + ["steps"])]
+                  "fresh sequences per length: "
+                  + rate_caption([row["exact_match"] for rows in by_encoding.values() for row in rows.values()])
+                  + "; steps: each seed's (* reached the cap).", "", *header("encoding", multiples + ["steps"])]
         for encoding, by_length in by_encoding.items():
             steps = steps_cell(training.get(encoding, {}))
             lines.append(f"| {encoding} | " + " | ".join(
-                cell(estimate(row["exact_match"])) for row in by_length.values()) + f" | {steps} |")
+                rate_cell(row["exact_match"]) for row in by_length.values()) + f" | {steps} |")
         lines += ["", f"![{name}](tasks/{name}/{name}.png)", ""]
         if saved.get("grid"):
             lines += ["Answers at a set distance d before their queries, at each length (the grid), for each model and "
