@@ -380,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "(the longest the longest window holds)")
     parser.add_argument("--span", type=int, default=0, help="tokens S per passage (0: L / 8, within 8..64)")
     parser.add_argument("--per-distance", type=int, default=4, help="passages K per distance in each window")
-    parser.add_argument("--windows", type=int, default=8,
+    parser.add_argument("--windows", type=int, default=32,
                         help=f"windows of held-out text (intervals over windows from {MIN_WINDOWS}, else over "
                              "passages)")
     parser.add_argument("--methods", default=NONE, help="inference-time methods, each where it applies (none: as "

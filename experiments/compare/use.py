@@ -4,7 +4,7 @@ weights the penalty is measured on.
     [compare]
     probes = ["use"]
     use_distances = ["0.5x", "2x", "4x", "8x", "max"]   # 0.5x: the positive control, within L
-    use_windows = 8                                     # held-out windows per model and length
+    use_windows = 32                                    # held-out windows per model and length
 
 Each model is probed in windows of L tokens as trained (the positive control: distances within L, every position
 one it trained at) and at the comparison's longest length, as trained and under each of compare.methods that
