@@ -120,7 +120,8 @@ def map_points(results: ComparisonResults, text_use: dict[str, UseSummary] | Non
     return points
 
 
-def plot_map(points: list[MapPoint], tasks: list[str], longest_multiple: float, path: Path) -> Path | None:
+def plot_map(points: list[MapPoint], tasks: list[str], longest_multiple: float, path: Path,
+             margin: float | None = None) -> Path | None:
     """The text panel first (harm (x) against the same text models' use (y), nats), then one panel per lookup task
     (harm against exact match of the separate task models); interval bars both ways, one colour per encoding and one
     marker style per method; the dotted band: flat on text; in a lookup panel, the grey band: the window controls'."""
@@ -154,6 +155,9 @@ def plot_map(points: list[MapPoint], tasks: list[str], longest_multiple: float, 
         axis.set_xlabel(f"harm: text penalty at {longest_multiple:g}x (nats)")
         if panel == "text":
             axis.axhline(0, color="black", linewidth=0.8)
+            if margin:
+                axis.axhspan(-margin, margin, color="tab:blue", alpha=0.10, linewidth=0,
+                             label=f"no use: the equivalence margin (±{margin:g} nats)")
             axis.set_ylabel(f"use of text {TEXT_USE_DISTANCE}L back, same weights (nats, 95% t)")
             axis.set_title(f"the text models: harm against use of passages {TEXT_USE_DISTANCE}L back", fontsize=9)
         else:
@@ -228,7 +232,7 @@ def map_section(results: ComparisonResults, text_use: dict[str, UseSummary] | No
         return []
     points = map_points(results, text_use)
     longest_multiple = results.longest / results.trained
-    figure = plot_map(points, tasks, longest_multiple, results.out / "map.png")
+    figure = plot_map(points, tasks, longest_multiple, results.out / "map.png", results.compare.use_margin)
     if figure is None:
         return []
     text = ("Use (y, first panel): the same text models' use of passages repeated "
