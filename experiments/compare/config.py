@@ -54,7 +54,7 @@ class CompareConfig:
     # multiples of L or tokens or "max" (the first, within L, is the positive control); windows per model; the
     # equivalence margin of its "none" verdict, nats
     use_distances: list = field(default_factory=lambda: ["0.5x", "2x", "4x", "8x", "max"])
-    use_windows: int = 32
+    use_windows: int = 64
     use_margin: float = 0.05
     tasks: list = field(default_factory=list)  # synthetic tasks trained per encoding (eval/task_generators.py)
     task_steps: int = 12000  # the cap on each task model's training steps (experiments.tasks default)

@@ -4,7 +4,7 @@ weights the penalty is measured on.
     [compare]
     probes = ["use"]
     use_distances = ["0.5x", "2x", "4x", "8x", "max"]   # 0.5x: the positive control, within L
-    use_windows = 32                                    # held-out windows per model and length
+    use_windows = 64                                    # held-out windows per model and length
 
 Each model is probed in windows of L tokens as trained (the positive control: distances within L, every position
 one it trained at) and at the comparison's longest length, as trained and under each of compare.methods that
@@ -133,7 +133,7 @@ def reads_back_words(summary: UseSummary, trained: int) -> str:
     farthest = summary.reads_back()
     if farthest is None:
         return "no use shown"
-    return f"reads back to about {farthest:,} tokens ({farthest / trained:g}L)"
+    return f"reads back to about {farthest:,} tokens ({farthest / trained:.3g}L)"
 
 
 def positive_control(summary: UseSummary, trained: int) -> bool | None:
@@ -141,6 +141,15 @@ def positive_control(summary: UseSummary, trained: int) -> bool | None:
     lengths = summary.lengths or [trained + 1] * len(summary.distances)
     within = [v for d, n, v in zip(summary.distances, lengths, summary.verdicts) if d < trained and n <= trained]
     return None if not within else "uses" in within
+
+
+def negative_word(verdicts) -> str:
+    """The negative control in a word: it passes where every verdict past the reach is 'none', fails where one is
+    'uses' (the measure reads use where none is possible), and is too noisy to confirm otherwise."""
+    verdicts = list(verdicts)
+    if "uses" in verdicts:
+        return "FAILS: the measure reads use where none is possible"
+    return "passes" if all(v == "none" for v in verdicts) else "not confirmed: too noisy to show 'none' everywhere"
 
 
 def use_section(summaries: dict[str, UseSummary], trained: int, length: int, margin: float) -> list[str]:
@@ -173,8 +182,6 @@ def use_section(summaries: dict[str, UseSummary], trained: int, length: int, mar
         if summary.reach is not None:
             beyond = [(summary.distances[i], summary.verdicts[i]) for i in summary._longest()
                       if summary.distances[i] > summary.reach]
-            ok = all(v == "none" for _, v in beyond)
             checks.append(f"Negative control ({name}, attention limited to {summary.reach} keys): past its reach "
-                          + ", ".join(f"d = {d:,} {v}" for d, v in beyond)
-                          + (" (passes)." if ok else " (FAILS: the measure reads use where none is possible)."))
+                          + ", ".join(f"d = {d:,} {v}" for d, v in beyond) + f" ({negative_word(v for _, v in beyond)}).")
     return lines + [""] + [f"- {c}" for c in checks] + [""]
