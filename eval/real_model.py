@@ -49,8 +49,8 @@ from eval.inference_methods import NONE, check_methods, method_spec
 from eval.passkey import evaluate_passkey
 from eval.scoring import score_incremental, score_windows
 from eval.segments import choose_segments
-from eval.stats import Estimate, bounded_t_interval, t_interval
-from eval.use import DEFAULT_MARGIN, default_span, distances_at, fitting_count, measure_use, self_checks
+from eval.stats import bounded_t_interval, t_interval
+from eval.use import DEFAULT_MARGIN, default_span, distances_at, fitting_count, measure_use, rows_table, self_checks
 from model.checkpoint import load_model, trained_length
 from model.runtime import autocast, configure_runtime, resolve_device
 
@@ -246,15 +246,7 @@ def use_markdown(use: list[dict], meta: dict[str, Any]) -> list[str]:
                   "copies' tokens 2..S, nats, mean [95% t over the unit named]; verdict: 'uses' (one-sided 95% bound "
                   f"above 0), 'none' (equivalence within +-{DEFAULT_MARGIN:g} nats), else 'cannot tell'. A window of "
                   "L tokens holds the model as trained (the positive control); a method whose attention cannot "
-                  "reach d is marked 'past reach' (the negative control).", "",
-                  "| window | method | d (tokens) | d / L | use, nats [95% t] | over | verdict | NLL probe | NLL control "
-                  "| seconds (probe + control) |", "|---:|---|---:|---:|---:|---|---|---:|---:|---:|"]
-        for r in rows:
-            flag = " (past reach)" if r["past_reach"] else ""
-            lines.append(f"| {r['length'] / 1024:g}k ({r['length'] / trained:g}x) | {r['method']} | {r['distance']:,} | "
-                         f"{r['multiple']:.2f} | {Estimate(**r['use']).format(3, signed=True)} | {r['n']} {r['unit']} "
-                         f"| {r['verdict']}{flag} | {r['probe_nll']:.3f} | {r['control_nll']:.3f} | "
-                         f"{r['seconds']:.0f} |")
+                  "reach d is marked 'past reach' (the negative control).", "", *rows_table(rows, trained)]
         lines += ["", *[f"- {check}" for check in self_checks(rows, trained)], ""]
     return lines
 

@@ -315,16 +315,24 @@ def self_checks(rows: list[dict[str, Any]], trained: int) -> list[str]:
     return lines
 
 
-def markdown(name: str, rows: list[dict[str, Any]], recurrence: dict[str, list[dict]], meta: dict[str, Any]) -> str:
-    trained = meta["trained"]
-    lines = [f"## {name}", "", meta["setup"], "",
-             "| window | method | distance (tokens) | distance / L | use, nats [95% t] | over | verdict | "
-             "NLL probe | NLL control |", "|---:|---|---:|---:|---:|---|---|---:|---:|"]
+def rows_table(rows: list[dict[str, Any]], trained: int) -> list[str]:
+    """The markdown table of use rows (a row's seconds, where it records them, in a last column)."""
+    timed = all("seconds" in r for r in rows)
+    lines = ["| window | method | distance (tokens) | distance / L | use, nats [95% t] | over | verdict | "
+             "NLL probe | NLL control |" + (" seconds (probe + control) |" if timed else ""),
+             "|---:|---|---:|---:|---:|---|---|---:|---:|" + ("---:|" if timed else "")]
     for r in rows:
         flag = " (past reach)" if r["past_reach"] else ""
         lines.append(f"| {r['length']:,} ({r['length'] / trained:g}L) | {r['method']} | {r['distance']:,} | "
                      f"{r['multiple']:.2f} | {Estimate(**r['use']).format(3, signed=True)} | {r['n']} {r['unit']} | "
-                     f"{r['verdict']}{flag} | {r['probe_nll']:.3f} | {r['control_nll']:.3f} |")
+                     f"{r['verdict']}{flag} | {r['probe_nll']:.3f} | {r['control_nll']:.3f} |"
+                     + (f" {r['seconds']:.0f} |" if timed else ""))
+    return lines
+
+
+def markdown(name: str, rows: list[dict[str, Any]], recurrence: dict[str, list[dict]], meta: dict[str, Any]) -> str:
+    trained = meta["trained"]
+    lines = [f"## {name}", "", meta["setup"], "", *rows_table(rows, trained)]
     lines += ["", "Self-checks:", ""] + [f"- {line}" for line in self_checks(rows, trained)] + [""]
     first = next(iter(recurrence.values()))
     lines += [f"Second view (the control's natural tokens by how far back their preceding {meta['ngram']}-gram last "
