@@ -28,11 +28,12 @@ from eval.induction import induction_probe, ordinary_token_ids
 from eval.passkey import evaluate_passkey
 from eval.stats import Estimate, seeds_and_trials, t_interval
 from eval.task_generators import TASKS
+from eval.use import default_span
 from experiments.compare.cells import cell, header
 from experiments.compare.config import CompareConfig
 from experiments.compare.layout import probe_path, task_path
 from experiments.compare.results import ComparisonResults
-from experiments.compare.use import probe_use, summarise_use, use_section
+from experiments.compare.use import PER_DISTANCE, probe_use, summarise_use, use_section
 from experiments.tasks import (
     CONTROL,
     DEFAULT_LENGTH,
@@ -108,7 +109,8 @@ def run_probes(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: i
                "trials": compare.passkey_trials}
         if probe == "use":
             key = {"weights": digest, "lengths": compare.lengths, "distances": compare.use_distances,
-                   "windows": compare.use_windows, "methods": compare.methods}
+                   "windows": compare.use_windows, "methods": compare.methods, "span": default_span(trained),
+                   "per_distance": PER_DISTANCE}
         if path.exists():
             try:
                 if json.loads(path.read_text()).get("key") == key:
