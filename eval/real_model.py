@@ -244,7 +244,8 @@ def use_markdown(use: list[dict], meta: dict[str, Any]) -> list[str]:
                   "Repeated passages of S tokens, each second copy d tokens after its first, against the same window "
                   "with other text in place of the first copies; use = NLL(control) - NLL(probe) on the second "
                   "copies' tokens 2..S, nats, mean [95% t over the unit named]; verdict: 'uses' (one-sided 95% bound "
-                  f"above 0), 'none' (equivalence within +-{DEFAULT_MARGIN:g} nats), else 'cannot tell'. A window of "
+                  f"above 0), 'none' (equivalence within +-{DEFAULT_MARGIN:g} nats), 'negligible' (both), else "
+                  "'cannot tell'. A window of "
                   "L tokens holds the model as trained (the positive control); a method whose attention cannot "
                   "reach d is marked 'past reach' (the negative control).", "", *rows_table(rows, trained)]
         lines += ["", *[f"- {check}" for check in self_checks(rows, trained)], ""]

@@ -243,13 +243,15 @@ def equivalent(estimate: Spread | None, margin: float) -> bool:
     return -margin < low and high < margin
 
 
-def verdict(estimate: Spread | None, margin: float, positive: str = "uses", null: str = "none") -> str:
-    """`positive` when the mean is shown above 0 (one-sided test), `null` when it is shown within +-margin
-    (equivalence test), otherwise "cannot tell". A mean can pass both (above 0 and below the margin): it is then
-    the positive word, since a margin states what is too small to matter, not what is absent."""
-    if one_sided_above(estimate):
-        return positive
-    if equivalent(estimate, margin):
+def verdict(estimate: Spread | None, margin: float, positive: str = "uses", null: str = "none",
+            small: str = "negligible") -> str:
+    """`positive` when the mean is shown above 0 (one-sided test) and not shown below the margin; `small` when it
+    is shown above 0 and also within +-margin (the equivalence test): real, but too small to matter; `null` when it
+    is shown within +-margin and not above 0; otherwise "cannot tell"."""
+    above, within = one_sided_above(estimate), equivalent(estimate, margin)
+    if above:
+        return small if within else positive
+    if within:
         return null
     return "cannot tell"
 

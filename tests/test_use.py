@@ -158,6 +158,7 @@ def test_one_sided_and_equivalence_tests_on_hand_made_data():
     assert verdict(estimate, 0.05) == "uses"
     assert verdict(Spread(0.01, 0.01, 9), 0.05) == "none"  # [-0.008, 0.028] inside +-0.05, lower bound below 0
     assert verdict(Spread(0.01, 0.05, 9), 0.05) == "cannot tell"
+    assert verdict(Spread(0.01, 0.002, 9), 0.05) == "negligible"  # [0.0063, 0.0137]: above 0, within the margin
     values = np.array([[0.1, 0.3, 0.2]])  # one model, three windows: mean 0.2, sd 0.1, se 0.1 / sqrt(3), 2 df
     found = spread(values)
     assert (found.mean, found.df) == (pytest.approx(0.2), 2) and found.se == pytest.approx(0.1 / np.sqrt(3))

@@ -10,8 +10,8 @@ Each model is probed in windows of L tokens as trained (the positive control: di
 one it trained at) and at the comparison's longest length, as trained and under each of compare.methods that
 applies to it (the window control included): repeated passages at each distance against the control without the
 first copies. Over seeds and windows: the mean use with the interval of eval.stats.seeds_and_windows, the verdict
-of eval.stats.verdict ("uses" by a one-sided test, "none" by an equivalence test with compare.use_margin, else
-"cannot tell"), and how far back use holds ("reads back to about N tokens": the farthest distance whose verdict is
+of eval.stats.verdict ("uses" by a one-sided test, "none" by an equivalence test with compare.use_margin,
+"negligible" where both hold, else "cannot tell"), and how far back use holds ("reads back to about N tokens": the farthest distance whose verdict is
 "uses"). A variant whose positive control fails (no use at the distance within L) says nothing about use past L.
 """
 from __future__ import annotations
@@ -144,12 +144,14 @@ def positive_control(summary: UseSummary, trained: int) -> bool | None:
 
 
 def negative_word(verdicts) -> str:
-    """The negative control in a word: it passes where every verdict past the reach is 'none', fails where one is
-    'uses' (the measure reads use where none is possible), and is too noisy to confirm otherwise."""
+    """The negative control in a word: it passes where every verdict past the reach is 'none' or 'negligible' (within
+    the margin), fails where one is 'uses' (the measure reads use where none is possible), and is too noisy to
+    confirm otherwise."""
     verdicts = list(verdicts)
     if "uses" in verdicts:
         return "FAILS: the measure reads use where none is possible"
-    return "passes" if all(v == "none" for v in verdicts) else "not confirmed: too noisy to show 'none' everywhere"
+    return "passes" if all(v in ("none", "negligible") for v in verdicts) else \
+        "not confirmed: too noisy to show use within the margin everywhere"
 
 
 def use_section(summaries: dict[str, UseSummary], trained: int, length: int, margin: float) -> list[str]:
@@ -162,7 +164,8 @@ def use_section(summaries: dict[str, UseSummary], trained: int, length: int, mar
              "Repeated passages in held-out windows (eval/use.py): each second copy d tokens after its first, against "
              "the same window with other text in place of the first copies; use = the control's NLL minus the "
              "probe's on the second copies (tokens 2..S), nats, mean [95% t over seeds and windows]. Verdict: 'uses' "
-             f"(one-sided 95% bound above 0), 'none' (equivalence within +-{margin:g} nats), else 'cannot tell'. "
+             f"(one-sided 95% bound above 0), 'none' (equivalence within +-{margin:g} nats), 'negligible' (both), "
+             "else 'cannot tell'. "
              f"Windows of L = {trained} tokens (the model as trained, every position one it trained at) give the "
              f"positive control; windows of {length:,} tokens give use past L, as trained and under each method.", "",
              "| variant | " + " | ".join(f"d = {d:,} ({d / trained:.3g}L) in {n:,}" for n, d in columns)
