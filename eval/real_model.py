@@ -49,7 +49,7 @@ from eval.inference_methods import NONE, check_methods, method_spec
 from eval.passkey import evaluate_passkey
 from eval.scoring import score_incremental, score_windows
 from eval.segments import choose_segments
-from eval.stats import bounded_t_interval, t_interval
+from eval.stats import bounded_t_interval, interval_verdict, t_interval
 from eval.use import DEFAULT_MARGIN, default_span, distances_at, fitting_count, measure_use, rows_table, self_checks
 from model.checkpoint import load_model, trained_length
 from model.runtime import autocast, configure_runtime, resolve_device
@@ -229,8 +229,16 @@ def run_use(model, texts: dict[str, np.ndarray], trained: int, out: Path, method
                          "passages": result.passages[:, i, :].tolist()} for i in range(len(distances))]
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(json.dumps({"rows": rows, "recurrence": result.recurrence}))
+    return cached_use(out)
+
+
+def cached_use(out: Path) -> list[dict]:
+    """Every use row of OUT/cache/use, its verdict read again from its interval (the rule of eval.stats.verdict
+    now, whatever it was when the row was measured)."""
     found = [row for path in sorted((out / "cache" / "use").glob("*/*@*.json"))
              for row in json.loads(path.read_text())["rows"]]
+    for row in found:
+        row["verdict"] = interval_verdict(row["use"]["low"], row["use"]["high"], DEFAULT_MARGIN)
     return sorted(found, key=lambda row: (row["text"], row["length"], row["method"], row["distance"]))
 
 
@@ -243,8 +251,8 @@ def use_markdown(use: list[dict], meta: dict[str, Any]) -> list[str]:
         lines += [f"## {text}: use of the text on the same weights (eval/use.py)", "",
                   "Repeated passages of S tokens, each second copy d tokens after its first, against the same window "
                   "with other text in place of the first copies; use = NLL(control) - NLL(probe) on the second "
-                  "copies' tokens 2..S, nats, mean [95% t over the unit named]; verdict: 'uses' (one-sided 95% bound "
-                  f"above 0), 'none' (equivalence within +-{DEFAULT_MARGIN:g} nats), 'negligible' (both), else "
+                  "copies' tokens 2..S, nats, mean [95% t over the unit named]; verdict: 'uses' (the interval above "
+                  f"0), 'none' (the interval within +-{DEFAULT_MARGIN:g} nats), 'negligible' (both), else "
                   "'cannot tell'. A window of "
                   "L tokens holds the model as trained (the positive control); a method whose attention cannot "
                   "reach d is marked 'past reach' (the negative control).", "", *rows_table(rows, trained)]
@@ -530,9 +538,7 @@ def rewrite_report(out: Path, trained: int) -> None:
     results = json.loads(path.read_text())
     for row in results["rows"]:
         row["nll_low"] = None if row["nll_low"] is None else max(0.0, row["nll_low"])
-    use = [row for file in sorted((out / "cache" / "use").glob("*/*@*.json"))
-           for row in json.loads(file.read_text())["rows"]] or results.get("use", [])
-    use.sort(key=lambda row: (row["text"], row["length"], row["method"], row["distance"]))
+    use = cached_use(out) or results.get("use", [])
     results["use"], results["meta"]["trained"] = use, trained
     results["meta"]["setup"] = results["meta"]["setup"].replace("95% over windows; a row", "95% over windows, cut at 0; a row")
     path.write_text(json.dumps(results, indent=1) + "\n")

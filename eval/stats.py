@@ -15,8 +15,9 @@
                         order or a difference between two variants, on their difference paired by seed
     spread              the mean of a (seeds x windows) matrix, or of one model's windows, with its standard error and
                         degrees of freedom: what the tests below read
-    one_sided_above     "uses": the one-sided 95% lower bound lies above a bound (0)
-    equivalent          "flat" / "no use": the two one-sided tests (TOST, 5% each) put the mean within +-margin
+    one_sided_above     "uses": the 95% interval's lower end lies above a bound (0): a one-sided test at 2.5%
+    equivalent          "flat" / "no use": the 95% interval lies within +-margin: the two one-sided tests (TOST)
+                        at 2.5% each
     verdict             one of the three words those give: the positive word, the null word, or "cannot tell"
     exp_t_interval      exp of the t interval of log-scale values: always > 0
     perplexity_interval perplexity over seeds from their mean NLL: the t interval of the NLL, exponentiated
@@ -38,21 +39,11 @@ T_975 = [12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622
          2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860, 2.0796, 2.0739, 2.0687, 2.0639, 2.0595, 2.0555,
          2.0518, 2.0484, 2.0452, 2.0423]
 Z_975 = 1.959964
-# Student's t 0.95 quantiles (the one-sided 95% bound) for 1..30 degrees of freedom.
-T_95 = [6.3138, 2.9200, 2.3534, 2.1318, 2.0150, 1.9432, 1.8946, 1.8595, 1.8331, 1.8125, 1.7959, 1.7823, 1.7709,
-        1.7613, 1.7531, 1.7459, 1.7396, 1.7341, 1.7291, 1.7247, 1.7207, 1.7171, 1.7139, 1.7109, 1.7081, 1.7056,
-        1.7033, 1.7011, 1.6991, 1.6973]
-Z_95 = 1.644854
 
 
 def t_quantile_975(df: int) -> float:
     """Student's t 0.975 quantile: the table up to 30 degrees of freedom, then the Cornish-Fisher expansion."""
     return _t_quantile(df, T_975, Z_975)
-
-
-def t_quantile_95(df: int) -> float:
-    """Student's t 0.95 quantile (one-sided 95%), as t_quantile_975."""
-    return _t_quantile(df, T_95, Z_95)
 
 
 def _t_quantile(df: int, table: list[float], z: float) -> float:
@@ -202,9 +193,10 @@ class Spread:
     se: float
     df: int
 
-    def bounds_90(self) -> tuple[float, float]:
-        """The two one-sided 95% bounds (together a 90% interval), what both tests below read."""
-        half = t_quantile_95(self.df) * self.se
+    def bounds(self) -> tuple[float, float]:
+        """The 95% t interval, what every test below reads (the interval the reports print: a verdict never
+        contradicts it)."""
+        half = t_quantile_975(self.df) * self.se
         return self.mean - half, self.mean + half
 
 
@@ -228,18 +220,18 @@ def spread(matrix: np.ndarray) -> Spread | None:
 
 
 def one_sided_above(estimate: Spread | None, bound: float = 0.0) -> bool:
-    """The one-sided test at 5%: the lower 95% bound of the mean lies above `bound`."""
-    return estimate is not None and estimate.bounds_90()[0] > bound
+    """The one-sided test at 2.5%: the lower end of the 95% interval lies above `bound`."""
+    return estimate is not None and estimate.bounds()[0] > bound
 
 
 def equivalent(estimate: Spread | None, margin: float) -> bool:
-    """The equivalence test (two one-sided tests at 5% each, TOST): the mean lies within +-margin, i.e. the 90%
-    interval is inside (-margin, margin)."""
+    """The equivalence test (two one-sided tests at 2.5% each, TOST): the 95% interval lies inside (-margin,
+    margin)."""
     if estimate is None:
         return False
     if margin <= 0:
         raise ValueError(f"an equivalence margin must be positive, got {margin}")
-    low, high = estimate.bounds_90()
+    low, high = estimate.bounds()
     return -margin < low and high < margin
 
 
@@ -248,7 +240,19 @@ def verdict(estimate: Spread | None, margin: float, positive: str = "uses", null
     """`positive` when the mean is shown above 0 (one-sided test) and not shown below the margin; `small` when it
     is shown above 0 and also within +-margin (the equivalence test): real, but too small to matter; `null` when it
     is shown within +-margin and not above 0; otherwise "cannot tell"."""
-    above, within = one_sided_above(estimate), equivalent(estimate, margin)
+    if estimate is None:
+        return "cannot tell"
+    return interval_verdict(*estimate.bounds(), margin, positive, null, small)
+
+
+def interval_verdict(low: float | None, high: float | None, margin: float, positive: str = "uses",
+                     null: str = "none", small: str = "negligible") -> str:
+    """verdict's words from a 95% interval already computed (low, high; None: no interval)."""
+    if low is None or high is None:
+        return "cannot tell"
+    if margin <= 0:
+        raise ValueError(f"an equivalence margin must be positive, got {margin}")
+    above, within = low > 0, -margin < low and high < margin
     if above:
         return small if within else positive
     if within:

@@ -16,9 +16,9 @@ the second copy better in the probe than in the control:
 in nats, averaged over the K passages of a window; the interval is Student's t 95% over windows (over passages when
 there are fewer than 3 windows: each passage is its own draw of text and place). One probe and one
 control forward measure every distance at once: the second copies are packed at the end of the window, distances
-interleaved, so each distance is scored at about the same positions. Verdicts: "uses" when the one-sided 95% lower
-bound is above 0 and the equivalence test does not put it within +-margin (--margin, nats); "negligible" when both
-hold (shown, but too small to matter: other passages' first copies near a scored one differ between probe and
+interleaved, so each distance is scored at about the same positions. Verdicts, read from the 95% interval printed:
+"uses" when it lies above 0 (a one-sided test at 2.5%) and not within +-margin (--margin, nats); "negligible" when
+both hold (shown, but too small to matter: other passages' first copies near a scored one differ between probe and
 control, which moves its loss by about 0.001 nats); "none" when use is shown within +-margin only; else
 "cannot tell".
 

@@ -88,7 +88,7 @@ def test_the_readings_follow_the_text_models_own_use_when_measured():
     assert point(flat, ["none", "none", "none", "none"]).verdict == "no use within L: cannot tell"
     p = point(flat, ["uses", "uses", "uses", "none"])
     assert p.text.reads_back() == 256 and p.text_use == Estimate(0.5, 0.1, 0.9, 3)
-    assert "reads back to about 256 tokens (4L)" in "\n".join(map_findings([p]))
+    assert "reads back to about 256 tokens (4L; use there +0.500 nats)" in "\n".join(map_findings([p]))
 
 
 def test_the_map_section_draws_the_text_panel_from_the_use_probe(tmp_path):
@@ -98,6 +98,6 @@ def test_the_map_section_draws_the_text_panel_from_the_use_probe(tmp_path):
                 "alibi": summary(["uses", "uses", "uses", "uses"], distances, lengths)}
     section = "\n".join(map_section(results, text_use))
     assert "![the extrapolation map](map.png)" in section and (tmp_path / "map.png").stat().st_size > 0
-    assert "text use 4L back (nats)" in section and "reads back to about 64 tokens (4L)" in section
-    assert "| rope | +0.002" in section and "reads back to about 32 tokens (2L)" in section
+    assert "text use 4L back (nats)" in section and "reads back to about 64 tokens (4L; use there" in section
+    assert "| rope | +0.002" in section and "reads back to about 32 tokens (2L; use there" in section
     assert "Lookup panels" not in section  # no lookup task in this comparison

@@ -133,7 +133,9 @@ def reads_back_words(summary: UseSummary, trained: int) -> str:
     farthest = summary.reads_back()
     if farthest is None:
         return "no use shown"
-    return f"reads back to about {farthest:,} tokens ({farthest / trained:.3g}L)"
+    estimate = summary.at(farthest)[0]
+    size = f"; use there {estimate.mean:+.3f} nats" if estimate is not None else ""
+    return f"reads back to about {farthest:,} tokens ({farthest / trained:.3g}L{size})"
 
 
 def positive_control(summary: UseSummary, trained: int) -> bool | None:
@@ -164,7 +166,7 @@ def use_section(summaries: dict[str, UseSummary], trained: int, length: int, mar
              "Repeated passages in held-out windows (eval/use.py): each second copy d tokens after its first, against "
              "the same window with other text in place of the first copies; use = the control's NLL minus the "
              "probe's on the second copies (tokens 2..S), nats, mean [95% t over seeds and windows]. Verdict: 'uses' "
-             f"(one-sided 95% bound above 0), 'none' (equivalence within +-{margin:g} nats), 'negligible' (both), "
+             f"(the 95% interval above 0), 'none' (the interval within +-{margin:g} nats), 'negligible' (both), "
              "else 'cannot tell'. "
              f"Windows of L = {trained} tokens (the model as trained, every position one it trained at) give the "
              f"positive control; windows of {length:,} tokens give use past L, as trained and under each method.", "",
