@@ -540,6 +540,12 @@ def rewrite_report(out: Path, trained: int) -> None:
         row["nll_low"] = None if row["nll_low"] is None else max(0.0, row["nll_low"])
     use = cached_use(out) or results.get("use", [])
     results["use"], results["meta"]["trained"] = use, trained
+    measured = {(row["text"], row["method"], row["length"]): row["seconds"] for row in use}
+    results["meta"]["cost"] = results["meta"]["cost"].split("\n\nUse measurements:")[0]  # the line is made anew
+    if measured:
+        results["meta"]["cost"] += (f"\n\nUse measurements: {sum(measured.values()) / 60:.1f} min of compute in all "
+                                    f"({len(measured)} (text, method, length) cells, probe and control; the seconds "
+                                    "column of the use table)")
     results["meta"]["setup"] = results["meta"]["setup"].replace("95% over windows; a row", "95% over windows, cut at 0; a row")
     path.write_text(json.dumps(results, indent=1) + "\n")
     (out / "report.md").write_text(report_markdown(results["rows"], results["passkey"], results["meta"], use))
