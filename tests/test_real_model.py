@@ -70,6 +70,11 @@ def test_report_rows_intervals_and_resuming(checkpoint, small_text_file, tmp_pat
     assert run(checkpoint, small_text_file, out, *methods) == 0  # a rerun scores nothing again
     assert {path: path.stat().st_mtime_ns for path in (out / "cache").rglob("*.npz")} == stamps
     assert len(json.loads((out / "cache" / "invocations.json").read_text())) == 2
+    (out / "report.md").unlink()  # --report-only: the report again from results.json and the use cache alone
+    assert main(["--checkpoint", str(checkpoint), "--out", str(out), "--report-only"]) == 0
+    again = (out / "report.md").read_text()
+    assert "use of the text on the same weights" in again and "Use measurements: " in again
+    assert again.count("Use measurements: ") == 1
 
 
 def test_another_window_layout_is_refused(checkpoint, small_text_file, tmp_path, capsys):
