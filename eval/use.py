@@ -472,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"not measured: {error}")
         rows = [result.row(i, trained, args.margin) for result in found for i in range(len(result.distances))]
         longest = [r for r in found if r.length == lengths[-1]]
-        name = Path(checkpoint).name
+        name = str(checkpoint)  # the whole path: a comparison names its runs seed1, seed2, ... in each folder
         meta = {"trained": trained, "ngram": args.ngram, "setup": (
             f"Checkpoint `{checkpoint}` (L = {trained:,}); {scored}. Windows: {args.windows} per length of "
             f"T = {', '.join(f'{n:,}' for n in lengths)} tokens, each with {args.per_distance} passages of "
