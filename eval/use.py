@@ -487,7 +487,9 @@ def main(argv: list[str] | None = None) -> int:
         print(sections[-1])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.out / "report.md").write_text("# Use on the same weights (eval.use)\n\n" + "\n".join(sections))
+    (args.out / "report.md").write_text("# Use on the same weights (eval.use)\n\n![use against the distance between "
+                                        "the copies, one line per checkpoint, method and window](use.png)\n\n"
+                                        + "\n".join(sections))
     print(f"wrote {args.out / 'report.md'}, {args.out / 'results.json'} and {plot(results, args.out / 'use.png')}")
     return 0
 
