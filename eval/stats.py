@@ -200,6 +200,18 @@ class Spread:
         return self.mean - half, self.mean + half
 
 
+def spread_interval(matrix: np.ndarray) -> Estimate | None:
+    """The mean of a (seeds, windows) matrix with the 95% t interval the tests below read: seeds_and_windows's over
+    seeds, or, for one seed, over its windows (no interval from a single value)."""
+    matrix = np.atleast_2d(np.asarray(matrix, dtype=np.float64))
+    estimate = spread(matrix)
+    if estimate is None:
+        rows = _seed_window_rows(matrix)
+        return None if rows is None else Estimate(float(rows.mean()), None, None, rows.shape[0])
+    low, high = estimate.bounds()
+    return Estimate(estimate.mean, low, high, matrix.shape[0])
+
+
 def spread(matrix: np.ndarray) -> Spread | None:
     """The mean of a (seeds, windows) matrix with the standard error of seeds_and_windows and seeds - 1 degrees
     of freedom; with one seed (one model), over its windows: se = sd(windows) / sqrt(windows), windows - 1 degrees
@@ -229,10 +241,7 @@ def equivalent(estimate: Spread | None, margin: float) -> bool:
     margin)."""
     if estimate is None:
         return False
-    if margin <= 0:
-        raise ValueError(f"an equivalence margin must be positive, got {margin}")
-    low, high = estimate.bounds()
-    return -margin < low and high < margin
+    return interval_verdict(*estimate.bounds(), margin) in ("none", "negligible")
 
 
 def verdict(estimate: Spread | None, margin: float, positive: str = "uses", null: str = "none",

@@ -9,7 +9,7 @@ weights the penalty is measured on.
 Each model is probed in windows of L tokens as trained (the positive control: distances within L, every position
 one it trained at) and at the comparison's longest length, as trained and under each of compare.methods that
 applies to it (the window control included): repeated passages at each distance against the control without the
-first copies. Over seeds and windows: the mean use with the interval of eval.stats.seeds_and_windows, the verdict
+first copies. Over seeds and windows: the mean use with the interval of eval.stats.spread_interval, the verdict
 of eval.stats.verdict ("uses" by a one-sided test, "none" by an equivalence test with compare.use_margin,
 "negligible" where both hold, else "cannot tell"), and how far back use holds ("reads back to about N tokens": the farthest distance whose verdict is
 "uses"). A variant whose positive control fails (no use at the distance within L) says nothing about use past L.
@@ -23,7 +23,7 @@ import numpy as np
 
 from eval.extrapolation import resolve_length
 from eval.inference_methods import NONE, applies, label
-from eval.stats import Estimate, seeds_and_windows, spread, t_quantile_975, verdict
+from eval.stats import Estimate, spread, spread_interval, verdict
 from eval.use import MIN_WINDOWS, default_span, measure_checkpoint
 from experiments.compare.cells import cell
 from experiments.compare.config import CompareConfig
@@ -62,7 +62,7 @@ class UseSummary:
     reach: int | None  # how far its attention sees (a window control), None: everything
     lengths: list[int] = field(default_factory=list)  # the window length of each column (empty: all the longest)
 
-    def _longest(self) -> list[int]:
+    def longest_columns(self) -> list[int]:
         """The columns measured at the longest length."""
         if not self.lengths:
             return list(range(len(self.distances)))
@@ -70,12 +70,12 @@ class UseSummary:
 
     def reads_back(self) -> int | None:
         """The farthest distance at the longest length whose verdict is 'uses' (None: none)."""
-        shown = [self.distances[i] for i in self._longest() if self.verdicts[i] == "uses"]
+        shown = [self.distances[i] for i in self.longest_columns() if self.verdicts[i] == "uses"]
         return max(shown) if shown else None
 
     def at(self, distance: int) -> tuple[Estimate | None, str] | None:
         """(estimate, verdict) at `distance` at the longest length."""
-        for i in self._longest():
+        for i in self.longest_columns():
             if self.distances[i] == distance:
                 return self.estimates[i], self.verdicts[i]
         return None
@@ -106,7 +106,7 @@ def summarise_use(found: dict[str, dict[int, dict]], margin: float) -> dict[str,
                     columns.append((key[1], distance, unit_values(passages[:, :, i, :])))
             summaries[label(encoding, method)] = UseSummary(
                 label(encoding, method), [d for _, d, _ in columns],
-                [seeds_and_windows(m) if m.shape[0] > 1 else _one_seed(m) for _, _, m in columns],
+                [spread_interval(m) for _, _, m in columns],
                 [verdict(spread(m), margin) for _, _, m in columns],
                 entries[(method, longest)][0]["reach"], [n for n, _, _ in columns])
     return summaries
@@ -118,15 +118,6 @@ def unit_values(passages: np.ndarray) -> np.ndarray:
     if passages.shape[1] >= MIN_WINDOWS:
         return passages.mean(axis=2)
     return passages.reshape(passages.shape[0], -1)
-
-
-def _one_seed(matrix: np.ndarray) -> Estimate:
-    """One seed: the mean with a t interval over its windows (text sampling only)."""
-    estimate = spread(matrix)
-    if estimate is None:
-        return Estimate(float(matrix.mean()), None, None, 1)
-    half = t_quantile_975(estimate.df) * estimate.se
-    return Estimate(estimate.mean, estimate.mean - half, estimate.mean + half, 1)
 
 
 def reads_back_words(summary: UseSummary, trained: int) -> str:
@@ -185,7 +176,7 @@ def use_section(summaries: dict[str, UseSummary], trained: int, length: int, mar
                      "cannot show use" if failed else "") + ".")
     for name, summary in summaries.items():
         if summary.reach is not None:
-            beyond = [(summary.distances[i], summary.verdicts[i]) for i in summary._longest()
+            beyond = [(summary.distances[i], summary.verdicts[i]) for i in summary.longest_columns()
                       if summary.distances[i] > summary.reach]
             checks.append(f"Negative control ({name}, attention limited to {summary.reach} keys): past its reach "
                           + ", ".join(f"d = {d:,} {v}" for d, v in beyond) + f" ({negative_word(v for _, v in beyond)}).")
