@@ -1,4 +1,10 @@
-"""ModelConfig: everything that defines a model's shape, validated on creation and saved as config.json."""
+"""ModelConfig: everything that defines a model's shape, validated on creation and saved as config.json.
+
+Plain data: importing this module loads no registry and not torch (train/args.py reads the fields before torch
+loads). What belongs to a plug-in (an encoding's settings, the RoPE scaling, the attention methods) is checked, and
+completed, by the plug-in's own code through model/plugins.py, which ModelConfig imports when a config is built:
+this module names no encoding, scaling or method.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -9,10 +15,7 @@ from typing import Any
 
 from errors import ConfigError
 from model.fields import build_dataclass, check_field_types
-
-# What belongs to a plug-in (an encoding's settings, the RoPE scaling, the attention methods) is checked by the
-# plug-in's own code, through model/plugins.py: this module names no encoding, scaling or method.
-from model.plugins import check_plugins, migrate_saved, refuse_legacy_keys
+from model.legacy_keys import migrate_saved, refuse_legacy_keys
 
 
 @dataclass
@@ -94,6 +97,8 @@ class ModelConfig:
         if self.random_positions and self.random_positions < self.max_seq_len:
             raise ConfigError(f"model.random_positions ({self.random_positions}) draws each sequence's positions from "
                               f"[0, N) and must be at least model.max_seq_len ({self.max_seq_len}); 0 turns it off")
+        from model.plugins import check_plugins  # here, not at the top: importing the config loads no registry
+
         check_plugins(self)  # the encodings' settings, the RoPE scaling, the attention methods
 
     def check_layer_lists(self) -> None:

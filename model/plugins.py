@@ -3,13 +3,14 @@
 model/config.py checks the model's shape and the fields it owns; what belongs to a plug-in (an encoding's own
 settings and its demands on the model, the RoPE scaling, the inference-time attention methods) is checked here by
 the plug-in's own code, found through its registry (model/encodings/, model/rope.py, model/attention_methods.py).
-The dependency points one way: config.py imports this module, this module imports the registries, and no
-registry imports config.py (they name ModelConfig in annotations only). So a new encoding never edits the config.
+ModelConfig imports this module when a config is built (in __post_init__), not when model/config.py is imported:
+reading the config loads no registry and not torch. No registry imports config.py (they name ModelConfig in
+annotations only). So a new encoding never edits the config.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from errors import ConfigError
 from model.attention_methods import ATTENTION_METHODS, check_applies, normalize_methods
@@ -70,44 +71,4 @@ def check_plugins(config: "ModelConfig") -> None:
     config.attention_methods = normalize_methods(config.attention_methods, config.original_length)
     for entry in config.attention_methods:
         check_applies(ATTENTION_METHODS[entry["method"]], config)
-
-
-def legacy_keys() -> dict[str, list[tuple[str, str]]]:
-    """Each flat ModelConfig key of the configs written before model.position_args -> [(encoding, setting)]."""
-    found: dict[str, list[tuple[str, str]]] = {}
-    for name, cls in POSITION_ENCODINGS.items():
-        for old, new in cls.legacy_keys.items():
-            found.setdefault(old, []).append((name, new))
-    return found
-
-
-def refuse_legacy_keys(values: dict[str, Any]) -> None:
-    """User input (a TOML file, an override) that spells an encoding's setting the old way: name the new key."""
-    for old, owners in legacy_keys().items():
-        if old in values:
-            spelled = " or ".join(f"model.position_args.{name}.{new}" for name, new in owners)
-            raise ConfigError(f"model.{old} is now {spelled} (on the command line: "
-                              f"--model.position_args.{owners[0][0]}.{owners[0][1]}=...)")
-
-
-def migrate_saved(values: dict[str, Any]) -> dict[str, Any]:
-    """A saved model config (a checkpoint's config.json, a run's saved config) written before model.position_args,
-    in today's form: each flat encoding key moves into position_args for the encodings the model uses that read it,
-    and is dropped for the others (it had no effect on them). A config without such keys is returned unchanged."""
-    owners = legacy_keys()
-    if not any(old in values for old in owners):
-        return values
-    values = dict(values)
-    pattern = values.get("position_layers") or [values.get("position", "rope")]
-    used = set(pattern) | {values.get("position", "rope")}
-    args = {name: dict(settings) for name, settings in (values.get("position_args") or {}).items()}
-    for old, targets in owners.items():
-        if old not in values:
-            continue
-        value = values.pop(old)
-        for name, new in targets:
-            if name in used:
-                args.setdefault(name, {})[new] = value
-    values["position_args"] = args
-    return values
 

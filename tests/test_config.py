@@ -1,4 +1,6 @@
 """Run configs: TOML + overrides, strict keys and types, round trip."""
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -121,19 +123,56 @@ def test_a_saved_config_with_the_flat_encoding_keys_reads_as_the_position_args_i
         ModelConfig.from_dict({"rope_fraction": 0.5})
 
 
+def test_each_former_key_names_a_setting_of_an_encoding_that_has_it():
+    """model/legacy_keys.py's table is kept apart from the registry (so that reading it loads no torch): every
+    (encoding, setting) it names is a field of that registered encoding's Settings."""
+    import dataclasses
+
+    from model.encodings import POSITION_ENCODINGS
+    from model.legacy_keys import LEGACY_KEYS
+
+    for old, targets in LEGACY_KEYS.items():
+        for name, setting in targets:
+            assert name in POSITION_ENCODINGS and POSITION_ENCODINGS[name].Settings is not None, (old, name)
+            assert setting in {field.name for field in dataclasses.fields(POSITION_ENCODINGS[name].Settings)}, old
+
+
 def test_model_config_names_no_encoding_and_imports_no_plug_in():
-    """model/config.py reaches the encodings, scalings and attention methods only through model/plugins.py: of the
-    model package it imports that module and the field checks alone, and it names no registered encoding."""
+    """model/config.py reaches the encodings, scalings and attention methods only through model/plugins.py, which
+    ModelConfig imports when a config is built: at its top it imports the field checks and the table of former keys
+    alone, and it names no registered encoding."""
     import ast
 
     from model.encodings import POSITION_ENCODINGS
 
     source = (ROOT / "model" / "config.py").read_text()
-    imported = {node.module for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)} | \
-        {alias.name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Import) for alias in node.names}
-    assert {name for name in imported if name and name.startswith("model")} == {"model.plugins", "model.fields"}, \
-        imported
+    tree = ast.parse(source)
+    top = {node.module for node in tree.body if isinstance(node, ast.ImportFrom)} | \
+        {alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names}
+    assert {name for name in top if name.startswith("model")} == {"model.fields", "model.legacy_keys"}, top
+    inner = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)} - top
+    assert inner == {"model.plugins"}, inner
     strings = {node.value for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Constant)
                and isinstance(node.value, str)}
     assert not [name for name in POSITION_ENCODINGS if name in strings and name != "rope"], strings
     assert strings & {"rope"} == {"rope"}  # the one default: model.position = "rope"
+
+
+def test_importing_model_config_loads_no_plug_in_nor_torch():
+    """Reading the config is cheap: `import model.config` loads no registry (no encoding module, RoPE scaling or
+    attention method) and not torch; ModelConfig reaches the plug-ins' checks when a config is built. Python's
+    import-time report names what `import` statements load; the registry loads its encodings with
+    importlib.import_module, which that report leaves out, so the process's sys.modules is read too."""
+    script = "import sys, model.config; print(*sys.modules)"
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    reported = [line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")]
+    assert "model.config" in reported and "model.fields" in reported, reported  # the report is read
+
+    def heavy(names: list[str]) -> list[str]:
+        return [name for name in names if name.startswith("model.encodings") or name.split(".")[0] == "torch"
+                or name in ("model.plugins", "model.rope", "model.attention_methods")]
+
+    assert not heavy(reported), heavy(reported)
+    assert not heavy(done.stdout.split()), heavy(done.stdout.split())

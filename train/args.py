@@ -3,15 +3,17 @@
 The options every training command shares, and the names of a run config's sections and keys: a misspelled flag, an
 override not written as --section.key=value, or a key that no section has, in an override or in the --config file,
 is refused at once, with the nearest name ("did you mean --train.max_steps=100?"), before the command imports torch
-and the model (which take seconds). The names are read from the config dataclasses' source (`config_keys`), not by
-importing them: their modules import the encodings' registry, and with it torch. So are the [model] keys of configs
-written before model.position_args (each encoding's `legacy_keys`): those are left to the full check (train/config.py),
-which names their new spelling.
+and the model (which take seconds). The names are the config dataclasses' fields (`config_keys`): [model]'s are
+ModelConfig's own (model/config.py imports no plug-in and not torch); the other sections' are read from their source
+while train/config.py imports model/runtime.py, and with it torch. The [model] keys of configs written before
+model.position_args (model/legacy_keys.py) are left to the full check (train/config.py), which names their new
+spelling.
 """
 from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import importlib.util
 import tomllib
 from functools import cache
@@ -20,13 +22,14 @@ from typing import Any, Collection
 
 from commands import add_checkpoint, add_out, command_parser, nearest, option_names, renamed
 from errors import ConfigError
+from model.config import ModelConfig
 from model.fields import toml_value
+from model.legacy_keys import LEGACY_KEYS
 
-# Where each section's dataclass is declared (train/config.py's SECTION_CLASSES; tests/test_did_you_mean.py checks
-# the two agree).
-SECTION_SOURCES = {"model": ("model.config", "ModelConfig"), "data": ("train.config", "DataConfig"),
-                   "train": ("train.config", "TrainConfig"), "out": ("train.config", "OutConfig"),
-                   "runtime": ("model.runtime", "RuntimeConfig")}
+# Where the dataclass of each section but [model] is declared (train/config.py's SECTION_CLASSES;
+# tests/test_did_you_mean.py checks the two agree): modules that import torch, so their fields are read from the source.
+SECTION_SOURCES = {"data": ("train.config", "DataConfig"), "train": ("train.config", "TrainConfig"),
+                   "out": ("train.config", "OutConfig"), "runtime": ("model.runtime", "RuntimeConfig")}
 
 
 def build_parser(module: str, description: str | None, data_key: str = "data.dir",
@@ -85,36 +88,20 @@ def declared_fields(module: str, name: str) -> list[str]:
 
 
 @cache
-def former_model_keys() -> frozenset[str]:
-    """The flat [model] keys of older configs (every encoding's `legacy_keys`, model/encodings/), read from the
-    source without importing the registry."""
-    folder = Path(importlib.util.find_spec("model.encodings").origin).parent
-    found: set[str] = set()
-    for path in sorted(folder.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Dict) and any(
-                    isinstance(target, ast.Name) and target.id == "legacy_keys"
-                    for target in (node.targets if isinstance(node, ast.Assign) else [node.target])):
-                found |= set(ast.literal_eval(node.value))
-    return frozenset(found)
-
-
-@cache
 def config_keys() -> dict[str, tuple[str, ...]]:
     """Section -> the keys it takes, for every section of a run config (read without importing torch)."""
-    return {section: tuple(declared_fields(*where)) for section, where in SECTION_SOURCES.items()}
+    return {"model": tuple(field.name for field in dataclasses.fields(ModelConfig)),
+            **{section: tuple(declared_fields(*where)) for section, where in SECTION_SOURCES.items()}}
 
 
 def dotted_names(known: dict[str, Collection[str]]) -> list[str]:
     return [f"{section}.{key}" for section, keys in known.items() for key in keys]
 
 
-def check_names(values: dict[str, Any], where: str, known: dict[str, Collection[str]],
-                former: Collection[str] | None = None) -> None:
+def check_names(values: dict[str, Any], where: str, known: dict[str, Collection[str]]) -> None:
     """Refuse a section or key of `values` (a config file's, an override's) that the run config does not have, naming
-    `where` and the nearest name. [model] keys in `former` (default: former_model_keys()) are left to ModelConfig,
-    which names an encoding setting's new spelling."""
-    former = former_model_keys() if former is None else former
+    `where` and the nearest name. [model] keys of configs written before model.position_args (LEGACY_KEYS) are left
+    to ModelConfig, which names an encoding setting's new spelling."""
     for section, keys in values.items():
         if section not in known:
             match = nearest(section, known)
@@ -123,7 +110,7 @@ def check_names(values: dict[str, Any], where: str, known: dict[str, Collection[
         if not isinstance(keys, dict):
             continue  # "must be a table of keys": said where the section is built
         for key in keys:
-            if key in known[section] or (section == "model" and key in former):
+            if key in known[section] or (section == "model" and key in LEGACY_KEYS):
                 continue
             elsewhere = {name: f"{other}.{name}" for other, names in known.items() for name in names}
             if key in elsewhere:  # the key of another section: --model.max_steps -> train.max_steps
@@ -136,7 +123,7 @@ def check_names(values: dict[str, Any], where: str, known: dict[str, Collection[
             raise ConfigError(f"{where}: unknown key {section}.{key}; {hint}")
 
 
-def check_override(override: str, known: dict[str, Collection[str]], former: Collection[str] | None = None) -> None:
+def check_override(override: str, known: dict[str, Collection[str]]) -> None:
     """An override's form (--section.key=value) and its section and key (check_names)."""
     name, _, _ = override[2:].partition("=")
     if not override.startswith("--") or "=" not in override or "." not in name:
@@ -144,7 +131,7 @@ def check_override(override: str, known: dict[str, Collection[str]], former: Col
         raise ConfigError(f"override {override!r} must look like --section.key=value (e.g. --train.lr=1e-3)"
                           f"{suggestion}")
     section, key = (name.split(".") + [""])[:2]
-    check_names({section: {key: None}}, f"override {override!r}", known, former)
+    check_names({section: {key: None}}, f"override {override!r}", known)
 
 
 def suggest_override(flag: str, value: str | None, known: dict[str, Collection[str]],

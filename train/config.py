@@ -14,7 +14,6 @@ from typing import Any
 from errors import ConfigError
 from model.config import ModelConfig
 from model.fields import build_dataclass, check_field_types, parse_override_value, set_dotted, toml_value
-from model.plugins import legacy_keys
 from model.runtime import RuntimeConfig
 from train.args import check_names, check_override, read_toml
 from train.trackers import TRACKERS
@@ -131,7 +130,7 @@ SECTION_CLASSES = {"model": ModelConfig, "data": DataConfig, "train": TrainConfi
 def apply_overrides(values: dict[str, dict[str, Any]], overrides: list[str]) -> None:
     """Set each `--section.key=value` of `overrides` in `values` (each checked first: check_override)."""
     for override in overrides:
-        check_override(override, section_keys(), legacy_keys())
+        check_override(override, section_keys())
         key, text = override[2:].split("=", 1)
         set_dotted(values, key, parse_override_value(text), f"override {override!r}")
 
@@ -168,7 +167,7 @@ def load_run_config(
     values: dict[str, Any] = {}
     if path is not None:
         values = read_toml(path)
-        check_names(values, str(path), section_keys(), legacy_keys())
+        check_names(values, str(path), section_keys())
     for section, defaults in (base or {}).items():
         if isinstance(values.get(section, {}), dict):
             values[section] = {**defaults, **values.get(section, {})}

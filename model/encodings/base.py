@@ -129,9 +129,6 @@ class PositionEncoding(nn.Module):
 
     name: ClassVar[str] = ""  # the registered name (model/encodings/__init__.py sets it)
     Settings: ClassVar[type[EncodingSettings] | None] = None  # this encoding's own settings, if it has any
-    # Flat ModelConfig keys that held these settings in checkpoints written before model.position_args, mapped
-    # to their Settings field; a saved config is migrated with them (model/plugins.py), user input is not.
-    legacy_keys: ClassVar[dict[str, str]] = {}
     # ModelConfig fields beyond the shape that this encoding reads (RoPE: rope_theta, rope_layout, rope_scaling);
     # model.rope_scaling is refused for a model whose model.position does not read it.
     model_settings: ClassVar[tuple[str, ...]] = ()

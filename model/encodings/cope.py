@@ -46,7 +46,6 @@ class CoPESettings(EncodingSettings):
 @register_encoding("cope")
 class CoPE(PositionEncoding):
     Settings = CoPESettings
-    legacy_keys = {"cope_positions": "positions"}
     has_score_bias = True
     reads_positions = False
     bias_needs_scores = True

@@ -41,7 +41,6 @@ class Fire(PositionEncoding):
     """FIRE: a per-layer MLP of the log-transformed distance, normalised by the query's (thresholded) position."""
 
     Settings = FireSettings
-    legacy_keys = {"fire_mlp_width": "mlp_width", "fire_threshold": "threshold"}
     has_score_bias = True
     attention = BIAS
     relative_only = False  # a query past T is normalised by its own position

@@ -40,7 +40,6 @@ class LearnedAbsolute(PositionEncoding):
     are an error unless the `clamp` setting reuses the last row."""
 
     Settings = LearnedSettings
-    legacy_keys = {"learned_max_positions": "max_positions", "learned_clamp": "clamp"}
     per_layer = False
     # Measured (docs/baselines.md): weight decay changes nothing (0.0015 nats); 10x the learning rate is 0.48 nats worse.
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}

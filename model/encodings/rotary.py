@@ -76,7 +76,6 @@ class RoPE(PositionEncoding):
     """
 
     Settings = RotarySettings
-    legacy_keys = {"rope_fraction": "fraction", "rope_p": "p"}
     model_settings = ("rope_theta", "rope_layout", "rope_scaling")
     key_tables_differ = False  # keys use the queries' tables at the same positions
     exact_buffers = ("inv_freq",)
@@ -171,7 +170,6 @@ class XPos(RoPE):
     zeta_min^(-m / gamma): positions beyond about 80 gamma / |ln zeta_min| (32,700 at gamma = 512) are an error."""
 
     Settings = XPosSettings
-    legacy_keys = {"rope_fraction": "fraction", "rope_p": "p", "xpos_scale_base": "scale_base"}
     model_settings = ("rope_theta", "rope_layout")
     key_tables_differ = True
     exact_buffers = ("inv_freq", "log_zeta")

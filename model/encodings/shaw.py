@@ -32,7 +32,6 @@ class ShawRelative(PositionEncoding):
     shared across heads. e_ij = q_i . (k_j + a^K_ij) / sqrt(d);  z_i = sum_j a_ij (v_j + a^V_ij)."""
 
     Settings = ShawSettings
-    legacy_keys = {"shaw_max_distance": "max_distance"}
     has_score_bias = True
     has_value_term = True
     attention, flex_kind = EXPLICIT, "clipped"

@@ -49,7 +49,6 @@ class Sinusoidal(PositionEncoding):
     embeddings are scaled and initialised against them (default "fairseq": x sqrt(d), std d^-0.5)."""
 
     Settings = SinusoidalSettings
-    legacy_keys = {"sinusoidal_embedding": "embedding"}
     per_layer = False
 
     @classmethod

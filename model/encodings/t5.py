@@ -70,7 +70,6 @@ class T5Bias(PositionEncoding):
     """T5's learned relative bias: log-spaced distance buckets, one scalar per (bucket, head), shared by layers."""
 
     Settings = T5Settings
-    legacy_keys = {"t5_num_buckets": "num_buckets", "t5_max_distance": "max_distance"}
     has_score_bias = True
     attention, flex_kind = BIAS, "distance"
     # Measured (docs/baselines.md, "Learned position parameters"): at train.lr Adam moves a bias by about one nat over the whole
