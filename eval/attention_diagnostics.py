@@ -4,8 +4,8 @@
         runs/compare_full/runs/alibi/seed1 --lengths 1x,4x --tokens 16384 --out runs/attention
 
 For each checkpoint and length, the held-out text is cut into windows of that length; every layer computes its
-attention explicitly in chunks of query rows (model/attention.py, `observer`), and these statistics are summed per
-layer, head and query position i without keeping any (time x time) matrix:
+attention explicitly in chunks of query rows (Transformer.with_observer: model/attention/explicit.py), and these
+statistics are summed per layer, head and query position i without keeping any (time x time) matrix:
 
     entropy    -sum_j p_ij ln p_ij (nats): how spread the attention is (ln(i + 1) is uniform over the prefix)
     distance   sum_j p_ij (i - j): the mean distance attended, in tokens
@@ -88,20 +88,15 @@ def attention_statistics(model: Transformer, ids: np.ndarray, length: int, max_t
     config = model.config
     trained = config.max_seq_len
     observer = StatisticsObserver(config.n_layers, config.n_heads, length, trained, sink_tokens)
-    for layer in model.layers:
-        layer.attention.observer = observer
+    observed = model.with_observer(observer)  # a view whose attention is computed explicitly, observed
     device = next(model.parameters()).device
     windows = torch.from_numpy(np.asarray(ids[: count * length], dtype=np.int64).reshape(count, length))
     per_batch = max(1, batch_tokens // length)
     model.eval()
-    try:
-        for first in range(0, count, per_batch):
-            rows = windows[first : first + per_batch].to(device)
-            model(rows)
-            observer.windows += rows.shape[0]
-    finally:
-        for layer in model.layers:
-            layer.attention.observer = None
+    for first in range(0, count, per_batch):
+        rows = windows[first : first + per_batch].to(device)
+        observed(rows)
+        observer.windows += rows.shape[0]
     return observer.means()
 
 

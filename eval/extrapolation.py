@@ -478,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{checkpoint}: {scored}")
         plan = make_plan(len(ids), trained, lengths, args.tokens, args.reference_stride)
         evaluation = evaluate_checkpoint(model, ids, plan, methods, amp, progress=True)
-        for length in plan.lengths:  # the attention path of each length as trained (model/attention_path.py)
+        for length in plan.lengths:  # the attention path of each length as trained (model/attention/registry.py)
             for layers, path in evaluation.paths.get(key_for(NONE, length), {}).items():
                 print(f"  attention @ {length} ({layers}): {path}")
         rows += summary_rows(evaluation, Path(checkpoint).name, model.config.position, str(checkpoint))

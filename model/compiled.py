@@ -1,8 +1,9 @@
 """A function that evaluation forwards run compiled (torch.compile, on first use), with a way back: if compiling or
-running the compiled code fails (no C++ compiler, say), a warning names the error once, the call returns None so
-the caller runs its eager path, and every later call returns None at once.
+running the compiled code fails (no C++ compiler, say), a warning names the error, and the call returns None so the
+caller runs its eager path. With remember=True (the default) every later call returns None at once; with
+remember=False the caller keeps the failure itself (FlexAttention's backend, per model view: model/attention/flex.py).
 
-Its users: FlexAttention for distance biases (model/flex.py) and the RoPE rotation of long tensors without
+Its users: FlexAttention for distance biases (model/attention/flex.py) and the RoPE rotation of long tensors without
 gradients (model/rope.py)."""
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ import torch
 
 
 class Compiled:
-    def __init__(self, function: Callable, what: str, instead: str, **options: Any) -> None:
+    def __init__(self, function: Callable, what: str, instead: str, remember: bool = True, **options: Any) -> None:
         """`what` is named in the warning, followed by `instead` (what happens from then on); `options` go to
         torch.compile."""
         self.function, self.what, self.instead, self.options = function, what, instead, options
+        self.remember = remember
         self.compiled: Callable | None = None
-        self.failure: str | None = None  # why compiling failed, once it has
+        self.failure: str | None = None  # why compiling failed, once it has (remember=True)
+        self.last_failure: str | None = None  # why the latest failed call failed
 
     def __call__(self, *args: Any) -> Any:
         if self.failure is not None:
@@ -28,6 +31,9 @@ class Compiled:
                 self.compiled = torch.compile(self.function, **self.options)
             return self.compiled(*args)
         except Exception as error:  # noqa: BLE001 (any compiler failure: fall back, say why once)
-            self.failure = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-            warnings.warn(f"{self.what} could not be compiled ({self.failure}); {self.instead}", stacklevel=3)
+            failure = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            if self.remember:
+                self.failure = failure
+            self.last_failure = failure
+            warnings.warn(f"{self.what} could not be compiled ({failure}); {self.instead}", stacklevel=3)
             return None

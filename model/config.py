@@ -61,6 +61,10 @@ class ModelConfig:
     # Inference-time attention methods (model/attention_methods.py), e.g. [{method = "logn"}, {method = "rerope",
     # window = 64}]; a parameter given as 0 is derived from the trained length. [] = attention as trained.
     attention_methods: list = dataclasses.field(default_factory=list)
+    # How attention is computed, not what: "auto" (each layer's fastest backend by the measured rules) or a backend's
+    # name (sdpa, sdpa_mask, explicit, merged, flex), taken wherever it can compute a layer's attention
+    # (model/attention/registry.py). Checked where the model is built.
+    attention_backend: str = "auto"
     # Randomized positions (Ruoss et al. 2023; model/random_positions.py): N > 0 makes each sequence's position ids a
     # sorted random subset of [0, N), in training and evaluation, so an encoding meets the position values of
     # sequences up to N tokens while training at max_seq_len. 0 = positions 0, 1, 2, ...

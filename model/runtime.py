@@ -1,10 +1,10 @@
 """Device and precision choices shared by training, generation and evaluation, and the process's runtime switches
-(RuntimeConfig): which faster path computes the same numbers, and how the process keeps memory.
+(RuntimeConfig): whether long RoPE rotations run compiled, and how the process keeps memory.
 
 The switches are process-level settings, like torch.backends' (which SDPA kernel, TF32): a command applies them once
 at start-up with configure_runtime (a training run and a comparison's job from their run config's [runtime], the
-other commands their defaults), and each forward reads them where it gathers its inputs (the attention path's
-Forward, RoPE's rotation). Changing one changes how fast, not what, is computed."""
+other commands their defaults). Changing one changes how fast, not what, is computed. Which attention backend
+computes a layer is the model's setting (model.attention_backend, model/attention/registry.py), not the process's."""
 from __future__ import annotations
 
 import contextlib
@@ -24,18 +24,19 @@ class RuntimeConfig:
     numbers (within float rounding, tested); turning one off is for an A/B measurement or a machine where
     compiling is unwanted."""
 
-    flex_attention: bool = True  # long no-grad CPU forwards of distance biases take FlexAttention (model/flex.py)
     compiled_rope: bool = True  # long no-grad CPU rotations run compiled (model/rope.py)
     keep_freed_memory: bool = True  # glibc keeps freed blocks for reuse (keep_freed_memory below)
-    # FlexAttention on CUDA for the bias encodings, in evaluation and training (model/attention_path.py): off until
-    # it is measured there (docs/performance.md, "GPU session"); the GPU session turns it on to measure it
-    flex_cuda: bool = False
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
             if not isinstance(value, bool):
                 raise ConfigError(f"runtime.{name} must be true or false, got {value!r}")
 
+
+# Switches runs saved before the attention backend became the model's setting (model.attention_backend): they chose
+# FlexAttention's use, which the backend's rules now decide; a saved run's [runtime] drops them on loading.
+RETIRED = {"flex_attention": "model.attention_backend (\"explicit\" keeps a model off FlexAttention)",
+           "flex_cuda": "model.attention_backend = \"flex\" (FlexAttention on CUDA too)"}
 
 _RUNTIME = RuntimeConfig()
 

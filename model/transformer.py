@@ -12,8 +12,11 @@ from torch import nn
 from data.batches import IGNORE_INDEX
 from errors import ConfigError
 from model.attention import Attention
+from model.attention.backend import Backend
+from model.attention.explicit import Observer
+from model.attention.layer import mode_of
+from model.attention.registry import check_name, describe, plan
 from model.attention_methods import MethodContext, build_methods, method_context
-from model.attention_path import describe
 from model.config import ModelConfig
 from model.encodings import build_position_encoding
 from model.encodings.base import PositionEncoding
@@ -38,6 +41,14 @@ def share_parameters(target: nn.Module, source: nn.Module, device: torch.device)
         target.get_submodule(owner)._parameters[leaf] = parameter
 
 
+def forward_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the attention's queries will have: autocast's where it is on for x's device, else x's."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return x.dtype
+
+
 class Block(nn.Module):
     def __init__(self, config: ModelConfig, layer_index: int) -> None:
         super().__init__()
@@ -50,11 +61,12 @@ class Block(nn.Module):
     def forward(
         self, x: torch.Tensor, encoding: PositionEncoding, encoding_state: Any, kv_cache: KVCache | None,
         methods: MethodContext | None = None, pass_states: list[Any] | None = None, keep: int = 0,
+        backend: Backend | None = None,
     ) -> torch.Tensor:
         """keep > 0: only the last `keep` rows go on through the feed-forward part and are returned (the rows
-        before them still serve as keys and values)."""
+        before them still serve as keys and values). backend: the attention's (the model's choice for this mode)."""
         x = x + self.dropout(self.attention(self.attention_norm(x), encoding, encoding_state, kv_cache,
-                                            methods=methods, pass_states=pass_states))
+                                            methods=methods, pass_states=pass_states, backend=backend))
         if keep:
             x = x[:, -keep:]
         return x + self.dropout(self.ffn(self.ffn_norm(x)))
@@ -63,8 +75,10 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        check_name(config.attention_backend)
         self.config = config
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
+        self.observer: Observer | None = None  # a diagnostic's view (with_observer): reads the probabilities
         self.build_positions(config)
         self.layers = nn.ModuleList(Block(config, index) for index in range(config.n_layers))
         self.norm = RMSNorm(config.dim, config.norm_eps)
@@ -95,6 +109,10 @@ class Transformer(nn.Module):
         per-layer pattern (model.position_layers), by name; absent when there are none."""
         self.position = build_position_encoding(config)
         self.attention_methods = build_methods(config)  # inference-time methods (model/attention_methods.py)
+        # The attention backend of each layer, chosen once per mode, device, precision and compile state (plan()),
+        # and the key of the latest forward's.
+        self.backends: dict[tuple, list[Backend]] = {}
+        self.latest_backends: tuple | None = None
         others = [name for name in dict.fromkeys(config.layer_encodings()) if name != config.position]
         if others:
             self.layer_positions = nn.ModuleDict({name: build_position_encoding(config, name) for name in others})
@@ -131,22 +149,47 @@ class Transformer(nn.Module):
         current = self.config.to_dict()
         if all(key in current and current[key] == value for key, value in changes.items()):
             return self
-        config = ModelConfig.from_dict({**current, **changes})
+        return self.view(ModelConfig.from_dict({**current, **changes}))
+
+    def view(self, config: ModelConfig, observer: Observer | None = None) -> "Transformer":
+        """The same layers and weights under `config`'s inference-time settings, with position encodings, attention
+        methods and attention backends of its own."""
         view = copy.copy(self)  # the same attributes; the module tables below are the view's own
         view._modules, view._parameters, view._buffers = dict(self._modules), dict(self._parameters), \
             dict(self._buffers)
         view.config = config
+        view.observer = observer
         view.build_positions(config)
         device = self.tok_embeddings.weight.device
         for name in dict.fromkeys(config.layer_encodings()):
             share_parameters(view.encoding_of(name), self.encoding_of(name), device)
         return view
 
+    def with_observer(self, observer: Observer) -> "Transformer":
+        """A view of this model whose attention is computed explicitly, observer(layer, rows, keys, probs) seeing
+        each chunk's probabilities (batch, heads, rows, keys): for diagnostics (eval/attention_diagnostics.py)."""
+        return self.view(self.config, observer)
+
+    def plan(self, mode: str, device: torch.device, dtype: torch.dtype) -> list[Backend]:
+        """Each layer's attention backend in `mode` (train, evaluate, decode: model/attention/backend.py) on
+        `device` in `dtype`: chosen at the first forward of that kind, then kept (model/attention/registry.py)."""
+        compiling = torch.compiler.is_compiling()
+        key = (mode, device.type, dtype, self.training, compiling)
+        if key not in self.backends:
+            preference = self.config.attention_backend
+            names = self.config.layer_encodings()
+            settings = [layer.attention.setting(mode, device, dtype, self.attention_methods, self.observer is not None,
+                                                preference) for layer in self.layers]
+            self.backends[key] = plan([self.encoding_of(name) for name in names], settings, self.observer)
+        self.latest_backends = key
+        return self.backends[key]
+
     def attention_paths(self) -> dict[str, str]:
-        """The attention path each layer's latest forward took, and why (model/attention_path.py), with equal
+        """The attention backend each layer's latest forward took, and why (model/attention/registry.py), with equal
         neighbouring layers merged: {"layers 0-3": "sdpa: ..."}; {} before any forward."""
-        return describe({index: layer.attention.last_path for index, layer in enumerate(self.layers)
-                         if layer.attention.last_path is not None})
+        if self.latest_backends is None:
+            return {}
+        return describe({index: backend.describe() for index, backend in enumerate(self.backends[self.latest_backends])})
 
     def default_positions(self, idx: torch.Tensor, kv_cache: KVCache | None) -> torch.Tensor:
         """The positions of idx's tokens when the caller gives none: 0, 1, 2, ... (after what kv_cache holds), or,
@@ -202,6 +245,7 @@ class Transformer(nn.Module):
         x = self.position.embed(x, positions)
         methods = method_context(self.attention_methods, positions, key_positions)
         passes = methods.passes if methods is not None else None
+        backends = self.plan(mode_of(kv_cache), x.device, forward_dtype(x))
         states: dict[str, Any] = {}  # each encoding prepares once per forward, for all its layers
         last = len(self.layers) - 1
         for index, (layer, name) in enumerate(zip(self.layers, self.config.layer_encodings())):
@@ -210,7 +254,7 @@ class Transformer(nn.Module):
                 states[name] = (encoding.prepare(positions, key_positions), None if passes is None else
                                 [encoding.prepare(p.queries, p.keys, all_keys=True) for p in passes])
             x = layer(x, encoding, states[name][0], kv_cache, methods, states[name][1],
-                      keep=keep if index == last else 0)
+                      keep=keep if index == last else 0, backend=backends[index])
         if kv_cache is not None:
             kv_cache.advance(time)
         if keep:

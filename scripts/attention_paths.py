@@ -1,9 +1,9 @@
-"""The attention path every encoding takes (model/attention_path.py), and why: in a training step, in a 16x
+"""The attention backend every encoding takes (model/attention/registry.py), and why: in a training step, in a 16x
 evaluation and in cached decoding, each run for real on a model of the quick preset's shape.
 
     python -m scripts.attention_paths                   # every registered encoding, on this machine's device
     python -m scripts.attention_paths --device cuda --out runs/paths
-    python -m scripts.attention_paths --device cuda --flex-cuda        # with runtime.flex_cuda on (to measure it)
+    python -m scripts.attention_paths --device cuda --flex-cuda   # model.attention_backend = "flex" (to measure it)
 
 The three situations are the ones the project runs:
   - training: the train loop's forward with a loss, gradients on, at L with --batch sequences, in the trainer's
@@ -31,7 +31,7 @@ from eval.scoring import score_windows
 from model.config import ModelConfig
 from model.encodings import POSITION_ENCODINGS
 from model.kv_cache import KVCache
-from model.runtime import RuntimeConfig, autocast, autocast_dtype, configure_runtime, resolve_device
+from model.runtime import autocast, autocast_dtype, configure_runtime, resolve_device
 from model.transformer import Transformer
 
 # The quick preset's model (configs/compare.toml).
@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=32, help="training sequences (the quick preset's batch)")
     add_device(parser)
     parser.add_argument("--flex-cuda", action="store_true",
-                        help="runtime.flex_cuda on: FlexAttention on CUDA for the bias encodings (model/flex.py)")
+                        help='models with model.attention_backend = "flex": FlexAttention on CUDA for the bias '
+                             'encodings (model/attention/flex.py)')
     add_out(parser, "folder for attention_paths.md and .json (default: print only)", type=Path, default=None)
     return parser
 
@@ -94,13 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
 @cli_command
 def main(argv: list[str] | None = None) -> int:
     args = parse(build_parser(), argv)
-    configure_runtime(RuntimeConfig(flex_cuda=args.flex_cuda))  # the process's switches, at start-up (model/runtime.py)
+    configure_runtime()  # the process's runtime switches, at start-up (model/runtime.py)
     names = args.encodings.split(",") if args.encodings else list(POSITION_ENCODINGS)
     unknown = [name for name in names if name not in POSITION_ENCODINGS]
     if unknown:
         raise ConfigError(f"--encodings: unknown {unknown}; valid names are {sorted(POSITION_ENCODINGS)}")
     device = resolve_device(args.device)
-    rows = {name: paths_of({"position": name}, device, args.batch) for name in names}
+    backend = {"attention_backend": "flex"} if args.flex_cuda else {}
+    rows = {name: paths_of({"position": name, **backend}, device, args.batch) for name in names}
     table = markdown(rows)
     print(f"Attention paths on {device.type} (d = {SHAPE['dim']}, {SHAPE['n_layers']} layers, L = "
           f"{SHAPE['max_seq_len']}; training batch {args.batch}):\n")

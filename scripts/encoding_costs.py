@@ -11,7 +11,7 @@ peaks do not mix:
   - evaluation: one forward (--eval-batch sequences, 1 by default; fp32, inference mode) of k x L tokens each, for
     each k of --lengths, shortest first;
     tokens/s is the median over --repeats forwards after a warm-up forward (FlexAttention compiles there for a
-    distance bias at 2x and longer, model/flex.py; scripts.flex_costs sets it against the chunked path); peak memory is
+    distance bias at 2x and longer, model/attention/flex.py; scripts.flex_costs sets it against the chunked path); peak memory is
     the process's peak resident memory after that
     length (it includes the interpreter and torch, the same for every variant: compare within a column);
   - training: the train loop's own step (its default precision: bf16 autocast where the CPU supports it; AdamW,
@@ -21,8 +21,8 @@ peaks do not mix:
     included, with whatever inductor cache the machine has) and the step count after which compiling has paid:
     (first compiled step - an eager step) / (eager step - compiled step).
 On --device cuda the same is timed on the GPU between synchronisations, and the peak is torch.cuda's peak
-allocated memory after that length; --flex-cuda turns runtime.flex_cuda on (FlexAttention for the bias encodings on
-CUDA, in training too: model/attention_path.py), so a run with and one without it set the two paths side by side.
+allocated memory after that length; --flex-cuda builds the models with model.attention_backend = "flex" (FlexAttention for
+the bias encodings on CUDA, in training too: model/attention/registry.py), so a run with and one without it set the two paths side by side.
 All variants are measured --rounds times, the order rotating from round to round, and each figure is the median
 over the rounds, so a slow moment of the machine does not land on one variant; the ratios to rope are the figures
 to quote.
@@ -43,7 +43,7 @@ import torch
 from commands import add_device, add_out, command_parser, parse
 from errors import ConfigError, cli_command
 from model.config import ModelConfig
-from model.runtime import RuntimeConfig, configure_runtime, resolve_device
+from model.runtime import configure_runtime, resolve_device
 from model.transformer import Transformer
 
 CPU = torch.device("cpu")
@@ -106,12 +106,13 @@ def train_speed(settings: dict, batch: int, train_steps: int, repeats: int, comp
 
 
 def measure(settings: dict, lengths: list[int], batch: int, train_steps: int, repeats: int,
-            compile_model: bool = False, eval_batch: int = 1, device: torch.device = CPU) -> dict:
+            compile_model: bool = False, eval_batch: int = 1, device: torch.device = CPU, flex: bool = False) -> dict:
     """Evaluation at each multiple of L (shortest first), then training, in this process. The attention paths
     the model took are in the row (FlexAttention or the chunked path, and why)."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(**{**SHAPE, **settings})).eval().to(device)
+    built = {**settings, "attention_backend": "flex"} if flex else settings  # the model's settings
+    model = Transformer(ModelConfig(**{**SHAPE, **built})).eval().to(device)
     row: dict = {"settings": settings, "label": label(settings), "device": device.type}
     for multiple in sorted(lengths):
         idx = torch.randint(0, SHAPE["vocab_size"], (eval_batch, multiple * SHAPE["max_seq_len"] + 1)).to(device)
@@ -119,7 +120,7 @@ def measure(settings: dict, lengths: list[int], batch: int, train_steps: int, re
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         with torch.inference_mode():
-            model(idx[:, :-1], idx[:, 1:])  # warm-up (FlexAttention compiles here for a distance bias: model/flex.py)
+            model(idx[:, :-1], idx[:, 1:])  # warm-up (FlexAttention compiles here for a distance bias: model/attention/flex.py)
             for _ in range(repeats):
                 synchronize(device)
                 started = time.perf_counter()
@@ -131,9 +132,9 @@ def measure(settings: dict, lengths: list[int], batch: int, train_steps: int, re
         row[f"paths_{multiple}x"] = model.attention_paths()
     del model
     if train_steps:
-        row["train"] = train_speed(settings, batch, train_steps, repeats, False, device)
+        row["train"] = train_speed(built, batch, train_steps, repeats, False, device)
         if compile_model:
-            row["train_compiled"] = compiled = train_speed(settings, batch, train_steps, repeats, True, device)
+            row["train_compiled"] = compiled = train_speed(built, batch, train_steps, repeats, True, device)
             tokens = batch * SHAPE["max_seq_len"]
             eager_step, compiled_step = tokens / row["train"]["tokens_per_s"], tokens / compiled["tokens_per_s"]
             saved = eager_step - compiled_step
@@ -200,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=3, help="times every variant is measured, in rotating order "
                                                              "(each figure is the median over rounds)")
     add_device(parser, default="cpu")
-    parser.add_argument("--flex-cuda", action="store_true", help="runtime.flex_cuda on (FlexAttention on CUDA)")
+    parser.add_argument("--flex-cuda", action="store_true",
+                        help='models with model.attention_backend = "flex" (FlexAttention on CUDA, in training too)')
     add_out(parser, "folder for encoding_costs.md and encoding_costs.json (on CUDA: encoding_costs-cuda.*, and "
                     "encoding_costs-cuda-flex.* with --flex-cuda)", type=Path, default=Path("runs/bench"))
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure this JSON settings dict here
@@ -210,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
 @cli_command
 def main(argv: list[str] | None = None) -> int:
     args = parse(build_parser(), argv)
-    configure_runtime(RuntimeConfig(flex_cuda=args.flex_cuda))  # the process's switches, at start-up (model/runtime.py)
+    configure_runtime()  # the process's runtime switches, at start-up (model/runtime.py)
     device = resolve_device(args.device)
     if device.type not in ("cpu", "cuda"):
         raise ConfigError(f"--device {args.device}: encoding_costs times the CPU or a CUDA GPU, not {device.type}")
@@ -224,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                           "--rounds >= 1")
     if args.one is not None:
         print(json.dumps(measure(json.loads(args.one), lengths, args.batch, args.train_steps, args.repeats,
-                                 args.compile, args.eval_batch, device)), flush=True)
+                                 args.compile, args.eval_batch, device, args.flex_cuda)), flush=True)
         return 0
     try:
         variants = json.loads(args.variants) if args.variants else DEFAULT_VARIANTS
@@ -257,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                                                        "device": named, "flex_cuda": args.flex_cuda,
                                                        "rounds": args.rounds, "rows": rows,
                                                        "all_rounds": measured}, indent=1) + "\n")
-    header = f"device: {named}; runtime.flex_cuda {'on' if args.flex_cuda else 'off'}\n\n" if device.type == "cuda" else ""
+    header = f"device: {named}; model.attention_backend {'flex' if args.flex_cuda else 'auto'}\n\n" if device.type == "cuda" else ""
     (args.out / f"{stem}.md").write_text(header + table(rows, lengths))
     print(table(rows, lengths) + f"wrote {args.out / (stem + '.md')} and {args.out / (stem + '.json')}")
     return 0

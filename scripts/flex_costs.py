@@ -14,7 +14,7 @@ which the parent compares (the max |difference| is in the table). FlexAttention 
     (heads, L) table that the encoding's own score_bias fills, plus a causal block mask;
   - Shaw's score part (shaw-score: q_i . a_clip(j - i) / sqrt(d), its value term left out on both paths) as a
     score_mod reading the (heads, time, 2k + 1) products of each query with the k-clipped distance vectors;
-  - Shaw whole (shaw: bias and value term): the model's own path (model/flex.py clipped_attention: the k nearest
+  - Shaw whole (shaw: bias and value term): the model's own path (model/attention/flex.py clipped_attention: the k nearest
     keys explicitly, the far ones through FlexAttention with a sink key for their softmax mass);
   - a sliding window (rope, model.attention_window) as a block mask (causal and i - j < window).
 The time is the median over --repeats calls after a first, compiling, call (its time is reported apart; the block
@@ -24,7 +24,7 @@ case is measured --rounds times, in rotating order, and the figures are medians 
 torch 2.13 has no FlexAttention backward on CPU ("FlexAttention does not support backward on CPU"), so training
 cannot use it here. `--device cuda` measures the same forwards on a GPU (timed between synchronisations; the peak is
 torch.cuda.max_memory_allocated, not the process's resident set). What these figures decided: the
-model evaluates one sequence with a distance bias, or Shaw's, through FlexAttention (model/flex.py; batches keep
+model evaluates one sequence with a distance bias, or Shaw's, through FlexAttention (model/attention/flex.py; batches keep
 the chunked path, which shares each chunk's bias between sequences), and keeps windows on the chunked path.
 """
 from __future__ import annotations
@@ -40,11 +40,14 @@ from pathlib import Path
 
 import torch
 
-import model.flex as flex
+import model.attention.flex as flex
 from commands import add_device, add_out, comma_list, command_parser, parse
 from errors import ConfigError, cli_command
+from model.attention.chunks import Inputs
+from model.attention.explicit import Explicit
+from model.attention.flex import distance_table
+from model.attention.masked import Masked
 from model.config import ModelConfig
-from model.flex import distance_table
 from model.runtime import configure_runtime, resolve_device
 from model.transformer import Transformer
 from scripts.bench import peak_rss_mib, rotating_rounds, synchronize
@@ -138,13 +141,13 @@ def measure_one(case: str, length: int, path: str, repeats: int, output: Path, d
     elif path == "flex":
         call = flex_call(attention, encoding, positions, length)
     else:
-        # The chunked path as a no-grad forward takes it: explicit steps where the probabilities are needed (model/
-        # attention_path.py), SDPA with the bias as a mask otherwise.
+        # The chunked backend a no-grad forward takes without FlexAttention: explicit steps where the probabilities
+        # are needed, SDPA with the bias as a mask otherwise (model/attention/registry.py).
         explicit = encoding.has_value_term or encoding.bias_needs_scores or encoding.own_weights
+        chunked = (Explicit if explicit else Masked)("the chunked path, for comparison")
 
         def call(q, k, v):  # a fresh state, as each forward prepares one (T5's shared bias is built again)
-            return attention.chunked_attention(q, k, v, encoding, encoding.prepare(positions, positions), True,
-                                               explicit=explicit)
+            return chunked.attend(attention, Inputs(q, k, v, encoding, encoding.prepare(positions, positions)))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     synchronize(device)

@@ -11,8 +11,8 @@ Steps (docs/performance.md, "GPU session": the `run` calls that issue them, with
               seeds) on the carried stdlib preparation of those presets, the comparisons' workers sharing the GPU
   bench       scripts.bench --device cuda at the research shapes, then the tiny one: ours against transformers'
               Llama, eager and compiled, bf16, MFU against the bf16 peak measured with an 8192^3 matmul
-  costs       the attention paths with runtime.flex_cuda on, the whole-model cost table with FlexAttention on CUDA
-              off and on (scripts.encoding_costs), and one layer's (scripts.flex_costs)
+  costs       the attention paths with model.attention_backend = "flex", the whole-model cost table with
+              FlexAttention on CUDA off and on (scripts.encoding_costs), and one layer's (scripts.flex_costs)
   preset      experiments.compare --preset gpu on the carried books: seeds 1-3 (a complete report), then 1-5 with
               the time left; a later call on the same (warm) machine goes on where this one stopped
   real_model  eval.real_model on SmolLM2-135M at 1x-8x of its context (64k tokens), when the machine has it: an

@@ -69,10 +69,10 @@ def test_a_model_with_zero_queries_attends_uniformly_and_the_observer_changes_no
     with torch.no_grad():
         plain = model(idx)[0]
         attention_statistics(model, idx.flatten().numpy(), 20, 40, SINKS)
-        assert all(layer.attention.observer is None for layer in model.layers)  # removed afterwards
-        for layer in model.layers:
-            layer.attention.observer = lambda *args: None
-        observed = model(idx)[0]
+        assert model.observer is None and model(idx)[0].equal(plain)  # the model itself is not observed
+        view = model.with_observer(lambda *args: None)
+        observed = view(idx)[0]
+        assert {path.split(":")[0] for path in view.attention_paths().values()} == {"explicit"}
     assert (plain - observed).abs().max() < 1e-5
 
 

@@ -174,7 +174,7 @@ def test_bench_runs_every_contestant_on_cuda(tmp_path):
     assert all(mode["tokens_per_s"] > 0 for mode in [*training.values(), *generation.values()])
 
 
-# FlexAttention on CUDA (runtime.flex_cuda, off by default: model/attention_path.py why_not_flex_on_cuda), against
+# FlexAttention on CUDA (model.attention_backend = "flex"; "auto" does not take it there: Flex.why_not), against
 # the chunked path, which stays the reference: the same logits in fp32, and the same gradients in training.
 FLEX_CUDA = ["alibi", "t5", "kerple", "shaw", "fox"]
 
@@ -192,16 +192,11 @@ def flex_cuda_model(position: str, max_seq_len: int = 64, **settings) -> Transfo
 
 
 def run_with_flex_cuda(model: Transformer, on: bool, fn):
-    """fn() with runtime.flex_cuda set to `on`, and the paths the layers took."""
-    from model.runtime import runtime_config
-
-    saved = runtime_config().flex_cuda
-    runtime_config().flex_cuda = on
-    try:
-        result = fn()
-    finally:
-        runtime_config().flex_cuda = saved
-    return result, model.attention_paths()
+    """fn(view) on a view of the model with model.attention_backend = "flex" (on) or "auto", and the paths its
+    layers took."""
+    view = model.with_settings(attention_backend="flex" if on else "auto")
+    result = fn(view)
+    return result, view.attention_paths()
 
 
 @pytest.mark.parametrize("window", [0, 48], ids=["global", "window"])
@@ -212,9 +207,9 @@ def test_flex_on_cuda_gives_the_chunked_paths_logits(position, window):
     model = flex_cuda_model(position, **({"attention_window": [window]} if window else {})).eval()
     idx = torch.randint(0, model.config.vocab_size, (2, 300), device=CUDA)  # a batch, not a multiple of 128
 
-    def forward():
+    def forward(view):
         with torch.no_grad():
-            return model(idx)[0]
+            return view(idx)[0]
 
     reference, chunked_paths = run_with_flex_cuda(model, False, forward)
     fast, flex_paths = run_with_flex_cuda(model, True, forward)
@@ -225,14 +220,14 @@ def test_flex_on_cuda_gives_the_chunked_paths_logits(position, window):
 
 @pytest.mark.parametrize("position", FLEX_CUDA)
 def test_flex_on_cuda_trains_with_the_chunked_paths_gradients(position):
-    """A training forward (gradients, L = 128) takes FlexAttention under the switch; the loss and every gradient,
+    """A training forward (gradients, L = 128) takes FlexAttention when named; the loss and every gradient,
     the bias's own parameters included, equal the chunked path's."""
     model = flex_cuda_model(position, max_seq_len=128).train()
     idx = torch.randint(0, model.config.vocab_size, (4, 129), device=CUDA)
 
-    def step():
+    def step(view):
         model.zero_grad()
-        loss = model(idx[:, :-1], idx[:, 1:])[1]
+        loss = view(idx[:, :-1], idx[:, 1:])[1]
         loss.backward()
         return loss.item(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
@@ -254,11 +249,11 @@ def test_flex_on_cuda_under_bf16_autocast_follows_fp32(position):
     model = flex_cuda_model(position, max_seq_len=128).train()
     idx = torch.randint(0, model.config.vocab_size, (4, 129), device=CUDA)
 
-    def loss(amp):
+    def loss(view, amp):
         with autocast(CUDA, amp):
-            return model(idx[:, :-1], idx[:, 1:])[1].item()
+            return view(idx[:, :-1], idx[:, 1:])[1].item()
 
-    fp32, _ = run_with_flex_cuda(model, False, lambda: loss(None))
-    bf16, paths = run_with_flex_cuda(model, True, lambda: loss(torch.bfloat16))
+    fp32, _ = run_with_flex_cuda(model, False, lambda view: loss(view, None))
+    bf16, paths = run_with_flex_cuda(model, True, lambda view: loss(view, torch.bfloat16))
     assert all(path.startswith("flex") for path in paths.values()), paths
     assert abs(bf16 - fp32) < 0.02 * fp32

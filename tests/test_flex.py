@@ -1,13 +1,16 @@
 """FlexAttention for long evaluation forwards of distance biases and of Shaw's clipped bias and value term
-(model/flex.py) against the chunked path, which stays the reference: the same logits (< 1e-4, fp32) where it is
+(model/attention/flex.py) against the chunked path, which stays the reference: the same logits (< 1e-4, fp32) where it is
 taken, the chunked path wherever it does not apply (training, a KV cache, windows, batches, biases that are not a
 function of i - j), and a clean fall-back if compiling fails."""
 import pytest
 import torch
 
-from model import KVCache, Transformer, flex
+import model.attention.flex as flex
+from model import KVCache, Transformer
+from model.attention.chunks import Inputs
+from model.attention.masked import Masked
 from model.compiled import Compiled
-from model.runtime import runtime_config
+from model.encodings.base import EXPLICIT
 from tests.conftest import micro_config
 
 LENGTH = 150  # not a multiple of flex's 128-row blocks
@@ -25,18 +28,17 @@ def flex_calls(monkeypatch):
 
     monkeypatch.setattr(flex, "attention", counted)
     monkeypatch.setattr(flex, "MIN_LENGTH", 64)
-    monkeypatch.setattr(runtime_config(), "flex_attention", True)
     return calls
 
 
 def logits(model, idx, positions=None, use_flex=True):
-    flex_was = runtime_config().flex_attention
-    runtime_config().flex_attention = use_flex
-    try:
-        with torch.inference_mode():
-            return model(idx, positions=positions)[0]
-    finally:
-        runtime_config().flex_attention = flex_was
+    """The model's logits, or with use_flex=False those of a view on the chunked backend the rules choose without
+    FlexAttention (explicit steps where the probabilities are needed, SDPA with a mask otherwise)."""
+    if not use_flex:
+        model = model.with_settings(attention_backend="explicit" if model.position.attention == EXPLICIT
+                                    else "sdpa_mask")
+    with torch.inference_mode():
+        return model(idx, positions=positions)[0]
 
 
 def assert_flex_matches_the_chunked_path(model, tokens, positions, flex_calls):
@@ -156,9 +158,9 @@ def test_cached_decoding_equals_a_full_forward_that_takes_flex(position, flex_ca
 
 @pytest.mark.parametrize("position, kernel, function", [("alibi", "_kernel", flex._flex),
                                                         ("shaw", "_far_kernel", flex._flex_far)])
-def test_a_compiler_failure_warns_once_and_falls_back_to_the_chunked_path(position, kernel, function, flex_calls,
-                                                                          monkeypatch):
-    monkeypatch.setattr(flex, kernel, Compiled(function, "FlexAttention", "the chunked path"))
+def test_a_compiler_failure_warns_and_falls_back_to_the_chunked_path_for_that_view_only(position, kernel, function,
+                                                                                        flex_calls, monkeypatch):
+    monkeypatch.setattr(flex, kernel, Compiled(function, "FlexAttention", "the chunked path", remember=False))
 
     def no_compiler(*args, **kwargs):
         raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
@@ -170,8 +172,15 @@ def test_a_compiler_failure_warns_once_and_falls_back_to_the_chunked_path(positi
     with pytest.warns(UserWarning, match="could not be compiled .*No working C"):
         fallen_back = logits(model, idx)
     assert torch.equal(fallen_back, reference)
-    assert len(flex_calls) == 1  # the first layer tried; the others and later forwards do not
-    assert torch.equal(logits(model, idx), reference) and len(flex_calls) == 1
+    layers = model.config.n_layers
+    assert len(flex_calls) == layers  # each layer's backend tried once; later forwards of this view do not
+    assert torch.equal(logits(model, idx), reference) and len(flex_calls) == layers
+    assert all("compiling FlexAttention failed for this model view" in path for path in model.attention_paths().values())
+    # Nothing process-wide: another view chooses FlexAttention again and tries it.
+    other = model.with_settings(attention_backend="flex")
+    with pytest.warns(UserWarning, match="could not be compiled"):
+        assert torch.equal(logits(other, idx), reference)
+    assert len(flex_calls) == 2 * layers
 
 
 @pytest.mark.parametrize("n_kv_heads", [4, 2])
@@ -189,7 +198,7 @@ def test_flex_attention_gives_the_chunked_paths_logits_for_fox_in_batches(n_kv_h
 
 @pytest.mark.parametrize("position", ["alibi", "t5"])
 def test_a_windowed_block_mask_gives_the_chunked_paths_windowed_attention(position):
-    """flex.attention with a layer's window (taken on CUDA under runtime.flex_cuda) against the chunked path of a
+    """flex.attention with a layer's window (taken on CUDA with model.attention_backend = "flex") against the chunked path of a
     windowed layer, run here on the CPU forward: the block mask shows each query its `window` latest keys only."""
     window = 40
     model = Transformer(micro_config(position=position, max_seq_len=64, attention_window=[window])).eval()
@@ -200,7 +209,7 @@ def test_a_windowed_block_mask_gives_the_chunked_paths_windowed_attention(positi
     state = model.position.prepare(positions, positions)
     q, k, v = (torch.randn(1, heads, LENGTH, 16) for heads in (4, 2, 2))
     with torch.inference_mode():
-        chunked = layer.chunked_attention(q, k, v, model.position, state, True, explicit=False)
+        chunked = Masked("the reference").attend(layer, Inputs(q, k, v, model.position, state))
         windowed = flex.attention(q, k, v, model.position, state, 0, window)
         unwindowed = flex.attention(q, k, v, model.position, state, 0)
     assert (windowed - chunked).abs().max() < 1e-5
@@ -211,7 +220,7 @@ def test_a_windowed_block_mask_gives_the_chunked_paths_windowed_attention(positi
 def test_a_separable_bias_trains_through_a_static_shape_kernel_and_the_distance_kinds_through_the_dynamic_one():
     """A backward compiles inside loss.backward(), out of the fallback's reach. With symbolic shapes inductor failed to
     lower FoX's backward on CUDA, so a separable bias has a static-shape twin where gradients flow; with static shapes
-    T5's table got wrong gradients there, so the distance kinds keep the dynamic kernel (model/flex.py)."""
+    T5's table got wrong gradients there, so the distance kinds keep the dynamic kernel (model/attention/flex.py)."""
     leaf, data = torch.zeros(2, requires_grad=True), torch.zeros(2)
     twin = flex._for(flex._separable_kernel, data, leaf)
     assert twin is not flex._separable_kernel and twin.function is flex._separable_kernel.function

@@ -1,12 +1,12 @@
-"""The merged path of an attention method's passes (model/pass_merge.py) against a loop of its definition and
+"""The merged path of an attention method's passes (model/attention/merged.py) against a loop of its definition and
 against the explicit steps, which stay the reference."""
 
 import pytest
 import torch
 
 from model import Transformer
-from model.attention_path import EXPLICIT, MERGED
-from model.pass_merge import key_parts, merged_attention, owned_pairs
+from model.attention.merged import key_parts, merged_attention, owned_pairs
+from model.attention.registry import EXPLICIT, MERGED
 from tests.conftest import micro_config
 
 
@@ -48,6 +48,11 @@ METHODS = [
 ]
 
 
+def kinds(model) -> set[str]:
+    """The backends the model's latest forward took."""
+    return {path.split(":")[0] for path in model.attention_paths().values()}
+
+
 CASES = [(position, methods) for position in ("rope", "xpos") for methods in METHODS] + [
     ("pope", [{"method": "sinks", "sinks": 2, "window": 6}]),  # queries and keys wider than the values
 ]
@@ -61,10 +66,10 @@ def test_a_no_grad_forward_takes_the_merged_path_and_equals_the_explicit_steps(m
     idx = torch.randint(0, 97, (2, 40))
     with torch.no_grad():
         merged = model(idx)[0]
-    assert {layer.attention.last_path.kind for layer in model.layers} == {MERGED}
+    assert kinds(model) == {MERGED}
     with torch.enable_grad():  # gradients wanted: the explicit steps
         explicit = model(idx)[0]
-    assert {layer.attention.last_path.kind for layer in model.layers} == {EXPLICIT}
+    assert kinds(model) == {EXPLICIT}
     assert (merged - explicit.detach()).abs().max() < 2e-5
 
 
@@ -76,7 +81,7 @@ def test_in_bfloat16_the_merged_path_stays_near_the_float32_explicit_steps():
         reference = model(idx)[0].detach().log_softmax(-1)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         merged = model(idx)[0].float().log_softmax(-1)
-    assert model.layers[0].attention.last_path.kind == MERGED
+    assert kinds(model) == {MERGED}
     # bf16 rounding of the projections and of the kernel's inputs: about 1e-2 in the log-probabilities
     assert (merged - reference).abs().max() < 5e-2
 

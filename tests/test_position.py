@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-import model.attention as attention_module
+import model.attention.explicit as explicit_backend
+import model.attention.masked as masked_backend
 from errors import ConfigError, PositionRangeError
 from model import KVCache, StaticKVCache, Transformer
 from model.attention import Attention
@@ -234,8 +235,8 @@ def test_query_chunking_gives_the_same_result(position, monkeypatch):
     idx = torch.randint(0, 97, (2, 40))
     with torch.no_grad():
         whole = model(idx)[0]
-        for budget in ("BIAS_CHUNK_ELEMENTS", "EXPLICIT_CHUNK_ELEMENTS"):  # 7 rows per chunk on either path
-            monkeypatch.setattr(attention_module, budget, 2 * 4 * 40 * 7)
+        for backend in (masked_backend, explicit_backend):  # 7 rows per chunk on either backend
+            monkeypatch.setattr(backend, "CHUNK_ELEMENTS", 2 * 4 * 40 * 7)
         chunked = model(idx)[0]
     assert (whole - chunked).abs().max() < 1e-5
 

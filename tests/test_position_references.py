@@ -517,7 +517,7 @@ def test_window_decoding_through_a_cache_equals_the_full_forward(cache_type):
 
 def test_windowed_attention_computes_only_the_band(monkeypatch):
     """Each chunk of rows sees at most window + rows - 1 keys: the work is O(time x window)."""
-    import model.attention as attention_module
+    import model.attention.masked as attention_module
 
     seen = []
     original = attention_module.F.scaled_dot_product_attention
@@ -618,12 +618,12 @@ def test_path_attention_is_the_papers_formula(block, chunk_rows, monkeypatch):
     2 sigmoid(b . x_t + c) from the layer input, H_t = I - beta_t w_t w_t^T, and the logit of key j <= i is
     q_i^T H_i ... H_{j+1} k_j / sqrt(d), each product of matrices formed explicitly; with GQA, in one block and in
     blocks of 3 rows within attention chunks of 4 rows."""
-    import model.attention as attention_module
+    import model.attention.explicit as attention_module
     import model.encodings.path as path_module
 
     monkeypatch.setattr(path_module, "BLOCK", block)
     if chunk_rows:
-        monkeypatch.setattr(attention_module, "EXPLICIT_CHUNK_ELEMENTS", 4 * 9 * chunk_rows)  # heads x keys x rows
+        monkeypatch.setattr(attention_module, "CHUNK_ELEMENTS", 4 * 9 * chunk_rows)  # heads x keys x rows
     config = micro_config(position="path", n_kv_heads=2)
     model = Transformer(config).eval()
     transforms = model.position.transforms["1"]
@@ -665,11 +665,11 @@ def test_path_attention_is_the_papers_formula(block, chunk_rows, monkeypatch):
 def test_path_through_a_cache_in_small_blocks_and_chunks_equals_the_full_forward(cache_type, monkeypatch):
     """Prefills of 13 and 7 tokens and single steps, in blocks of 2 rows within attention chunks of 3: the cache's
     keys, rewritten after each forward, are carried to its latest token."""
-    import model.attention as attention_module
+    import model.attention.explicit as attention_module
     import model.encodings.path as path_module
 
     monkeypatch.setattr(path_module, "BLOCK", 2)
-    monkeypatch.setattr(attention_module, "EXPLICIT_CHUNK_ELEMENTS", 2 * 4 * 24 * 3)  # batch x heads x keys x rows
+    monkeypatch.setattr(attention_module, "CHUNK_ELEMENTS", 2 * 4 * 24 * 3)  # batch x heads x keys x rows
     config = micro_config(position="path", max_seq_len=24)
     model = Transformer(config).eval()
     idx = torch.randint(0, 97, (2, 24))

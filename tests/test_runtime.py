@@ -1,6 +1,7 @@
 """The runtime switches ([runtime] in a run config, model/runtime.py): saved with each run, put in effect by the
 trainer, refused with the key's name when not a boolean; each path they choose computes the same numbers (the
-flex and compiled-rope tests compare the two sides)."""
+compiled-rope tests compare the two sides). The switches the model's attention backend replaced are dropped from a
+saved run and refused, naming their replacement, in user input."""
 import pytest
 
 from errors import ConfigError
@@ -16,10 +17,10 @@ def restore_runtime():
 
 
 def test_runtime_keys_round_trip_through_run_config_toml(tmp_path):
-    config = load_run_config(None, ["--runtime.flex_attention=false", "--runtime.compiled_rope=false"])
-    assert config.runtime == RuntimeConfig(flex_attention=False, compiled_rope=False, keep_freed_memory=True)
+    config = load_run_config(None, ["--runtime.compiled_rope=false"])
+    assert config.runtime == RuntimeConfig(compiled_rope=False, keep_freed_memory=True)
     text = to_toml(config)
-    assert "[runtime]\nflex_attention = false\ncompiled_rope = false\nkeep_freed_memory = true" in text
+    assert "[runtime]\ncompiled_rope = false\nkeep_freed_memory = true" in text
     saved = tmp_path / "run_config.toml"
     saved.write_text(text)
     assert load_run_config(saved).runtime == config.runtime
@@ -27,8 +28,8 @@ def test_runtime_keys_round_trip_through_run_config_toml(tmp_path):
 
 
 def test_a_runtime_switch_that_is_not_a_boolean_names_the_key():
-    with pytest.raises(ConfigError, match="runtime.flex_attention must be true or false"):
-        load_run_config(None, ["--runtime.flex_attention=0"])
+    with pytest.raises(ConfigError, match="runtime.compiled_rope must be true or false"):
+        load_run_config(None, ["--runtime.compiled_rope=0"])
     with pytest.raises(ConfigError, match="unknown key.*flex"):
         load_run_config(None, ["--runtime.flex=false"])
 
@@ -39,11 +40,25 @@ def test_the_trainer_puts_the_runs_switches_in_effect(tmp_path, prepared_data, r
     from train.loop import Trainer, Training
 
     config = load_run_config(None, [f"--data.dir={prepared_data}", f"--out.dir={tmp_path / 'run'}",
-                                    "--runtime.flex_attention=false", "--runtime.compiled_rope=false",
+                                    "--runtime.compiled_rope=false",
                                     "--model.vocab_size=512", "--model.dim=32", "--model.n_layers=1",
                                     "--model.n_heads=2", "--model.n_kv_heads=1", "--model.max_seq_len=16"])
-    assert runtime_config().flex_attention and runtime_config().compiled_rope
+    assert runtime_config().compiled_rope
     batches = PretrainBatches(prepared_data, 16, 2, 0, 1)
     Trainer(Training(config, lambda: Transformer(config.model), batches, tokenizer=None))
-    assert not runtime_config().flex_attention and not runtime_config().compiled_rope
-    assert "[runtime]\nflex_attention = false" in (tmp_path / "run" / "run_config.toml").read_text()
+    assert not runtime_config().compiled_rope
+    assert "[runtime]\ncompiled_rope = false" in (tmp_path / "run" / "run_config.toml").read_text()
+
+
+def test_the_retired_flex_switches_load_from_a_saved_run_and_are_refused_with_their_replacement(tmp_path):
+    from train.config import build_run_config
+
+    saved = {"runtime": {"flex_attention": False, "compiled_rope": True, "keep_freed_memory": True,
+                         "flex_cuda": False}}
+    assert build_run_config(saved, "saved", saved=True).runtime == RuntimeConfig()
+    with pytest.raises(ConfigError, match=r"runtime.flex_attention is retired; use model.attention_backend"):
+        build_run_config(saved, "config")
+    path = tmp_path / "run.toml"
+    path.write_text("[runtime]\nflex_cuda = true\n")
+    with pytest.raises(ConfigError, match=r'runtime.flex_cuda is retired; use model.attention_backend = "flex"'):
+        load_run_config(path)

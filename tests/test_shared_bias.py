@@ -41,8 +41,8 @@ def test_a_learned_bias_trains_through_explicit_attention_with_the_same_logits_a
     """With gradients wanted, a bias with parameters takes the explicit chunked steps instead of SDPA's mask (for
     speed): the logits and every parameter's gradient equal those of the SDPA route, with chunks smaller than the
     sequence so that their stitching is covered too."""
-    import model.attention as attention_module
-    import model.attention_path as attention_path
+    import model.attention.explicit as explicit_backend
+    import model.attention.masked as masked_backend
 
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16,
@@ -51,26 +51,24 @@ def test_a_learned_bias_trains_through_explicit_attention_with_the_same_logits_a
         for name, parameter in model.named_parameters():
             if name.startswith("position."):  # away from FIRE/KERPLE's clamps and T5's zeros
                 parameter.uniform_(0.5, 1.5)
-    for budget in ("BIAS_CHUNK_ELEMENTS", "EXPLICIT_CHUNK_ELEMENTS"):  # chunks of 5 query rows on either path
-        monkeypatch.setattr(attention_module, budget, 2 * 4 * 16 * 5)
+    for backend in (masked_backend, explicit_backend):  # chunks of 5 query rows on either path
+        monkeypatch.setattr(backend, "CHUNK_ELEMENTS", 2 * 4 * 16 * 5)
     idx, targets = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
 
-    def logits_and_grads():
+    def logits_and_grads(view=model):
         model.zero_grad()
-        logits, loss = model(idx, targets)
+        logits, loss = view(idx, targets)
         loss.backward()
         return logits, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
     sdpa_calls = []
-    sdpa = attention_module.F.scaled_dot_product_attention
-    monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention",
+    sdpa = masked_backend.F.scaled_dot_product_attention
+    monkeypatch.setattr(masked_backend.F, "scaled_dot_product_attention",
                         lambda *args, **kwargs: sdpa_calls.append(1) or sdpa(*args, **kwargs))
     explicit_logits, explicit_grads = logits_and_grads()
     assert not sdpa_calls  # the explicit steps were taken
-    # SDPA's mask route, which the path takes for a learned bias where a device has a mask gradient
-    monkeypatch.setattr(attention_module, "choose", lambda *args, **kwargs: attention_path.Path(
-        attention_path.SDPA_MASK, "forced by the test"))
-    sdpa_logits, sdpa_grads = logits_and_grads()
+    # SDPA's mask route, which the rules take for a learned bias where a device has a mask gradient
+    sdpa_logits, sdpa_grads = logits_and_grads(model.with_settings(attention_backend="sdpa_mask"))
     assert sdpa_calls  # ... and here SDPA's mask route
     assert torch.allclose(explicit_logits, sdpa_logits, atol=1e-5, rtol=0)
     assert explicit_grads.keys() == sdpa_grads.keys() and any(n.startswith("position.") for n in sdpa_grads)

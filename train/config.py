@@ -14,7 +14,7 @@ from typing import Any
 from errors import ConfigError
 from model.config import ModelConfig
 from model.fields import build_dataclass, check_field_types, parse_override_value, set_dotted, toml_value
-from model.runtime import RuntimeConfig
+from model.runtime import RETIRED, RuntimeConfig
 from train.args import check_names, check_override, read_toml
 from train.trackers import TRACKERS
 
@@ -151,11 +151,22 @@ def build_run_config(values: dict[str, Any], where: str = "config", saved: bool 
         section = values.get(name, {})
         if not isinstance(section, dict):
             raise ConfigError(f"{where}: [{name}] must be a table of keys")
+        if cls is RuntimeConfig:
+            section = retire_runtime_keys(section, where, saved)
         if cls is ModelConfig:
             sections[name] = ModelConfig.from_saved(section) if saved else ModelConfig.from_dict(section)
         else:
             sections[name] = build_dataclass(cls, section, name)
     return RunConfig(**sections)
+
+
+def retire_runtime_keys(section: dict[str, Any], where: str, saved: bool) -> dict[str, Any]:
+    """[runtime] without the switches the model's attention backend replaced (model/runtime.py RETIRED): dropped
+    from a saved run's settings, refused with their replacement in user input."""
+    retired = [key for key in section if key in RETIRED]
+    if retired and not saved:
+        raise ConfigError(f"{where}: runtime.{retired[0]} is retired; use {RETIRED[retired[0]]}")
+    return {key: value for key, value in section.items() if key not in RETIRED}
 
 
 def load_run_config(
@@ -167,6 +178,8 @@ def load_run_config(
     values: dict[str, Any] = {}
     if path is not None:
         values = read_toml(path)
+        if isinstance(values.get("runtime"), dict):
+            retire_runtime_keys(values["runtime"], str(path), saved=False)
         check_names(values, str(path), section_keys())
     for section, defaults in (base or {}).items():
         if isinstance(values.get(section, {}), dict):

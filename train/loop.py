@@ -427,7 +427,7 @@ class Trainer:
 
     def record_attention_paths(self) -> None:
         """Once per run, after the first applied step: the attention path each layer's training forward took
-        (model/attention_path.py; a compiled step records it too), said and kept in the trainer state."""
+        (model/attention/registry.py; a compiled step records it too), said and kept in the trainer state."""
         paths = self.model.attention_paths()
         self.state["attention_paths"] = paths
         for layers, path in paths.items():

@@ -127,7 +127,7 @@ def results_record(results: ComparisonResults) -> dict:
 
 def attention_paths(results: ComparisonResults) -> dict[str, dict]:
     """encoding -> the attention path of its first seed's layers in training and at each evaluation length as
-    trained (model/attention_path.py), from its trainer state and its cached evaluation."""
+    trained (model/attention/registry.py), from its trainer state and its cached evaluation."""
     found = {}
     seed = results.compare.seeds[0]
     for encoding in results.compare.encodings:

@@ -37,19 +37,19 @@ Hooks (each has a do-nothing default):
   value_term(probs, state, layer, rows, keys)
                                             a term added to the attention output (Shaw's relative values)
   separable_terms(state)                    when `separable_bias` (FoX): the bias as a term of each query less a
-                                            term of each key, for FlexAttention (model/flex.py)
+                                            term of each key, for FlexAttention (model/attention/flex.py)
   clipped_tables(q, state, layer)           when `clipped_distance` = c > 0 (Shaw): the bias as a function of the
                                             query and min(i - j, c), (batch, heads, time, c + 1), and the value
                                             term's vector per min(i - j, c), (c + 1, head_dim); lets a long
-                                            evaluation forward take FlexAttention (model/flex.py)
+                                            evaluation forward take FlexAttention (model/attention/flex.py)
   reset_parameters()                        re-initialises parameters the reference initialises differently
   constrain_()                              projects the encoding's parameters back onto their domain; the
                                             training loop calls it after every optimizer step (KERPLE's r1, r2 > 0)
 
-The attention path (model/attention_path.py) reads two names an encoding declares: `attention`, what its attention
+The attention path (model/attention/registry.py) reads two names an encoding declares: `attention`, what its attention
 needs (FUSED: nothing beyond its queries and keys, so the fused kernel; BIAS: an additive score bias, which SDPA takes
 as a mask; EXPLICIT: the explicit steps, with `why_explicit`), and `flex_kind`, the FlexAttention kernel that serves
-its long evaluation forwards ("distance", "clipped", "separable" or None: model/flex.py). Both agree with the
+its long evaluation forwards ("distance", "clipped", "separable" or None: model/attention/flex.py). Both agree with the
 capabilities below (tests/test_attention_path.py checks it): `has_score_bias`, `bias_needs_scores`,
 `bias_from_content`, `separable_bias`, `has_value_term`, `own_weights`, `own_scores`, `relative_only`,
 `clipped_distance`; `caches_encoded_keys` is read by the attention itself, `reads_positions` by
@@ -79,7 +79,7 @@ if TYPE_CHECKING:
     from model.config import ModelConfig
 
 ALL = slice(None)
-# What an encoding's attention needs (PositionEncoding.attention), which names its path (model/attention_path.py).
+# What an encoding's attention needs (PositionEncoding.attention), which names its path (model/attention/registry.py).
 FUSED, BIAS, EXPLICIT = "fused", "bias", "explicit"
 
 
@@ -135,7 +135,7 @@ class PositionEncoding(nn.Module):
 
     attention: ClassVar[str] = FUSED  # FUSED, BIAS or EXPLICIT (above)
     why_explicit: ClassVar[str] = ""  # for EXPLICIT: what needs the explicit steps, as the path's reason says it
-    flex_kind: ClassVar[str | None] = None  # the FlexAttention kernel of its long evaluation forwards (model/flex.py)
+    flex_kind: ClassVar[str | None] = None  # the FlexAttention kernel of its long evaluation forwards (model/attention/flex.py)
     has_score_bias = False
     bias_needs_scores = False
     has_value_term = False

@@ -42,7 +42,7 @@ class ForgettingAttention(PositionEncoding):
     attention, flex_kind = BIAS, "separable"
     bias_from_content = True
     reads_positions = False
-    separable_bias = True  # c_i - c_j: a long no-grad forward takes FlexAttention (model/flex.py)
+    separable_bias = True  # c_i - c_j: a long no-grad forward takes FlexAttention (model/attention/flex.py)
     # The model's learning rate and no weight decay. The reference decays the gate's weight as any matrix and not
     # its bias; one group holds both here, and without decay the bias, which sets how fast a head forgets, stays
     # free. Measured: 10x the learning rate and decay 0.1 are within seed noise of this (docs/baselines.md).

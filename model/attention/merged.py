@@ -1,5 +1,5 @@
-"""An attention method's passes (ReRoPE, leaky ReRoPE, SelfExtend, sinks) through a fused kernel, merged by their
-log-sum-exps.
+"""merged: an attention method's passes (ReRoPE, leaky ReRoPE, SelfExtend, sinks) through a fused kernel, merged by
+their log-sum-exps.
 
 A method that encodes positions per pass gives each (query, key) pair the score of one pass: the last pass whose
 select(i, j) holds, else the first (model/attention_methods.py). The explicit steps compute every pass's scores for
@@ -16,18 +16,55 @@ the public SDPA does not return it, and compiled FlexAttention on the CPU refuse
 key in a masked part gets output 0 and log-sum-exp 0 from the kernel, so its weight is set to 0 here.
 
 Only for encodings that add nothing to the scores (RoPE, xPos), forwards without gradients, on the CPU, with no
-diagnostic reading the probabilities (model/attention_path.py); the explicit steps stay the reference
-(parity: tests/test_pass_merge.py).
+diagnostic reading the probabilities; the explicit backend stays the reference (parity: tests/test_pass_merge.py).
 """
 from __future__ import annotations
 
 import torch
 
+from model.attention.backend import Backend, Setting
+from model.attention.chunks import chunks, effective_window, expand_kv_heads
+from model.attention.explicit import encoded_passes
+from model.encodings.base import FUSED
+
 KERNEL = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+# A chunk's masked parts (the edges of each pass's key range) cost about 3 x rows^2 against the unmasked rows x keys,
+# so chunks stay short; their masks, (batch x rows x keys) per part, are shared by the heads.
+ROWS = 256
 
 
 def available() -> bool:
     return KERNEL is not None
+
+
+class Merged(Backend):
+    name = "merged"
+
+    @classmethod
+    def why_not(cls, encoding, setting: Setting) -> str | None:
+        checks = [
+            (not setting.passes, "no attention method that encodes positions per pass"),
+            (encoding.attention != FUSED, "the encoding adds to the scores"),
+            (setting.device != "cpu", f"its kernel is the CPU's, not {setting.device}'s"),
+            (setting.grad, "gradients are wanted"),
+            (setting.observed or setting.dropout, "a diagnostic reads the probabilities, or dropout"),
+            (not available(), "this torch has no fused CPU kernel that returns the log-sum-exp"),
+        ]
+        return next((reason for failed, reason in checks if failed), None)
+
+    def attend(self, layer, inputs) -> torch.Tensor:
+        k, v = expand_kv_heads(inputs, inputs.q.shape[1])
+        encoded = encoded_passes(inputs, k)
+        outputs = []
+        for chunk in chunks(inputs, ROWS, effective_window(layer.window, inputs)):
+            selects = [None if one_pass.select is None else one_pass.select(chunk.i, chunk.j)[:, None]
+                       for one_pass in inputs.passes]
+            outputs.append(merged_attention(
+                [q_pass[:, :, chunk.rows] for q_pass, _ in encoded], [k_pass[:, :, chunk.keys] for _, k_pass in encoded],
+                v[:, :, chunk.keys], owned_pairs(selects, chunk.visible), layer.score_scale))
+        return torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]
 
 
 def owned_pairs(selects: list[torch.Tensor | None], visible: torch.Tensor | None) -> list[torch.Tensor | None]:

@@ -1,4 +1,4 @@
-"""FlexAttention (torch.nn.attention.flex_attention, compiled) for the long evaluation forwards of the encodings that
+"""flex: FlexAttention (torch.nn.attention.flex_attention, compiled) for the long evaluation forwards of the encodings that
 name a `flex_kind` (model/encodings/base.py): "distance", a bias of the distance i - j alone (ALiBi, T5, KERPLE);
 "clipped", a bias and value term of the query and min(i - j, clip) (Shaw); "separable", a bias that is a term of
 the query less a term of the key (FoX's c_i - c_j).
@@ -11,8 +11,9 @@ distance bias takes FlexAttention for one sequence only. Shaw's bias depends on 
 shares nothing between sequences, and the clipped path is faster for batches too. So FlexAttention serves forwards without gradients, on the CPU (where it was measured), in float32, with no KV cache,
 no attention method and no window: the scoring of long windows. Everything else, and any forward shorter than
 MIN_LENGTH (one or two chunks, where a compilation per shape would not pay), keeps the chunked path, which stays
-the reference (parity: tests/test_flex.py). Whether a forward takes it is decided with every other path in
-model/attention_path.py.
+the reference (parity: tests/test_flex.py). Whether a layer takes it is decided with every other backend in
+model/attention/registry.py; the per-forward conditions (length, batch, consecutive positions) are checked here,
+and a forward that does not meet them takes the backend chosen beside it (its fallback).
 
 The bias enters as a (heads, time) table of its values at each distance, read by the score_mod: the encoding's own
 score_bias fills it from the last query row, so the two paths add the same numbers. The block mask (causal) is
@@ -29,16 +30,16 @@ extra channel and 0 elsewhere. That channel is s_i = e^m_i / (F_i + e^m_i), so t
 F_i / e^m_i = (1 - s_i) / s_i, the near masses are exp(logit - m_i) <= 1, and every probability is a mass over
 their sum; the far keys' output is the other channels / (s_i * total), with no division by 1 - s_i.
 
-On CUDA nothing is measured yet, so FlexAttention is used there only with runtime.flex_cuda = true (off by
-default; the GPU session turns it on for its measurements), and then under other rules (attention_path.py
-why_not_flex_on_cuda): FlexAttention has a backward and bf16 kernels on CUDA, so training, bf16 autocast, batches
+On CUDA nothing is measured yet, so FlexAttention is used there only with model.attention_backend = "flex" (the GPU
+session asks for it in its measurements), and then under other rules (Flex.why_not): FlexAttention has a backward and bf16 kernels on CUDA, so training, bf16 autocast, batches
 and a layer's sliding window (a block mask that skips the keys outside it) take it too. Gradients reach a learned
 bias through the tensors its score_mod reads (T5's and KERPLE's distance table, FoX's terms). FIRE's bias depends
 on the query's position as well as on i - j (its distance is normalised by the query's position), so it has no
 table and stays on the chunked path everywhere.
 
-If compiling fails (no C++ compiler, say), a warning names the error and every later forward takes the chunked
-path; runtime.flex_attention = false (model/runtime.py) turns it off.
+If compiling fails (no C++ compiler, say), a warning names the error, and this backend (its model view and mode)
+takes its fallback from then on; nothing else in the process changes. model.attention_backend = "explicit" (or "sdpa_mask",
+where it serves) keeps a model off it.
 """
 from __future__ import annotations
 
@@ -47,10 +48,11 @@ from typing import Any
 
 import torch
 
+from model.attention.backend import DECODE, Backend, Setting
 from model.compiled import Compiled
 
 MIN_LENGTH = 512  # shorter forwards keep the chunked path
-CUDA_MIN_LENGTH = 128  # on CUDA (runtime.flex_cuda): one FlexAttention block; not measured yet
+CUDA_MIN_LENGTH = 128  # on CUDA (model.attention_backend = "flex"): one FlexAttention block; not measured yet
 _block_masks: dict[tuple[int, str, int, int], Any] = {}
 
 
@@ -62,12 +64,6 @@ def consecutive(state: Any) -> bool:
     queries, keys = state.queries, state.keys
     return queries.shape == keys.shape and bool(torch.equal(queries, keys)) and \
         bool((queries[:, 1:] - queries[:, :-1] == 1).all())
-
-
-def failed(encoding: Any) -> bool:
-    """Whether compiling the kernel this encoding would take has failed in this process."""
-    kernels = {"clipped": _far_kernel, "separable": _separable_kernel}
-    return kernels.get(encoding.flex_kind, _kernel).failure is not None
 
 
 def distance_table(q: torch.Tensor, encoding: Any, state: Any, layer: int) -> torch.Tensor:
@@ -131,16 +127,19 @@ def block_mask(time: int, device: torch.device, clip: int = 0, window: int = 0) 
     return _block_masks[key]
 
 
-_INSTEAD = "evaluation continues on the chunked attention path (model/flex.py)"
-_kernel = Compiled(_flex, "FlexAttention", _INSTEAD)
-_far_kernel = Compiled(_flex_far, "FlexAttention (a clipped encoding's far keys)", _INSTEAD)
-_separable_kernel = Compiled(_flex_separable, "FlexAttention (a separable bias)", _INSTEAD)
-# A separable bias's training forwards (CUDA with runtime.flex_cuda) compile with static shapes: once evaluation at
+_INSTEAD = "this model view continues on the chunked backend chosen beside FlexAttention (model/attention/flex.py)"
+# Compiled once per process (the compiled code is shared); a failure is returned to the backend that called, which
+# falls back on its own (remember=False: the next view tries again).
+_kernel = Compiled(_flex, "FlexAttention", _INSTEAD, remember=False)
+_far_kernel = Compiled(_flex_far, "FlexAttention (a clipped encoding's far keys)", _INSTEAD, remember=False)
+_separable_kernel = Compiled(_flex_separable, "FlexAttention (a separable bias)", _INSTEAD, remember=False)
+# A separable bias's training forwards (CUDA with model.attention_backend = "flex") compile with static shapes: once evaluation at
 # other lengths had made the shapes symbolic, inductor (torch 2.11, H200) failed to lower its backward (sym_size of a
 # captured tensor), inside loss.backward(), where no fallback can catch it. The distance kinds keep the dynamic kernel:
 # compiled with static shapes, T5's table got wrong gradients at distances 0 and 1 (the same lease, tests/test_cuda.py),
 # while the dynamic kernel matched the chunked path's gradients for ALiBi, T5, KERPLE and Shaw on the lease before.
-_TRAINING = {_separable_kernel: Compiled(_separable_kernel.function, _separable_kernel.what, _INSTEAD, dynamic=False)}
+_TRAINING = {_separable_kernel: Compiled(_separable_kernel.function, _separable_kernel.what, _INSTEAD, remember=False,
+                                        dynamic=False)}
 
 
 def _for(kernel: Compiled, *tensors: torch.Tensor) -> Compiled:
@@ -187,12 +186,11 @@ def clipped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, encodin
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, encoding: Any, state: Any,
               layer: int, window: int = 0) -> torch.Tensor | None:
     """Causal attention with the encoding's bias (and value term) through compiled FlexAttention, or None when
-    compiling failed (then the caller takes the chunked path, as every later forward does). `window` > 0: each
-    query sees its `window` latest keys (a distance or separable bias; attention_path.py never sends a clipped
-    one with a window)."""
+    compiling failed (then the backend takes its fallback). `window` > 0: each query sees its `window` latest keys
+    (a distance or separable bias; Flex.why_not never takes a clipped one with a window)."""
     if encoding.flex_kind == "clipped":
         if window:
-            raise ValueError("a clipped bias takes FlexAttention without a window (model/attention_path.py)")
+            raise ValueError("a clipped bias takes FlexAttention without a window (Flex.why_not)")
         return clipped_attention(q, k, v, encoding, state, layer)
     mask = block_mask(q.shape[2], q.device, window=window)
     if encoding.flex_kind == "separable":
@@ -201,3 +199,96 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, encoding: Any, 
         return kernel(q, k, v, query_terms.contiguous(), key_terms.contiguous(), mask, k.shape[1] != q.shape[1])
     table = distance_table(q, encoding, state, layer)
     return _for(_kernel, q, k, table)(q, k, v, table, mask, k.shape[1] != q.shape[1])
+
+
+class Flex(Backend):
+    """FlexAttention for the forwards it serves, the backend chosen beside it (`fallback`) for the others: shorter
+    than MIN_LENGTH, several sequences with a distance bias on the CPU, positions that are not consecutive, or after
+    compiling failed for this view."""
+
+    name = "flex"
+
+    needs_fallback = True
+
+    def __init__(self, reason: str, fallback: Backend | None = None, **options: Any) -> None:
+        super().__init__(reason)
+        if fallback is None:
+            raise ValueError("FlexAttention's backend needs a fallback for the forwards it does not serve")
+        self.fallback = fallback
+        self.failure: str | None = None  # compiling failed for this backend: every later forward takes the fallback
+        self.latest: str | None = None  # why the latest forward took the fallback (None: it took FlexAttention)
+
+    @classmethod
+    def why_not(cls, encoding, setting: Setting) -> str | None:
+        """What FlexAttention cannot compute here: on the CPU (which has no FlexAttention backward) no-grad float32
+        forwards; on CUDA, training and bf16 too (why_not_on_cuda)."""
+        if encoding.flex_kind is None:
+            return "no bias that is a function of the distance alone (or a query's term less a key's)"
+        checks = [
+            (setting.mode == DECODE, "a KV cache"),
+            (setting.methods or setting.observed or setting.dropout, "an attention method, a diagnostic or dropout"),
+            (setting.compiling, "inside a compiled graph"),
+            (setting.window and encoding.flex_kind == "clipped",
+             "a window with a clipped bias, whose near band is computed without one"),
+        ]
+        if setting.device == "cuda":
+            checks.append((setting.dtype not in (torch.float32, torch.bfloat16),
+                           f"{str(setting.dtype).removeprefix('torch.')}, and it serves float32 and bfloat16"))
+        else:
+            checks += [(setting.device != "cpu", f"not tried on {setting.device}"),
+                       (setting.grad, "gradients are wanted, and torch has no FlexAttention backward on the CPU"),
+                       (setting.dtype != torch.float32,
+                        f"{str(setting.dtype).removeprefix('torch.')}, and it serves float32 on the CPU")]
+        return next((reason for failed, reason in checks if failed), None)
+
+    @classmethod
+    def why_not_by_default(cls, encoding, setting: Setting) -> str | None:
+        """What keeps "auto" from choosing it where it could serve: it was measured faster on the CPU only, and
+        there not with a window (python -m scripts.flex_costs, docs/performance.md)."""
+        blocked = cls.why_not(encoding, setting)
+        if blocked is not None:
+            return blocked
+        if setting.device != "cpu":
+            return (f"measured on the CPU only, not on {setting.device} (model.attention_backend = \"flex\" takes "
+                    "it there, to measure it)")
+        if setting.window:
+            return "a window, which it serves slower than the chunked path on the CPU"
+        return None
+
+    def why_not_now(self, inputs) -> str | None:
+        """None when this forward takes FlexAttention, else why it takes the fallback."""
+        q, k = inputs.q, inputs.k
+        cuda = q.device.type == "cuda"
+        shortest = CUDA_MIN_LENGTH if cuda else MIN_LENGTH
+        checks = [
+            (self.failure is not None, f"compiling FlexAttention failed for this model view ({self.failure})"),
+            (not inputs.causal or inputs.kv_cache is not None, "a KV cache or a non-causal forward"),
+            (q.shape[2] != k.shape[2] or q.shape[2] < shortest,
+             f"shorter than {shortest} tokens" + ("" if cuda else ", where compiling for each shape does not pay")),
+            (not cuda and inputs.encoding.flex_kind == "distance" and q.shape[0] != 1,
+             "several sequences, between which the chunked path shares each chunk's bias"),
+        ]
+        blocked = next((reason for failed, reason in checks if failed), None)
+        if blocked is None and not consecutive(inputs.state):
+            blocked = "positions that are not consecutive"
+        return blocked
+
+    def attend(self, layer, inputs) -> torch.Tensor:
+        self.latest = self.why_not_now(inputs)
+        if self.latest is None:
+            out = attention(inputs.q, inputs.k, inputs.v, inputs.encoding, inputs.state, layer.layer_index,
+                            layer.window)
+            if out is not None:
+                return out
+            self.failure = _kernel_for(inputs.encoding).last_failure or "see the warning"
+            self.latest = f"compiling FlexAttention failed for this model view ({self.failure})"
+        return self.fallback.attend(layer, inputs)
+
+    def describe(self) -> str:
+        if self.latest is None:
+            return super().describe()
+        return f"{self.fallback.describe()}; not flex: {self.latest}"
+
+
+def _kernel_for(encoding: Any) -> Compiled:
+    return {"clipped": _far_kernel, "separable": _separable_kernel}.get(encoding.flex_kind, _kernel)

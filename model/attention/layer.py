@@ -1,0 +1,111 @@
+"""Grouped-query causal self-attention: the projections, QK-norm, the position encoding of queries and keys, the KV
+cache, and the backend that computes the attention itself (model/attention/registry.py), chosen once per model view
+and mode by the Transformer and handed to each forward."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from model.attention.backend import DECODE, EVALUATE, TRAIN, Backend, Setting
+from model.attention.chunks import Inputs
+from model.attention.registry import choose
+from model.attention_methods import MethodContext
+from model.config import ModelConfig
+from model.encodings.base import PositionEncoding
+from model.kv_cache import KVCache
+from model.layers import RMSNorm
+
+
+def mode_of(kv_cache: KVCache | None) -> str:
+    """train (gradients), decode (a KV cache) or evaluate."""
+    return TRAIN if torch.is_grad_enabled() else DECODE if kv_cache is not None else EVALUATE
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+        super().__init__()
+        self.layer_index = layer_index
+        self.n_heads = config.n_heads
+        self.n_kv_heads = config.n_kv_heads
+        self.head_dim = config.head_dim
+        # Logits are q.k / sqrt(head_dim) on every path, also where encoded queries and keys are wider (PoPE's 2d).
+        self.score_scale = 1.0 / math.sqrt(self.head_dim)
+        self.score_root = math.sqrt(self.head_dim)  # the explicit steps divide by it (bitwise as they always have)
+        self.dropout = config.dropout
+        self.window = config.layer_windows()[layer_index]
+        self.q_proj = nn.Linear(config.dim, config.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(config.dim, config.n_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.dim, config.n_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(config.n_heads * self.head_dim, config.dim, bias=False)
+        # QK-norm (model.qk_norm): RMSNorm of each head's queries and keys, a gain over head_dim shared by the heads,
+        # before the position encoding.
+        qk_norm = config.layer_qk_norms()[layer_index]
+        self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if qk_norm else None
+
+    def dropout_now(self) -> float:
+        return self.dropout if self.training else 0.0
+
+    def setting(self, mode: str, device: torch.device, dtype: torch.dtype, methods: list = (),
+                observed: bool = False, preference: str = "auto") -> Setting:
+        """What this layer's backend is chosen from, for `mode` (model/attention/backend.py); `methods`: the view's
+        inference-time attention methods (model/attention_methods.py)."""
+        return Setting(mode=mode, device=device.type, dtype=dtype, window=self.window, methods=bool(methods),
+                       passes=any(method.sets_positions for method in methods),
+                       visibility=any(method.sets_visibility for method in methods), observed=observed,
+                       dropout=self.dropout_now(), compiling=torch.compiler.is_compiling(), preference=preference)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        encoding: PositionEncoding,
+        encoding_state: Any,
+        kv_cache: KVCache | None,
+        causal: bool = True,
+        methods: MethodContext | None = None,
+        pass_states: list[Any] | None = None,
+        backend: Backend | None = None,
+    ) -> torch.Tensor:
+        """`backend`: the one the model chose for this layer in this mode; without one (a layer used on its own),
+        the one the rules choose for this forward."""
+        batch, time, _ = x.shape
+        # (batch, time, heads * head_dim) -> (batch, heads, time, head_dim)
+        q = self.q_proj(x).view(batch, time, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, time, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, time, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        encoding_state = encoding.for_layer(x, encoding_state, self.layer_index, kv_cache)
+        if pass_states is not None:
+            pass_states = [encoding.for_layer(x, state, self.layer_index, kv_cache) for state in pass_states]
+        scale = methods.scale_for(encoding.encodes_positions) if methods is not None else None
+        passes = methods is not None and bool(methods.passes)
+        # logn / temperature: a factor per query position, on the encoded query (here, or per pass in the backend),
+        # so that it scales the logits whatever the encoding does to the query (PoPE's softplus)
+        if passes:  # positions are encoded per pass at score time: the cache holds raw keys
+            if kv_cache is not None:
+                k, v = kv_cache.update(self.layer_index, k, v)
+        else:
+            q = encoding.encode_queries(q, encoding_state)
+            if scale is not None:
+                q = q * scale.to(q.dtype)
+            if encoding.caches_encoded_keys:
+                k = encoding.encode_keys(k, encoding_state)
+            if kv_cache is not None:
+                k, v = kv_cache.update(self.layer_index, k, v)
+            if not encoding.caches_encoded_keys:
+                k = encoding.encode_keys(k, encoding_state)
+        if backend is None:
+            setting = Setting(mode=mode_of(kv_cache), device=q.device.type, dtype=q.dtype, window=self.window,
+                              methods=methods is not None, passes=passes,
+                              visibility=methods is not None and methods.visible is not None,
+                              dropout=self.dropout_now(), compiling=torch.compiler.is_compiling())
+            backend = choose(encoding, setting)
+        y = backend.attend(self, Inputs(q, k, v, encoding, encoding_state, kv_cache, causal, methods, pass_states,
+                                        scale if passes else None))
+        # (batch, heads, time, head_dim) -> (batch, time, heads * head_dim)
+        y = y.transpose(1, 2).reshape(batch, time, self.n_heads * self.head_dim)
+        return self.o_proj(y)

@@ -1,0 +1,223 @@
+"""model/attention/registry.py: the one place that chooses a layer's attention backend, once per model view and mode;
+its decision for every encoding in the three situations the project runs (scripts.attention_paths), each rule
+firing, a named backend, and the trainer and the evaluation recording what their forwards took. That each backend
+computes the same numbers is tested where each lives (tests/test_flex.py, tests/test_shared_bias.py,
+tests/test_pass_merge.py, tests/test_position.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from errors import ConfigError
+from model.attention.backend import DECODE, EVALUATE, TRAIN, Setting
+from model.attention.chunks import Inputs
+from model.attention.registry import BACKENDS, EXPLICIT, FLEX, MERGED, SDPA, SDPA_MASK, choose, describe
+from model.encodings import POSITION_ENCODINGS
+from model.transformer import Transformer
+from scripts.attention_paths import SITUATIONS, paths_of
+from tests.conftest import micro_config
+
+# (training, 16x evaluation, cached decoding) for each encoding at the micro shape (L = 32: 16x is 512 tokens).
+EXPECTED = {
+    "none": (SDPA, SDPA, SDPA),
+    "rope": (SDPA, SDPA, SDPA),
+    "xpos": (SDPA, SDPA, SDPA),
+    "sinusoidal": (SDPA, SDPA, SDPA),
+    "learned": (SDPA, SDPA, SDPA),
+    "alibi": (SDPA_MASK, SDPA_MASK, SDPA_MASK),  # a fixed bias; the evaluation scores two windows at once
+    "t5": (EXPLICIT, SDPA_MASK, SDPA_MASK),  # learned: explicit steps when gradients are wanted on the CPU
+    "kerple": (EXPLICIT, SDPA_MASK, SDPA_MASK),
+    "fire": (EXPLICIT, SDPA_MASK, SDPA_MASK),
+    "shaw": (EXPLICIT, FLEX, EXPLICIT),  # a value term; its clipped form takes FlexAttention for batches too
+    "cope": (EXPLICIT, EXPLICIT, EXPLICIT),  # its bias reads the scores
+    "ssmax": (SDPA, SDPA, SDPA),  # a factor on the queries, no bias
+    "fox": (EXPLICIT, FLEX, SDPA_MASK),  # a learned bias; its separable form takes FlexAttention for batches too
+    "stickbreaking": (EXPLICIT, EXPLICIT, EXPLICIT),  # weights of its own instead of softmax
+    "dape": (EXPLICIT, EXPLICIT, EXPLICIT),  # its bias reads the scores
+    "path": (EXPLICIT, EXPLICIT, EXPLICIT),  # scores of its own: keys transformed per query
+    "asentmax": (EXPLICIT, EXPLICIT, EXPLICIT),  # weights of its own (alpha-entmax) instead of softmax
+    "pope": (SDPA, SDPA, SDPA),  # queries and keys in polar form, twice as wide as the values, no bias
+    "fope": (SDPA, SDPA, SDPA),  # queries and keys turned by Fourier series, no bias
+}
+
+
+def test_the_expectations_cover_every_registered_encoding():
+    assert set(EXPECTED) == set(POSITION_ENCODINGS)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_every_encoding_takes_its_path_in_training_evaluation_and_decoding(name):
+    shape = {"vocab_size": 97, "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 32}
+    found = paths_of({"position": name}, torch.device("cpu"), batch=2, shape=shape)
+    for situation, expected in zip(SITUATIONS, EXPECTED[name]):
+        (only,) = found[situation].values()  # both layers took the same path
+        assert only.split(":")[0] == expected, (situation, only)
+
+
+def setting(**changes) -> Setting:
+    return Setting(**{**dict(mode=EVALUATE, device="cpu", dtype=torch.float32), **changes})
+
+
+def inputs(batch=1, length=1024, consecutive=True, kv_cache=None) -> Inputs:
+    """What Flex.why_not_now reads of a forward: the shapes, the cache and the positions (its state's)."""
+    positions = torch.arange(length)[None, :] * (1 if consecutive else 2)
+    state = type("State", (), {"queries": positions, "keys": positions})()
+    q = torch.zeros(batch, 1, length, 1)
+    encoding = type("Encoding", (), {"flex_kind": "distance"})()
+    return Inputs(q, q, q, encoding, state, kv_cache)
+
+
+def test_each_rule_decides_and_says_why():
+    alibi = Transformer(micro_config(position="alibi")).position
+    t5 = Transformer(micro_config(position="t5")).position
+    rope = Transformer(micro_config(position="rope")).position
+    flex = choose(alibi, setting())
+    assert flex.name == FLEX and flex.fallback.name == SDPA_MASK
+    # per forward, FlexAttention's conditions send a forward to the fallback chosen beside it, saying why
+    assert flex.why_not_now(inputs()) is None
+    assert flex.why_not_now(inputs(consecutive=False)) == "positions that are not consecutive"
+    assert "several sequences" in flex.why_not_now(inputs(batch=2))
+    assert "shorter than 512" in flex.why_not_now(inputs(length=256))
+    assert "bfloat16" in choose(alibi, setting(dtype=torch.bfloat16)).reason
+    assert choose(alibi, setting(device="cuda")).name == SDPA_MASK
+    assert choose(alibi, setting(observed=True)).name == EXPLICIT
+    assert choose(rope, setting(passes=True, methods=True)).name == MERGED
+    assert choose(rope, setting(passes=True, methods=True, mode=TRAIN)).reason.endswith("gradients are wanted")
+    assert choose(rope, setting(passes=True, methods=True, device="cuda")).name == EXPLICIT
+    assert choose(rope, setting(passes=True, methods=True, observed=True)).name == EXPLICIT
+    assert choose(rope, setting(window=8)).name == SDPA_MASK  # a window: chunks, even without a bias
+    assert choose(rope, setting(visibility=True, methods=True)).name == SDPA_MASK
+    assert choose(rope, setting()).name == SDPA
+    assert choose(t5, setting(mode=TRAIN)).name == EXPLICIT
+    assert choose(t5, setting(mode=TRAIN, device="cuda")).name == SDPA_MASK
+    assert choose(alibi, setting(mode=DECODE)).reason.endswith("a KV cache")
+
+
+def test_a_named_backend_is_taken_where_it_serves_and_the_rules_elsewhere_say_why():
+    alibi = Transformer(micro_config(position="alibi")).position
+    cope = Transformer(micro_config(position="cope")).position
+    rope = Transformer(micro_config(position="rope")).position
+    chosen = choose(alibi, setting(preference="explicit"))
+    assert chosen.name == EXPLICIT and chosen.reason == "model.attention_backend = 'explicit'"
+    assert choose(alibi, setting(preference="sdpa_mask")).name == SDPA_MASK  # off FlexAttention
+    refused = choose(cope, setting(preference="sdpa_mask"))  # CoPE's bias reads the scores: a mask cannot hold it
+    assert refused.name == EXPLICIT and "sdpa_mask cannot serve it: a bias that reads the scores" in refused.reason
+    assert choose(rope, setting(preference="flex")).name == SDPA  # no bias for FlexAttention to compute
+    assert choose(rope, setting(preference="merged")).name == SDPA  # no passes to merge
+    with pytest.raises(ConfigError, match="unknown attention backend 'fast'.*'sdpa_mask'"):
+        Transformer(micro_config(position="rope", attention_backend="fast"))
+    for name in BACKENDS:  # every backend computes what it says it can: the same logits as the rules' choice
+        model = Transformer(micro_config(position="alibi", max_seq_len=16)).eval()
+        idx = torch.randint(0, 97, (1, 40))
+        with torch.no_grad():
+            expected = model(idx)[0]
+            view = model.with_settings(attention_backend=name)
+            assert (view(idx)[0] - expected).abs().max() < 1e-5, name
+
+
+def test_on_cuda_flex_waits_to_be_named_then_serves_training_bf16_batches_and_windows():
+    """model.attention_backend = "flex" (not chosen by "auto" on CUDA: nothing is measured there yet) lets CUDA
+    forwards take FlexAttention, training and bf16 included; the CPU's rules do not change with it."""
+    by_name = {name: Transformer(micro_config(position=name)).position
+               for name in ("alibi", "t5", "kerple", "shaw", "fox", "fire", "rope")}
+    training = dict(device="cuda", mode=TRAIN, dtype=torch.bfloat16)
+    off = choose(by_name["t5"], setting(**training))
+    assert off.name == SDPA_MASK and 'model.attention_backend = \"flex\"' in off.reason
+    for name in ("alibi", "t5", "kerple", "shaw", "fox"):
+        assert choose(by_name[name], setting(**training, preference="flex")).name == FLEX, name
+        assert choose(by_name[name], setting(device="cuda", preference="flex")).name == FLEX, name
+    on = dict(training, preference="flex")
+    assert choose(by_name["alibi"], setting(**on, window=32)).name == FLEX
+    assert "window with a clipped bias" in choose(by_name["shaw"], setting(**on, window=32)).reason
+    for changes, why in (({"mode": DECODE}, "KV cache"), ({"compiling": True}, "compiled graph"),
+                         ({"dtype": torch.float16}, "float16"), ({"methods": True}, "attention method")):
+        chosen = choose(by_name["alibi"], setting(**{**on, **changes}))
+        assert chosen.name != FLEX and why in chosen.reason, (changes, chosen.reason)
+    assert "distance alone" in choose(by_name["fire"], setting(**on)).reason  # FIRE's bias reads the query position
+    assert choose(by_name["rope"], setting(**on)).name == SDPA
+    # on the CPU, naming it changes nothing where "auto" takes it, and cannot make it train (no CPU backward)
+    assert choose(by_name["alibi"], setting(preference="flex")).name == FLEX == choose(by_name["alibi"], setting()).name
+    trained = choose(by_name["t5"], setting(mode=TRAIN, preference="flex"))
+    assert trained.name == EXPLICIT and "no FlexAttention backward on the CPU" in trained.reason
+
+
+def test_the_choice_is_made_once_per_view_and_mode_and_views_choose_their_own():
+    model = Transformer(micro_config(position="alibi", max_seq_len=32)).eval()
+    ids = torch.zeros(1, 512, dtype=torch.long)
+    with torch.no_grad():
+        model(ids)
+        first = model.backends[model.latest_backends]
+        model(ids)
+        assert model.backends[model.latest_backends] is first and len(model.backends) == 1  # kept, not chosen again
+        assert all(path.startswith(FLEX) for path in model.attention_paths().values())
+        chunked = model.with_settings(attention_backend="sdpa_mask")
+        chunked(ids)
+        assert all(path.startswith(SDPA_MASK) for path in chunked.attention_paths().values())
+        assert all(path.startswith(FLEX) for path in model.attention_paths().values())  # the model's own: unchanged
+    model.train()
+    model(ids[:, :32])
+    assert len(model.backends) == 2 and all(path.startswith(SDPA_MASK) for path in model.attention_paths().values())
+
+
+@pytest.mark.parametrize("name", sorted(POSITION_ENCODINGS))
+def test_each_encodings_named_path_agrees_with_its_capabilities(name):
+    """`attention` and `flex_kind` name what an encoding's capabilities imply (the rule the path was inferred by
+    before it was named): EXPLICIT for a bias that reads the scores, a value term, weights or scores of its own;
+    BIAS for any other score bias; FUSED without one. FlexAttention for a separable bias, a clipped one, or a bias of
+    the distance alone."""
+    from model.encodings.base import BIAS, FUSED
+    from model.encodings.base import EXPLICIT as NEEDS_EXPLICIT
+
+    encoding = Transformer(micro_config(position=name)).position
+    explicit = encoding.has_value_term or encoding.bias_needs_scores or encoding.own_weights or encoding.own_scores
+    expected = NEEDS_EXPLICIT if explicit else BIAS if encoding.has_score_bias else FUSED
+    assert encoding.attention == expected
+    assert (encoding.attention == NEEDS_EXPLICIT) == bool(encoding.why_explicit)
+    if encoding.separable_bias and not explicit:
+        kind = "separable"
+    elif not encoding.relative_only or encoding.bias_from_content or encoding.own_weights or encoding.own_scores:
+        kind = None
+    elif encoding.clipped_distance:
+        kind = "clipped"
+    else:
+        kind = "distance" if encoding.has_score_bias and not explicit else None
+    assert encoding.flex_kind == kind
+
+
+def test_layers_with_the_same_path_are_merged_in_the_description():
+    a, b = "sdpa: x", "explicit: y"
+    assert describe({0: a, 1: a, 2: b, 3: a}) == {"layers 0-1": "sdpa: x", "layer 2": "explicit: y",
+                                                  "layer 3": "sdpa: x"}
+
+
+def test_a_hybrid_reports_each_layers_path():
+    model = Transformer(micro_config(position="rope", position_layers=["rope", "alibi"], n_layers=4)).eval()
+    with torch.no_grad():
+        model(torch.zeros(2, 16, dtype=torch.long))
+    paths = model.attention_paths()
+    assert [path.split(":")[0] for path in paths.values()] == [SDPA, SDPA_MASK, SDPA, SDPA_MASK]
+
+
+def test_the_evaluation_records_the_path_of_each_length():
+    from eval.extrapolation import evaluate_checkpoint, make_plan
+
+    model = Transformer(micro_config(position="alibi", max_seq_len=8)).eval()
+    ids = np.random.default_rng(0).integers(0, 97, 2000)
+    evaluation = evaluate_checkpoint(model, ids, make_plan(len(ids), 8, ["1x", "4x"], 256), [])
+    assert set(evaluation.paths) == {"none@8", "none@32"}
+    assert all(path.startswith(SDPA_MASK) for paths in evaluation.paths.values() for path in paths.values())
+
+
+def test_the_trainer_says_and_keeps_the_path_of_its_training_forward(prepared_data, tmp_path, capsys):
+    from model.checkpoint import load_trainer_state
+    from tests.test_train import make_config, train
+
+    out = tmp_path / "run"
+    # On the CPU: a learned bias takes the explicit path there, and sdpa_mask on CUDA (tests/test_cuda.py)
+    train(make_config(prepared_data, out, "--model.position=t5", "--train.max_steps=2", "--train.device=cpu"),
+          prepared_data)
+    paths = load_trainer_state(out)["attention_paths"]
+    assert list(paths) == ["layers 0-1"] and paths["layers 0-1"].startswith(f"{EXPLICIT}: a learned bias")
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("attention (")]
+    assert said == [f"attention (layers 0-1): {paths['layers 0-1']}"]  # once per run
