@@ -29,7 +29,7 @@ from typing import Callable
 from errors import ConfigError
 from model.attention_methods import ATTENTION_METHODS, applicable_encodings, refusal
 from model.config import ModelConfig
-from model.rope import LENGTH_DEPENDENT_SCALINGS, NEEDS_ORIGINAL_LENGTH, NOT_PLAIN_AT_FACTOR_ONE, ROPE_SCALINGS
+from model.rope import ROPE_SCALINGS
 from model.transformer import Transformer
 
 NONE = "none"
@@ -83,7 +83,7 @@ def _rope_scaling(name: str) -> Changes:
     def changes(own: dict, length: int, trained: int) -> dict:
         original = _original(own)
         scaling = {"rope_type": name, "factor": max(1.0, length / original)}
-        if name in NEEDS_ORIGINAL_LENGTH:
+        if ROPE_SCALINGS[name].needs_original_length:
             scaling["original_max_position_embeddings"] = original
         return {"rope_scaling": scaling}
 
@@ -116,22 +116,18 @@ def _attention(name: str) -> Changes:
     return changes
 
 
-def _summary(name: str) -> str:
-    return (ROPE_SCALINGS[name].__doc__ or name).split(":")[0].split("(")[0].strip()
-
-
 # Every RoPE scaling of model.rope's registry is a method: the static ones with factor = length / L, the
 # length-dependent one (dynamic NTK) with its own factor, scored incrementally.
 METHODS: dict[str, InferenceMethod] = {
     NONE: InferenceMethod(None, _as_trained, summary="the checkpoint as trained", shift_probe=True),
-    **{name: InferenceMethod(("rope",), _rope_scaling(name), summary=f"{_summary(name)}, factor = length / L",
+    **{name: InferenceMethod(("rope",), _rope_scaling(name), summary=f"{record.summary}, factor = length / L",
                              as_trained_at=_plain_rope_within(lambda own, trained: _original(own))
-                             if name not in NOT_PLAIN_AT_FACTOR_ONE else _never)
-       for name in ROPE_SCALINGS if name != "default" and name not in LENGTH_DEPENDENT_SCALINGS},
+                             if record.plain_at_factor_one else _never)
+       for name, record in ROPE_SCALINGS.items() if name != "default" and not record.length_dependent},
     **{name: InferenceMethod(("rope",), _dynamic(name), incremental=True,
-                             summary=f"{_summary(name)}, factor 1, each token under the base of its own prefix",
+                             summary=f"{record.summary}, factor 1, each token under the base of its own prefix",
                              as_trained_at=_plain_rope_within(lambda own, trained: trained))
-       for name in sorted(LENGTH_DEPENDENT_SCALINGS)},
+       for name, record in sorted(ROPE_SCALINGS.items()) if record.length_dependent},
     "clamp": InferenceMethod(("learned",), _clamp, summary="positions past the learned table reuse its last row",
                              shift_probe=True,
                              as_trained_at=lambda own, length, trained:

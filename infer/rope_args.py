@@ -20,7 +20,7 @@ from errors import ConfigError
 from model.attention_methods import ATTENTION_METHODS
 from model.checkpoint import load_model
 from model.fields import parse_override_value
-from model.rope import ROPE_SCALINGS, SCALING_KEYS
+from model.rope import ROPE_SCALINGS
 from model.runtime import resolve_device
 from model.transformer import Transformer
 
@@ -77,7 +77,7 @@ def rope_scaling_from_args(args: argparse.Namespace) -> dict | None:
     scaling = {"rope_type": args.rope_scaling}
     if args.rope_factor is not None:
         scaling["factor"] = args.rope_factor
-    elif "factor" in SCALING_KEYS[args.rope_scaling] and not any(p.startswith("factor=") for p in args.rope_param):
+    elif "factor" in ROPE_SCALINGS[args.rope_scaling].keys and not any(p.startswith("factor=") for p in args.rope_param):
         raise ConfigError(f"--rope-scaling {args.rope_scaling} needs --rope-factor S (e.g. the evaluation length / "
                           "the trained length)")
     for item in args.rope_param:

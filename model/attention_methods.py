@@ -38,7 +38,7 @@ import torch
 
 from errors import ConfigError
 from model.encodings import POSITION_ENCODINGS
-from model.rope import LENGTH_DEPENDENT_SCALINGS
+from model.rope import ROPE_SCALINGS
 
 if TYPE_CHECKING:
     from model.config import ModelConfig
@@ -60,7 +60,9 @@ class AttentionMethod:
 
     name = ""
     encodings: tuple[str, ...] | None = None  # the encodings it applies to (None: all); NoPE layers may be mixed in
-    defaults: dict[str, float] = {}  # parameter -> default (0: derived from L)
+    defaults: dict[str, float] = {}  # parameter -> default (0: derived, below)
+    # parameter -> its value when given as 0, from L (the trained length) and the other parameters
+    derived: dict[str, Callable[[int, dict], float]] = {}
     sets_positions = False
     sets_visibility = False
     scales_queries = False
@@ -104,6 +106,7 @@ class LogN(AttentionMethod):
 
     name = "logn"
     defaults = {"base_length": 0}
+    derived = {"base_length": lambda trained, params: trained}
     scales_queries = True
 
     def query_scale(self, positions: torch.Tensor) -> torch.Tensor:
@@ -117,6 +120,7 @@ class Temperature(AttentionMethod):
 
     name = "temperature"
     defaults = {"beta": 0.1, "floor_scale": 0}
+    derived = {"floor_scale": lambda trained, params: trained}
     scales_queries = True
     only_layers_without_positions = True  # transformers' Llama4TextAttention: attn_temperature_tuning and not use_rope
 
@@ -148,6 +152,7 @@ class ReRoPE(TwoPass):
 
     name = "rerope"
     defaults = {"window": 0}
+    derived = {"window": lambda trained, params: trained // 2}
 
     def far(self, queries: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.full_like(queries, self.limit()), torch.zeros_like(keys)
@@ -159,6 +164,7 @@ class LeakyReRoPE(TwoPass):
 
     name = "leaky_rerope"
     defaults = {"window": 0, "k": 16.0}
+    derived = {"window": lambda trained, params: trained // 2}
 
     def far(self, queries: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         window, k = self.params["window"], self.params["k"]
@@ -178,6 +184,7 @@ class SelfExtend(TwoPass):
 
     name = "selfextend"
     defaults = {"neighbors": 0, "group": 4}
+    derived = {"neighbors": lambda trained, params: trained // 2}
 
     def limit(self) -> int:
         return int(self.params["neighbors"])
@@ -203,6 +210,7 @@ class Sinks(AttentionMethod):
 
     name = "sinks"
     defaults = {"sinks": 4, "window": 0}
+    derived = {"window": lambda trained, params: trained - int(params["sinks"])}  # a cache of L slots
     sets_positions = True
     sets_visibility = True
 
@@ -226,6 +234,7 @@ class Window(AttentionMethod):
 
     name = "window"
     defaults = {"window": 0, "first": 0}
+    derived = {"window": lambda trained, params: trained}
     sets_visibility = True
 
     def __init__(self, params: dict[str, float], trained: int) -> None:
@@ -235,18 +244,6 @@ class Window(AttentionMethod):
 
     def visible(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
         return (i - j < self.span) | (j < self.first)
-
-
-# Parameters given as 0 default to these functions of L and the method's other parameters.
-DERIVED = {
-    ("logn", "base_length"): lambda trained, params: trained,
-    ("temperature", "floor_scale"): lambda trained, params: trained,
-    ("rerope", "window"): lambda trained, params: trained // 2,
-    ("leaky_rerope", "window"): lambda trained, params: trained // 2,
-    ("selfextend", "neighbors"): lambda trained, params: trained // 2,
-    ("sinks", "window"): lambda trained, params: trained - int(params["sinks"]),  # a cache of L slots
-    ("window", "window"): lambda trained, params: trained,
-}
 
 
 def normalize_methods(methods: list, trained: int) -> list[dict]:
@@ -265,8 +262,8 @@ def normalize_methods(methods: list, trained: int) -> list[dict]:
         for key, value in params.items():
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"attention method {cls.name!r}: {key} must be a number >= 0, got {value!r}")
-            if value == 0 and (cls.name, key) in DERIVED:
-                params[key] = DERIVED[(cls.name, key)](trained, params)
+            if value == 0 and key in cls.derived:
+                params[key] = cls.derived[key](trained, params)
         for key in ("window", "neighbors", "group", "base_length", "floor_scale", "k"):
             if key in params and params[key] < (2 if key == "base_length" else 1):
                 raise ConfigError(f"attention method {cls.name!r}: {key} = {params[key]} is too small")
@@ -309,7 +306,7 @@ def refusal(cls: type[AttentionMethod], used: list[str], scaling: str | None = N
             return (f"attention method {cls.name!r} re-encodes relative positions in passes, which {explicit} "
                     "cannot take (relative values, score-dependent, absolute or query-normalised positions, scores "
                     "of their own)")
-        if scaling in LENGTH_DEPENDENT_SCALINGS:
+        if scaling in ROPE_SCALINGS and ROPE_SCALINGS[scaling].length_dependent:
             return (f"attention method {cls.name!r} cannot be combined with the {scaling!r} scaling, whose "
                     "frequencies depend on the largest position; use a static scaling")
     return None

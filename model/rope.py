@@ -1,12 +1,15 @@
 """Rotary position embedding: inverse frequencies, cos/sin from explicit positions, and the rotation itself.
 
-The scaling variants live in a registry of pure functions `name -> (inv_freq, attention_factor)`, with the
-signature of transformers' ROPE_INIT_FUNCTIONS, so a config means the same thing here and there.
+The scaling variants live in a registry of records (Scaling: a pure function `-> (inv_freq, attention_factor)`,
+with the signature of transformers' ROPE_INIT_FUNCTIONS, so a config means the same thing here and there, and what
+else there is to know about it).
 """
 from __future__ import annotations
 
 import math
-from typing import Callable
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -22,30 +25,50 @@ def default_inv_freq(head_dim: int, theta: float, dtype: torch.dtype = torch.flo
     return 1.0 / (theta**exponents)
 
 
-# The scalings, registered once each by @scaling below: name -> function(head_dim, theta, params, seq_len) ->
-# (inv_freq, attention_factor), and name -> the keys its params may hold (transformers' rope_parameters names).
-ROPE_SCALINGS: dict[str, Callable[..., tuple[torch.Tensor, float]]] = {}
-SCALING_KEYS: dict[str, set[str]] = {}
-LENGTH_DEPENDENT_SCALINGS: set[str] = set()  # those that depend on seq_len (the current length)
-# Those that differ from plain RoPE at factor 1 (Resonance rounds every wavelength): an evaluation never reuses the
-# plain cell for them (eval/inference_methods.py).
-NOT_PLAIN_AT_FACTOR_ONE: set[str] = set()
 ORIGINAL = "original_max_position_embeddings"
 
 
-SCALING_DEFAULTS: dict[str, dict] = {}  # values filled in when a config leaves them out
+@dataclass(frozen=True)
+class Scaling:
+    """One RoPE scaling, everything about it in one record: its function (head_dim, theta, params, seq_len) ->
+    (inv_freq, attention_factor), with the signature of transformers' ROPE_INIT_FUNCTIONS; the keys its params may
+    hold (transformers' rope_parameters names) and the defaults filled in when a config leaves them out; whether it
+    depends on the current length (dynamic NTK: keys are encoded again at each step); and whether it equals plain
+    RoPE at factor 1 (Resonance rounds every wavelength, so an evaluation never reuses the plain cell for it)."""
+
+    name: str
+    function: Callable[..., tuple[torch.Tensor, float]]
+    keys: frozenset[str]
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    length_dependent: bool = False
+    plain_at_factor_one: bool = True
+
+    @property
+    def needs_original_length(self) -> bool:
+        """It reads `original_max_position_embeddings`, which defaults to the trained context length."""
+        return ORIGINAL in self.keys
+
+    @property
+    def summary(self) -> str:
+        """The first phrase of its docstring (e.g. "Position interpolation")."""
+        return (self.function.__doc__ or self.name).split(":")[0].split("(")[0].strip()
+
+    def __call__(self, head_dim: int, theta: float, params: dict, seq_len: int | None = None
+                 ) -> tuple[torch.Tensor, float]:
+        return self.function(head_dim, theta, params, seq_len)
+
+
+# The scalings, registered once each by @scaling below.
+ROPE_SCALINGS: dict[str, Scaling] = {}
 
 
 def scaling(name: str, keys: set[str], length_dependent: bool = False, defaults: dict | None = None,
             plain_at_factor_one: bool = True) -> Callable:
-    """Register a scaling function under `name` with the keys its params may hold (and their defaults)."""
+    """Register a scaling function under `name` (one Scaling record)."""
 
     def add(function: Callable[..., tuple[torch.Tensor, float]]) -> Callable[..., tuple[torch.Tensor, float]]:
-        ROPE_SCALINGS[name], SCALING_KEYS[name], SCALING_DEFAULTS[name] = function, set(keys), dict(defaults or {})
-        if length_dependent:
-            LENGTH_DEPENDENT_SCALINGS.add(name)
-        if not plain_at_factor_one:
-            NOT_PLAIN_AT_FACTOR_ONE.add(name)
+        ROPE_SCALINGS[name] = Scaling(name, function, frozenset(keys), MappingProxyType(dict(defaults or {})),
+                                      length_dependent, plain_at_factor_one)
         return function
 
     return add
@@ -172,10 +195,6 @@ def llama3_rope(head_dim: int, theta: float, params: dict, seq_len: int | None =
     return torch.where(is_medium, smoothed, scaled), 1.0
 
 
-# Every scaling with an `original_max_position_embeddings` key gets the trained context length when it is absent.
-NEEDS_ORIGINAL_LENGTH = {name for name, keys in SCALING_KEYS.items() if ORIGINAL in keys}
-
-
 def normalize_rope_scaling(scaling: dict | None, trained_length: int) -> dict | None:
     """Check a rope_scaling dict (transformers' rope_parameters keys) and fill in its defaults.
 
@@ -191,17 +210,18 @@ def normalize_rope_scaling(scaling: dict | None, trained_length: int) -> dict | 
         raise ConfigError(f"unknown rope scaling {name!r}; valid names are {sorted(ROPE_SCALINGS)}")
     if name == "default":  # transformers' name for plain RoPE: in pelab that is no scaling (None; "none" on the CLI)
         return None
+    record = ROPE_SCALINGS[name]
     params["rope_type"] = name
-    unknown = sorted(set(params) - SCALING_KEYS[name] - {"rope_type"})
+    unknown = sorted(set(params) - record.keys - {"rope_type"})
     if unknown:
-        raise ConfigError(f"rope scaling {name!r}: unknown key(s) {unknown}; valid keys are {sorted(SCALING_KEYS[name])}")
+        raise ConfigError(f"rope scaling {name!r}: unknown key(s) {unknown}; valid keys are {sorted(record.keys)}")
     factor = params.get("factor")
     if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor < 1:
         raise ConfigError(f"rope scaling {name!r} needs a numeric factor >= 1, got {factor!r}")
     params["factor"] = float(factor)
-    for key, value in SCALING_DEFAULTS[name].items():
+    for key, value in record.defaults.items():
         params.setdefault(key, value)
-    if name in NEEDS_ORIGINAL_LENGTH:
+    if record.needs_original_length:  # the trained context length when it is absent
         params.setdefault("original_max_position_embeddings", trained_length)
         if params["original_max_position_embeddings"] <= 0:
             raise ConfigError("rope scaling: original_max_position_embeddings must be positive")

@@ -24,7 +24,7 @@ from model.kv_cache import KVCache
 from model.layers import RMSNorm, SwiGLU
 from model.loss import linear_cross_entropy, token_cross_entropy
 from model.random_positions import sample_positions
-from model.rope import NEEDS_ORIGINAL_LENGTH, scaling_type
+from model.rope import ROPE_SCALINGS, scaling_type
 
 
 def share_parameters(target: nn.Module, source: nn.Module, device: torch.device) -> None:
@@ -137,7 +137,8 @@ class Transformer(nn.Module):
             raise ConfigError(
                 f"rope scaling applies to RoPE checkpoints; this one uses position = {self.config.position!r}"
             )
-        if scaling is not None and scaling_type(scaling) in NEEDS_ORIGINAL_LENGTH:
+        name = scaling_type(scaling) if scaling is not None else None
+        if name in ROPE_SCALINGS and ROPE_SCALINGS[name].needs_original_length:
             scaling = {"original_max_position_embeddings": self.config.original_length, **scaling}
         return self.with_settings(rope_scaling=scaling)
 

@@ -43,7 +43,7 @@ import torch
 import model.attention.flex as flex
 from commands import add_device, add_out, comma_list, command_parser, parse
 from errors import ConfigError, cli_command
-from model.attention.chunks import Inputs
+from model.attention.backend import Inputs
 from model.attention.explicit import Explicit
 from model.attention.flex import distance_table
 from model.attention.masked import Masked

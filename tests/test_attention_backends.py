@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from errors import ConfigError
-from model.attention.backend import DECODE, EVALUATE, TRAIN, Setting
-from model.attention.chunks import Inputs
+from model.attention.backend import DECODE, EVALUATE, TRAIN, Inputs, Setting
 from model.attention.registry import BACKENDS, EXPLICIT, FLEX, MERGED, SDPA, SDPA_MASK, choose, describe
 from model.encodings import POSITION_ENCODINGS
 from model.transformer import Transformer

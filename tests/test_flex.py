@@ -7,7 +7,7 @@ import torch
 
 import model.attention.flex as flex
 from model import KVCache, Transformer
-from model.attention.chunks import Inputs
+from model.attention.backend import Inputs
 from model.attention.masked import Masked
 from model.compiled import Compiled
 from model.encodings.base import EXPLICIT

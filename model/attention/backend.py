@@ -7,13 +7,14 @@ chosen instance, with the reason, for every later forward of that mode."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 
+from model.kv_cache import KVCache
+
 if TYPE_CHECKING:
-    from model.attention.chunks import Inputs
-    from model.attention.layer import Attention
+    from model.attention_methods import MethodContext
     from model.encodings.base import PositionEncoding
 
 TRAIN, EVALUATE, DECODE = "train", "evaluate", "decode"
@@ -42,6 +43,44 @@ class Setting:
         return self.mode == TRAIN
 
 
+class Layer(Protocol):
+    """What a backend reads of the attention layer it computes (model/attention/layer.py Attention)."""
+
+    layer_index: int
+    window: int  # the layer's sliding window (0: global)
+    score_scale: float  # 1 / sqrt(head_dim), the fused kernels' scale
+    score_root: float  # sqrt(head_dim), which the explicit steps divide by
+    training: bool
+
+    def dropout_now(self) -> float: ...
+
+
+@dataclass
+class Inputs:
+    """One layer's attention inputs for one forward: queries (batch, heads, time, dim), keys and values (batch,
+    kv_heads, keys, dim), the encoding and its state for this layer, the KV cache, and an attention method's
+    context: its passes' states and a query scale (logn) to apply per pass (q and k are then raw)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    encoding: "PositionEncoding"
+    state: Any
+    kv_cache: KVCache | None = None
+    causal: bool = True
+    methods: "MethodContext | None" = None
+    pass_states: list[Any] | None = None
+    pass_scale: torch.Tensor | None = None
+
+    @property
+    def static(self) -> bool:
+        return self.kv_cache is not None and self.kv_cache.static
+
+    @property
+    def passes(self) -> list[Any] | None:
+        return self.methods.passes if self.methods is not None and self.methods.passes else None
+
+
 class Backend:
     """One way to compute attention. Subclasses set `name`, implement `attend`, and say in `why_not` what they
     cannot compute; `reason` is why this instance was chosen (logged, and shown by attention_paths)."""
@@ -59,7 +98,7 @@ class Backend:
         """None when this backend computes `encoding`'s attention exactly in `setting`, else why it cannot."""
         return None
 
-    def attend(self, layer: "Attention", inputs: "Inputs") -> torch.Tensor:
+    def attend(self, layer: Layer, inputs: Inputs) -> torch.Tensor:
         """(batch, heads, queries, value dim): the attention output."""
         raise NotImplementedError
 

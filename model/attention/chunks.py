@@ -5,41 +5,12 @@ that the (heads x rows x keys) bias and mask stay bounded at long lengths and a 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Iterator
 
 import torch
 
+from model.attention.backend import Inputs
 from model.kv_cache import KVCache
-
-if TYPE_CHECKING:
-    from model.attention_methods import MethodContext
-    from model.encodings.base import PositionEncoding
-
-
-@dataclass
-class Inputs:
-    """One layer's attention inputs for one forward: queries (batch, heads, time, dim), keys and values (batch,
-    kv_heads, keys, dim), the encoding and its state for this layer, the KV cache, and an attention method's
-    context: its passes' states and a query scale (logn) to apply per pass (q and k are then raw)."""
-
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    encoding: "PositionEncoding"
-    state: Any
-    kv_cache: KVCache | None = None
-    causal: bool = True
-    methods: "MethodContext | None" = None
-    pass_states: list[Any] | None = None
-    pass_scale: torch.Tensor | None = None
-
-    @property
-    def static(self) -> bool:
-        return self.kv_cache is not None and self.kv_cache.static
-
-    @property
-    def passes(self) -> list[Any] | None:
-        return self.methods.passes if self.methods is not None and self.methods.passes else None
 
 
 @dataclass

@@ -9,8 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from model.attention.backend import DECODE, EVALUATE, TRAIN, Backend, Setting
-from model.attention.chunks import Inputs
+from model.attention.backend import DECODE, EVALUATE, TRAIN, Backend, Inputs, Setting
 from model.attention.registry import choose
 from model.attention_methods import MethodContext
 from model.config import ModelConfig

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from errors import ConfigError
 from model.attention.backend import Backend, Setting
 from model.attention.explicit import Explicit, Observer
 from model.attention.flex import Flex
@@ -46,8 +47,6 @@ log = logging.getLogger("pelab.attention")
 
 
 def check_name(name: str, where: str = "model.attention_backend") -> None:
-    from errors import ConfigError
-
     if name != AUTO and name not in BACKENDS:
         raise ConfigError(f"{where}: unknown attention backend {name!r}; valid names are {[AUTO, *BACKENDS]}")
 

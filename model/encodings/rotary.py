@@ -21,7 +21,7 @@ import torch
 from errors import ConfigError, PositionRangeError
 from model.encodings import register_encoding
 from model.encodings.base import EncodingSettings, PositionEncoding
-from model.rope import LENGTH_DEPENDENT_SCALINGS, ROPE_SCALINGS, apply_rope, rope_cos_sin
+from model.rope import ROPE_SCALINGS, apply_rope, rope_cos_sin
 
 if TYPE_CHECKING:
     from model.config import ModelConfig
@@ -87,7 +87,7 @@ class RoPE(PositionEncoding):
         self.init_fn = ROPE_SCALINGS[self.scaling_name]
         self.rotary_dim = rotary_dim(self.settings.fraction, config.head_dim)
         # Dynamic NTK changes the base with the length, so keys are cached raw and rotated at every step.
-        self.caches_encoded_keys = self.scaling_name not in LENGTH_DEPENDENT_SCALINGS
+        self.caches_encoded_keys = not self.init_fn.length_dependent
         inv_freq, attention_factor = self.init_fn(self.rotary_dim, config.rope_theta, self.scaling, None)
         # Derived from the config, so not saved with the weights (rebuilt on load).
         self.register_buffer("inv_freq", keep_highest_frequencies(inv_freq, self.settings.p), persistent=False)
