@@ -15,7 +15,7 @@ Steps (docs/performance.md, "GPU session": the `run` calls that issue them, with
               FlexAttention on CUDA off and on (scripts.encoding_costs), and one layer's (scripts.flex_costs)
   preset      experiments.compare --preset gpu on the carried books: seeds 1-3 (a complete report), then 1-5 with
               the time left; a later call on the same (warm) machine goes on where this one stopped
-  real_model  eval.real_model on SmolLM2-135M at 1x-8x of its context (64k tokens), when the machine has it: an
+  real_model  experiments.real_model on SmolLM2-135M at 1x-8x of its context (64k tokens), when the machine has it: an
               imported checkpoint carried as CARRY/smollm2, or the GGUF file in parts (scripts.gpu_carry)
 
 A step's failure or time-out is recorded and the next step runs. Each step's files are packed into OUT/STEP.tar.gz
@@ -411,7 +411,7 @@ def real_model(s: Session) -> None:
                  "--minutes", f"{max(0.5, (s.left() - 60) / 60):.1f}"] if not s.dry else
                 ["--lengths", "1x,2x", "--methods", "none,yarn", "--dynamic-tail", "4", "--passkey-methods", "none",
                  "--passkey-lengths", "160", "--device", "cpu", "--minutes", "1"])
-    s.module("real_model", "eval.real_model", "--checkpoint", str(checkpoint), "--book", str(books[0]), "--texts",
+    s.module("real_model", "experiments.real_model", "--checkpoint", str(checkpoint), "--book", str(books[0]), "--texts",
              "book", "--windows", "1", "--depths", "0.5", *settings, "--out", str(s.folder("real_model")))
 
 

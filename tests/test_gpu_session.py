@@ -138,7 +138,7 @@ def test_every_command_of_the_session_parses_with_its_commands_own_parser(tmp_pa
             {"scripts", "experiments", "eval"}]
     modules = {argv[0] for argv in ours}
     assert {"scripts.bench", "scripts.encoding_costs", "scripts.flex_costs", "scripts.attention_paths",
-            "experiments.compare", "experiments.sweep", "eval.real_model"} <= modules
+            "experiments.compare", "experiments.sweep", "experiments.real_model"} <= modules
     for module, *args in ours:
         _, unknown = parser_of(module).parse_known_args(args)
         overrides = module.startswith("experiments.") and all(re.match(r"--\w+(\.\w+)+=", word) for word in unknown)

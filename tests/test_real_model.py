@@ -1,4 +1,4 @@
-"""eval.real_model on a micro checkpoint: buckets, intervals over windows, dynamic NTK's tails, the passkey, the
+"""experiments.real_model on a micro checkpoint: buckets, intervals over windows, dynamic NTK's tails, the passkey, the
 prefix rule (a length-independent method is scored once), and resuming from the cache."""
 import json
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from data.tokenizer import load_tokenizer
-from eval.real_model import main
+from experiments.real_model import main
 from model import Transformer
 from model.checkpoint import save_checkpoint
 from tests.conftest import micro_config

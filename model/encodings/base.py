@@ -46,11 +46,12 @@ Hooks (each has a do-nothing default):
   constrain_()                              projects the encoding's parameters back onto their domain; the
                                             training loop calls it after every optimizer step (KERPLE's r1, r2 > 0)
 
-The attention path (model/attention/registry.py) reads two names an encoding declares: `attention`, what its attention
-needs (FUSED: nothing beyond its queries and keys, so the fused kernel; BIAS: an additive score bias, which SDPA takes
-as a mask; EXPLICIT: the explicit steps, with `why_explicit`), and `flex_kind`, the FlexAttention kernel that serves
-its long evaluation forwards ("distance", "clipped", "separable" or None: model/attention/flex.py). Both agree with the
-capabilities below (tests/test_attention_path.py checks it): `has_score_bias`, `bias_needs_scores`,
+The choice of attention backend (model/attention/registry.py) reads two names an encoding declares: `attention`,
+what its attention needs (FUSED: nothing beyond its queries and keys, so the fused kernel; BIAS: an additive score
+bias, which SDPA takes as a mask; EXPLICIT: the explicit steps, with `why_explicit`), and `flex_kind`, the
+FlexAttention kernel that serves its long evaluation forwards ("distance", "clipped", "separable" or None:
+model/attention/flex.py). Both agree with the
+capabilities below (tests/test_attention_backends.py checks it): `has_score_bias`, `bias_needs_scores`,
 `bias_from_content`, `separable_bias`, `has_value_term`, `own_weights`, `own_scores`, `relative_only`,
 `clipped_distance`; `caches_encoded_keys` is read by the attention itself, `reads_positions` by
 model.random_positions' check.
@@ -135,7 +136,7 @@ class PositionEncoding(nn.Module):
 
     attention: ClassVar[str] = FUSED  # FUSED, BIAS or EXPLICIT (above)
     why_explicit: ClassVar[str] = ""  # for EXPLICIT: what needs the explicit steps, as the path's reason says it
-    flex_kind: ClassVar[str | None] = None  # the FlexAttention kernel of its long evaluation forwards (model/attention/flex.py)
+    flex_kind: ClassVar[str | None] = None  # the FlexAttention kernel of its long evaluations (model/attention/flex.py)
     has_score_bias = False
     bias_needs_scores = False
     has_value_term = False
