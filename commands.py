@@ -78,17 +78,8 @@ def suggest_options(words: list[str], parser: argparse.ArgumentParser) -> str:
     return "; did you mean " + ", ".join(f"{option} for {flag}" for flag, option in found) + "?"
 
 
-# Every figure is written by eval/figures.py as PNG and, beside it, SVG: a help that names a .png says so.
-FIGURE_NOTE = "Each figure (.png) is also written beside it as .svg: the same figure as vector graphics."
-
-
 class CommandParser(argparse.ArgumentParser):
-    """argparse's parser, whose "unrecognized arguments" names the nearest option of each unknown one, and whose help
-    names the SVG twin of the figures it names."""
-
-    def format_help(self) -> str:
-        text = super().format_help()
-        return f"{text}\n{FIGURE_NOTE}\n" if ".png" in text and ".svg" not in text else text
+    """argparse's parser, whose "unrecognized arguments" names the nearest option of each unknown one."""
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:
         parsed, extras = self.parse_known_args(args, namespace)

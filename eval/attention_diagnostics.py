@@ -12,14 +12,16 @@ statistics are summed per layer, head and query position i without keeping any (
     sink       sum_{j < s} p_ij: the share on the first s tokens of the window (--sink-tokens, 4)
     far        sum_{i - j >= L} p_ij: the share on keys farther back than the trained length L
 
-Writes OUT/results.json (per checkpoint and length: each statistic by position for every layer, averaged over
-heads, and per layer and head its mean over positions < L and >= L) and OUT/attention.png (the four statistics by
-query position, averaged over layers and heads, one line per checkpoint and length, L marked).
+Writes OUT/results.json, a summary (per checkpoint and length: per layer and head each statistic's mean over
+positions < L and >= L, and per layer, averaged over heads, its curve by position in at most 64 bins of equal width,
+`positions` holding each bin's centre) and OUT/attention.png (the four statistics by query position, averaged over
+layers and heads, one line per checkpoint and length, L marked).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,7 @@ from model.runtime import configure_runtime, resolve_device
 from model.transformer import Transformer
 
 STATISTICS = ("entropy", "distance", "sink", "far")
+BINS = 64  # the curves by position are kept in at most this many bins: a summary, not the per-position arrays
 
 
 def pattern_statistics(probs: torch.Tensor, query_start: int, keys: slice, trained: int,
@@ -100,17 +103,49 @@ def attention_statistics(model: Transformer, ids: np.ndarray, length: int, max_t
     return observer.means()
 
 
+def binned(curves: np.ndarray, bins: int = BINS) -> tuple[np.ndarray, np.ndarray]:
+    """(..., length) values by position -> their means over at most `bins` runs of ceil(length / bins) positions
+    (the last run may be shorter), and each run's centre position."""
+    length = curves.shape[-1]
+    width = -(-length // bins)
+    starts = np.arange(0, length, width)
+    sums = np.add.reduceat(curves, starts, axis=-1)
+    sizes = np.diff(np.append(starts, length))
+    return sums / sizes, starts + (sizes - 1) / 2
+
+
 def summarise(means: dict[str, np.ndarray], trained: int) -> dict[str, Any]:
-    """By position (per layer, averaged over heads), and per layer and head the mean within L and beyond it."""
+    """Per layer and head the mean within L and beyond it (from every position), and by position per layer,
+    averaged over heads, in at most BINS bins (`positions`: each bin's centre)."""
     summary: dict[str, Any] = {}
     for name, values in means.items():
         within, beyond = values[:, :, :trained], values[:, :, trained:]
+        curves, positions = binned(values.mean(axis=1))
         summary[name] = {
-            "by_position": values.mean(axis=1).round(6).tolist(),
+            "by_position": curves.round(6).tolist(),
+            "positions": positions.tolist(),
             "within_L": within.mean(axis=2).round(6).tolist(),
             "beyond_L": beyond.mean(axis=2).round(6).tolist() if beyond.shape[2] else None,
         }
     return summary
+
+
+def curve(statistic: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, values averaged over layers) of one statistic's summary; a summary written before the curves
+    were binned (one value per position) is binned here."""
+    values = np.asarray(statistic["by_position"]).mean(axis=0)
+    if "positions" in statistic:
+        return np.asarray(statistic["positions"]), values
+    values, positions = binned(values)
+    return positions, values
+
+
+def dumps(results: Any) -> str:
+    """JSON indented by one space, with each list of numbers (a layer's bins or heads) on one line."""
+    number = r"-?(?:\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|NaN|Infinity)"
+    return re.sub(rf"\[\s*({number}(?:,\s*{number})*)\s*\]",
+                  lambda match: "[" + ", ".join(re.split(r",\s*", match.group(1))) + "]",
+                  json.dumps(results, indent=1)) + "\n"
 
 
 def checkpoint_label(checkpoint: str) -> str:
@@ -135,14 +170,13 @@ def plot(results: dict[str, Any], out: Path) -> Path:
             if by_encoding:
                 style["color"] = figures.colour(entry["position"])
             for axis, name in zip(axes, STATISTICS):
-                curve = np.asarray(row[name]["by_position"]).mean(axis=0)
-                axis.plot(np.arange(len(curve)), curve, linewidth=1, label=f"{label} @ {length}", **style)
+                axis.plot(*curve(row[name]), linewidth=1, label=f"{label} @ {length}", **style)
     trained = {entry["trained"] for entry in results.values()}
     for axis, name in zip(axes, STATISTICS):
         for value in trained:
             axis.axvline(value, color="grey", linestyle=":", linewidth=1)
         axis.set_title(titles[name])
-        axis.set_xlabel("query position")
+        axis.set_xlabel(f"query position (in at most {BINS} bins)")
     return figures.save(figure, out / "attention.png", axes[0], below=True)
 
 
@@ -192,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"nats; far share {means['far'].mean():.3f}; sink share {means['sink'].mean():.3f}")
         results[checkpoint_label(checkpoint)] = entry
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (args.out / "results.json").write_text(dumps(results))
     print(f"wrote {args.out / 'results.json'} and {plot(results, args.out)}")
     return 0
 

@@ -20,8 +20,8 @@ with the same tokenizer and L, scores the same tokens. For each checkpoint, meth
 Methods: "none" (the checkpoint as trained) plus each of --methods that applies (eval/inference_methods.py): RoPE scalings
 with factor = length / L, dynamic NTK scored token by token, a learned table clamped at its last row.
 Writes OUT/results.json (a row per checkpoint, method and length: ppl, nll, tokens, penalty and its interval; the
-1x rows also the probe), OUT/table.md (the perplexity, penalty and probe tables), OUT/plot.png (perplexity and
-penalty against length, side by side) and OUT/plot.svg (the same figure as vector graphics).
+1x rows also the probe), OUT/table.md (the perplexity, penalty and probe tables) and OUT/plot.png (perplexity
+and penalty against length, side by side).
 """
 from __future__ import annotations
 
@@ -456,7 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="stride S of the L-window reference (0: L / 8)")
     add_device(parser)
     parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | auto")
-    add_out(parser, "output folder: results.json, table.md, plot.png and plot.svg (required)", type=Path)
+    add_out(parser, "output folder: results.json, table.md and plot.png (required)", type=Path)
     return parser
 
 
@@ -487,8 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "table.md").write_text(tables_markdown(rows))
     plot_results(rows, args.out / "plot.png")
     print(tables_markdown(rows))
-    print(f"wrote {args.out / 'results.json'}, {args.out / 'table.md'}, {args.out / 'plot.png'} and "
-          f"{args.out / 'plot.svg'}")
+    print(f"wrote {args.out / 'results.json'}, {args.out / 'table.md'} and {args.out / 'plot.png'}")
     return 0
 
 

@@ -1,10 +1,10 @@
 """One look for every figure of every command: a fixed colour and marker per encoding (and comparison variant), a
-fixed line style per inference-time method, legends beside the data rather than on it, and each figure written as
-PNG (for the markdown pages) and SVG (vector, for a paper) side by side.
+fixed line style per inference-time method, legends beside the data rather than on it, and each figure written once,
+as PNG (the format the markdown pages show).
 
     figure, axis = figures.new()
     axis.plot(x, y, **figures.style("rope", "yarn"), label="rope+yarn")
-    figures.save(figure, out / "plot.png")     # writes plot.png and plot.svg
+    figures.save(figure, out / "plot.png")     # writes plot.png
 """
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ MARKERS = ["o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h", "p", "d", "8",
 # One line style per method, in the registry's order ("none" solid), so a new method needs no entry here.
 LINE_STYLES = ["-", (0, (1, 1)), (0, (3, 1, 1, 1)), "-.", (0, (5, 2)), "--", (0, (3, 3)), (0, (1, 3))]
 METHOD_STYLES = {name: LINE_STYLES[index % len(LINE_STYLES)] for index, name in enumerate(METHODS)}
-VECTOR = ".svg"
 
 
 def _index(name: str) -> int:
@@ -175,8 +174,8 @@ def grid(rows: int, columns: int, panel_width: float = 4.4, panel_height: float 
 
 def save(figure, path: Path, legend_axis=None, below: bool = False) -> Path:
     """Put the legend of `legend_axis` (if it has labelled lines) outside the data: to the right of that axis, or
-    with `below` under the whole figure (for rows of panels); write the figure as `path` (PNG) and the same name
-    with .svg; returns `path`."""
+    with `below` under the whole figure (for rows of panels); write the figure as `path` (PNG, one file per figure:
+    a committed report keeps one format); returns `path`."""
     import matplotlib.pyplot as plt
 
     figure.tight_layout()
@@ -189,6 +188,5 @@ def save(figure, path: Path, legend_axis=None, below: bool = False) -> Path:
             legend_axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     path = Path(path)
     figure.savefig(path, dpi=120, bbox_inches="tight")
-    figure.savefig(path.with_suffix(VECTOR), bbox_inches="tight")
     plt.close(figure)
     return path

@@ -11,8 +11,8 @@ repeated), "The pass key is K. Remember it. K is the pass key.", more filler, an
 "What is the pass key? The pass key is". The filler is sized so the prompt has at most LENGTH tokens,
 with the key line after DEPTH of it (0 = start, 1 = end). A trial scores 1 when the first integer in the
 greedy continuation (10 tokens) equals K. Each cell's accuracy comes with its Wilson 95% interval over the trials
-(use --trials 50 or more for an interval narrower than about +-0.15). Writes OUT/results.json, the heatmap
-OUT/passkey.png and OUT/passkey.svg (the same heatmap as vector graphics).
+(use --trials 50 or more for an interval narrower than about +-0.15). Writes OUT/results.json and the heatmap
+OUT/passkey.png.
 
 A model that was never taught the task retrieves nothing: on the `make demo` checkpoint every cell is 0%. Teach it
 first with the fine-tune recipe of docs/evaluation.md (configs/passkey_finetune.toml, about 7 minutes on 2 cores).
@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trials", type=int, default=5, help="random keys per (length, depth)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the keys and depths")
     add_device(parser)
-    add_out(parser, "output folder for results.json, passkey.png and passkey.svg (required to evaluate)", type=Path)
+    add_out(parser, "output folder for results.json and passkey.png (required to evaluate)", type=Path)
     parser.add_argument("--make-data", type=Path, metavar="FILE",
                         help="write passkey training documents (jsonl) here instead of evaluating")
     parser.add_argument("--samples", type=int, default=4000, help="with --make-data: number of documents")
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                                "rope_scaling": model.config.rope_scaling, "rows": rows}
     (args.out / "results.json").write_text(json.dumps(summary, indent=1) + "\n")
     plot_heatmap(rows, args.out / "passkey.png", f"Passkey accuracy: {Path(args.checkpoint).name} (trained {trained})")
-    print(f"wrote {args.out / 'results.json'}, {args.out / 'passkey.png'} and {args.out / 'passkey.svg'}")
+    print(f"wrote {args.out / 'results.json'} and {args.out / 'passkey.png'}")
     return 0
 
 

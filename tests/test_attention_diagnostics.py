@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from eval.attention_diagnostics import attention_statistics, main, pattern_statistics
+from eval.attention_diagnostics import attention_statistics, main, pattern_statistics, summarise
 from model import Transformer
 from tests.conftest import micro_config
 
@@ -89,3 +89,27 @@ def test_the_command_writes_results_and_a_plot(prepared_data, tmp_path):
     assert len(row["entropy"]["by_position"][0]) == 64 and row["far"]["beyond_L"] is not None
     assert results["run"]["lengths"]["1x"]["far"]["beyond_L"] is None
     assert (out / "attention.png").stat().st_size > 0
+
+
+def test_the_summary_keeps_the_means_from_every_position_and_the_curves_in_bins():
+    """results.json is a summary: the means within and beyond L come from every position, the curves by position
+    are binned to at most BINS (a 1,000-position curve to 63 bins of 16, the last of 8), and a summary written
+    before binning (one value per position) is binned when read, to the same curve."""
+    import json
+
+    from eval.attention_diagnostics import BINS, binned, curve, dumps
+
+    rng = np.random.default_rng(0)
+    means = {name: rng.random((2, 3, 1000)) for name in ("entropy", "far")}
+    summary = summarise(means, trained=250)
+    entropy = summary["entropy"]
+    assert np.allclose(entropy["within_L"], means["entropy"][:, :, :250].mean(axis=2), atol=1e-6)
+    assert np.allclose(entropy["beyond_L"], means["entropy"][:, :, 250:].mean(axis=2), atol=1e-6)
+    assert len(entropy["by_position"][0]) == len(entropy["positions"]) == 63 <= BINS
+    assert entropy["positions"][:2] == [7.5, 23.5] and entropy["positions"][-1] == 995.5
+    by_head = means["entropy"].mean(axis=1)
+    assert np.allclose(entropy["by_position"][1][-1], by_head[1, 992:].mean(), atol=1e-6)
+    old = {"by_position": by_head.tolist()}  # the per-position arrays of a summary written before
+    assert all(np.allclose(a, b, atol=1e-6) for a, b in zip(curve(old), curve(entropy)))
+    assert binned(np.arange(64.0))[0].tolist() == list(range(64))  # 64 positions or fewer: one bin each
+    assert json.loads(dumps(summary)) == summary and dumps(summary).count("\n") < 40  # a row per line

@@ -70,7 +70,8 @@ def test_small_multiples_have_one_panel_per_group_with_its_own_legend_and_method
         assert rope["rope"] == "#000000"  # as trained: black beside its methods
         assert rope["rope+yarn"] == figures.method_colour("yarn") != rope["rope+window"]
         assert axes[0].get_ylim() == axes[1].get_ylim() == axes[2].get_ylim()  # shared axes: panels compare
-    assert (tmp_path / "plot.png").stat().st_size > 0 and (tmp_path / "position_loss.svg").exists()
+    assert (tmp_path / "plot.png").stat().st_size > 0 and (tmp_path / "position_loss.png").stat().st_size > 0
+    assert not list(tmp_path.glob("*.svg"))  # one file per figure
 
 
 def test_a_comparison_without_methods_keeps_one_panel_with_the_legend_beside_it(tmp_path, drawn):

@@ -195,7 +195,7 @@ def plot_snapshots(snapshots: Snapshots, tokens_per_step: int, max_steps: int, p
 
 def write_figures(results: ComparisonResults) -> None:
     """The comparison's figures in OUT: plot.png (perplexity), penalty.png, position_loss.png, train_curves.png and,
-    with kept models, snapshots.png (each also as SVG)."""
+    with kept models, snapshots.png."""
     out, variants, trained = results.out, results.variants, results.trained
     if variants:
         plot_with_bands(variants, results.lengths, lambda v, n: v.ppl(n), out / "plot.png",

@@ -21,7 +21,7 @@ import numpy as np
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, PositionRangeError
 from eval import figures
-from eval.attention_diagnostics import STATISTICS, attention_statistics, summarise
+from eval.attention_diagnostics import BINS, STATISTICS, attention_statistics, curve, summarise
 from eval.extrapolation import resolve_length
 from eval.figures import colour
 from eval.induction import induction_probe, ordinary_token_ids
@@ -276,21 +276,18 @@ def plot_attention(found: dict, compare: CompareConfig, trained: int, path: Path
     titles = {"entropy": "entropy (nats)", "distance": "mean distance attended (tokens)",
               "sink": "share on the first 4 tokens", "far": "share on keys farther than L"}
     for encoding, rows in found.items():
-        curves = {name: [np.asarray(r[longest][name]["by_position"]).mean(axis=0) for r in rows.values()
-                         if "error" not in r.get(longest, {"error": 1})] for name in STATISTICS}
+        curves = {name: [curve(r[longest][name]) for r in rows.values() if "error" not in r.get(longest, {"error": 1})]
+                  for name in STATISTICS}
         for axis, name in zip(axes, STATISTICS):
-            if curves[name]:
-                mean = np.mean(curves[name], axis=0)
-                window = max(1, len(mean) // 64)  # a moving average over 1/64 of the length, for legibility
-                smooth = np.convolve(mean, np.ones(window) / window, mode="valid")
-                axis.plot(np.arange(len(smooth)) + window // 2, smooth, color=colour(encoding), linewidth=1.2,
-                          label=encoding)
+            if curves[name]:  # the seeds' curves share their bins: their mean per bin
+                axis.plot(curves[name][0][0], np.mean([values for _, values in curves[name]], axis=0),
+                          color=colour(encoding), linewidth=1.2, label=encoding)
     for axis, name in zip(axes, STATISTICS):
         axis.axvline(trained, color="grey", linestyle=":", linewidth=1)
         axis.set_title(titles[name])
         axis.set_xlabel(f"query position (at {longest}; dotted: L)")
     figure.suptitle(f"Attention by query position at {longest}: mean over layers, heads and seeds "
-                    f"(moving average over {max(1, resolve_length(longest, trained) // 64)} positions)")
+                    f"(in bins of {-(-resolve_length(longest, trained) // BINS)} positions)")
     figures.save(figure, path, axes[0], below=True)
 
 
