@@ -132,19 +132,15 @@ _INSTEAD = "this model view continues on the chunked backend chosen beside FlexA
 # falls back on its own (remember=False: the next view tries again).
 _kernel = Compiled(_flex, "FlexAttention", _INSTEAD, remember=False)
 _far_kernel = Compiled(_flex_far, "FlexAttention (a clipped encoding's far keys)", _INSTEAD, remember=False)
-_separable_kernel = Compiled(_flex_separable, "FlexAttention (a separable bias)", _INSTEAD, remember=False)
-# A separable bias's training forwards (CUDA with model.attention_backend = "flex") compile with static shapes: once evaluation at
-# other lengths had made the shapes symbolic, inductor (torch 2.11, H200) failed to lower its backward (sym_size of a
-# captured tensor), inside loss.backward(), where no fallback can catch it. The distance kinds keep the dynamic kernel:
-# compiled with static shapes, T5's table got wrong gradients at distances 0 and 1 (the same lease, tests/test_cuda.py),
-# while the dynamic kernel matched the chunked path's gradients for ALiBi, T5, KERPLE and Shaw on the lease before.
-_TRAINING = {_separable_kernel: Compiled(_separable_kernel.function, _separable_kernel.what, _INSTEAD, remember=False,
-                                        dynamic=False)}
-
-
-def _for(kernel: Compiled, *tensors: torch.Tensor) -> Compiled:
-    """The kernel to call: its static-shape twin where gradients will flow back through it."""
-    return _TRAINING.get(kernel, kernel) if torch.is_grad_enabled() and any(t.requires_grad for t in tensors) else kernel
+# A separable bias compiles with static shapes (one compilation per shape). With symbolic shapes its kernel failed
+# at the second length an evaluation scored on the CPU (inductor's bounds check on the captured terms, "index out of
+# bounds: 0 <= tmp41 < ks4", torch 2.13), and its backward failed to lower on CUDA once evaluation at other lengths had
+# made the shapes symbolic (torch 2.11, H200: sym_size of a captured tensor, inside loss.backward(), where no fallback
+# can catch it). The distance kinds keep the dynamic kernel: compiled with static shapes, T5's table got wrong
+# gradients at distances 0 and 1 (the same lease, tests/test_cuda.py), while the dynamic kernel matched the chunked
+# path's gradients for ALiBi, T5, KERPLE and Shaw on the lease before.
+_separable_kernel = Compiled(_flex_separable, "FlexAttention (a separable bias)", _INSTEAD, remember=False,
+                             dynamic=False)
 
 
 def clipped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, encoding: Any, state: Any,
@@ -169,7 +165,7 @@ def clipped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, encodin
     k_sink = torch.cat((zero, k), dim=2)
     v_sink = torch.cat((torch.cat((zero, zero.new_ones(batch, k.shape[1], 1, 1)), dim=-1),
                         torch.cat((v, v.new_zeros(*v.shape[:3], 1)), dim=-1)), dim=2)
-    out = _for(_far_kernel, q, k)(q, k_sink, v_sink, top, block_mask(time, q.device, clip), k.shape[1] != heads)
+    out = _far_kernel(q, k_sink, v_sink, top, block_mask(time, q.device, clip), k.shape[1] != heads)
     if out is None:
         return None
     share = out[..., dim].float().clamp_min(torch.finfo(torch.float32).tiny)  # e^top / (far mass + e^top)
@@ -195,10 +191,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, encoding: Any, 
     mask = block_mask(q.shape[2], q.device, window=window)
     if encoding.flex_kind == "separable":
         query_terms, key_terms = encoding.separable_terms(state)
-        kernel = _for(_separable_kernel, q, k, query_terms)
-        return kernel(q, k, v, query_terms.contiguous(), key_terms.contiguous(), mask, k.shape[1] != q.shape[1])
+        return _separable_kernel(q, k, v, query_terms.contiguous(), key_terms.contiguous(), mask, k.shape[1] != q.shape[1])
     table = distance_table(q, encoding, state, layer)
-    return _for(_kernel, q, k, table)(q, k, v, table, mask, k.shape[1] != q.shape[1])
+    return _kernel(q, k, v, table, mask, k.shape[1] != q.shape[1])
 
 
 class Flex(Backend):
