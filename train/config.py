@@ -7,15 +7,17 @@ that name the key; the resolved config is printed and saved with the run as run_
 from __future__ import annotations
 
 import dataclasses
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
+from commands import nearest
 from errors import ConfigError
 from model.config import ModelConfig
 from model.fields import build_dataclass, check_field_types, parse_override_value, set_dotted, toml_value
-from model.runtime import RETIRED, RuntimeConfig
-from train.args import check_names, check_override, read_toml
+from model.legacy_keys import LEGACY_KEYS
+from model.runtime_config import RETIRED, RuntimeConfig
 from train.trackers import TRACKERS
 
 
@@ -198,3 +200,75 @@ def to_toml(config: RunConfig) -> str:
         lines.extend(f"{key} = {toml_value(value)}" for key, value in values.items() if value is not None)
         lines.append("")
     return "\n".join(lines)
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """A TOML config file's values; a missing or malformed file is a ConfigError naming it."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file {path} not found (see configs/ for examples)")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: invalid TOML ({error})") from error
+
+
+def dotted_names(known: dict[str, Collection[str]]) -> list[str]:
+    return [f"{section}.{key}" for section, keys in known.items() for key in keys]
+
+
+def check_names(values: dict[str, Any], where: str, known: dict[str, Collection[str]]) -> None:
+    """Refuse a section or key of `values` (a config file's, an override's) that the run config does not have, naming
+    `where` and the nearest name. [model] keys of configs written before model.position_args (LEGACY_KEYS) are left
+    to ModelConfig, which names an encoding setting's new spelling."""
+    for section, keys in values.items():
+        if section not in known:
+            match = nearest(section, known)
+            hint = f"did you mean [{match}]?" if match else f"valid sections are {', '.join(known)}"
+            raise ConfigError(f"{where}: unknown section [{section}]; {hint}")
+        if not isinstance(keys, dict):
+            continue  # "must be a table of keys": said where the section is built
+        for key in keys:
+            if key in known[section] or (section == "model" and key in LEGACY_KEYS):
+                continue
+            elsewhere = {name: f"{other}.{name}" for other, names in known.items() for name in names}
+            if key in elsewhere:  # the key of another section: --model.max_steps -> train.max_steps
+                match = elsewhere[key]
+            elif (close := nearest(key, known[section])) is not None:
+                match = f"{section}.{close}"
+            else:
+                match = elsewhere.get(nearest(key, elsewhere) or "")
+            hint = f"did you mean {match}?" if match else f"valid keys of [{section}] are {', '.join(known[section])}"
+            raise ConfigError(f"{where}: unknown key {section}.{key}; {hint}")
+
+
+def check_override(override: str, known: dict[str, Collection[str]]) -> None:
+    """An override's form (--section.key=value) and its section and key (check_names)."""
+    name, _, _ = override[2:].partition("=")
+    if not override.startswith("--") or "=" not in override or "." not in name:
+        suggestion = suggest_override(override.split("=", 1)[0], override.partition("=")[2] or None, known)
+        raise ConfigError(f"override {override!r} must look like --section.key=value (e.g. --train.lr=1e-3)"
+                          f"{suggestion}")
+    section, key = (name.split(".") + [""])[:2]
+    check_names({section: {key: None}}, f"override {override!r}", known)
+
+
+def suggest_override(flag: str, value: str | None, known: dict[str, Collection[str]],
+                     options: Collection[str] = ()) -> str:
+    """"; did you mean --train.max_steps=VALUE?" for `flag` (e.g. --max-steps, or --train.max_steps without "="):
+    the nearest of `options` (the command's flags) and of the config keys, bare (max_steps) or dotted, or ""."""
+    word = flag.lstrip("-").replace("-", "_")
+    value = value if value is not None else "..."
+    dotted = dotted_names(known)
+    if word in dotted:
+        return f"; did you mean --{word}={value}?"
+    flags = {option.lstrip("-").replace("-", "_"): option for option in options}
+    bare = {}
+    for name in dotted:
+        bare.setdefault(name.split(".", 1)[1], name)
+    match = nearest(word, [*flags, *bare, *dotted])
+    if match is None:
+        return ""
+    if match in flags:
+        return f"; did you mean {flags[match]}?"
+    return f"; did you mean --{bare.get(match, match)}={value}?"
