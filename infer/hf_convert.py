@@ -41,6 +41,7 @@ NOT_EXPORTABLE = {
 LLAMA_DEFAULTS = [
     ("position_layers", [], "Llama uses one encoding in every layer"),
     ("attention_window", [], "Llama has no sliding-window attention"),
+    ("attention_chunk", [], "Llama has no chunked attention"),
     ("attention_methods", [], "Llama's attention has no inference-time methods (logn, ReRoPE, SelfExtend, ...)"),
     ("random_positions", 0, "Llama's positions are 0, 1, 2, ...; the model was trained and is scored on randomized "
      "ones"),

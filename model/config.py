@@ -57,6 +57,10 @@ class ModelConfig:
     #     layer; a list with no true is stored as [].
     position_layers: list = dataclasses.field(default_factory=list)
     attention_window: list = dataclasses.field(default_factory=list)
+    #   attention_chunk: each layer's attention chunk in tokens (a query sees the keys of its own chunk of that many
+    #     tokens, up to itself: Llama 4's chunked attention; 0 = global), e.g. [8192, 8192, 8192, 0] with
+    #     position_layers ["rope", "rope", "rope", "none"] for iRoPE; a layer has a window or a chunk, not both.
+    attention_chunk: list = dataclasses.field(default_factory=list)
     qk_norm: list = dataclasses.field(default_factory=list)
     # Inference-time attention methods (model/attention_methods.py), e.g. [{method = "logn"}, {method = "rerope",
     # window = 64}]; a parameter given as 0 is derived from the trained length. [] = attention as trained.
@@ -106,7 +110,7 @@ class ModelConfig:
         check_plugins(self)  # the encodings' settings, the RoPE scaling, the attention methods
 
     def check_layer_lists(self) -> None:
-        for name in ("position_layers", "attention_window", "qk_norm"):
+        for name in ("position_layers", "attention_window", "attention_chunk", "qk_norm"):
             values = getattr(self, name)
             if values and self.n_layers % len(values):
                 raise ConfigError(f"model.{name} has {len(values)} entries, which does not divide model.n_layers "
@@ -119,6 +123,13 @@ class ModelConfig:
         if any(not isinstance(w, int) or isinstance(w, bool) or w < 0 for w in self.attention_window):
             raise ConfigError(f"model.attention_window must hold integers >= 0 (0 = global), "
                               f"got {self.attention_window}")
+        if any(not isinstance(c, int) or isinstance(c, bool) or c < 0 for c in self.attention_chunk):
+            raise ConfigError(f"model.attention_chunk must hold integers >= 0 (0 = global), got {self.attention_chunk}")
+        both = [index for index, (window, chunk) in enumerate(zip(self.layer_windows(), self.layer_chunks()))
+                if window and chunk]
+        if both:
+            raise ConfigError(f"model.attention_window and model.attention_chunk both limit layer(s) {both}; give each "
+                              "layer a sliding window or a chunk, not both (0 in the other list)")
         if any(not isinstance(flag, bool) for flag in self.qk_norm):
             raise ConfigError(f"model.qk_norm must hold true or false per layer (e.g. [true] for every layer), "
                               f"got {self.qk_norm}")
@@ -138,6 +149,11 @@ class ModelConfig:
     def layer_windows(self) -> list[int]:
         """The sliding window of every layer (0 = global attention)."""
         pattern = self.attention_window or [0]
+        return [pattern[index % len(pattern)] for index in range(self.n_layers)]
+
+    def layer_chunks(self) -> list[int]:
+        """The attention chunk of every layer (0 = none)."""
+        pattern = self.attention_chunk or [0]
         return [pattern[index % len(pattern)] for index in range(self.n_layers)]
 
     @property

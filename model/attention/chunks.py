@@ -38,9 +38,11 @@ def token_slots(q_len: int, k_len: int, device: torch.device,
 
 
 def visible_keys(q_len: int, k_len: int, device: torch.device, kv_cache: KVCache | None,
-                 rows: slice | None = None, keys: slice | None = None, window: int = 0) -> torch.Tensor:
-    """(rows, keys) True where a query may attend a key: causal, only filled slots of a static cache, and within
-    `window` slots of the query (itself and the window - 1 before it) when window > 0."""
+                 rows: slice | None = None, keys: slice | None = None, window: int = 0,
+                 chunk: int = 0) -> torch.Tensor:
+    """(rows, keys) True where a query may attend a key: causal, only filled slots of a static cache, within
+    `window` slots of the query (itself and the window - 1 before it) when window > 0, and in the query's own chunk
+    of `chunk` tokens (slots [c * chunk, (c + 1) * chunk)) when chunk > 0."""
     rows = rows if rows is not None else slice(None)
     keys = keys if keys is not None else slice(None)
     query_slot, key_slot = token_slots(q_len, k_len, device, kv_cache)
@@ -48,15 +50,22 @@ def visible_keys(q_len: int, k_len: int, device: torch.device, kv_cache: KVCache
     visible = distance >= 0
     if window:
         visible = visible & (distance < window)
+    if chunk:
+        visible = visible & (torch.div(query_slot[rows, None], chunk, rounding_mode="floor")
+                             == torch.div(key_slot[None, keys], chunk, rounding_mode="floor"))
     return visible
 
 
-def key_range(q_len: int, k_len: int, rows: slice, causal: bool, window: int, static: bool) -> slice:
-    """The keys a chunk of query rows can see: from the window's start (or 0) to the last row's own key."""
+def key_range(q_len: int, k_len: int, rows: slice, causal: bool, window: int, static: bool,
+              chunk: int = 0) -> slice:
+    """The keys a chunk of query rows can see: from the window's start, or the first row's attention chunk's start
+    (or 0), to the last row's own key."""
     if static or not causal:
         return slice(0, k_len)
     offset = k_len - q_len  # queries are the last q_len of the k_len positions
     start = max(0, offset + rows.start - window + 1) if window else 0
+    if chunk:
+        start = (offset + rows.start) // chunk * chunk
     return slice(start, offset + rows.stop)
 
 
@@ -68,23 +77,28 @@ def effective_window(layer_window: int, inputs: Inputs) -> int:
     return 0 if window > k_len else window
 
 
-def span(window: int, inputs: Inputs) -> int:
+def span(window: int, inputs: Inputs, chunk: int = 0) -> int:
     """The most keys a chunk's rows see at once (the chunk budgets are in rows x this)."""
     k_len = inputs.k.shape[2]
-    return min(k_len, 2 * window) if window and not inputs.static else k_len
+    if inputs.static:
+        return k_len
+    if window:
+        return min(k_len, 2 * window)
+    return min(k_len, 2 * chunk) if chunk else k_len
 
 
-def chunks(inputs: Inputs, rows_per_chunk: int, window: int) -> Iterator[Chunk]:
-    """The chunks of `rows_per_chunk` query rows (fewer where a window is shorter), each with its keys, which of
-    them each row sees (causality, the window, an attention method's visibility) and the method's positions."""
+def chunks(inputs: Inputs, rows_per_chunk: int, window: int, chunk: int = 0) -> Iterator[Chunk]:
+    """The chunks of `rows_per_chunk` query rows (fewer where a window or an attention chunk is shorter), each with
+    its keys, which of them each row sees (causality, the window, the attention chunk, an attention method's
+    visibility) and the method's positions."""
     q, kv_cache, methods = inputs.q, inputs.kv_cache, inputs.methods
     q_len, k_len = q.shape[2], inputs.k.shape[2]
-    if window:
-        rows_per_chunk = min(rows_per_chunk, window)
+    if window or chunk:
+        rows_per_chunk = min(rows_per_chunk, window or chunk)
     for start in range(0, q_len, rows_per_chunk):
         rows = slice(start, min(q_len, start + rows_per_chunk))
-        keys = key_range(q_len, k_len, rows, inputs.causal, window, inputs.static)
-        visible = visible_keys(q_len, k_len, q.device, kv_cache, rows, keys, window) if inputs.causal else None
+        keys = key_range(q_len, k_len, rows, inputs.causal, window, inputs.static, chunk)
+        visible = visible_keys(q_len, k_len, q.device, kv_cache, rows, keys, window, chunk) if inputs.causal else None
         i = j = None
         if methods is not None:
             i = methods.q_positions[:, rows, None]  # true positions (batch|1, rows, 1) and (batch|1, 1, keys)

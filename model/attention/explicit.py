@@ -37,7 +37,7 @@ class Explicit(Backend):
         q, encoding, state, index = inputs.q, inputs.encoding, inputs.state, layer.layer_index
         batch, heads = q.shape[:2]
         window = effective_window(layer.window, inputs)
-        rows_per_chunk = max(1, CHUNK_ELEMENTS // (batch * heads * span(window, inputs)))
+        rows_per_chunk = max(1, CHUNK_ELEMENTS // (batch * heads * span(window, inputs, layer.chunk)))
         if not torch.is_grad_enabled():
             rows_per_chunk = max(rows_per_chunk, MIN_ROWS_NO_GRAD)
         k, v = expand_kv_heads(inputs, heads)
@@ -45,7 +45,7 @@ class Explicit(Backend):
         encoded = encoded_passes(inputs, k) if passes else None
         dropout = layer.dropout_now()
         outputs = []
-        for chunk in chunks(inputs, rows_per_chunk, window):
+        for chunk in chunks(inputs, rows_per_chunk, window, layer.chunk):
             rows, keys, visible = chunk.rows, chunk.keys, chunk.visible
             if passes:
                 scores = None

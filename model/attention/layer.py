@@ -35,6 +35,7 @@ class Attention(nn.Module):
         self.score_root = math.sqrt(self.head_dim)  # the explicit steps divide by it (bitwise as they always have)
         self.dropout = config.dropout
         self.window = config.layer_windows()[layer_index]
+        self.chunk = config.layer_chunks()[layer_index]
         self.q_proj = nn.Linear(config.dim, config.n_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(config.dim, config.n_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.dim, config.n_kv_heads * self.head_dim, bias=False)
@@ -52,7 +53,8 @@ class Attention(nn.Module):
                 observed: bool = False, preference: str = "auto") -> Setting:
         """What this layer's backend is chosen from, for `mode` (model/attention/backend.py); `methods`: the view's
         inference-time attention methods (model/attention_methods.py)."""
-        return Setting(mode=mode, device=device.type, dtype=dtype, window=self.window, methods=bool(methods),
+        return Setting(mode=mode, device=device.type, dtype=dtype, window=self.window, chunk=self.chunk,
+                       methods=bool(methods),
                        passes=any(method.sets_positions for method in methods),
                        visibility=any(method.sets_visibility for method in methods), observed=observed,
                        dropout=self.dropout_now(), compiling=torch.compiler.is_compiling(), preference=preference)
@@ -99,7 +101,7 @@ class Attention(nn.Module):
                 k = encoding.encode_keys(k, encoding_state)
         if backend is None:
             setting = Setting(mode=mode_of(kv_cache), device=q.device.type, dtype=q.dtype, window=self.window,
-                              methods=methods is not None, passes=passes,
+                              chunk=self.chunk, methods=methods is not None, passes=passes,
                               visibility=methods is not None and methods.visible is not None,
                               dropout=self.dropout_now(), compiling=torch.compiler.is_compiling())
             backend = choose(encoding, setting)

@@ -32,10 +32,10 @@ class Masked(Backend):
         q, k, v = inputs.q, inputs.k, inputs.v
         batch, heads = q.shape[:2]
         window = effective_window(layer.window, inputs)
-        rows_per_chunk = max(1, CHUNK_ELEMENTS // (batch * heads * span(window, inputs)))
+        rows_per_chunk = max(1, CHUNK_ELEMENTS // (batch * heads * span(window, inputs, layer.chunk)))
         dropout = layer.dropout_now()
         outputs = []
-        for chunk in chunks(inputs, rows_per_chunk, window):
+        for chunk in chunks(inputs, rows_per_chunk, window, layer.chunk):
             q_rows = q[:, :, chunk.rows]
             bias = inputs.encoding.score_bias(q_rows, inputs.state, layer.layer_index, chunk.rows, chunk.keys)
             if bias is None:

@@ -58,7 +58,7 @@ class Merged(Backend):
         k, v = expand_kv_heads(inputs, inputs.q.shape[1])
         encoded = encoded_passes(inputs, k)
         outputs = []
-        for chunk in chunks(inputs, ROWS, effective_window(layer.window, inputs)):
+        for chunk in chunks(inputs, ROWS, effective_window(layer.window, inputs), layer.chunk):
             selects = [None if one_pass.select is None else one_pass.select(chunk.i, chunk.j)[:, None]
                        for one_pass in inputs.passes]
             outputs.append(merged_attention(

@@ -82,7 +82,7 @@ def by_rules(encoding: Any, setting: Setting, observer: Observer | None = None, 
             return Merged("an attention method's passes, each through the fused kernel, merged by log-sum-exp")
         return Explicit(f"an attention method encodes positions per pass at score time; not merged: {blocked}",
                         observer=observer)
-    if encoding.attention == FUSED and not (setting.window or setting.observed or setting.visibility):
+    if encoding.attention == FUSED and not (setting.window or setting.chunk or setting.observed or setting.visibility):
         return Sdpa("no score bias and no window: the fused kernel")
     blocked = Flex.why_not_by_default(encoding, setting) if flex else None
     if flex and blocked is None:
@@ -99,7 +99,8 @@ def by_rules(encoding: Any, setting: Setting, observer: Observer | None = None, 
     if setting.device == "cpu" and setting.grad and learned_bias(encoding):
         return Explicit("a learned bias wanting gradients on the CPU, where SDPA's fused kernel takes no mask "
                         "gradient and its fallback measured slower", observer=observer)
-    what = "a score bias" if encoding.attention != FUSED else "a window"
+    what = "a score bias" if encoding.attention != FUSED else "a window" if setting.window or setting.visibility \
+        else "an attention chunk"
     return Masked(f"{what} as a float mask, in chunks of query rows{not_flex}")
 
 

@@ -17,8 +17,8 @@ class Sdpa(Backend):
     def why_not(cls, encoding, setting: Setting) -> str | None:
         if encoding.attention != FUSED:
             return "the encoding adds to the scores"
-        if setting.window or setting.visibility:
-            return "a window limits the keys"
+        if setting.window or setting.chunk or setting.visibility:
+            return "a window or a chunk limits the keys"
         if setting.passes:
             return "an attention method encodes positions per pass"
         if setting.observed:

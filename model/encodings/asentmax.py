@@ -23,7 +23,7 @@ from torch import nn
 from errors import ConfigError
 from model.encodings import register_encoding
 from model.encodings.base import ALL, EXPLICIT, EncodingSettings, PositionEncoding, Positions
-from model.encodings.ssmax import keys_seen
+from model.encodings.ssmax import keys_seen, refuse_chunks
 from model.entmax import entmax
 
 if TYPE_CHECKING:
@@ -77,6 +77,10 @@ class ASEntmax(PositionEncoding):
     has_score_bias = True  # NAPE's ALiBi heads (none with base "none")
     attention, why_explicit = EXPLICIT, "weights of its own instead of softmax"
     exact_buffers = ("slopes",)
+
+    @classmethod
+    def check_config(cls, config: "ModelConfig") -> None:
+        refuse_chunks("asentmax", config)
 
     def __init__(self, config: "ModelConfig") -> None:
         super().__init__(config)

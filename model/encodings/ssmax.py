@@ -47,6 +47,13 @@ class ScaledPositions(Positions):
     base: Any = None
 
 
+def refuse_chunks(name: str, config: "ModelConfig") -> None:
+    """A scale of the count of keys a query sees is computed for causal and windowed layers, not for chunked ones."""
+    if any(config.layer_chunks()):
+        raise ConfigError(f"{name} scales each query by the log of the keys it sees, counted for causal and windowed "
+                          "layers; model.attention_chunk is not supported with it (give [] or 0 per layer)")
+
+
 def keys_seen(queries: torch.Tensor, keys: torch.Tensor, window: int) -> torch.Tensor:
     """n for each query (batch|1, q_time): its position less the first key's (keys[:, 0]: the sequence's or the
     cache's first), plus one; at most `window` when the layer has one."""
@@ -73,6 +80,7 @@ class SSMax(PositionEncoding):
 
     @classmethod
     def check_config(cls, config: "ModelConfig") -> None:
+        refuse_chunks("ssmax", config)
         settings = config.position_args.get("ssmax", {})
         if settings.get("base") == "rope":
             POSITION_ENCODINGS["rope"].check_config(config)
