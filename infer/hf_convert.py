@@ -46,6 +46,7 @@ LLAMA_DEFAULTS = [
     ("random_positions", 0, "Llama's positions are 0, 1, 2, ...; the model was trained and is scored on randomized "
      "ones"),
     ("qk_norm", [], "Llama normalises neither queries nor keys (QK-norm is Qwen 3's, Gemma 3's, OLMo 2's)"),
+    ("attention_gate", [], "Llama does not gate its attention output (gated attention is Qwen3-Next's)"),
 ]
 # RoPE's own settings (model.position_args.rope) Llama cannot express, with their Llama value.
 LLAMA_ROPE_SETTINGS = [

@@ -62,6 +62,9 @@ class ModelConfig:
     #     position_layers ["rope", "rope", "rope", "none"] for iRoPE; a layer has a window or a chunk, not both.
     attention_chunk: list = dataclasses.field(default_factory=list)
     qk_norm: list = dataclasses.field(default_factory=list)
+    # Gated attention (Qiu et al. 2025; Qwen3-Next), per layer like qk_norm: each head's attention output multiplied,
+    # element by element, by sigmoid of a projection of the layer's input, before the output projection.
+    attention_gate: list = dataclasses.field(default_factory=list)
     # Inference-time attention methods (model/attention_methods.py), e.g. [{method = "logn"}, {method = "rerope",
     # window = 64}]; a parameter given as 0 is derived from the trained length. [] = attention as trained.
     attention_methods: list = dataclasses.field(default_factory=list)
@@ -110,7 +113,7 @@ class ModelConfig:
         check_plugins(self)  # the encodings' settings, the RoPE scaling, the attention methods
 
     def check_layer_lists(self) -> None:
-        for name in ("position_layers", "attention_window", "attention_chunk", "qk_norm"):
+        for name in ("position_layers", "attention_window", "attention_chunk", "qk_norm", "attention_gate"):
             values = getattr(self, name)
             if values and self.n_layers % len(values):
                 raise ConfigError(f"model.{name} has {len(values)} entries, which does not divide model.n_layers "
@@ -135,6 +138,11 @@ class ModelConfig:
                               f"got {self.qk_norm}")
         if not any(self.qk_norm):
             self.qk_norm = []  # off everywhere: one spelling
+        if any(not isinstance(flag, bool) for flag in self.attention_gate):
+            raise ConfigError(f"model.attention_gate must hold true or false per layer (e.g. [true] for every layer), "
+                              f"got {self.attention_gate}")
+        if not any(self.attention_gate):
+            self.attention_gate = []
 
     def layer_encodings(self) -> list[str]:
         """The encoding of every layer: model.position_layers repeated over the layers, or model.position."""
@@ -144,6 +152,11 @@ class ModelConfig:
     def layer_qk_norms(self) -> list[bool]:
         """Whether each layer normalises its queries and keys (QK-norm)."""
         pattern = self.qk_norm or [False]
+        return [pattern[index % len(pattern)] for index in range(self.n_layers)]
+
+    def layer_gates(self) -> list[bool]:
+        """Whether each layer gates its attention output (gated attention)."""
+        pattern = self.attention_gate or [False]
         return [pattern[index % len(pattern)] for index in range(self.n_layers)]
 
     def layer_windows(self) -> list[int]:

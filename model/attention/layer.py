@@ -45,6 +45,10 @@ class Attention(nn.Module):
         qk_norm = config.layer_qk_norms()[layer_index]
         self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if qk_norm else None
+        # Gated attention (model.attention_gate): sigmoid(x W_g), one gate per head and output dimension (Qiu et al.
+        # 2025's G1 form, as Qwen3-Next computes it beside the queries), on the attention output.
+        gated = config.layer_gates()[layer_index]
+        self.gate_proj = nn.Linear(config.dim, config.n_heads * self.head_dim, bias=False) if gated else None
 
     def dropout_now(self) -> float:
         return self.dropout if self.training else 0.0
@@ -109,4 +113,6 @@ class Attention(nn.Module):
                                         scale if passes else None))
         # (batch, heads, time, head_dim) -> (batch, time, heads * head_dim)
         y = y.transpose(1, 2).reshape(batch, time, self.n_heads * self.head_dim)
+        if self.gate_proj is not None:
+            y = y * torch.sigmoid(self.gate_proj(x))
         return self.o_proj(y)
