@@ -47,6 +47,7 @@ LLAMA_DEFAULTS = [
      "ones"),
     ("qk_norm", [], "Llama normalises neither queries nor keys (QK-norm is Qwen 3's, Gemma 3's, OLMo 2's)"),
     ("attention_gate", [], "Llama does not gate its attention output (gated attention is Qwen3-Next's)"),
+    ("sink_logits", [], "Llama has no learned attention sinks (gpt-oss has)"),
 ]
 # RoPE's own settings (model.position_args.rope) Llama cannot express, with their Llama value.
 LLAMA_ROPE_SETTINGS = [

@@ -65,6 +65,9 @@ class ModelConfig:
     # Gated attention (Qiu et al. 2025; Qwen3-Next), per layer like qk_norm: each head's attention output multiplied,
     # element by element, by sigmoid of a projection of the layer's input, before the output projection.
     attention_gate: list = dataclasses.field(default_factory=list)
+    # Learned attention-sink logits (gpt-oss), per layer like qk_norm: one logit per head joins every query's softmax
+    # as a key with no value, so a head can attend to nothing.
+    sink_logits: list = dataclasses.field(default_factory=list)
     # Inference-time attention methods (model/attention_methods.py), e.g. [{method = "logn"}, {method = "rerope",
     # window = 64}]; a parameter given as 0 is derived from the trained length. [] = attention as trained.
     attention_methods: list = dataclasses.field(default_factory=list)
@@ -113,7 +116,8 @@ class ModelConfig:
         check_plugins(self)  # the encodings' settings, the RoPE scaling, the attention methods
 
     def check_layer_lists(self) -> None:
-        for name in ("position_layers", "attention_window", "attention_chunk", "qk_norm", "attention_gate"):
+        for name in ("position_layers", "attention_window", "attention_chunk", "qk_norm", "attention_gate",
+                     "sink_logits"):
             values = getattr(self, name)
             if values and self.n_layers % len(values):
                 raise ConfigError(f"model.{name} has {len(values)} entries, which does not divide model.n_layers "
@@ -143,6 +147,11 @@ class ModelConfig:
                               f"got {self.attention_gate}")
         if not any(self.attention_gate):
             self.attention_gate = []
+        if any(not isinstance(flag, bool) for flag in self.sink_logits):
+            raise ConfigError(f"model.sink_logits must hold true or false per layer (e.g. [true] for every layer), "
+                              f"got {self.sink_logits}")
+        if not any(self.sink_logits):
+            self.sink_logits = []
 
     def layer_encodings(self) -> list[str]:
         """The encoding of every layer: model.position_layers repeated over the layers, or model.position."""
@@ -157,6 +166,11 @@ class ModelConfig:
     def layer_gates(self) -> list[bool]:
         """Whether each layer gates its attention output (gated attention)."""
         pattern = self.attention_gate or [False]
+        return [pattern[index % len(pattern)] for index in range(self.n_layers)]
+
+    def layer_sinks(self) -> list[bool]:
+        """Whether each layer has learned sink logits (gpt-oss)."""
+        pattern = self.sink_logits or [False]
         return [pattern[index % len(pattern)] for index in range(self.n_layers)]
 
     def layer_windows(self) -> list[int]:

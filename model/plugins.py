@@ -47,6 +47,11 @@ def check_plugins(config: "ModelConfig") -> None:
         raise ConfigError(f"model.random_positions: {used} read no position ids (their attention depends on the "
                           "content alone), so randomized positions would change nothing; use it with an encoding "
                           "that reads positions, such as rope, sinusoidal, learned or alibi")
+    own = sorted({name for name, sinks in zip(config.layer_encodings(), config.layer_sinks())
+                  if sinks and POSITION_ENCODINGS[name].own_weights})
+    if own:
+        raise ConfigError(f"model.sink_logits: {own} compute weights of their own instead of a softmax, which a sink "
+                          "logit joins; give the sinks to layers with a softmax encoding")
     for name in used:  # the model's shape first, then the encodings' own settings
         POSITION_ENCODINGS[name].check_config(config)
     completed = {}

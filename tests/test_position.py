@@ -30,6 +30,7 @@ HYBRIDS = [
     # QK-norm hybrid: windowed RoPE layers normalised, global NoPE layers not
     dict(position="rope", position_layers=["rope", "none"], attention_chunk=[8, 0]),  # Llama 4: chunked RoPE layers
     dict(position="rope", qk_norm=[True], attention_gate=[True]),  # gated attention with QK-norm (Qwen3-Next)
+    dict(position="rope", sink_logits=[True], attention_window=[6, 0]),  # gpt-oss: learned sinks, banded layers
 ]
 # Shift-invariant too, but without distances (only the count of keys): its shift test is in
 # tests/test_position_references.py.

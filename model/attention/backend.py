@@ -31,6 +31,7 @@ class Setting:
     dtype: torch.dtype  # of the queries (bf16 under autocast)
     window: int = 0  # the layer's sliding window (0: global)
     chunk: int = 0  # the layer's attention chunk (0: none)
+    sinks: bool = False  # the layer has learned sink logits (gpt-oss)
     methods: bool = False  # an inference-time attention method is in effect
     passes: bool = False  # ... one that encodes positions per pass at score time (ReRoPE, SelfExtend, sinks)
     visibility: bool = False  # ... one that limits which keys a query sees (window, sinks)
@@ -50,6 +51,7 @@ class Layer(Protocol):
     layer_index: int
     window: int  # the layer's sliding window (0: global)
     chunk: int  # the layer's attention chunk (0: none)
+    sink_logits: torch.Tensor | None  # (heads,): learned sink logits, or None
     score_scale: float  # 1 / sqrt(head_dim), the fused kernels' scale
     score_root: float  # sqrt(head_dim), which the explicit steps divide by
     training: bool

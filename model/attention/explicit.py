@@ -68,7 +68,11 @@ class Explicit(Backend):
                                            scores if encoding.bias_needs_scores else None)
                 if bias is not None:
                     scores = scores + bias
-            probs = encoding.attention_weights(scores, state, index, visible)
+            if layer.sink_logits is not None:  # gpt-oss's sink: a logit per head in the softmax, with no value
+                sink = layer.sink_logits.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+                probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
+            else:
+                probs = encoding.attention_weights(scores, state, index, visible)
             if self.observer is not None:
                 self.observer(index, rows, keys, probs)
             probs = F.dropout(probs, dropout, layer.training).to(v.dtype)

@@ -224,6 +224,7 @@ class Flex(Backend):
             (setting.methods or setting.observed or setting.dropout, "an attention method, a diagnostic or dropout"),
             (setting.compiling, "inside a compiled graph"),
             (setting.chunk, "an attention chunk, which its block masks do not draw"),
+            (setting.sinks, "learned sink logits"),
             (setting.window and encoding.flex_kind == "clipped",
              "a window with a clipped bias, whose near band is computed without one"),
         ]

@@ -49,6 +49,7 @@ class FlexWindow(Backend):
             (encoding.attention != FUSED, "the encoding adds to the scores (the flex backend serves biases)"),
             (not setting.window, "no sliding window in this layer"),
             (setting.chunk, "an attention chunk, not a window"),
+            (setting.sinks, "learned sink logits"),
             (setting.methods or setting.observed or setting.dropout, "an attention method, a diagnostic or dropout"),
             (setting.mode == DECODE, "a KV cache"),
             (setting.compiling, "inside a compiled graph"),

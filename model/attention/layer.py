@@ -49,6 +49,9 @@ class Attention(nn.Module):
         # 2025's G1 form, as Qwen3-Next computes it beside the queries), on the attention output.
         gated = config.layer_gates()[layer_index]
         self.gate_proj = nn.Linear(config.dim, config.n_heads * self.head_dim, bias=False) if gated else None
+        # Learned sink logits (model.sink_logits, gpt-oss): one per head, a key with no value in every softmax.
+        sinks = config.layer_sinks()[layer_index]
+        self.sink_logits = nn.Parameter(torch.zeros(config.n_heads)) if sinks else None
 
     def dropout_now(self) -> float:
         return self.dropout if self.training else 0.0
@@ -58,7 +61,7 @@ class Attention(nn.Module):
         """What this layer's backend is chosen from, for `mode` (model/attention/backend.py); `methods`: the view's
         inference-time attention methods (model/attention_methods.py)."""
         return Setting(mode=mode, device=device.type, dtype=dtype, window=self.window, chunk=self.chunk,
-                       methods=bool(methods),
+                       sinks=self.sink_logits is not None, methods=bool(methods),
                        passes=any(method.sets_positions for method in methods),
                        visibility=any(method.sets_visibility for method in methods), observed=observed,
                        dropout=self.dropout_now(), compiling=torch.compiler.is_compiling(), preference=preference)
@@ -105,7 +108,8 @@ class Attention(nn.Module):
                 k = encoding.encode_keys(k, encoding_state)
         if backend is None:
             setting = Setting(mode=mode_of(kv_cache), device=q.device.type, dtype=q.dtype, window=self.window,
-                              chunk=self.chunk, methods=methods is not None, passes=passes,
+                              chunk=self.chunk, sinks=self.sink_logits is not None, methods=methods is not None,
+                              passes=passes,
                               visibility=methods is not None and methods.visible is not None,
                               dropout=self.dropout_now(), compiling=torch.compiler.is_compiling())
             backend = choose(encoding, setting)

@@ -37,13 +37,35 @@ class Masked(Backend):
         outputs = []
         for chunk in chunks(inputs, rows_per_chunk, window, layer.chunk):
             q_rows = q[:, :, chunk.rows]
+            k_keys, v_keys = k[:, :, chunk.keys], v[:, :, chunk.keys]
             bias = inputs.encoding.score_bias(q_rows, inputs.state, layer.layer_index, chunk.rows, chunk.keys)
             if bias is None:
                 mask = chunk.visible
             else:  # (batch|1, heads, rows, keys)
                 mask = bias if chunk.visible is None else bias.masked_fill(~chunk.visible, float("-inf"))
                 mask = mask.to(q.dtype)
+            if layer.sink_logits is not None:
+                k_keys, v_keys, mask = with_sink(layer.sink_logits, k_keys, v_keys, mask, q_rows)
             outputs.append(F.scaled_dot_product_attention(
-                q_rows, k[:, :, chunk.keys], v[:, :, chunk.keys], attn_mask=mask, dropout_p=dropout,
-                scale=layer.score_scale, enable_gqa=k.shape[1] != heads))
+                q_rows, k_keys, v_keys, attn_mask=mask, dropout_p=dropout, scale=layer.score_scale,
+                enable_gqa=k.shape[1] != heads))
         return torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]
+
+
+def with_sink(sink_logits: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+              q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Keys, values and a float mask with a sink in front: a zero key (its logit 0 before the mask) whose mask entry
+    is each head's sink logit, and a zero value, so that the sink takes its share of every softmax and adds nothing
+    to the output (gpt-oss's learned sinks)."""
+    batch, heads, rows = q.shape[:3]
+    k = torch.cat((k.new_zeros(*k.shape[:2], 1, k.shape[3]), k), dim=2)
+    v = torch.cat((v.new_zeros(*v.shape[:2], 1, v.shape[3]), v), dim=2)
+    keys = k.shape[2] - 1
+    if mask is None:
+        mask = q.new_zeros(1, 1, rows, keys)
+    elif mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
+    mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape)).to(q.dtype)
+    sink = sink_logits.to(q.dtype).view(1, heads, 1, 1).expand(mask.shape[0], heads, rows, 1)
+    return k, v, torch.cat((sink, mask.expand(mask.shape[0], heads, rows, keys)), dim=-1)
+

@@ -46,6 +46,7 @@ class Merged(Backend):
     def why_not(cls, encoding, setting: Setting) -> str | None:
         checks = [
             (not setting.passes, "no attention method that encodes positions per pass"),
+            (setting.sinks, "learned sink logits"),
             (encoding.attention != FUSED, "the encoding adds to the scores"),
             (setting.device != "cpu", f"its kernel is the CPU's, not {setting.device}'s"),
             (setting.grad, "gradients are wanted"),

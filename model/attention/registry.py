@@ -82,7 +82,8 @@ def by_rules(encoding: Any, setting: Setting, observer: Observer | None = None, 
             return Merged("an attention method's passes, each through the fused kernel, merged by log-sum-exp")
         return Explicit(f"an attention method encodes positions per pass at score time; not merged: {blocked}",
                         observer=observer)
-    if encoding.attention == FUSED and not (setting.window or setting.chunk or setting.observed or setting.visibility):
+    if encoding.attention == FUSED and not (setting.window or setting.chunk or setting.sinks or setting.observed
+                                            or setting.visibility):
         return Sdpa("no score bias and no window: the fused kernel")
     blocked = Flex.why_not_by_default(encoding, setting) if flex else None
     if flex and blocked is None:
@@ -96,11 +97,12 @@ def by_rules(encoding: Any, setting: Setting, observer: Observer | None = None, 
     # SDPA's fused CPU kernel takes no mask gradient, and its math fallback measured slower than the explicit steps
     # (it also guards every row against having no visible key; the encoding cost table in docs/encodings.md). Not
     # measured on CUDA, whose memory-efficient kernel has a mask gradient: a learned bias keeps SDPA there.
-    if setting.device == "cpu" and setting.grad and learned_bias(encoding):
-        return Explicit("a learned bias wanting gradients on the CPU, where SDPA's fused kernel takes no mask "
-                        "gradient and its fallback measured slower", observer=observer)
+    if setting.device == "cpu" and setting.grad and (learned_bias(encoding) or setting.sinks):
+        return Explicit(f"{'learned sink logits' if setting.sinks else 'a learned bias'} wanting gradients on the "
+                        "CPU, where SDPA's fused kernel takes no mask gradient and its fallback measured slower",
+                        observer=observer)
     what = "a score bias" if encoding.attention != FUSED else "a window" if setting.window or setting.visibility \
-        else "an attention chunk"
+        else "an attention chunk" if setting.chunk else "learned sink logits"
     return Masked(f"{what} as a float mask, in chunks of query rows{not_flex}")
 
 

@@ -23,6 +23,8 @@ class Sdpa(Backend):
             return "an attention method encodes positions per pass"
         if setting.observed:
             return "a diagnostic reads the probabilities"
+        if setting.sinks:
+            return "learned sink logits, which join the softmax through a mask column"
         return None
 
     def attend(self, layer, inputs) -> torch.Tensor:
