@@ -46,6 +46,11 @@ class ModelConfig:
     # RoPE scaling with transformers' rope_parameters keys, e.g. {rope_type = "yarn", factor = 4.0}; see model/rope.py.
     # original_max_position_embeddings defaults to max_seq_len, the context the model is trained at.
     rope_scaling: dict | None = None
+    # Per-layer RoPE (Gemma 3: local layers at theta 10k, global ones at 1M, the scaling on the global ones only),
+    # each a list repeated over the layers like position_layers: rope_theta_layers, each layer's theta ([] = rope_theta
+    # everywhere); rope_scaling_layers, whether model.rope_scaling applies to each layer ([] = to every layer).
+    rope_theta_layers: list = dataclasses.field(default_factory=list)
+    rope_scaling_layers: list = dataclasses.field(default_factory=list)
     # Per-layer choices, each a list repeated over the layers (its length must divide n_layers; [] = uniform):
     #   position_layers: the encoding of each layer (e.g. ["rope", "rope", "rope", "none"], iRoPE); it must name
     #     model.position, whose parameters keep their names; absolute encodings (sinusoidal, learned) act on the
@@ -117,7 +122,7 @@ class ModelConfig:
 
     def check_layer_lists(self) -> None:
         for name in ("position_layers", "attention_window", "attention_chunk", "qk_norm", "attention_gate",
-                     "sink_logits"):
+                     "sink_logits", "rope_theta_layers", "rope_scaling_layers"):
             values = getattr(self, name)
             if values and self.n_layers % len(values):
                 raise ConfigError(f"model.{name} has {len(values)} entries, which does not divide model.n_layers "
@@ -147,6 +152,14 @@ class ModelConfig:
                               f"got {self.attention_gate}")
         if not any(self.attention_gate):
             self.attention_gate = []
+        if any(not isinstance(theta, (int, float)) or isinstance(theta, bool) or theta <= 0
+               for theta in self.rope_theta_layers):
+            raise ConfigError(f"model.rope_theta_layers must hold positive numbers (each layer's RoPE theta), got "
+                              f"{self.rope_theta_layers}")
+        self.rope_theta_layers = [float(theta) for theta in self.rope_theta_layers]
+        if any(not isinstance(flag, bool) for flag in self.rope_scaling_layers):
+            raise ConfigError(f"model.rope_scaling_layers must hold true or false per layer (where model.rope_scaling "
+                              f"applies), got {self.rope_scaling_layers}")
         if any(not isinstance(flag, bool) for flag in self.sink_logits):
             raise ConfigError(f"model.sink_logits must hold true or false per layer (e.g. [true] for every layer), "
                               f"got {self.sink_logits}")
@@ -166,6 +179,16 @@ class ModelConfig:
     def layer_gates(self) -> list[bool]:
         """Whether each layer gates its attention output (gated attention)."""
         pattern = self.attention_gate or [False]
+        return [pattern[index % len(pattern)] for index in range(self.n_layers)]
+
+    def layer_rope_thetas(self) -> list[float]:
+        """Each layer's RoPE theta (model.rope_theta where rope_theta_layers is [])."""
+        pattern = self.rope_theta_layers or [self.rope_theta]
+        return [pattern[index % len(pattern)] for index in range(self.n_layers)]
+
+    def layer_rope_scaled(self) -> list[bool]:
+        """Whether model.rope_scaling applies to each layer (every layer where rope_scaling_layers is [])."""
+        pattern = self.rope_scaling_layers or [True]
         return [pattern[index % len(pattern)] for index in range(self.n_layers)]
 
     def layer_sinks(self) -> list[bool]:

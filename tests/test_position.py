@@ -31,6 +31,8 @@ HYBRIDS = [
     dict(position="rope", position_layers=["rope", "none"], attention_chunk=[8, 0]),  # Llama 4: chunked RoPE layers
     dict(position="rope", qk_norm=[True], attention_gate=[True]),  # gated attention with QK-norm (Qwen3-Next)
     dict(position="rope", sink_logits=[True], attention_window=[6, 0]),  # gpt-oss: learned sinks, banded layers
+    dict(position="rope", rope_theta_layers=[10000.0, 1e6], rope_scaling={"rope_type": "yarn", "factor": 2.0},
+         rope_scaling_layers=[False, True]),  # Gemma 3: per-layer theta, the scaling on the global layers only
 ]
 # Shift-invariant too, but without distances (only the count of keys): its shift test is in
 # tests/test_position_references.py.

@@ -133,6 +133,7 @@ class PositionEncoding(nn.Module):
     # ModelConfig fields beyond the shape that this encoding reads (RoPE: rope_theta, rope_layout, rope_scaling);
     # model.rope_scaling is refused for a model whose model.position does not read it.
     model_settings: ClassVar[tuple[str, ...]] = ()
+    per_layer_rope: ClassVar[bool] = False  # it reads model.rope_theta_layers and rope_scaling_layers (rope, xpos)
 
     attention: ClassVar[str] = FUSED  # FUSED, BIAS or EXPLICIT (above)
     why_explicit: ClassVar[str] = ""  # for EXPLICIT: what needs the explicit steps, as the path's reason says it

@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,6 +33,15 @@ class RopeState:
     q_sin: torch.Tensor
     k_cos: torch.Tensor  # (batch|1, 1, k_time, rotary_dim): all keys (dynamic) or the new keys (static)
     k_sin: torch.Tensor
+
+
+@dataclass
+class RopeStates:
+    """Per-layer RoPE (model.rope_theta_layers, rope_scaling_layers): each variant's tables, and each layer's
+    variant; for_layer hands a layer its own."""
+
+    states: list[RopeState]
+    variant_of: dict[int, int]
 
 
 def rotary_dim(fraction: float, head_dim: int) -> int:
@@ -77,8 +86,9 @@ class RoPE(PositionEncoding):
 
     Settings = RotarySettings
     model_settings = ("rope_theta", "rope_layout", "rope_scaling")
+    per_layer_rope = True
     key_tables_differ = False  # keys use the queries' tables at the same positions
-    exact_buffers = ("inv_freq",)
+    exact_buffers = ("inv_freq", "variant_inv_freq")
 
     def __init__(self, config: "ModelConfig") -> None:
         super().__init__(config)
@@ -88,22 +98,40 @@ class RoPE(PositionEncoding):
         self.rotary_dim = rotary_dim(self.settings.fraction, config.head_dim)
         # Dynamic NTK changes the base with the length, so keys are cached raw and rotated at every step.
         self.caches_encoded_keys = not self.init_fn.length_dependent
-        inv_freq, attention_factor = self.init_fn(self.rotary_dim, config.rope_theta, self.scaling, None)
+        # The variants of the layers using it (model.rope_theta_layers, rope_scaling_layers): (theta, scaled) each;
+        # one, (rope_theta, True), unless those lists set RoPE per layer.
+        thetas, scaled = config.layer_rope_thetas(), config.layer_rope_scaled()
+        self.variants = list(dict.fromkeys((thetas[layer], scaled[layer]) for layer in self.layers_using()))
+        self.variant_of = {layer: self.variants.index((thetas[layer], scaled[layer])) for layer in self.layers_using()}
+        tables = [self.variant_frequencies(variant, None) for variant in self.variants]
         # Derived from the config, so not saved with the weights (rebuilt on load).
-        self.register_buffer("inv_freq", keep_highest_frequencies(inv_freq, self.settings.p), persistent=False)
-        self.attention_factor = attention_factor
+        self.register_buffer("inv_freq", tables[0][0], persistent=False)
+        self.attention_factor = tables[0][1]
+        self.register_buffer("variant_inv_freq", torch.stack([inv_freq for inv_freq, _ in tables]), persistent=False)
+        self.variant_factors = [factor for _, factor in tables]
+
+    def variant_frequencies(self, variant: tuple[float, bool], seq_len: int | None) -> tuple[torch.Tensor, float]:
+        """inv_freq and the attention factor of one (theta, scaled) variant: the scaling where it applies."""
+        theta, scaled = variant
+        if scaled:
+            inv_freq, attention_factor = self.init_fn(self.rotary_dim, theta, self.scaling, seq_len)
+        else:
+            inv_freq, attention_factor = ROPE_SCALINGS["default"](self.rotary_dim, theta, {}, seq_len)
+        return keep_highest_frequencies(inv_freq, self.settings.p), attention_factor
 
     @classmethod
     def check_config(cls, config: "ModelConfig") -> None:
         if config.head_dim % 2:
             raise ConfigError(f"{cls.name} needs an even head_dim, got {config.head_dim} (dim / n_heads)")
 
-    def frequencies(self, k_positions: torch.Tensor) -> tuple[torch.Tensor, float]:
+    def frequencies(self, k_positions: torch.Tensor, variant: int = 0) -> tuple[torch.Tensor, float]:
         if self.caches_encoded_keys:
-            return self.inv_freq, self.attention_factor
+            if variant == 0:
+                return self.inv_freq, self.attention_factor
+            return self.variant_inv_freq[variant], self.variant_factors[variant]
         seq_len = int(k_positions.max()) + 1
-        inv_freq, attention_factor = self.init_fn(self.rotary_dim, self.config.rope_theta, self.scaling, seq_len)
-        return keep_highest_frequencies(inv_freq, self.settings.p).to(k_positions.device), attention_factor
+        inv_freq, attention_factor = self.variant_frequencies(self.variants[variant], seq_len)
+        return inv_freq.to(k_positions.device), attention_factor
 
     def tables(self, inv_freq: torch.Tensor, positions: torch.Tensor, attention_factor: float,
                keys: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,8 +139,20 @@ class RoPE(PositionEncoding):
         cos, sin = rope_cos_sin(inv_freq, positions, self.config.rope_layout, attention_factor)
         return cos[:, None], sin[:, None]
 
-    def prepare(self, q_positions: torch.Tensor, k_positions: torch.Tensor, all_keys: bool = False) -> RopeState:
-        inv_freq, attention_factor = self.frequencies(k_positions)
+    def prepare(self, q_positions: torch.Tensor, k_positions: torch.Tensor,
+                all_keys: bool = False) -> RopeState | RopeStates:
+        """The tables of this forward: once for all layers, or once per variant when RoPE is set per layer."""
+        if len(self.variants) > 1:
+            return RopeStates([self.prepare_variant(q_positions, k_positions, all_keys, variant)
+                               for variant in range(len(self.variants))], self.variant_of)
+        return self.prepare_variant(q_positions, k_positions, all_keys)
+
+    def for_layer(self, x: torch.Tensor, state: Any, layer: int, kv_cache: Any = None) -> Any:
+        return state.states[state.variant_of[layer]] if isinstance(state, RopeStates) else state
+
+    def prepare_variant(self, q_positions: torch.Tensor, k_positions: torch.Tensor, all_keys: bool = False,
+                        variant: int = 0) -> RopeState:
+        inv_freq, attention_factor = self.frequencies(k_positions, variant)
         q_cos, q_sin = self.tables(inv_freq, q_positions, attention_factor, keys=False)
         # Keys rotated before caching are the new ones, at the query positions; else all keys, rotated again.
         k_positions = q_positions if self.caches_encoded_keys and not all_keys else k_positions
