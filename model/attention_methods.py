@@ -5,7 +5,7 @@ each is registered here by name with its parameters. Three kinds, composable in 
 
     query scale   logn, temperature: each query is multiplied by a factor of its own position, so the logits
                   q.k are scaled, and so is a bias computed from q (Shaw's q.a, CoPE's q.e), not one that is not
-    positions     rerope, leaky_rerope, selfextend, sinks: the positions a (query, key) pair is encoded at, as
+    positions     rerope, leaky_rerope, selfextend, string, sinks: the positions a (query, key) pair is encoded at, as
                   passes (query positions, key positions, which pairs use them) whose scores are merged; keys are
                   cached raw and encoded at score time, so a cached step equals the method's own full forward
     visibility    window, sinks: which keys a query sees (sliding window; attention sinks + window)
@@ -21,6 +21,9 @@ takes its default from L = the length the model's positions were trained for (co
     leaky_rerope  ... beyond `window` it grows as window + (i - j - window) / k
     selfextend    exact within `neighbors`; beyond, query at i // G + neighbors - neighbors // G and key at j // G
                   (Jin et al., ICML 2024, datamllab/LongLM)
+    string        exact below `shift`; from it, distance d read as d - shift + local (STRING, An et al. 2024); shift
+                  defaults to L / 3 and local to min(128, L / 8), and an evaluation past L sets shift so that the
+                  shifted distances stay below L
     sinks         keys j < `sinks` and the last `window` keys (default L - sinks); a sink is seen from position
                   min(i, sinks + window - 1), the query's place in a cache of sinks + window slots (StreamingLLM,
                   Xiao et al. 2023); the recent keys keep their relative distances, which is the same thing for
@@ -205,6 +208,37 @@ class SelfExtend(TwoPass):
 
 
 @register_method
+class String(TwoPass):
+    """STRING: distances from `shift` on read as distance - shift + local (An et al. 2024)."""
+
+    # An et al. 2024, "Why Does the Effective Context Length of LLMs Fall Short?" (arXiv 2410.18745): the large,
+    # rarely trained distances are dropped and the well-trained small ones shifted over them; `local` restores
+    # distinct positions for the nearest of the shifted keys. A pair at distance d >= shift takes the query at
+    # i - shift + local (the key stays at j); nearer pairs are exact. The reference code (HKUNLP/STRING,
+    # string_for_llama.py) gives the pair at d = shift to both passes; here each pair has one.
+    name = "string"
+    defaults = {"local": 0, "shift": 0}
+    derived = {"local": lambda trained, params: min(128, max(1, trained // 8)),  # the paper's 128 at L = 128k
+               "shift": lambda trained, params: trained // 3}  # its shifted_offset = 0.33 L
+
+    def limit(self) -> int:
+        return int(self.params["shift"])
+
+    def far(self, queries: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return queries - self.limit() + int(self.params["local"]), keys
+
+    @classmethod
+    def for_length(cls, length: int, trained: int) -> dict:
+        """Past L: the smallest shift that keeps every shifted distance below L (length - L + local), at least the
+        paper's L / 3; when no shift can keep both parts below L (length > 2L - local), the one that balances them."""
+        local = cls.derived["local"](trained, {})
+        shift = max(trained // 3, length - trained + local)
+        if shift > trained:
+            shift = (length + local) // 2
+        return {"local": local, "shift": shift}
+
+
+@register_method
 class Sinks(AttentionMethod):
     """attention sinks (StreamingLLM): the first tokens and a recent window, positions as in the cache."""
 
@@ -264,7 +298,7 @@ def normalize_methods(methods: list, trained: int) -> list[dict]:
                 raise ConfigError(f"attention method {cls.name!r}: {key} must be a number >= 0, got {value!r}")
             if value == 0 and key in cls.derived:
                 params[key] = cls.derived[key](trained, params)
-        for key in ("window", "neighbors", "group", "base_length", "floor_scale", "k"):
+        for key in ("window", "neighbors", "group", "base_length", "floor_scale", "k", "shift"):
             if key in params and params[key] < (2 if key == "base_length" else 1):
                 raise ConfigError(f"attention method {cls.name!r}: {key} = {params[key]} is too small")
         normalized.append({"method": cls.name, **params})

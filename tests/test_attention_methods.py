@@ -188,12 +188,13 @@ def test_edits_outside_the_visible_set_change_nothing(method, outside, inside):
 @pytest.mark.parametrize("methods", [
     [{"method": "logn"}], [{"method": "temperature", "floor_scale": 4}], [{"method": "rerope", "window": 5}],
     [{"method": "leaky_rerope", "window": 5}], [{"method": "selfextend", "neighbors": 6, "group": 3}],
+    [{"method": "string", "shift": 5, "local": 2}],
     [{"method": "sinks", "sinks": 2, "window": 6}], [{"method": "window", "window": 6}],
     [{"method": "selfextend", "neighbors": 6, "group": 3}, {"method": "logn"}],
 ], ids=lambda methods: "+".join(m["method"] for m in methods))
 @pytest.mark.parametrize("position", ["rope", "alibi"])
 def test_cached_decoding_equals_the_methods_own_full_forward(methods, position, cache_type):
-    if position == "alibi" and methods[0]["method"] in ("rerope", "leaky_rerope", "selfextend"):
+    if position == "alibi" and methods[0]["method"] in ("rerope", "leaky_rerope", "selfextend", "string"):
         pytest.skip("rope-only method")
     hybrid = {"position_layers": [position, "none"]} if methods[0]["method"] == "temperature" else {}
     model = Transformer(micro_config(position=position, max_seq_len=8, attention_methods=methods, **hybrid)).eval()
@@ -256,3 +257,26 @@ def test_a_multi_token_chunk_after_a_cached_prefix_equals_the_full_forward(metho
     chunks = [model(idx[:, :7], kv_cache=cache)[0], model(idx[:, 7:19], kv_cache=cache)[0],
               model(idx[:, 19:], kv_cache=cache)[0]]
     assert (torch.cat(chunks, dim=1) - model(idx)[0]).abs().max() < 1e-4
+
+
+@torch.no_grad()
+def test_string_scores_are_the_shifted_distance():
+    """An et al. 2024: distances d >= shift read as d - shift + local; nearer ones exact (the pair at d = shift once)."""
+    shift, local = 5, 2
+    model = one_layer([{"method": "string", "shift": shift, "local": local}])
+    x = torch.randn(1, 14, 64)
+
+    def relative_at(i, j):
+        return (i - j, 0) if i - j < shift else (i - j - shift + local, 0)
+
+    assert (layer_output(model, x) - layer_by_loop(model, x, relative_at)).abs().max() < 1e-5
+
+
+def test_string_defaults_and_its_shift_past_l():
+    method = ATTENTION_METHODS["string"]
+    config = micro_config(max_seq_len=96, attention_methods=[{"method": "string"}])
+    assert config.attention_methods == [{"method": "string", "local": 12, "shift": 32}]  # L / 8, L / 3
+    assert method.for_length(96, 96) == {"local": 12, "shift": 32}  # within L: the paper's L / 3
+    params = method.for_length(160, 96)  # past L: the largest shifted distance, 159 - shift + local, is L - 1
+    assert params == {"local": 12, "shift": 76} and 159 - params["shift"] + params["local"] == 95
+    assert method.for_length(400, 96) == {"local": 12, "shift": 206}  # past 2L - local: both parts balanced
