@@ -5,7 +5,7 @@ each is registered here by name with its parameters. Three kinds, composable in 
 
     query scale   logn, temperature: each query is multiplied by a factor of its own position, so the logits
                   q.k are scaled, and so is a bias computed from q (Shaw's q.a, CoPE's q.e), not one that is not
-    positions     rerope, leaky_rerope, selfextend, string, sinks: the positions a (query, key) pair is encoded at, as
+    positions     rerope, leaky_rerope, selfextend, string, dca, sinks: the positions a (query, key) pair is encoded at, as
                   passes (query positions, key positions, which pairs use them) whose scores are merged; keys are
                   cached raw and encoded at score time, so a cached step equals the method's own full forward
     visibility    window, sinks: which keys a query sees (sliding window; attention sinks + window)
@@ -21,6 +21,9 @@ takes its default from L = the length the model's positions were trained for (co
     leaky_rerope  ... beyond `window` it grows as window + (i - j - window) / k
     selfextend    exact within `neighbors`; beyond, query at i // G + neighbors - neighbors // G and key at j // G
                   (Jin et al., ICML 2024, datamllab/LongLM)
+    dca           chunks of chunk - local tokens; keys at their place in a chunk, queries at theirs for their own
+                  chunk, shifted by a chunk for the one before, at min(2 (chunk - local) - 1, chunk) for all earlier
+                  ones (Dual Chunk Attention, An et al. 2024, HKUNLP/ChunkLlama; Qwen3's long-context method)
     string        exact below `shift`; from it, distance d read as d - shift + local (STRING, An et al. 2024); shift
                   defaults to L / 3 and local to min(128, L / 8), and an evaluation past L sets shift so that the
                   shifted distances stay below L
@@ -75,6 +78,10 @@ class AttentionMethod:
     def __init__(self, params: dict[str, float], trained: int) -> None:
         self.params = params
         self.trained = trained
+
+    @classmethod
+    def check_params(cls, params: dict) -> None:
+        """Raise ConfigError for parameters that do not fit together (each one is checked already)."""
 
     @classmethod
     def for_length(cls, length: int, trained: int) -> dict:
@@ -239,6 +246,43 @@ class String(TwoPass):
 
 
 @register_method
+class DualChunk(AttentionMethod):
+    """dual chunk attention (DCA): keys at their place in a chunk, queries at one of three places (An et al. 2024)."""
+
+    # An et al. 2024, "Training-Free Long-Context Scaling of Large Language Models" (arXiv 2402.17463), as
+    # HKUNLP/ChunkLlama's chunkllama_attn_replace.py computes it: chunks of c = chunk - local tokens; every key at
+    # j mod c; a query at i mod c for the keys of its own chunk (intra), at min(i mod c + c, chunk) for the keys of
+    # the chunk before (successive), and at min(2c - 1, chunk) for all earlier keys (inter). Every distance stays
+    # at most `chunk`. Defaults as replace_with_chunkllama: chunk 3L/4, local L/8.
+    name = "dca"
+    encodings = ("rope", "xpos")
+    defaults = {"chunk": 0, "local": 0}
+    derived = {"chunk": lambda trained, params: trained * 3 // 4, "local": lambda trained, params: trained // 8}
+    sets_positions = True
+
+    @classmethod
+    def check_params(cls, params: dict) -> None:
+        if params["local"] >= params["chunk"]:
+            raise ConfigError(f"attention method 'dca': local = {params['local']} must be below chunk = "
+                              f"{params['chunk']} (chunks hold chunk - local tokens)")
+
+    def passes(self, queries: torch.Tensor, keys: torch.Tensor) -> list[Pass]:
+        chunk = int(self.params["chunk"])
+        span = chunk - int(self.params["local"])
+        inside = torch.remainder(queries, span)
+        successive = torch.clamp(inside + span, max=chunk)
+        inter = torch.full_like(queries, min(2 * span - 1, chunk))
+        key_places = torch.remainder(keys, span)
+
+        def chunk_of(position: torch.Tensor) -> torch.Tensor:
+            return torch.div(position, span, rounding_mode="floor")
+
+        return [Pass(inside, key_places),
+                Pass(successive, key_places, lambda i, j: chunk_of(j) == chunk_of(i) - 1),
+                Pass(inter, key_places, lambda i, j: chunk_of(j) < chunk_of(i) - 1)]
+
+
+@register_method
 class Sinks(AttentionMethod):
     """attention sinks (StreamingLLM): the first tokens and a recent window, positions as in the cache."""
 
@@ -298,9 +342,10 @@ def normalize_methods(methods: list, trained: int) -> list[dict]:
                 raise ConfigError(f"attention method {cls.name!r}: {key} must be a number >= 0, got {value!r}")
             if value == 0 and key in cls.derived:
                 params[key] = cls.derived[key](trained, params)
-        for key in ("window", "neighbors", "group", "base_length", "floor_scale", "k", "shift"):
+        for key in ("window", "neighbors", "group", "base_length", "floor_scale", "k", "shift", "chunk"):
             if key in params and params[key] < (2 if key == "base_length" else 1):
                 raise ConfigError(f"attention method {cls.name!r}: {key} = {params[key]} is too small")
+        cls.check_params(params)
         normalized.append({"method": cls.name, **params})
     compose([ATTENTION_METHODS[entry["method"]] for entry in normalized])
     return normalized

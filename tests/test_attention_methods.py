@@ -188,13 +188,13 @@ def test_edits_outside_the_visible_set_change_nothing(method, outside, inside):
 @pytest.mark.parametrize("methods", [
     [{"method": "logn"}], [{"method": "temperature", "floor_scale": 4}], [{"method": "rerope", "window": 5}],
     [{"method": "leaky_rerope", "window": 5}], [{"method": "selfextend", "neighbors": 6, "group": 3}],
-    [{"method": "string", "shift": 5, "local": 2}],
+    [{"method": "string", "shift": 5, "local": 2}], [{"method": "dca", "chunk": 6, "local": 2}],
     [{"method": "sinks", "sinks": 2, "window": 6}], [{"method": "window", "window": 6}],
     [{"method": "selfextend", "neighbors": 6, "group": 3}, {"method": "logn"}],
 ], ids=lambda methods: "+".join(m["method"] for m in methods))
 @pytest.mark.parametrize("position", ["rope", "alibi"])
 def test_cached_decoding_equals_the_methods_own_full_forward(methods, position, cache_type):
-    if position == "alibi" and methods[0]["method"] in ("rerope", "leaky_rerope", "selfextend", "string"):
+    if position == "alibi" and methods[0]["method"] in ("rerope", "leaky_rerope", "selfextend", "string", "dca"):
         pytest.skip("rope-only method")
     hybrid = {"position_layers": [position, "none"]} if methods[0]["method"] == "temperature" else {}
     model = Transformer(micro_config(position=position, max_seq_len=8, attention_methods=methods, **hybrid)).eval()
@@ -280,3 +280,29 @@ def test_string_defaults_and_its_shift_past_l():
     params = method.for_length(160, 96)  # past L: the largest shifted distance, 159 - shift + local, is L - 1
     assert params == {"local": 12, "shift": 76} and 159 - params["shift"] + params["local"] == 95
     assert method.for_length(400, 96) == {"local": 12, "shift": 206}  # past 2L - local: both parts balanced
+
+
+@torch.no_grad()
+def test_dca_scores_are_the_three_chunk_positions():
+    """HKUNLP/ChunkLlama: chunks of c = chunk - local tokens, keys at j mod c; the query at i mod c for its own chunk,
+    at min(i mod c + c, chunk) for the chunk before, at min(2c - 1, chunk) for all earlier keys."""
+    chunk, local = 6, 2
+    span = chunk - local
+    model = one_layer([{"method": "dca", "chunk": chunk, "local": local}])
+    x = torch.randn(1, 19, 64)
+
+    def relative_at(i, j):
+        if i // span == j // span:
+            return (i % span, j % span)
+        if j // span == i // span - 1:
+            return (min(i % span + span, chunk), j % span)
+        return (min(2 * span - 1, chunk), j % span)
+
+    assert (layer_output(model, x) - layer_by_loop(model, x, relative_at)).abs().max() < 1e-5
+
+
+def test_dca_defaults_are_chunkllamas_and_bad_chunks_are_refused():
+    config = micro_config(max_seq_len=64, attention_methods=[{"method": "dca"}])
+    assert config.attention_methods == [{"method": "dca", "chunk": 48, "local": 8}]  # 3L/4, L/8
+    with pytest.raises(ConfigError, match="local = 8 must be below chunk = 8"):
+        micro_config(attention_methods=[{"method": "dca", "chunk": 8, "local": 8}])

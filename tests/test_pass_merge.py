@@ -45,6 +45,7 @@ METHODS = [
     [{"method": "leaky_rerope", "window": 5, "k": 4.0}],
     [{"method": "selfextend", "neighbors": 6, "group": 3}],
     [{"method": "string", "shift": 5, "local": 2}],
+    [{"method": "dca", "chunk": 6, "local": 2}],
     [{"method": "sinks", "sinks": 2, "window": 6}],
 ]
 
