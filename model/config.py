@@ -120,9 +120,12 @@ class ModelConfig:
 
         check_plugins(self)  # the encodings' settings, the RoPE scaling, the attention methods
 
+    # The per-layer lists: each repeats over the layers (its length must divide n_layers); [] means the default.
+    LAYER_LISTS = ("position_layers", "attention_window", "attention_chunk", "qk_norm", "attention_gate", "sink_logits",
+                   "rope_theta_layers", "rope_scaling_layers")
+
     def check_layer_lists(self) -> None:
-        for name in ("position_layers", "attention_window", "attention_chunk", "qk_norm", "attention_gate",
-                     "sink_logits", "rope_theta_layers", "rope_scaling_layers"):
+        for name in self.LAYER_LISTS:
             values = getattr(self, name)
             if values and self.n_layers % len(values):
                 raise ConfigError(f"model.{name} has {len(values)} entries, which does not divide model.n_layers "
@@ -132,79 +135,64 @@ class ModelConfig:
         if self.position_layers and self.position not in self.position_layers:
             raise ConfigError(f"model.position_layers {self.position_layers} must include model.position "
                               f"({self.position!r}), the encoding whose parameters keep their names")
-        if any(not isinstance(w, int) or isinstance(w, bool) or w < 0 for w in self.attention_window):
-            raise ConfigError(f"model.attention_window must hold integers >= 0 (0 = global), "
-                              f"got {self.attention_window}")
-        if any(not isinstance(c, int) or isinstance(c, bool) or c < 0 for c in self.attention_chunk):
-            raise ConfigError(f"model.attention_chunk must hold integers >= 0 (0 = global), got {self.attention_chunk}")
+        for name in ("attention_window", "attention_chunk"):
+            if any(not isinstance(w, int) or isinstance(w, bool) or w < 0 for w in getattr(self, name)):
+                raise ConfigError(f"model.{name} must hold integers >= 0 (0 = global), got {getattr(self, name)}")
         both = [index for index, (window, chunk) in enumerate(zip(self.layer_windows(), self.layer_chunks()))
                 if window and chunk]
         if both:
             raise ConfigError(f"model.attention_window and model.attention_chunk both limit layer(s) {both}; give each "
                               "layer a sliding window or a chunk, not both (0 in the other list)")
-        if any(not isinstance(flag, bool) for flag in self.qk_norm):
-            raise ConfigError(f"model.qk_norm must hold true or false per layer (e.g. [true] for every layer), "
-                              f"got {self.qk_norm}")
-        if not any(self.qk_norm):
-            self.qk_norm = []  # off everywhere: one spelling
-        if any(not isinstance(flag, bool) for flag in self.attention_gate):
-            raise ConfigError(f"model.attention_gate must hold true or false per layer (e.g. [true] for every layer), "
-                              f"got {self.attention_gate}")
-        if not any(self.attention_gate):
-            self.attention_gate = []
+        for name, what in (("qk_norm", "e.g. [true] for every layer"), ("attention_gate", "e.g. [true] for every layer"),
+                           ("sink_logits", "e.g. [true] for every layer"),
+                           ("rope_scaling_layers", "where model.rope_scaling applies")):
+            if any(not isinstance(flag, bool) for flag in getattr(self, name)):
+                raise ConfigError(f"model.{name} must hold true or false per layer ({what}), got {getattr(self, name)}")
+        for name in ("qk_norm", "attention_gate", "sink_logits"):
+            if not any(getattr(self, name)):
+                setattr(self, name, [])  # off everywhere: one spelling
         if any(not isinstance(theta, (int, float)) or isinstance(theta, bool) or theta <= 0
                for theta in self.rope_theta_layers):
             raise ConfigError(f"model.rope_theta_layers must hold positive numbers (each layer's RoPE theta), got "
                               f"{self.rope_theta_layers}")
         self.rope_theta_layers = [float(theta) for theta in self.rope_theta_layers]
-        if any(not isinstance(flag, bool) for flag in self.rope_scaling_layers):
-            raise ConfigError(f"model.rope_scaling_layers must hold true or false per layer (where model.rope_scaling "
-                              f"applies), got {self.rope_scaling_layers}")
-        if any(not isinstance(flag, bool) for flag in self.sink_logits):
-            raise ConfigError(f"model.sink_logits must hold true or false per layer (e.g. [true] for every layer), "
-                              f"got {self.sink_logits}")
-        if not any(self.sink_logits):
-            self.sink_logits = []
+
+    def per_layer(self, values: list, default: Any) -> list:
+        """A per-layer list repeated over the layers, or `default` in every layer when it is []."""
+        pattern = values or [default]
+        return [pattern[index % len(pattern)] for index in range(self.n_layers)]
 
     def layer_encodings(self) -> list[str]:
         """The encoding of every layer: model.position_layers repeated over the layers, or model.position."""
-        pattern = self.position_layers or [self.position]
-        return [pattern[index % len(pattern)] for index in range(self.n_layers)]
+        return self.per_layer(self.position_layers, self.position)
 
     def layer_qk_norms(self) -> list[bool]:
         """Whether each layer normalises its queries and keys (QK-norm)."""
-        pattern = self.qk_norm or [False]
-        return [pattern[index % len(pattern)] for index in range(self.n_layers)]
+        return self.per_layer(self.qk_norm, False)
 
     def layer_gates(self) -> list[bool]:
         """Whether each layer gates its attention output (gated attention)."""
-        pattern = self.attention_gate or [False]
-        return [pattern[index % len(pattern)] for index in range(self.n_layers)]
+        return self.per_layer(self.attention_gate, False)
 
     def layer_rope_thetas(self) -> list[float]:
         """Each layer's RoPE theta (model.rope_theta where rope_theta_layers is [])."""
-        pattern = self.rope_theta_layers or [self.rope_theta]
-        return [pattern[index % len(pattern)] for index in range(self.n_layers)]
+        return self.per_layer(self.rope_theta_layers, self.rope_theta)
 
     def layer_rope_scaled(self) -> list[bool]:
         """Whether model.rope_scaling applies to each layer (every layer where rope_scaling_layers is [])."""
-        pattern = self.rope_scaling_layers or [True]
-        return [pattern[index % len(pattern)] for index in range(self.n_layers)]
+        return self.per_layer(self.rope_scaling_layers, True)
 
     def layer_sinks(self) -> list[bool]:
         """Whether each layer has learned sink logits (gpt-oss)."""
-        pattern = self.sink_logits or [False]
-        return [pattern[index % len(pattern)] for index in range(self.n_layers)]
+        return self.per_layer(self.sink_logits, False)
 
     def layer_windows(self) -> list[int]:
         """The sliding window of every layer (0 = global attention)."""
-        pattern = self.attention_window or [0]
-        return [pattern[index % len(pattern)] for index in range(self.n_layers)]
+        return self.per_layer(self.attention_window, 0)
 
     def layer_chunks(self) -> list[int]:
         """The attention chunk of every layer (0 = none)."""
-        pattern = self.attention_chunk or [0]
-        return [pattern[index % len(pattern)] for index in range(self.n_layers)]
+        return self.per_layer(self.attention_chunk, 0)
 
     @property
     def head_dim(self) -> int:
