@@ -101,8 +101,9 @@ class RoPE(PositionEncoding):
         # The variants of the layers using it (model.rope_theta_layers, rope_scaling_layers): (theta, scaled) each;
         # one, (rope_theta, True), unless those lists set RoPE per layer.
         thetas, scaled = config.layer_rope_thetas(), config.layer_rope_scaled()
-        self.variants = list(dict.fromkeys((thetas[layer], scaled[layer]) for layer in self.layers_using()))
-        self.variant_of = {layer: self.variants.index((thetas[layer], scaled[layer])) for layer in self.layers_using()}
+        layers = self.layers_using() or range(config.n_layers)  # none: a rotation another encoding holds (SSMax's)
+        self.variants = list(dict.fromkeys((thetas[layer], scaled[layer]) for layer in layers))
+        self.variant_of = {layer: self.variants.index((thetas[layer], scaled[layer])) for layer in layers}
         tables = [self.variant_frequencies(variant, None) for variant in self.variants]
         # Derived from the config, so not saved with the weights (rebuilt on load).
         self.register_buffer("inv_freq", tables[0][0], persistent=False)
