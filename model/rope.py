@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 import torch
@@ -67,7 +66,7 @@ def scaling(name: str, keys: set[str], length_dependent: bool = False, defaults:
     """Register a scaling function under `name` (one Scaling record)."""
 
     def add(function: Callable[..., tuple[torch.Tensor, float]]) -> Callable[..., tuple[torch.Tensor, float]]:
-        ROPE_SCALINGS[name] = Scaling(name, function, frozenset(keys), MappingProxyType(dict(defaults or {})),
+        ROPE_SCALINGS[name] = Scaling(name, function, frozenset(keys), dict(defaults or {}),
                                       length_dependent, plain_at_factor_one)
         return function
 

@@ -229,3 +229,18 @@ def test_resonance_is_an_inference_method_that_never_reuses_the_plain_cell():
     trained = Transformer(micro_config(max_seq_len=16, rope_scaling={"rope_type": "resonance", "factor": 1.0}))
     assert torch.allclose(trained.position.inv_freq,
                           ROPE_SCALINGS["resonance"](16, 1e4, {"factor": 1.0, "original_max_position_embeddings": 16})[0])
+
+
+def test_a_model_with_a_scaling_deep_copies_and_pickles():
+    """The scaling records a RoPE encoding holds are plain data: a model copies (scripts.bench deep-copies one) and
+    pickles (worker processes) with them."""
+    import copy
+    import pickle
+
+    from model.transformer import Transformer
+    from tests.conftest import micro_config
+
+    model = Transformer(micro_config(rope_scaling={"rope_type": "llama3", "factor": 2.0}))
+    for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert clone.position.init_fn == model.position.init_fn
+        assert dict(clone.position.init_fn.defaults) == {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
