@@ -3,11 +3,13 @@
 A backend computes one layer's attention from its Inputs (model/attention/chunks.py). It declares, as `why_not`,
 what it cannot compute (an encoding or a setting it does not serve: a reason, or None); the registry
 (model/attention/registry.py) chooses among the backends that can, once per model view and mode, and keeps the
-chosen instance, with the reason, for every later forward of that mode."""
+chosen instance, with the reason, for every later forward of that mode. A FallbackBackend serves only some forwards
+of its setting (a compiled kernel's: long enough, consecutive positions) and hands the others to the backend chosen
+beside it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Protocol
 
 import torch
 
@@ -18,6 +20,11 @@ if TYPE_CHECKING:
     from model.encodings.base import PositionEncoding
 
 TRAIN, EVALUATE, DECODE = "train", "evaluate", "decode"
+
+
+def first_reason(checks: Iterable[tuple[Any, str]]) -> str | None:
+    """The reason of the first (failed, reason) check that failed, or None when none did."""
+    return next((reason for failed, reason in checks if failed), None)
 
 
 @dataclass(frozen=True)
@@ -109,3 +116,56 @@ class Backend:
     def describe(self) -> str:
         """What the latest forward took, and why."""
         return f"{self.name}: {self.reason}"
+
+
+class FallbackBackend(Backend):
+    """A backend that serves some forwards of its setting only (a compiled FlexAttention kernel: model/attention/flex.py,
+    flex_window.py). It is built with the backend the rules choose without it, `fallback`, which takes the forwards
+    it does not serve (`why_not_now`), and every forward after compiling failed for this backend (its model view and
+    mode): the failure is kept here, and nothing else in the process changes. Subclasses implement `why_not_served`
+    (their own per-forward conditions), `compute` and `kernel`."""
+
+    needs_fallback = True
+    compiles: ClassVar[str] = "FlexAttention"  # what fails to compile, in the reason a forward takes the fallback
+
+    def __init__(self, reason: str, fallback: Backend | None = None, **options: Any) -> None:
+        super().__init__(reason)
+        if fallback is None:
+            raise ValueError(f"the {self.name} backend needs a fallback for the forwards it does not serve")
+        self.fallback = fallback
+        self.failure: str | None = None  # compiling failed for this backend: every later forward takes the fallback
+        self.latest: str | None = None  # why the latest forward took the fallback (None: it took this backend)
+
+    def why_not_now(self, inputs: Inputs) -> str | None:
+        """None when this forward is computed here, else why it takes the fallback."""
+        return first_reason([
+            (self.failure is not None, f"compiling {self.compiles} failed for this model view ({self.failure})"),
+            (not inputs.causal or inputs.kv_cache is not None, "a KV cache or a non-causal forward"),
+        ]) or self.why_not_served(inputs)
+
+    def why_not_served(self, inputs: Inputs) -> str | None:
+        """This backend's own per-forward conditions: None when it serves `inputs`, else why not."""
+        return None
+
+    def compute(self, layer: Layer, inputs: Inputs) -> torch.Tensor | None:
+        """The attention output, or None when compiling failed (the kernel's warning says why)."""
+        raise NotImplementedError
+
+    def kernel(self, inputs: Inputs) -> Any:
+        """The Compiled kernel (model/compiled.py) that `compute` ran for `inputs`: its last_failure is kept."""
+        raise NotImplementedError
+
+    def attend(self, layer: Layer, inputs: Inputs) -> torch.Tensor:
+        self.latest = self.why_not_now(inputs)
+        if self.latest is None:
+            out = self.compute(layer, inputs)
+            if out is not None:
+                return out
+            self.failure = self.kernel(inputs).last_failure or "see the warning"
+            self.latest = f"compiling {self.compiles} failed for this model view ({self.failure})"
+        return self.fallback.attend(layer, inputs)
+
+    def describe(self) -> str:
+        if self.latest is None:
+            return super().describe()
+        return f"{self.fallback.describe()}; not {self.name}: {self.latest}"

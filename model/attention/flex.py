@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from model.attention.backend import DECODE, Backend, Setting
+from model.attention.backend import DECODE, FallbackBackend, Setting, first_reason
 from model.compiled import Compiled
 
 MIN_LENGTH = 512  # shorter forwards keep the chunked path
@@ -196,22 +196,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, encoding: Any, 
     return _kernel(q, k, v, table, mask, k.shape[1] != q.shape[1])
 
 
-class Flex(Backend):
+class Flex(FallbackBackend):
     """FlexAttention for the forwards it serves, the backend chosen beside it (`fallback`) for the others: shorter
     than MIN_LENGTH, several sequences with a distance bias on the CPU, positions that are not consecutive, or after
     compiling failed for this view."""
 
     name = "flex"
-
-    needs_fallback = True
-
-    def __init__(self, reason: str, fallback: Backend | None = None, **options: Any) -> None:
-        super().__init__(reason)
-        if fallback is None:
-            raise ValueError("FlexAttention's backend needs a fallback for the forwards it does not serve")
-        self.fallback = fallback
-        self.failure: str | None = None  # compiling failed for this backend: every later forward takes the fallback
-        self.latest: str | None = None  # why the latest forward took the fallback (None: it took FlexAttention)
 
     @classmethod
     def why_not(cls, encoding, setting: Setting) -> str | None:
@@ -236,7 +226,7 @@ class Flex(Backend):
                        (setting.grad, "gradients are wanted, and torch has no FlexAttention backward on the CPU"),
                        (setting.dtype != torch.float32,
                         f"{str(setting.dtype).removeprefix('torch.')}, and it serves float32 on the CPU")]
-        return next((reason for failed, reason in checks if failed), None)
+        return first_reason(checks)
 
     @classmethod
     def why_not_by_default(cls, encoding, setting: Setting) -> str | None:
@@ -252,40 +242,22 @@ class Flex(Backend):
             return "a window, which it serves slower than the chunked path on the CPU"
         return None
 
-    def why_not_now(self, inputs) -> str | None:
-        """None when this forward takes FlexAttention, else why it takes the fallback."""
+    def why_not_served(self, inputs) -> str | None:
         q, k = inputs.q, inputs.k
         cuda = q.device.type == "cuda"
         shortest = CUDA_MIN_LENGTH if cuda else MIN_LENGTH
-        checks = [
-            (self.failure is not None, f"compiling FlexAttention failed for this model view ({self.failure})"),
-            (not inputs.causal or inputs.kv_cache is not None, "a KV cache or a non-causal forward"),
+        blocked = first_reason([
             (q.shape[2] != k.shape[2] or q.shape[2] < shortest,
              f"shorter than {shortest} tokens" + ("" if cuda else ", where compiling for each shape does not pay")),
             (not cuda and inputs.encoding.flex_kind == "distance" and q.shape[0] != 1,
              "several sequences, between which the chunked path shares each chunk's bias"),
-        ]
-        blocked = next((reason for failed, reason in checks if failed), None)
-        if blocked is None and not consecutive(inputs.state):
+        ])
+        if blocked is None and not consecutive(inputs.state):  # last: it reads the positions
             blocked = "positions that are not consecutive"
         return blocked
 
-    def attend(self, layer, inputs) -> torch.Tensor:
-        self.latest = self.why_not_now(inputs)
-        if self.latest is None:
-            out = attention(inputs.q, inputs.k, inputs.v, inputs.encoding, inputs.state, layer.layer_index,
-                            layer.window)
-            if out is not None:
-                return out
-            self.failure = _kernel_for(inputs.encoding).last_failure or "see the warning"
-            self.latest = f"compiling FlexAttention failed for this model view ({self.failure})"
-        return self.fallback.attend(layer, inputs)
+    def compute(self, layer, inputs) -> torch.Tensor | None:
+        return attention(inputs.q, inputs.k, inputs.v, inputs.encoding, inputs.state, layer.layer_index, layer.window)
 
-    def describe(self) -> str:
-        if self.latest is None:
-            return super().describe()
-        return f"{self.fallback.describe()}; not flex: {self.latest}"
-
-
-def _kernel_for(encoding: Any) -> Compiled:
-    return {"clipped": _far_kernel, "separable": _separable_kernel}.get(encoding.flex_kind, _kernel)
+    def kernel(self, inputs) -> Compiled:
+        return {"clipped": _far_kernel, "separable": _separable_kernel}.get(inputs.encoding.flex_kind, _kernel)

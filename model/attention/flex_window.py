@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from model.attention.backend import DECODE, Backend, Setting
+from model.attention.backend import DECODE, FallbackBackend, Setting, first_reason
 from model.attention.flex import block_mask
 from model.compiled import Compiled
 from model.encodings.base import FUSED
@@ -30,22 +30,12 @@ _kernel = Compiled(_windowed, "FlexAttention (a sliding window)",
                    "this model view continues on the chunked backend (model/attention/flex_window.py)", remember=False)
 
 
-class FlexWindow(Backend):
+class FlexWindow(FallbackBackend):
     name = "flex_window"
-
-    needs_fallback = True
-
-    def __init__(self, reason: str, fallback: Backend | None = None, **options: Any) -> None:
-        super().__init__(reason)
-        if fallback is None:
-            raise ValueError("flex_window needs a fallback for the forwards it does not serve")
-        self.fallback = fallback
-        self.failure: str | None = None
-        self.latest: str | None = None  # why the latest forward took the fallback (None: it took FlexAttention)
 
     @classmethod
     def why_not(cls, encoding, setting: Setting) -> str | None:
-        checks = [
+        return first_reason([
             (encoding.attention != FUSED, "the encoding adds to the scores (the flex backend serves biases)"),
             (not setting.window, "no sliding window in this layer"),
             (setting.chunk, "an attention chunk, not a window"),
@@ -56,28 +46,18 @@ class FlexWindow(Backend):
             (setting.device == "cpu" and setting.grad,
              "gradients are wanted, and torch has no FlexAttention backward on the CPU"),
             (setting.dtype != torch.float32, f"{str(setting.dtype).removeprefix('torch.')}; it serves float32"),
-        ]
-        return next((reason for failed, reason in checks if failed), None)
+        ])
 
-    def attend(self, layer, inputs) -> torch.Tensor:
+    def why_not_served(self, inputs) -> str | None:
+        return first_reason([
+            (inputs.q.shape[2] != inputs.k.shape[2], "queries that are not the keys"),
+            (inputs.q.shape[-1] != inputs.v.shape[-1], "queries and keys wider than the values"),
+        ])
+
+    def compute(self, layer, inputs) -> torch.Tensor | None:
         q, k, v = inputs.q, inputs.k, inputs.v
-        checks = [
-            (self.failure is not None, f"compiling FlexAttention failed for this model view ({self.failure})"),
-            (not inputs.causal or inputs.kv_cache is not None, "a KV cache or a non-causal forward"),
-            (q.shape[2] != k.shape[2], "queries that are not the keys"),
-            (q.shape[-1] != v.shape[-1], "queries and keys wider than the values"),
-        ]
-        self.latest = next((reason for failed, reason in checks if failed), None)
-        if self.latest is None:
-            out = _kernel(q, k, v, block_mask(q.shape[2], q.device, window=layer.window), layer.score_scale,
-                          k.shape[1] != q.shape[1])
-            if out is not None:
-                return out
-            self.failure = _kernel.last_failure or "see the warning"
-            self.latest = f"compiling FlexAttention failed for this model view ({self.failure})"
-        return self.fallback.attend(layer, inputs)
+        return _kernel(q, k, v, block_mask(q.shape[2], q.device, window=layer.window), layer.score_scale,
+                       k.shape[1] != q.shape[1])
 
-    def describe(self) -> str:
-        if self.latest is None:
-            return super().describe()
-        return f"{self.fallback.describe()}; not flex_window: {self.latest}"
+    def kernel(self, inputs) -> Compiled:
+        return _kernel

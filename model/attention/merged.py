@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from model.attention.backend import Backend, Setting
+from model.attention.backend import Backend, Setting, first_reason
 from model.attention.chunks import chunks, effective_window, expand_kv_heads
 from model.attention.explicit import encoded_passes
 from model.encodings.base import FUSED
@@ -53,7 +53,7 @@ class Merged(Backend):
             (setting.observed or setting.dropout, "a diagnostic reads the probabilities, or dropout"),
             (not available(), "this torch has no fused CPU kernel that returns the log-sum-exp"),
         ]
-        return next((reason for failed, reason in checks if failed), None)
+        return first_reason(checks)
 
     def attend(self, layer, inputs) -> torch.Tensor:
         k, v = expand_kv_heads(inputs, inputs.q.shape[1])
