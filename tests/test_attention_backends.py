@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import model.attention.flex as flex
 from errors import ConfigError
 from model.attention.backend import DECODE, EVALUATE, TRAIN, Inputs, Setting
 from model.attention.registry import BACKENDS, EXPLICIT, FLEX, MERGED, SDPA, SDPA_MASK, choose, describe
@@ -38,6 +39,7 @@ EXPECTED = {
     "asentmax": (EXPLICIT, EXPLICIT, EXPLICIT),  # weights of its own (alpha-entmax) instead of softmax
     "pope": (SDPA, SDPA, SDPA),  # queries and keys in polar form, twice as wide as the values, no bias
     "fope": (SDPA, SDPA, SDPA),  # queries and keys turned by Fourier series, no bias
+    "decoupled": (SDPA, SDPA, SDPA),  # queries and keys widened by a rotary part (DeepSeek's MLA), no bias
 }
 
 
@@ -91,6 +93,19 @@ def test_each_rule_decides_and_says_why():
     assert choose(t5, setting(mode=TRAIN)).name == EXPLICIT
     assert choose(t5, setting(mode=TRAIN, device="cuda")).name == SDPA_MASK
     assert choose(alibi, setting(mode=DECODE)).reason.endswith("a KV cache")
+
+
+def test_whether_positions_are_consecutive_is_computed_once_per_state(monkeypatch):
+    """Every layer of a forward asks about the same encoding state: the first computes the answer, the others read
+    it; another state (the next forward's, or one with other positions) is asked again."""
+    compared = []
+    equal = torch.equal
+    monkeypatch.setattr(flex.torch, "equal", lambda a, b: compared.append(1) or equal(a, b))
+    forward, other = inputs().state, inputs(consecutive=False).state
+    assert [flex.consecutive(forward) for _ in range(4)] == [True] * 4 and len(compared) == 1
+    assert not flex.consecutive(other) and flex.consecutive(forward) and len(compared) == 3
+    forward.queries = forward.keys = forward.queries * 2  # other positions in the same state: asked again
+    assert not flex.consecutive(forward) and len(compared) == 4
 
 
 def test_a_named_backend_is_taken_where_it_serves_and_the_rules_elsewhere_say_why():

@@ -44,6 +44,7 @@ where it serves) keeps a model off it.
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any
 
 import torch
@@ -54,16 +55,27 @@ from model.compiled import Compiled
 MIN_LENGTH = 512  # shorter forwards keep the chunked path
 CUDA_MIN_LENGTH = 128  # on CUDA (model.attention_backend = "flex"): one FlexAttention block; not measured yet
 _block_masks: dict[tuple[int, str, int, int], Any] = {}
+# The latest encoding state consecutive() answered for, with its positions (weak references: they die with their
+# forward), and the answer
+_latest: tuple[weakref.ref, weakref.ref, weakref.ref, bool] | None = None
 
 
 def consecutive(state: Any) -> bool:
     """Whether the positions of `state` let the bias be a table indexed by i - j: the keys are the queries, and
-    they are consecutive."""
+    they are consecutive. An encoding prepares its state once per forward (model/transformer.py), and the layers
+    that share it (each layer of ALiBi, T5, KERPLE, Shaw) ask about it in turn: the answer for the latest state is
+    kept, so that it is computed once per forward."""
+    global _latest
     if not hasattr(state, "queries"):
         return False
     queries, keys = state.queries, state.keys
-    return queries.shape == keys.shape and bool(torch.equal(queries, keys)) and \
+    latest = _latest
+    if latest is not None and latest[0]() is state and latest[1]() is queries and latest[2]() is keys:
+        return latest[3]
+    answer = queries.shape == keys.shape and bool(torch.equal(queries, keys)) and \
         bool((queries[:, 1:] - queries[:, :-1] == 1).all())
+    _latest = (weakref.ref(state), weakref.ref(queries), weakref.ref(keys), answer)
+    return answer
 
 
 def distance_table(q: torch.Tensor, encoding: Any, state: Any, layer: int) -> torch.Tensor:
