@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny configs, and a small prepared corpus built offline from a few stdlib files."""
+"""Shared fixtures: tiny configs, cached decoding in steps, and a small prepared corpus built offline from a few stdlib
+files."""
 from __future__ import annotations
 
 import os
@@ -10,6 +11,7 @@ from hypothesis import HealthCheck, settings
 
 from data.sources import stdlib_files
 from model.config import ModelConfig
+from model.kv_cache import KVCache
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -32,6 +34,17 @@ def micro_config(**overrides) -> ModelConfig:
     values = dict(vocab_size=97, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=32)
     values.update(overrides)
     return ModelConfig(**values)
+
+
+def decode_in_steps(model, tokens: torch.Tensor, steps, cache=None) -> torch.Tensor:
+    """The logits (batch, time, vocab) of `tokens` (batch, time) fed to `model` through a KV cache in pieces, to
+    compare with a full forward: the tokens before each of `steps` (e.g. (7, 12): tokens 0-6, then 7-11), then the
+    rest one at a time. `cache`: a KVCache of the tokens' length by default. Runs in the caller's grad mode."""
+    batch, time = tokens.shape
+    if cache is None:
+        cache = KVCache.for_model(model.config, batch_size=batch, max_len=time)
+    ends = [*steps, *range((steps[-1] if steps else 0) + 1, time + 1)]
+    return torch.cat([model(tokens[:, start:end], kv_cache=cache)[0] for start, end in zip([0, *ends], ends)], dim=1)
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,7 @@ import torch
 
 from errors import ConfigError
 from model import KVCache, StaticKVCache, Transformer
-from tests.conftest import micro_config
+from tests.conftest import decode_in_steps, micro_config
 
 CHUNK = 12
 
@@ -35,10 +35,8 @@ def test_cached_decoding_equals_a_full_forward(position, cache_type):
     idx = torch.randint(0, 97, (2, 40))
     with torch.no_grad():
         full = model(idx)[0]
-        cache = cache_type.for_model(model.config, 2, 48)
-        steps = [model(idx[:, :7], kv_cache=cache)[0]]
-        steps += [model(idx[:, t:t + 1], kv_cache=cache)[0] for t in range(7, 40)]
-    assert (torch.cat(steps, dim=1) - full).abs().max() < 1e-4
+        steps = decode_in_steps(model, idx, (7,), cache_type.for_model(model.config, 2, 48))
+    assert (steps - full).abs().max() < 1e-4
 
 
 def test_sixteen_times_the_trained_length_takes_the_chunked_backends():

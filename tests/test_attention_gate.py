@@ -7,7 +7,7 @@ import torch
 
 from errors import ConfigError
 from model import KVCache, Transformer
-from tests.conftest import micro_config
+from tests.conftest import decode_in_steps, micro_config
 
 
 def test_the_gate_matches_qwen3_nexts_attention():
@@ -70,10 +70,8 @@ def test_cached_decoding_equals_a_full_forward_with_the_gate(position):
     idx = torch.randint(0, 97, (2, 30))
     with torch.no_grad():
         full = model(idx)[0]
-        cache = KVCache.for_model(model.config, 2, 32)
-        steps = [model(idx[:, :5], kv_cache=cache)[0]] + [model(idx[:, t:t + 1], kv_cache=cache)[0]
-                                                          for t in range(5, 30)]
-    assert (torch.cat(steps, dim=1) - full).abs().max() < 1e-4
+        steps = decode_in_steps(model, idx, (5,), KVCache.for_model(model.config, 2, 32))
+    assert (steps - full).abs().max() < 1e-4
     assert "layers.0.attention.gate_proj.weight" in dict(model.named_parameters())
     assert "layers.1.attention.gate_proj.weight" not in dict(model.named_parameters())
 

@@ -9,7 +9,7 @@ from errors import ConfigError
 from model import KVCache, StaticKVCache, Transformer
 from model.attention_methods import ATTENTION_METHODS, method_context
 from model.encodings.rotary import RoPE
-from tests.conftest import micro_config
+from tests.conftest import decode_in_steps, micro_config
 
 
 def with_methods(model, methods):
@@ -200,10 +200,8 @@ def test_cached_decoding_equals_the_methods_own_full_forward(methods, position, 
     model = Transformer(micro_config(position=position, max_seq_len=8, attention_methods=methods, **hybrid)).eval()
     idx = torch.randint(0, 97, (2, 24))
     full = model(idx)[0]
-    cache = cache_type.for_model(model.config, 2, 24)
-    steps = [model(idx[:, :9], kv_cache=cache)[0]] + [model(idx[:, t : t + 1], kv_cache=cache)[0]
-                                                      for t in range(9, 24)]
-    assert (torch.cat(steps, dim=1) - full).abs().max() < 1e-4
+    steps = decode_in_steps(model, idx, (9,), cache_type.for_model(model.config, 2, 24))
+    assert (steps - full).abs().max() < 1e-4
     alone = torch.cat([model(idx[r : r + 1])[0] for r in range(2)])
     assert (alone - full).abs().max() < 1e-5
 
@@ -253,10 +251,8 @@ def test_sinks_refuse_fire_whose_normaliser_uses_the_query_position():
 def test_a_multi_token_chunk_after_a_cached_prefix_equals_the_full_forward(methods):
     model = Transformer(micro_config(position="rope", max_seq_len=8, attention_methods=methods)).eval()
     idx = torch.randint(0, 97, (2, 30))
-    cache = KVCache.for_model(model.config, 2, 30)
-    chunks = [model(idx[:, :7], kv_cache=cache)[0], model(idx[:, 7:19], kv_cache=cache)[0],
-              model(idx[:, 19:], kv_cache=cache)[0]]
-    assert (torch.cat(chunks, dim=1) - model(idx)[0]).abs().max() < 1e-4
+    chunks = decode_in_steps(model, idx, (7, 19, 30))
+    assert (chunks - model(idx)[0]).abs().max() < 1e-4
 
 
 @torch.no_grad()

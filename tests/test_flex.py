@@ -6,12 +6,12 @@ import pytest
 import torch
 
 import model.attention.flex as flex
-from model import KVCache, Transformer
+from model import Transformer
 from model.attention.backend import Inputs
 from model.attention.masked import Masked
 from model.compiled import Compiled
 from model.encodings.base import EXPLICIT
-from tests.conftest import micro_config
+from tests.conftest import decode_in_steps, micro_config
 
 LENGTH = 150  # not a multiple of flex's 128-row blocks
 
@@ -148,12 +148,10 @@ def test_cached_decoding_equals_a_full_forward_that_takes_flex(position, flex_ca
     full = logits(model, idx)
     assert flex_calls
     flex_calls.clear()
-    cache = KVCache.for_model(model.config, batch_size=1, max_len=LENGTH)
     with torch.inference_mode():
-        pieces = [model(idx[:, :100], kv_cache=cache)[0]]
-        pieces += [model(idx[:, t:t + 1], kv_cache=cache)[0] for t in range(100, LENGTH)]
+        pieces = decode_in_steps(model, idx, (100,))
     assert not flex_calls  # a cache: the chunked path
-    assert (torch.cat(pieces, dim=1) - full).abs().max() < 1e-4
+    assert (pieces - full).abs().max() < 1e-4
 
 
 @pytest.mark.parametrize("position, kernel, function", [("alibi", "_kernel", flex._flex),

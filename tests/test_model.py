@@ -6,7 +6,7 @@ import torch
 
 from errors import ConfigError
 from model import IGNORE_INDEX, KVCache, ModelConfig, StaticKVCache, Transformer
-from tests.conftest import micro_config
+from tests.conftest import decode_in_steps, micro_config
 
 
 def test_shapes_and_parameter_count():
@@ -60,10 +60,9 @@ def test_kv_cache_decoding_equals_full_forward(layout, n_kv_heads):
     with torch.no_grad():
         full, _ = model(idx)
         cache = KVCache.for_model(config, batch_size=2, max_len=20)
-        pieces = [model(idx[:, :7], kv_cache=cache)[0], model(idx[:, 7:12], kv_cache=cache)[0]]
-        pieces += [model(idx[:, t : t + 1], kv_cache=cache)[0] for t in range(12, 20)]
+        pieces = decode_in_steps(model, idx, (7, 12), cache)
     assert cache.length == 20
-    assert (torch.cat(pieces, dim=1) - full).abs().max() < 1e-4
+    assert (pieces - full).abs().max() < 1e-4
 
 
 @pytest.mark.parametrize("cache_type", [KVCache, StaticKVCache])

@@ -13,6 +13,7 @@ from model.config import ModelConfig
 from model.kv_cache import KVCache, StaticKVCache
 from model.random_positions import sample_positions, sorted_subset
 from model.transformer import Transformer
+from tests.conftest import decode_in_steps
 
 SHAPE = dict(vocab_size=61, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16)
 
@@ -88,12 +89,11 @@ def test_cached_decoding_equals_the_full_forward_at_the_same_positions(cache_typ
     idx = torch.randint(0, 61, (2, 20), generator=torch.Generator().manual_seed(7))
     cache = cache_type.for_model(model.config, batch_size=2, max_len=24)
     with torch.no_grad():
-        steps = [model(idx[:, :8], kv_cache=cache)[0]]
-        steps += [model(idx[:, t : t + 1], kv_cache=cache)[0] for t in range(8, 20)]
+        steps = decode_in_steps(model, idx, (8,), cache)
         full, _ = model(idx, positions=cache.position_plan[:, :20])
     plan = cache.position_plan
     assert plan.shape == (2, 24) and (plan.diff(dim=-1) > 0).all() and int(plan.max()) < 64
-    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
+    assert torch.allclose(steps, full, atol=1e-5)
 
 
 @pytest.mark.parametrize("position", ["none", "fox", "stickbreaking", "cope", "path"])

@@ -7,7 +7,7 @@ import torch
 from errors import ConfigError
 from model import KVCache, StaticKVCache, Transformer
 from model.attention.registry import choose
-from tests.conftest import micro_config
+from tests.conftest import decode_in_steps, micro_config
 
 
 def test_the_sinks_match_gpt_oss_attention():
@@ -78,10 +78,8 @@ def test_cached_decoding_equals_a_full_forward(cache_type):
             layer.attention.sink_logits.normal_(0.0, 2.0)
         idx = torch.randint(0, 97, (2, 30))
         full = model(idx)[0]
-        cache = cache_type.for_model(model.config, 2, 32)
-        steps = [model(idx[:, :5], kv_cache=cache)[0]] + [model(idx[:, t:t + 1], kv_cache=cache)[0]
-                                                          for t in range(5, 30)]
-    assert (torch.cat(steps, dim=1) - full).abs().max() < 1e-4
+        steps = decode_in_steps(model, idx, (5,), cache_type.for_model(model.config, 2, 32))
+    assert (steps - full).abs().max() < 1e-4
 
 
 def test_what_it_cannot_take_is_refused_by_name():
