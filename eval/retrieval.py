@@ -16,10 +16,11 @@ import sys
 from pathlib import Path
 
 from commands import add_device, add_out, comma_list, command_parser, parse
+from data.tasks import EVAL_SEED, Task, get_task
 from errors import ConfigError, cli_command
 from eval.extrapolation import parse_lengths, resolve_length
 from eval.inference_methods import NONE, method_spec
-from eval.task_generators import EVAL_SEED, Task, evaluate, get_task
+from eval.task_score import evaluate
 from model.checkpoint import load_model, trained_length
 from model.runtime import configure_runtime, resolve_device
 from model.transformer import Transformer

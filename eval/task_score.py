@@ -7,7 +7,7 @@ settings changed for the evaluation only.
 A model setting given as --model.KEY=VALUE replaces the checkpoint's for this scoring: an evaluation-time option
 (dape's mlp_bias_clip, random_positions_draw, an attention method's parameters) answers a question about a trained
 model without training it again. A setting that changes the weights' shapes is refused when the weights are loaded.
-The sequences are those experiments.tasks scores (eval/task_generators.py, the evaluation seed), so the scores of an
+The sequences are those experiments.tasks scores (data/tasks.py, the evaluation seed), so the scores of an
 unchanged checkpoint equal the suite's.
 """
 from __future__ import annotations
@@ -21,13 +21,35 @@ from pathlib import Path
 import torch
 
 from commands import comma_list, command_parser
+from data.tasks import EVAL_SEED, TASKS, Task, TaskBatch, get_task
 from errors import ConfigError
 from eval.stats import rate_over_seeds
-from eval.task_generators import TASKS, evaluate, get_task
 from model.checkpoint import load_config, load_weights_into, trained_length
 from model.config import ModelConfig
 from model.fields import parse_override_value, set_dotted
 from model.transformer import Transformer
+
+
+@torch.inference_mode()
+def score(logits: torch.Tensor, batch: TaskBatch) -> dict[str, float]:
+    """Exact match (every answer of a sequence right) and token accuracy over the answers, from teacher-forced
+    logits (n, length - 1, vocab)."""
+    right = (logits.argmax(-1) == batch.targets) | ~batch.answers
+    answered = batch.answers.sum()
+    token_accuracy = float(((logits.argmax(-1) == batch.targets) & batch.answers).sum() / answered.clamp(min=1))
+    return {"exact_match": float(right.all(dim=1).float().mean()), "token_accuracy": token_accuracy}
+
+
+@torch.inference_mode()
+def evaluate(model: Transformer, task: Task, length: int, count: int, seed: int | list[int] = EVAL_SEED,
+             distance: int | None = None) -> dict[str, float]:
+    """Exact match and token accuracy on `count` sequences of `length` from `seed` (on the model's device); with a
+    `distance`, sequences whose answers lie that far before their queries (retrieval tasks)."""
+    model.eval()
+    batch = task.batch(seed, count, length, distance=distance)
+    device = next(model.parameters()).device
+    logits = torch.cat([model(batch.inputs[first : first + 64].to(device))[0].cpu() for first in range(0, count, 64)])
+    return score(logits, batch)
 
 
 def configured(folder: str, overrides: list[str]) -> ModelConfig:

@@ -1,5 +1,5 @@
 """Length-generalisation tasks: train a small model per task, encoding and seed on a synthetic task at length L (loss
-on the answers only), then score exact match at 1x, 2x, 4x and 8x L on fresh sequences (eval/task_generators.py).
+on the answers only), then score exact match at 1x, 2x, 4x and 8x L on fresh sequences (data/tasks.py).
 
     python -m experiments.tasks --out runs/tasks      # the suite: copy and flipflop x rope, alibi, none, sinusoidal x 3 seeds
     python -m experiments.tasks --tasks flipflop --encodings rope,none --seeds 1 --until 0 --train.max_steps=1000 --out runs/ff
@@ -40,12 +40,13 @@ import torch
 
 from commands import add_out, comma_list, command_parser, renamed
 from data.batches import IGNORE_INDEX
+from data.tasks import EVAL_SEED, TASKS, Task, TaskBatch, get_task
 from errors import ConfigError, cli_command
 from eval import figures
 from eval.inference_methods import NONE, applies, check_methods, label
 from eval.retrieval import retrieval_grid
 from eval.stats import Estimate, rate_over_seeds, t_interval
-from eval.task_generators import EVAL_SEED, TASKS, Task, TaskBatch, evaluate, get_task
+from eval.task_score import evaluate
 from experiments.jobs import comparable, die_with_parent, job_output, saved_run_config, worker_layout
 from model.checkpoint import load_model, load_trainer_state
 from model.encodings import POSITION_ENCODINGS
@@ -250,7 +251,7 @@ def rate_record(metric: str, values: list[float], count: int | None, threshold: 
 
 def aggregate_grid(grids: list[dict], count: int | None = None,
                    threshold: float | None = DEFAULT_UNTIL) -> dict[str, dict[str, dict]]:
-    """The seeds' retrieval grids (eval/task_generators.py retrieval_grid, in seed order) as one: per cell, each
+    """The seeds' retrieval grids (eval/retrieval.py retrieval_grid, in seed order) as one: per cell, each
     metric of the model ("full") and of its window control ("window") over seeds (rate_record: `count` sequences
     per cell, `threshold` for "k of n seeds"), and their difference full - window paired by seed ("difference", a
     t interval on the per-seed differences)."""

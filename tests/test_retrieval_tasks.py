@@ -5,9 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from errors import ConfigError
-from eval.retrieval import grid_cells, retrieval_grid, window_control
-from eval.task_generators import (
+from data.tasks import (
     BOS,
     FILLER0,
     KEYS,
@@ -15,10 +13,12 @@ from eval.task_generators import (
     QUERY0,
     TASKS,
     VALUES,
-    evaluate,
     make_mqar_at,
     make_niah_at,
 )
+from errors import ConfigError
+from eval.retrieval import grid_cells, retrieval_grid, window_control
+from eval.task_score import evaluate
 from model.transformer import Transformer
 from tests.conftest import micro_config
 

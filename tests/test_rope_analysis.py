@@ -1,9 +1,10 @@
-"""Each numerical claim of eval.rope_analysis, with a tolerance that can fail (and a control that differs)."""
+"""Each numerical claim of scripts.rope_analysis, with a tolerance that can fail (and a control that differs)."""
 import math
 
 import torch
 
-from eval.rope_analysis import (
+from model.rope import yarn_correction_range
+from scripts.rope_analysis import (
     abel_bound,
     equivalences,
     frequency_map,
@@ -14,7 +15,6 @@ from eval.rope_analysis import (
     relative_scores,
     rotate,
 )
-from model.rope import yarn_correction_range
 
 
 def test_nope_is_permutation_equivariant_and_rope_is_not():

@@ -6,9 +6,10 @@ import json
 import pytest
 import torch
 
+from data.tasks import get_task
 from errors import CheckpointError, ConfigError
 from eval import task_score
-from eval.task_generators import evaluate, get_task
+from eval.task_score import evaluate
 from model import Transformer
 from model.checkpoint import save_checkpoint
 from tests.conftest import micro_config

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
+from data.tasks import BOS, READ, SEP, TASKS, WRITE, ZERO, get_task
 from errors import ConfigError
-from eval.task_generators import BOS, READ, SEP, TASKS, WRITE, ZERO, get_task, score
+from eval.task_score import score
 
 LENGTHS = [16, 33, 64, 257]
 
@@ -114,7 +115,7 @@ def test_the_suite_trains_each_encoding_on_answers_only_and_scores_each_length(t
     tokens only."""
     import json
 
-    from eval.task_generators import TASKS as tasks
+    from data.tasks import TASKS as tasks
     from experiments.tasks import TaskBatches, main
 
     inputs, targets = TaskBatches(tasks["copy"], 16, 4, 0, 1).train_batch(3)
