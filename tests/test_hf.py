@@ -112,7 +112,7 @@ def test_interleaved_and_ntk_round_trip_to_equivalent_models(tokenizer, tmp_path
 
 @pytest.mark.parametrize("position", ["alibi", "t5", "shaw", "sinusoidal", "learned", "none", "fire", "kerple",
                                       "xpos", "cope", "ssmax", "fox", "stickbreaking", "dape",
-                                      "path", "asentmax", "pope", "fope"])
+                                      "path", "asentmax", "pope", "fope", "decoupled"])
 def test_encodings_llama_cannot_express_are_refused(position, tokenizer, tmp_path, capsys):
     make_checkpoint(tmp_path / "ours", tokenizer, position=position)
     assert export_main(["--checkpoint", str(tmp_path / "ours"), "--out", str(tmp_path / "hf")]) == 2

@@ -15,7 +15,7 @@ from tests.conftest import micro_config
 
 ENCODINGS = ["rope", "alibi", "t5", "shaw", "sinusoidal", "learned", "none", "fire", "kerple", "xpos", "cope",
              "ssmax", "fox", "stickbreaking", "dape", "path", "asentmax",
-             "pope", "fope"]
+             "pope", "fope", "decoupled"]
 # RoPE variants and layer hybrids (model.position_layers, model.attention_window) run the same battery.
 HYBRIDS = [
     dict(position="rope", position_args={"rope": {"fraction": 0.5}}),  # partial rotary
@@ -25,6 +25,8 @@ HYBRIDS = [
     dict(position="alibi", attention_window=[5]),  # a sliding window on a bias encoding
     dict(position="kerple", position_layers=["kerple", "xpos"]),  # two learned encodings in one model
     dict(position="pope", position_layers=["pope", "none"], attention_window=[5, 0]),  # 2d-wide q, k in chunks
+    dict(position="decoupled", position_layers=["decoupled", "none"], attention_window=[5, 0],
+         position_args={"decoupled": {"rope_dim": 4}}),  # DeepSeek's rotary part beside NoPE layers, in chunks
     dict(position="rope", qk_norm=[True]),  # QK-norm in every layer
     dict(position="rope", position_layers=["rope", "none"], attention_window=[6, 0], qk_norm=[True, False]),  # a
     # QK-norm hybrid: windowed RoPE layers normalised, global NoPE layers not
@@ -65,9 +67,9 @@ def variant_id(variant):
 
 def test_registry_holds_every_encoding_and_unknown_names_list_them():
     assert sorted(POSITION_ENCODINGS) == sorted(ENCODINGS)
-    with pytest.raises(ConfigError, match=r"valid names are \['alibi', 'asentmax', 'cope', 'dape', 'fire', 'fope', "
-                                          r"'fox', 'kerple', 'learned', 'none', 'path', 'pope', 'rope', 'shaw', "
-                                          r"'sinusoidal', "
+    with pytest.raises(ConfigError, match=r"valid names are \['alibi', 'asentmax', 'cope', 'dape', 'decoupled', "
+                                          r"'fire', 'fope', 'fox', 'kerple', 'learned', 'none', 'path', 'pope', "
+                                          r"'rope', 'shaw', 'sinusoidal', "
                                           r"'ssmax', 'stickbreaking', 't5', 'xpos'\]"):
         micro_config(position="nope")
 
@@ -127,7 +129,7 @@ def test_batch_equals_rows_alone(variant):
 # position, by design): T = 4096 here, past the shifted positions.
 RELATIVE = [dict(position="rope"), dict(position="alibi"), dict(position="t5"), dict(position="shaw"),
             dict(position="kerple"), dict(position="xpos"), dict(position="fire", position_args={"fire": {"threshold": 4096}}),
-            dict(position="pope")] + [
+            dict(position="pope"), dict(position="decoupled")] + [
     dict(position="rope", rope_scaling=s) for s in SCALED_ROPE if s["rope_type"] != "dynamic"
 ] + [variant for variant in HYBRIDS]
 

@@ -573,7 +573,7 @@ def test_bad_layer_and_variant_settings_are_named(overrides, message):
 @pytest.mark.parametrize("variant", [dict(position=name) for name in
                                      ["rope", "xpos", "alibi", "t5", "shaw", "kerple", "fire", "cope", "none",
                                       "ssmax", "fox", "stickbreaking", "dape", "path", "asentmax",
-                                      "pope", "fope"]]
+                                      "pope", "fope", "decoupled"]]
                          + [dict(position="rope", position_layers=["rope", "fire"], attention_window=[4, 0])])
 def test_a_model_cast_to_bfloat16_runs_and_keeps_float32_frequencies(variant):
     """model.to(bfloat16) (scripts.generate --dtype bfloat16) runs every encoding; RoPE's frequencies, xPos's decay

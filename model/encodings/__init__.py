@@ -24,6 +24,9 @@
                 content, phases from the position alone
     fope        Fourier series over RoPE's frequencies, those      fope.py
                 below 2 pi / L clipped
+    decoupled   DeepSeek's decoupled RoPE (MLA's position part):   decoupled.py
+                rotary q and one shared rotary key beside
+                position-free q, k
 
 The interface and its hooks: base.py. A new encoding is a file here that registers its class with
 `@register_encoding("name")`, plus its line in ENCODING_MODULES; nothing else in the model names it. Importing this package
@@ -41,7 +44,8 @@ if TYPE_CHECKING:
 
 # The files of model/encodings/ that register encodings, in the order of the registry (and of its listings).
 ENCODING_MODULES = ("none", "alibi", "t5", "shaw", "sinusoidal", "learned", "kerple", "fire", "cope", "rotary",
-                    "ssmax", "fox", "stickbreaking", "dape", "path", "asentmax", "pope", "fope")
+                    "ssmax", "fox", "stickbreaking", "dape", "path", "asentmax", "pope", "fope",
+                    "decoupled")
 
 POSITION_ENCODINGS: dict[str, type["PositionEncoding"]] = {}
 
