@@ -70,9 +70,6 @@ def check_plugins(config: "ModelConfig") -> None:
         if not readers or unable:
             raise ConfigError(f"model.rope_theta_layers and model.rope_scaling_layers set RoPE per layer for rope and "
                               f"xpos; this model's RoPE-like encodings are {readers or 'none'}")
-        if config.rope_scaling_layers and config.rope_scaling is None:
-            raise ConfigError("model.rope_scaling_layers says where model.rope_scaling applies, and model.rope_scaling "
-                              "is not set")
     if config.rope_scaling is not None:
         if "rope_scaling" not in POSITION_ENCODINGS[config.position].model_settings:
             readers = " or ".join(repr(name) for name, cls in POSITION_ENCODINGS.items()

@@ -4,9 +4,11 @@ evaluation tokens/s and peak memory at 1x and 16x the trained length, side by si
     python -m scripts.encoding_costs             # every encoding and hybrid; writes runs/bench/encoding_costs.{md,json}
     python -m scripts.encoding_costs --variants '[{"position": "fire"}, {"position": "rope", "attention_window": [64]}]'
     python -m scripts.encoding_costs --device cuda --flex-cuda   # on a GPU, FlexAttention on: encoding_costs-cuda-flex.*
+    python -m scripts.encoding_costs --recipes --shape '{"n_layers": 6, "dim": 128, "n_heads": 4, "n_kv_heads": 2,
+        "max_seq_len": 64}' --out runs/bench/recipes   # the recipes of 2025's models at the recipes preset's shape
 
-The shape is the full comparison preset's (dim 256, 4 layers, 8 heads, 4 KV heads, L = 256, vocabulary 4096),
-random weights and tokens, one torch thread (as one compare worker runs). Each variant runs in a fresh process, so
+The shape is the full comparison preset's (dim 256, 4 layers, 8 heads, 4 KV heads, L = 256, vocabulary 4096; --shape
+replaces any of these), random weights and tokens, one torch thread (as one compare worker runs). Each variant runs in a fresh process, so
 peaks do not mix:
   - evaluation: one forward (--eval-batch sequences, 1 by default; fp32, inference mode) of k x L tokens each, for
     each k of --lengths, shortest first;
@@ -42,6 +44,7 @@ import torch
 
 from commands import add_device, add_out, command_parser, parse
 from errors import ConfigError, cli_command
+from experiments.compare.recipes import RECIPES, expand
 from model.config import ModelConfig
 from model.runtime import configure_runtime, resolve_device
 from model.transformer import Transformer
@@ -59,10 +62,15 @@ DEFAULT_VARIANTS = [
     {"position": "rope", "attention_methods": [{"method": "sinks"}]},
 ]
 
+RECIPE_VARIANTS = [{"position": "rope"}, {"position": "alibi"}, {"position": "none"},
+                   *({"recipe": name} for name in RECIPES)]
+
 
 def label(settings: dict) -> str:
-    """'rope', 'rope, p 0.75', 'rope + rerope+logn', ...: the variant as the table names it (an encoding's own
-    settings by their names)."""
+    """'rope', 'rope, p 0.75', 'rope + rerope+logn', 'recipe-gemma3', ...: the variant as the table names it (an
+    encoding's own settings by their names)."""
+    if "recipe" in settings:
+        return f"recipe-{settings['recipe']}"
     methods = "+".join(m["method"] for m in settings.get("attention_methods", []))
     own = [f"{key} {value}" for args in settings.get("position_args", {}).values() for key, value in args.items()]
     rest = own + [f"{key} {value}" for key, value in settings.items()
@@ -83,13 +91,13 @@ def peak_mib(device: torch.device) -> float:
 
 
 def train_speed(settings: dict, batch: int, train_steps: int, repeats: int, compile_model: bool,
-                device: torch.device = CPU) -> dict:
+                device: torch.device = CPU, shape: dict = SHAPE) -> dict:
     """The train loop's step on random batches: median tokens/s over `repeats` runs, and the first step's time."""
     from scripts.bench import our_trainer  # the train loop's own step
 
-    tokens = batch * SHAPE["max_seq_len"]
+    tokens = batch * shape["max_seq_len"]
     with tempfile.TemporaryDirectory() as out_dir:
-        step, trainer = our_trainer({**SHAPE, **settings}, batch, compile_model, out_dir, device)
+        step, trainer = our_trainer({**shape, **settings}, batch, compile_model, out_dir, device)
         started = time.perf_counter()
         step()  # warm-up (compilation, when compiled)
         synchronize(device)
@@ -106,16 +114,18 @@ def train_speed(settings: dict, batch: int, train_steps: int, repeats: int, comp
 
 
 def measure(settings: dict, lengths: list[int], batch: int, train_steps: int, repeats: int,
-            compile_model: bool = False, eval_batch: int = 1, device: torch.device = CPU, flex: bool = False) -> dict:
+            compile_model: bool = False, eval_batch: int = 1, device: torch.device = CPU, flex: bool = False,
+            shape: dict = SHAPE) -> dict:
     """Evaluation at each multiple of L (shortest first), then training, in this process. The attention paths
     the model took are in the row (FlexAttention or the chunked path, and why)."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    built = {**settings, "attention_backend": "flex"} if flex else settings  # the model's settings
-    model = Transformer(ModelConfig(**{**SHAPE, **built})).eval().to(device)
+    built = expand(settings, shape)  # a recipe's settings at this shape
+    built = {**built, "attention_backend": "flex"} if flex else built  # the model's settings
+    model = Transformer(ModelConfig(**{**shape, **built})).eval().to(device)
     row: dict = {"settings": settings, "label": label(settings), "device": device.type}
     for multiple in sorted(lengths):
-        idx = torch.randint(0, SHAPE["vocab_size"], (eval_batch, multiple * SHAPE["max_seq_len"] + 1)).to(device)
+        idx = torch.randint(0, shape["vocab_size"], (eval_batch, multiple * shape["max_seq_len"] + 1)).to(device)
         times = []
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -132,10 +142,10 @@ def measure(settings: dict, lengths: list[int], batch: int, train_steps: int, re
         row[f"paths_{multiple}x"] = model.attention_paths()
     del model
     if train_steps:
-        row["train"] = train_speed(built, batch, train_steps, repeats, False, device)
+        row["train"] = train_speed(built, batch, train_steps, repeats, False, device, shape)
         if compile_model:
-            row["train_compiled"] = compiled = train_speed(built, batch, train_steps, repeats, True, device)
-            tokens = batch * SHAPE["max_seq_len"]
+            row["train_compiled"] = compiled = train_speed(built, batch, train_steps, repeats, True, device, shape)
+            tokens = batch * shape["max_seq_len"]
             eager_step, compiled_step = tokens / row["train"]["tokens_per_s"], tokens / compiled["tokens_per_s"]
             saved = eager_step - compiled_step
             compiled["break_even_steps"] = round((compiled["first_step_s"] - eager_step) / saved) if saved > 0 else -1
@@ -190,7 +200,11 @@ def table(rows: list[dict], lengths: list[int]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = command_parser("scripts.encoding_costs", __doc__)
-    parser.add_argument("--variants", help="a JSON list of model settings (default: every encoding and hybrid)")
+    parser.add_argument("--variants", help="a JSON list of model settings (default: every encoding and hybrid); a "
+                        'dict {"recipe": NAME} is a recipe of experiments/compare/recipes.py at the shape')
+    parser.add_argument("--recipes", action="store_true", help="the variants are rope, alibi, none and every recipe of "
+                        "2025's open models (experiments/compare/recipes.py), scaled to the shape")
+    parser.add_argument("--shape", help='JSON model settings over the default shape, e.g. {"n_layers": 6}')
     parser.add_argument("--lengths", default="1,16", help="evaluation lengths as multiples of L = 256")
     parser.add_argument("--batch", type=int, default=8, help="training sequences per step")
     parser.add_argument("--train-steps", type=int, default=4, help="training steps per timed run (0: no training)")
@@ -214,6 +228,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(build_parser(), argv)
     configure_runtime()  # the process's runtime switches, at start-up (model/runtime.py)
     device = resolve_device(args.device)
+    try:
+        given = json.loads(args.shape) if args.shape else {}
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"--shape must be a JSON dict of model settings ({error})") from error
+    if not isinstance(given, dict):
+        raise ConfigError(f'--shape must be a JSON dict of model settings, e.g. {{"n_layers": 6}}, got {given!r}')
+    shape = {**SHAPE, **given}
     if device.type not in ("cpu", "cuda"):
         raise ConfigError(f"--device {args.device}: encoding_costs times the CPU or a CUDA GPU, not {device.type}")
     try:
@@ -226,21 +247,24 @@ def main(argv: list[str] | None = None) -> int:
                           "--rounds >= 1")
     if args.one is not None:
         print(json.dumps(measure(json.loads(args.one), lengths, args.batch, args.train_steps, args.repeats,
-                                 args.compile, args.eval_batch, device, args.flex_cuda)), flush=True)
+                                 args.compile, args.eval_batch, device, args.flex_cuda, shape)), flush=True)
         return 0
     try:
-        variants = json.loads(args.variants) if args.variants else DEFAULT_VARIANTS
+        variants = json.loads(args.variants) if args.variants else \
+            RECIPE_VARIANTS if args.recipes else DEFAULT_VARIANTS
     except json.JSONDecodeError as error:
         raise ConfigError(f"--variants must be a JSON list of settings dicts ({error})") from error
-    if not isinstance(variants, list) or not all(isinstance(v, dict) and "position" in v for v in variants):
-        raise ConfigError('--variants must be a JSON list of settings dicts, each with a "position"')
+    if not isinstance(variants, list) or not all(isinstance(v, dict) and ("position" in v or "recipe" in v)
+                                                 for v in variants):
+        raise ConfigError('--variants must be a JSON list of settings dicts, each with a "position" or a "recipe"')
     from scripts.bench import rotating_rounds  # (bench imports transformers: only where it is used)
 
     measured: list[list[dict]] = [[] for _ in variants]
     for round_index, index in rotating_rounds(len(variants), args.rounds):
         settings = variants[index]
         result = subprocess.run([sys.executable, "-m", "scripts.encoding_costs", "--lengths", args.lengths,
-                                 "--batch", str(args.batch), "--train-steps", str(args.train_steps), "--repeats",
+                                 "--shape", json.dumps(shape), "--batch", str(args.batch), "--train-steps",
+                                 str(args.train_steps), "--repeats",
                                  str(args.repeats), "--eval-batch", str(args.eval_batch), "--device", device.type,
                                  *(["--compile"] if args.compile else []),
                                  *(["--flex-cuda"] if args.flex_cuda else []), "--one",
@@ -255,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "encoding_costs" + ("-cuda" if device.type == "cuda" else "") + ("-flex" if args.flex_cuda else "")
     named = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    (args.out / f"{stem}.json").write_text(json.dumps({"shape": SHAPE, "lengths": lengths, "batch": args.batch,
+    (args.out / f"{stem}.json").write_text(json.dumps({"shape": shape, "lengths": lengths, "batch": args.batch,
                                                        "device": named, "flex_cuda": args.flex_cuda,
                                                        "rounds": args.rounds, "rows": rows,
                                                        "all_rounds": measured}, indent=1) + "\n")

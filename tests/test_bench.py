@@ -114,3 +114,24 @@ def test_step_profile_splits_each_modes_step_by_kind(tmp_path):
         assert set(mode["by_kind_ms"]) == set(KINDS) and mode["wall_ms"] > 0
         assert mode["by_kind_ms"]["matmul"] > 0 and mode["by_kind_ms"]["attention"] > 0
     assert "| ours eager bf16 |" in (tmp_path / "step_profile-micro.md").read_text()
+
+
+def test_encoding_costs_times_a_recipe_at_a_shape_given_on_the_command_line(tmp_path):
+    """--shape replaces the default shape (in the parent and the measuring processes); a {"recipe": NAME} variant is
+    that recipe of experiments/compare/recipes.py scaled to the shape, labelled recipe-NAME."""
+    import json
+
+    from scripts.encoding_costs import SHAPE, main
+
+    before = dict(SHAPE)
+    shape = {"n_layers": 6, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "max_seq_len": 32, "vocab_size": 256}
+    assert main(["--variants", '[{"position": "rope"}, {"recipe": "gemma3"}]', "--shape", json.dumps(shape),
+                 "--lengths", "1,2", "--batch", "1", "--train-steps", "1", "--repeats", "1", "--rounds", "1",
+                 "--out", str(tmp_path)]) == 0
+    saved = json.loads((tmp_path / "encoding_costs.json").read_text())
+    assert saved["shape"] == {**before, **shape} and SHAPE == before
+    rope, gemma = saved["rows"]
+    assert gemma["label"] == "recipe-gemma3" and "error" not in gemma, gemma
+    assert gemma["eval_2x"]["tokens_per_s"] > 0 and gemma["train"]["tokens_per_s"] > 0
+    assert any("window" in path for path in gemma["paths_2x"].values()) or gemma["paths_2x"] != rope["paths_2x"]
+    assert main(["--shape", "[6]"]) == 2

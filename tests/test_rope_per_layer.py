@@ -6,6 +6,7 @@ import torch
 
 from errors import ConfigError
 from model import KVCache, StaticKVCache, Transformer
+from model.config import ModelConfig
 from tests.conftest import micro_config
 
 YARN = {"rope_type": "yarn", "factor": 4.0}
@@ -71,9 +72,25 @@ def test_the_settings_are_refused_where_nothing_reads_them():
         micro_config(position="alibi", rope_theta_layers=[1e4, 1e6])
     with pytest.raises(ConfigError, match=r"encodings are \['pope'\]"):
         micro_config(position="pope", rope_theta_layers=[1e4, 1e6])
-    with pytest.raises(ConfigError, match="rope_scaling_layers says where model.rope_scaling applies"):
-        micro_config(rope_scaling_layers=[False, True])
     with pytest.raises(ConfigError, match="rope_theta_layers must hold positive numbers"):
         micro_config(rope_theta_layers=[0, 1e6])
     with pytest.raises(ConfigError, match="rope_scaling_layers must hold true or false"):
         micro_config(rope_scaling=YARN, rope_scaling_layers=[1, 0])
+
+
+def test_the_layers_of_a_scaling_may_wait_for_an_inference_time_one():
+    """Gemma 3 trains without a scaling and applies one to its global layers only for long inputs: the layers are
+    saved with the model (a `default` scaling normalises to none, and the saved config loads again), and a scaling
+    an evaluation sets later (model.with_settings, as the inference-time methods do) reaches those layers only."""
+    model = Transformer(micro_config(rope_scaling={"rope_type": "default"}, rope_scaling_layers=[False, True])).eval()
+    saved = model.config.to_dict()
+    assert saved["rope_scaling"] is None and saved["rope_scaling_layers"] == [False, True]
+    again = Transformer(ModelConfig.from_dict(saved))
+    again.load_state_dict(model.state_dict())
+    idx = torch.randint(0, 64, (1, 24))
+    scaled = model.with_settings(rope_scaling=YARN)
+    everywhere = model.with_settings(rope_scaling=YARN, rope_scaling_layers=[])
+    with torch.no_grad():
+        assert torch.equal(again(idx)[0], model(idx)[0])
+        assert scaled.config.layer_rope_scaled() == [False, True]
+        assert (scaled(idx)[0] - everywhere(idx)[0]).abs().max() > 1e-4  # layer 0 keeps plain RoPE

@@ -15,6 +15,7 @@ from errors import ConfigError
 from eval.extrapolation import parse_lengths
 from eval.inference_methods import check_methods
 from eval.task_generators import TASKS
+from experiments.compare.recipes import RECIPES, expand
 from model.encodings import POSITION_ENCODINGS
 from model.fields import build_dataclass, check_field_types
 from train.config import RunConfig, build_run_config, parse_override_value, set_dotted
@@ -74,9 +75,14 @@ class CompareConfig:
         check_methods(self.methods)
         check_methods(self.snapshot_methods)  # applied where they are also among compare.methods
         for name, settings in self.variants.items():
-            if name in POSITION_ENCODINGS or not isinstance(settings, dict) or "position" not in settings:
+            if name in POSITION_ENCODINGS or not isinstance(settings, dict) or \
+                    ("position" not in settings) == ("recipe" not in settings):
                 raise ConfigError(f"compare.variants.{name}: a variant is a table of model settings that sets "
-                                  f"model.position, under a name that is not an encoding's; got {settings!r}")
+                                  f"model.position, or names a recipe ({sorted(RECIPES)}), under a name that is not "
+                                  f"an encoding's; got {settings!r}")
+            if settings.get("recipe", sorted(RECIPES)[0]) not in RECIPES:
+                raise ConfigError(f"compare.variants.{name}: recipe {settings['recipe']!r} is not one of "
+                                  f"{sorted(RECIPES)}")
         valid = sorted(POSITION_ENCODINGS) + sorted(self.variants)
         unknown = [name for name in self.encodings if name not in valid]
         if unknown or not self.encodings:
@@ -122,8 +128,8 @@ class CompareConfig:
         """The model settings that make `name` (an encoding or a variant) differ from the shared [model] settings
         `shared`: a variant's own, and the position_args of the encodings it uses, from `shared` and then from the
         variant (an encoding's settings in the shared [model] reach the runs of that encoding only)."""
-        own = copy.deepcopy(self.variants.get(name, {"position": name}))
         shared = shared or {}
+        own = copy.deepcopy(expand(self.variants.get(name, {"position": name}), shared))
         args = copy.deepcopy(shared.get("position_args", {}))
         for encoding, settings in own.pop("position_args", {}).items():
             args[encoding] = {**args.get(encoding, {}), **settings}
@@ -136,7 +142,9 @@ class CompareConfig:
         return {**copy.deepcopy(shared or {}), **copy.deepcopy(self.train_settings.get(name, {}))}
 
     def position_of(self, name: str) -> str:
-        return self.model_settings(name)["position"]
+        variant = self.variants.get(name, {"position": name})
+        # a recipe's encoding does not depend on the shape: any shape its layer pattern fits names it
+        return expand(variant, {"n_layers": 12, "max_seq_len": 1024})["position"]
 
 
 def run_model(shared: dict, settings: dict) -> dict:
