@@ -86,3 +86,21 @@ if __name__ == "__main__":  # rewrite the expected text from the saved state (af
         (FIXTURE / "report.md").write_text(report_markdown(state))
         (FIXTURE / "table.md").write_text(tables_markdown(state))
     sys.exit(0)
+
+
+def test_every_papers_claim_names_what_a_comparison_can_train():
+    """Each claim of NEWER_CLAIMS compares two rows a comparison makes: an encoding or a variant of
+    configs/compare.toml, optionally under an inference-time method (NAME+METHOD)."""
+    import tomllib
+
+    from eval.inference_methods import METHODS
+    from experiments.compare.findings import NEWER_CLAIMS
+    from model.encodings import POSITION_ENCODINGS
+
+    variants = tomllib.loads((ROOT / "configs/compare.toml").read_text())["compare"]["variants"]
+    for claim in NEWER_CLAIMS:
+        for row in claim[:2]:
+            name, _, method = row.partition("+")
+            assert name in POSITION_ENCODINGS or name in variants, claim
+            assert not method or method in METHODS, claim
+        assert claim[2] in ("1x", "longest") and claim[3] in ("lower", "not higher"), claim
