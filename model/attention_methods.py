@@ -38,16 +38,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 
 from errors import ConfigError
 from model.encodings import POSITION_ENCODINGS
 from model.rope import ROPE_SCALINGS
-
-if TYPE_CHECKING:
-    from model.config import ModelConfig
+from model.shape import ModelShape
 
 
 @dataclass
@@ -397,7 +395,7 @@ def applicable_encodings(cls: type[AttentionMethod]) -> tuple[str, ...] | None:
     return None if len(names) == len(POSITION_ENCODINGS) else tuple(names)
 
 
-def check_applies(cls: type[AttentionMethod], config: "ModelConfig") -> None:
+def check_applies(cls: type[AttentionMethod], config: ModelShape) -> None:
     """Refuse, naming why, a method that does not apply to this model's encodings or scaling."""
     reason = refusal(cls, sorted(set(config.layer_encodings())), (config.rope_scaling or {}).get("rope_type"))
     if reason is not None:
@@ -424,7 +422,7 @@ class MethodContext:
         return self.query_scale * extra
 
 
-def build_methods(config: "ModelConfig") -> list[AttentionMethod]:
+def build_methods(config: ModelShape) -> list[AttentionMethod]:
     return [ATTENTION_METHODS[entry["method"]](entry, config.original_length) for entry in config.attention_methods]
 
 

@@ -4,25 +4,23 @@ model/config.py checks the model's shape and the fields it owns; what belongs to
 settings and its demands on the model, the RoPE scaling, the inference-time attention methods) is checked here by
 the plug-in's own code, found through its registry (model/encodings/, model/rope.py, model/attention_methods.py).
 ModelConfig imports this module when a config is built (in __post_init__), not when model/config.py is imported:
-reading the config loads no registry and not torch. No registry imports config.py (they name ModelConfig in
-annotations only). So a new encoding never edits the config.
+reading the config loads no registry and not torch. The import runs one way: no plug-in imports config.py, not even
+for a type hint; they name what they read of a config as ModelShape (model/shape.py, a Protocol that ModelConfig
+satisfies). So a new encoding never edits the config.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 from errors import ConfigError
 from model.attention_methods import ATTENTION_METHODS, check_applies, normalize_methods
 from model.encodings import POSITION_ENCODINGS
 from model.encodings.base import settings_from
 from model.rope import normalize_rope_scaling
-
-if TYPE_CHECKING:
-    from model.config import ModelConfig
+from model.shape import ModelShape
 
 
-def check_plugins(config: "ModelConfig") -> None:
+def check_plugins(config: ModelShape) -> None:
     """Check (and complete, in place) what of `config` belongs to the plug-ins; raise ConfigError naming the key."""
     valid = sorted(POSITION_ENCODINGS)
     if config.position not in POSITION_ENCODINGS:

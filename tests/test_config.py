@@ -158,6 +158,33 @@ def test_model_config_names_no_encoding_and_imports_no_plug_in():
     assert strings & {"rope"} == {"rope"}  # the one default: model.position = "rope"
 
 
+def test_plug_ins_do_not_import_the_config_and_name_what_they_read_as_model_shape():
+    """The import between the config and the plug-ins runs one way, config -> plugins: no plug-in module imports
+    model/config.py, not even under TYPE_CHECKING; they name what they read as ModelShape (model/shape.py), whose
+    every member ModelConfig has. model/shape.py imports nothing of model/."""
+    import ast
+    import typing
+
+    from model.config import ModelConfig
+    from model.shape import ModelShape
+
+    plug_ins = [*sorted((ROOT / "model" / "encodings").glob("*.py")), ROOT / "model" / "attention_methods.py",
+                ROOT / "model" / "plugins.py", ROOT / "model" / "rope.py", ROOT / "model" / "shape.py"]
+    for path in plug_ins:
+        tree = ast.parse(path.read_text())
+        modules = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)} | \
+            {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        assert "model.config" not in modules, path
+        if path.name == "shape.py":
+            assert not [name for name in modules if name and name.split(".")[0] == "model"], modules
+    members = typing.get_type_hints(ModelShape).keys() | \
+        {name for name, value in vars(ModelShape).items() if callable(value) or isinstance(value, property)}
+    members -= set(vars(typing.Protocol)) | {"__init__", "__subclasshook__", "__class_getitem__", "_is_protocol"}
+    assert {"head_dim", "original_length", "layer_encodings", "n_heads", "position_args"} <= members, members
+    config = ModelConfig()
+    assert not [name for name in members if not hasattr(config, name)], members
+
+
 def test_importing_model_config_loads_no_plug_in_nor_torch():
     """Reading the config is cheap: `import model.config` loads no registry (no encoding module, RoPE scaling or
     attention method) and not torch; ModelConfig reaches the plug-ins' checks when a config is built. Python's

@@ -38,8 +38,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Callable
 
+from model.shape import ModelShape
+
 if TYPE_CHECKING:
-    from model.config import ModelConfig
     from model.encodings.base import PositionEncoding
 
 # The files of model/encodings/ that register encodings, in the order of the registry (and of its listings).
@@ -61,7 +62,7 @@ def register_encoding(name: str) -> Callable[[type["PositionEncoding"]], type["P
     return decorator
 
 
-def build_position_encoding(config: "ModelConfig", name: str | None = None) -> "PositionEncoding":
+def build_position_encoding(config: ModelShape, name: str | None = None) -> "PositionEncoding":
     """The encoding `name` (default model.position) for `config`."""
     return POSITION_ENCODINGS[name or config.position](config)
 

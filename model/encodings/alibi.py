@@ -2,15 +2,12 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 
 from model.encodings import register_encoding
 from model.encodings.base import ALL, BIAS, PositionEncoding, Positions
-
-if TYPE_CHECKING:
-    from model.config import ModelConfig
+from model.shape import ModelShape
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -36,7 +33,7 @@ class ALiBi(PositionEncoding):
     attention, flex_kind = BIAS, "distance"
     exact_buffers = ("slopes",)
 
-    def __init__(self, config: "ModelConfig") -> None:
+    def __init__(self, config: ModelShape) -> None:
         super().__init__(config)
         self.register_buffer("slopes", alibi_slopes(config.n_heads), persistent=False)
 

@@ -14,7 +14,7 @@ put ALiBi on half of the heads (NAPE: slopes 1, 1/2, ... on the first H/2 heads,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -25,9 +25,7 @@ from model.encodings import register_encoding
 from model.encodings.base import ALL, EXPLICIT, EncodingSettings, PositionEncoding, Positions
 from model.encodings.ssmax import keys_seen, refuse_chunks
 from model.entmax import entmax
-
-if TYPE_CHECKING:
-    from model.config import ModelConfig
+from model.shape import ModelShape
 
 BASES = ("none", "nape")
 
@@ -39,7 +37,7 @@ class ASEntmaxSettings(EncodingSettings):
     gamma_range: float = 2.0  # the exponent gamma lies in (-gamma_range, gamma_range)
     base: str = "none"  # "none": every head NoPE and scaled; "nape": ALiBi on the first half of the heads
 
-    def check(self, config: "ModelConfig", where: str) -> None:
+    def check(self, config: ModelShape, where: str) -> None:
         if not 1.0 < self.alpha <= 2.0:
             raise ConfigError(f"{where}.alpha must be in (1, 2] (1 would be softmax, 2 sparsemax), got {self.alpha}")
         if self.delta < 0:
@@ -79,10 +77,10 @@ class ASEntmax(PositionEncoding):
     exact_buffers = ("slopes",)
 
     @classmethod
-    def check_config(cls, config: "ModelConfig") -> None:
+    def check_config(cls, config: ModelShape) -> None:
         refuse_chunks("asentmax", config)
 
-    def __init__(self, config: "ModelConfig") -> None:
+    def __init__(self, config: ModelShape) -> None:
         super().__init__(config)
         heads = config.n_heads
         self.register_buffer("slopes", nape_slopes(heads) if self.settings.base == "nape" else torch.zeros(heads),

@@ -68,16 +68,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from errors import ConfigError
 from model.fields import check_field_types
-
-if TYPE_CHECKING:
-    from model.config import ModelConfig
+from model.shape import ModelShape
 
 ALL = slice(None)
 # What an encoding's attention needs (PositionEncoding.attention), which names its path (model/attention/registry.py).
@@ -103,14 +101,14 @@ class EncodingSettings:
     max_seq_len, say) in `complete`, so that a saved config holds numbers that a later change of the model (an
     extension) cannot move."""
 
-    def check(self, config: "ModelConfig", where: str) -> None:
+    def check(self, config: ModelShape, where: str) -> None:
         """Raise ConfigError naming `where`.FIELD for a value this encoding cannot take."""
 
-    def complete(self, config: "ModelConfig") -> None:
+    def complete(self, config: ModelShape) -> None:
         """Replace derived defaults by their values for `config`."""
 
 
-def settings_from(cls: type[EncodingSettings], values: Any, config: "ModelConfig", where: str) -> EncodingSettings:
+def settings_from(cls: type[EncodingSettings], values: Any, config: ModelShape, where: str) -> EncodingSettings:
     """`values` (a table of model.position_args) as `cls`, type-checked, checked and completed."""
     if not isinstance(values, dict):
         raise ConfigError(f"{where} must be a table of settings, got {values!r}")
@@ -158,7 +156,7 @@ class PositionEncoding(nn.Module):
     # where docs/baselines.md says so, else the reference implementation's.
     optimizer_defaults: dict[str, float] = {}
 
-    def __init__(self, config: "ModelConfig") -> None:
+    def __init__(self, config: ModelShape) -> None:
         super().__init__()
         self.config = config
         # ModelConfig has checked and completed those of the encodings it uses: building them again only gives
@@ -183,7 +181,7 @@ class PositionEncoding(nn.Module):
         return module
 
     @classmethod
-    def check_config(cls, config: "ModelConfig") -> None:
+    def check_config(cls, config: ModelShape) -> None:
         """Raise ConfigError for a model (shape, model-level settings) this encoding cannot work with; its own
         settings, checked already, are config.position_args[cls.name]."""
 

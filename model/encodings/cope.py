@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -21,9 +20,7 @@ from torch import nn
 from errors import ConfigError
 from model.encodings import register_encoding
 from model.encodings.base import ALL, EXPLICIT, EncodingSettings, PositionEncoding, Positions
-
-if TYPE_CHECKING:
-    from model.config import ModelConfig
+from model.shape import ModelShape
 
 
 def cope_positions(gates: torch.Tensor, limit: int) -> torch.Tensor:
@@ -35,11 +32,11 @@ def cope_positions(gates: torch.Tensor, limit: int) -> torch.Tensor:
 class CoPESettings(EncodingSettings):
     positions: int = 0  # the number of position embeddings npos (0 = max_seq_len + 1, the reference's default)
 
-    def check(self, config: "ModelConfig", where: str) -> None:
+    def check(self, config: ModelShape, where: str) -> None:
         if self.positions < 0 or self.positions == 1:
             raise ConfigError(f"{where}.positions: cope needs at least 2 (0 = max_seq_len + 1), got {self.positions}")
 
-    def complete(self, config: "ModelConfig") -> None:
+    def complete(self, config: ModelShape) -> None:
         self.positions = self.positions or config.max_seq_len + 1  # a number, so that an extension cannot move it
 
 
@@ -52,7 +49,7 @@ class CoPE(PositionEncoding):
     attention, why_explicit = EXPLICIT, "a bias that reads the scores"
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}
 
-    def __init__(self, config: "ModelConfig") -> None:
+    def __init__(self, config: ModelShape) -> None:
         super().__init__(config)
         self.npos = self.settings.positions  # 0 completed to L + 1
         self.embeddings = nn.Parameter(torch.zeros(config.n_layers, config.head_dim, self.npos))

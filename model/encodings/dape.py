@@ -17,7 +17,7 @@ extrapolation over bias values it never saw is what changes DAPE's behaviour pas
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,9 +25,7 @@ from torch import nn
 from errors import ConfigError
 from model.encodings import POSITION_ENCODINGS, register_encoding
 from model.encodings.base import ALL, EXPLICIT, EncodingSettings, PositionEncoding, Positions
-
-if TYPE_CHECKING:
-    from model.config import ModelConfig
+from model.shape import ModelShape
 
 BASES = ("alibi", "kerple")  # the reference's bias encodings
 
@@ -38,7 +36,7 @@ class DAPESettings(EncodingSettings):
     mlp_width: int = 32  # the MLP's hidden width (the reference's default)
     mlp_bias_clip: int = 0  # 0: off; else the MLP reads the base's bias at distance min(|i - j|, this)
 
-    def check(self, config: "ModelConfig", where: str) -> None:
+    def check(self, config: ModelShape, where: str) -> None:
         if self.base not in BASES:
             raise ConfigError(f"{where}.base must be one of {list(BASES)}, got {self.base!r}")
         if self.mlp_width < 1:
@@ -60,7 +58,7 @@ class DAPE(PositionEncoding):
     # learning rate and decay 0.1 are within seed noise of this (docs/baselines.md).
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}
 
-    def __init__(self, config: "ModelConfig") -> None:
+    def __init__(self, config: ModelShape) -> None:
         super().__init__(config)
         self.base = POSITION_ENCODINGS[self.settings.base](config)
         heads, width = config.n_heads, self.settings.mlp_width

@@ -9,7 +9,6 @@ query past T is normalised by its own position: that is the method, not a leak o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -17,9 +16,7 @@ from torch import nn
 from errors import ConfigError
 from model.encodings import register_encoding
 from model.encodings.base import ALL, BIAS, EncodingSettings, PositionEncoding, Positions
-
-if TYPE_CHECKING:
-    from model.config import ModelConfig
+from model.shape import ModelShape
 
 
 @dataclass
@@ -27,12 +24,12 @@ class FireSettings(EncodingSettings):
     mlp_width: int = 32  # the MLP's hidden width
     threshold: int = 0  # T's initial value T0 (0 = max_seq_len; the public code uses 512)
 
-    def check(self, config: "ModelConfig", where: str) -> None:
+    def check(self, config: ModelShape, where: str) -> None:
         if self.mlp_width < 1 or self.threshold < 0:
             raise ConfigError(f"{where}: fire needs mlp_width >= 1 and threshold >= 0 (0 = max_seq_len), got "
                               f"{self.mlp_width} and {self.threshold}")
 
-    def complete(self, config: "ModelConfig") -> None:
+    def complete(self, config: ModelShape) -> None:
         self.threshold = self.threshold or config.max_seq_len  # a number, so that an extension cannot move it
 
 
@@ -47,7 +44,7 @@ class Fire(PositionEncoding):
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}
     eps = 1e-6  # as the reference: keeps the normaliser away from zero
 
-    def __init__(self, config: "ModelConfig") -> None:
+    def __init__(self, config: ModelShape) -> None:
         super().__init__(config)
         width = self.settings.mlp_width
         # One MLP per layer that uses FIRE, keyed by layer index (a hybrid's other layers get none).

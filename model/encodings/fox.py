@@ -12,7 +12,7 @@ as a full forward.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -20,9 +20,7 @@ from torch import nn
 
 from model.encodings import register_encoding
 from model.encodings.base import ALL, BIAS, PositionEncoding, Positions
-
-if TYPE_CHECKING:
-    from model.config import ModelConfig
+from model.shape import ModelShape
 
 
 @dataclass
@@ -48,7 +46,7 @@ class ForgettingAttention(PositionEncoding):
     # free. Measured: 10x the learning rate and decay 0.1 are within seed noise of this (docs/baselines.md).
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}
 
-    def __init__(self, config: "ModelConfig") -> None:
+    def __init__(self, config: ModelShape) -> None:
         super().__init__(config)
         # One gate per layer that uses FoX, keyed by layer index (a hybrid's other layers get none).
         self.gates = nn.ModuleDict({str(index): nn.Linear(config.dim, config.n_heads, bias=True)

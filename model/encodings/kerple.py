@@ -4,16 +4,12 @@ ParallelKerpleLog: one module passed to every layer; r1 ~ U(0, 2), r2 ~ U(0, 1),
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
 from model.encodings import register_encoding
 from model.encodings.base import ALL, BIAS, PositionEncoding, Positions
-
-if TYPE_CHECKING:
-    from model.config import ModelConfig
+from model.shape import ModelShape
 
 
 @register_encoding("kerple")
@@ -26,7 +22,7 @@ class Kerple(PositionEncoding):
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}
     minimum = 1e-2  # the reference's eps: r1 and r2 are clamped to at least this
 
-    def __init__(self, config: "ModelConfig") -> None:
+    def __init__(self, config: ModelShape) -> None:
         super().__init__(config)
         self.r1 = nn.Parameter(torch.rand(config.n_heads) * 2.0)
         self.r2 = nn.Parameter(torch.rand(config.n_heads) * 1.0)

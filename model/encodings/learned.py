@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -10,9 +9,7 @@ from torch import nn
 from errors import ConfigError, PositionRangeError
 from model.encodings import register_encoding
 from model.encodings.base import EncodingSettings, PositionEncoding
-
-if TYPE_CHECKING:
-    from model.config import ModelConfig
+from model.shape import ModelShape
 
 
 @dataclass
@@ -21,7 +18,7 @@ class LearnedSettings(EncodingSettings):
     # Positions past the table are an error unless clamp reuses its last row (the `clamp` inference-time method).
     clamp: bool = False
 
-    def check(self, config: "ModelConfig", where: str) -> None:
+    def check(self, config: ModelShape, where: str) -> None:
         if self.max_positions < 0:
             raise ConfigError(f"{where}.max_positions must be >= 0 (0 = max_seq_len), got {self.max_positions}")
         if self.max_positions and self.max_positions < config.max_seq_len:
@@ -44,7 +41,7 @@ class LearnedAbsolute(PositionEncoding):
     # Measured (docs/baselines.md): weight decay changes nothing (0.0015 nats); 10x the learning rate is 0.48 nats worse.
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}
 
-    def __init__(self, config: "ModelConfig") -> None:
+    def __init__(self, config: ModelShape) -> None:
         super().__init__(config)
         self.size = self.settings.max_positions or config.max_seq_len
         self.table = nn.Embedding(self.size, config.dim)

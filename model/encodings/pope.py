@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,9 +30,7 @@ from torch import nn
 
 from model.encodings import register_encoding
 from model.encodings.base import PositionEncoding
-
-if TYPE_CHECKING:
-    from model.config import ModelConfig
+from model.shape import ModelShape
 
 
 def pope_frequencies(head_dim: int, theta: float) -> torch.Tensor:
@@ -69,7 +67,7 @@ class PoPE(PositionEncoding):
     # The model's learning rate and no weight decay, as for the other vectors (norms, FoX's gates' biases).
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}
 
-    def __init__(self, config: "ModelConfig") -> None:
+    def __init__(self, config: ModelShape) -> None:
         super().__init__(config)
         self.register_buffer("inv_freq", pope_frequencies(config.head_dim, config.rope_theta), persistent=False)
         # delta, one per layer that uses PoPE (a hybrid's other layers get none), per query head and component.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -12,16 +11,14 @@ from torch import nn
 from errors import ConfigError
 from model.encodings import register_encoding
 from model.encodings.base import ALL, EXPLICIT, EncodingSettings, PositionEncoding, Positions
-
-if TYPE_CHECKING:
-    from model.config import ModelConfig
+from model.shape import ModelShape
 
 
 @dataclass
 class ShawSettings(EncodingSettings):
     max_distance: int = 16  # relative distances are clipped to [-max_distance, max_distance] (the paper's k)
 
-    def check(self, config: "ModelConfig", where: str) -> None:
+    def check(self, config: ModelShape, where: str) -> None:
         if self.max_distance < 1:
             raise ConfigError(f"{where}.max_distance: shaw needs at least 1, got {self.max_distance}")
 
@@ -39,7 +36,7 @@ class ShawRelative(PositionEncoding):
     # Measured (docs/baselines.md): 10x without weight decay is 0.018 nats better than train.lr with decay (within noise).
     optimizer_defaults = {"lr_scale": 10.0, "weight_decay": 0.0}
 
-    def __init__(self, config: "ModelConfig") -> None:
+    def __init__(self, config: ModelShape) -> None:
         super().__init__(config)
         size = 2 * self.settings.max_distance + 1
         # One table per layer that uses Shaw, keyed by the layer index ("0", "1", ...: the names a ModuleList gives,

@@ -3,16 +3,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from errors import ConfigError
 from model.encodings import register_encoding
 from model.encodings.base import EncodingSettings, PositionEncoding
-
-if TYPE_CHECKING:
-    from model.config import ModelConfig
+from model.shape import ModelShape
 
 
 def sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:
@@ -37,7 +34,7 @@ class SinusoidalSettings(EncodingSettings):
     # init_std, so the sinusoid dominates the input (docs/baselines.md).
     embedding: str = "fairseq"
 
-    def check(self, config: "ModelConfig", where: str) -> None:
+    def check(self, config: ModelShape, where: str) -> None:
         if self.embedding not in SINUSOIDAL_RECIPES:
             raise ConfigError(f"{where}.embedding must be one of {sorted(SINUSOIDAL_RECIPES)}, "
                               f"got {self.embedding!r}")
@@ -52,7 +49,7 @@ class Sinusoidal(PositionEncoding):
     per_layer = False
 
     @classmethod
-    def check_config(cls, config: "ModelConfig") -> None:
+    def check_config(cls, config: ModelShape) -> None:
         if config.dim % 2:
             raise ConfigError(f"sinusoidal needs an even model.dim, got {config.dim}")
 
