@@ -14,7 +14,6 @@ import torch
 
 from errors import ConfigError
 from model.compiled import Compiled
-from model.runtime import runtime_config
 
 
 def default_inv_freq(head_dim: int, theta: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -269,24 +268,27 @@ def _rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
 _ROTATE = {"half": _rotate_halves, "interleaved": _rotate_pairs}
 
 # Long rotations without gradients (evaluation; above all dynamic NTK's decoding step, which rotates every cached
-# key at every token) run compiled: one pass over x instead of several. runtime.compiled_rope = false turns it off.
+# key at every token) run compiled: one pass over x instead of several. Whether they may is the caller's choice
+# (`compiled`): an encoding's is runtime.compiled_rope, taken when its model is built (PositionEncoding.compiled_rope).
 COMPILED_MIN_ELEMENTS = 2**20
 _COMPILED = {layout: Compiled(rotate, "RoPE's rotation", "rotations run eagerly (model/rope.py)", dynamic=True)
              for layout, rotate in _ROTATE.items()}
 
 
-def _compiles(x: torch.Tensor) -> bool:
-    return (runtime_config().compiled_rope and x.device.type == "cpu" and x.numel() >= COMPILED_MIN_ELEMENTS
+def _compiles(x: torch.Tensor, compiled: bool) -> bool:
+    return (compiled and x.device.type == "cpu" and x.numel() >= COMPILED_MIN_ELEMENTS
             and not torch.is_grad_enabled() and not torch.compiler.is_compiling())
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
+               compiled: bool = True) -> torch.Tensor:
     """x * cos + rotate(x) * sin, computed in at least float32 (float64 stays float64), returned in x's dtype.
 
-    x: (batch, heads, time, head_dim); cos, sin: broadcastable to it.
+    x: (batch, heads, time, head_dim); cos, sin: broadcastable to it. compiled=False keeps a long rotation without
+    gradients eager (runtime.compiled_rope = false); the two agree within float rounding (tests/test_compiled_rope.py).
     """
     wide = x.to(torch.promote_types(x.dtype, torch.float32))
-    rotated = _COMPILED[layout](wide, cos, sin) if _compiles(wide) else None
+    rotated = _COMPILED[layout](wide, cos, sin) if _compiles(wide, compiled) else None
     if rotated is None:
         rotated = _ROTATE[layout](wide, cos, sin)
     return rotated.to(x.dtype)

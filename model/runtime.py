@@ -1,14 +1,19 @@
-"""Device and precision choices shared by training, generation and evaluation, and the process's runtime switches
+"""Device and precision choices shared by training, generation and evaluation, and the runtime settings
 (RuntimeConfig): whether long RoPE rotations run compiled, and how the process keeps memory.
 
-The switches are process-level settings, like torch.backends' (which SDPA kernel, TF32): a command applies them once
-at start-up with configure_runtime (a training run and a comparison's job from their run config's [runtime], the
-other commands their defaults). Changing one changes how fast, not what, is computed. Which attention backend
-computes a layer is the model's setting (model.attention_backend, model/attention/registry.py), not the process's."""
+A command puts them in effect once, at start-up, with configure_runtime (a training run and a comparison's job from
+their run config's [runtime], the other commands their defaults), before it builds a model:
+- keep_freed_memory is an action on the process (glibc's mallopt, which cannot be taken back), done there;
+- compiled_rope is taken by each model when it is built, as torch's default dtype is taken by a tensor built
+  without one (Transformer(config, runtime=None) takes runtime_config(); a model may be given its own), and its
+  encodings hold the choice: no forward reads this module.
+Changing one changes how fast, not what, is computed. Which attention backend computes a layer is the model's setting
+(model.attention_backend, model/attention/registry.py), not the process's."""
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import platform
 
 import torch
@@ -16,21 +21,25 @@ import torch
 from errors import ConfigError
 from model.runtime_config import RETIRED, RuntimeConfig  # noqa: F401 (RETIRED: the switches named here before)
 
-_RUNTIME = RuntimeConfig()
+# The runtime settings a model built without its own takes (the defaults until configure_runtime): read when a
+# model is built, never during a forward; replaced whole by configure_runtime, never changed in place.
+_for_new_models = RuntimeConfig()
 
 
 def runtime_config() -> RuntimeConfig:
-    """The switches in effect in this process (the defaults until configure_runtime is called)."""
-    return _RUNTIME
+    """The runtime settings a model built now takes (the defaults until configure_runtime is called): a copy, so
+    changing it changes nothing; a model with settings of its own is built as Transformer(config, runtime=...)."""
+    return dataclasses.replace(_for_new_models)
 
 
 def configure_runtime(config: RuntimeConfig | None = None) -> None:
-    """Put `config`'s switches (the defaults if None) in effect for this process, at its start: every command that
-    computes with a model calls it once before building one. keep_freed_memory acts at the first call that asks
-    for it (glibc cannot take it back)."""
-    for name, value in vars(config or RuntimeConfig()).items():
-        setattr(_RUNTIME, name, value)
-    keep_freed_memory()
+    """Put `config`'s settings (the defaults if None) in effect for this process, at its start: every command that
+    computes with a model calls it once before building one. Models built from then on take compiled_rope (models
+    built before keep theirs); keep_freed_memory, if asked for, acts at once (glibc cannot take it back)."""
+    global _for_new_models
+    _for_new_models = dataclasses.replace(config or RuntimeConfig())
+    if _for_new_models.keep_freed_memory:
+        keep_freed_memory()
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -88,10 +97,11 @@ def keep_freed_memory() -> bool:
     training steps and for dynamic NTK's decoding: docs/performance.md ("Dynamic NTK's key rotation and freed
     memory").
 
-    Called by configure_runtime, at a command's start; acts once per process; glibc only (elsewhere, or with
-    runtime.keep_freed_memory = false, nothing changes). Returns whether the setting is in effect."""
+    Called by configure_runtime at a command's start, unless runtime.keep_freed_memory = false; acts once per process
+    (`_freed_memory_kept` records that glibc's setting was changed, which cannot be undone); glibc only (elsewhere
+    nothing changes). Returns whether the setting is in effect."""
     global _freed_memory_kept
-    if not _freed_memory_kept and _RUNTIME.keep_freed_memory and platform.libc_ver()[0] == "glibc":
+    if not _freed_memory_kept and platform.libc_ver()[0] == "glibc":
         mallopt = ctypes.CDLL(None).mallopt
         mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
         _freed_memory_kept = bool(mallopt(_M_MMAP_THRESHOLD, 1 << 30) and mallopt(_M_TRIM_THRESHOLD, 1 << 30))

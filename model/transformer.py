@@ -25,6 +25,8 @@ from model.layers import RMSNorm, SwiGLU
 from model.loss import linear_cross_entropy, token_cross_entropy
 from model.random_positions import sample_positions
 from model.rope import ROPE_SCALINGS, scaling_type
+from model.runtime import runtime_config
+from model.runtime_config import RuntimeConfig
 
 
 def share_parameters(target: nn.Module, source: nn.Module, device: torch.device) -> None:
@@ -73,10 +75,13 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, runtime: RuntimeConfig | None = None) -> None:
+        """`runtime`: how, not what, this model computes (whether long RoPE rotations run compiled); None takes the
+        settings configure_runtime put in effect (model/runtime.py). Chosen here, kept by the model and its views."""
         super().__init__()
         check_name(config.attention_backend)
         self.config = config
+        self.runtime = runtime_config() if runtime is None else runtime
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
         self.observer: Observer | None = None  # a diagnostic's view (with_observer): reads the probabilities
         self.build_positions(config)
@@ -118,6 +123,10 @@ class Transformer(nn.Module):
             self.layer_positions = nn.ModuleDict({name: build_position_encoding(config, name) for name in others})
         elif "layer_positions" in self._modules:
             del self.layer_positions
+        for encoding in self.position_encodings():
+            for module in encoding.modules():  # with the encodings an encoding holds (SSMax's RoPE, DAPE's base)
+                if isinstance(module, PositionEncoding):
+                    module.compiled_rope = self.runtime.compiled_rope
 
     def position_encodings(self) -> list[PositionEncoding]:
         """Every distinct encoding the model uses, model.position's first."""

@@ -1,6 +1,6 @@
 """The compiled RoPE rotation (model/rope.py) that long evaluation forwards without gradients take, above all
 dynamic NTK's decoding steps, against the eager rotation; its fall-back; and the allocator setting that models turn
-on (model/runtime.py)."""
+on (model/runtime.py); the choice is the model's, taken when it is built."""
 import subprocess
 import sys
 import warnings
@@ -13,7 +13,7 @@ import torch
 from eval.scoring import score_incremental
 from model import Transformer, rope
 from model.compiled import Compiled
-from model.runtime import keep_freed_memory, runtime_config
+from model.runtime import RuntimeConfig, configure_runtime, keep_freed_memory, runtime_config
 from tests.conftest import micro_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +24,6 @@ def compiled_calls(monkeypatch):
     """Every rotation without gradients takes the compiled kernel (not only long ones); counts its calls."""
     calls = []
     monkeypatch.setattr(rope, "COMPILED_MIN_ELEMENTS", 1)
-    monkeypatch.setattr(runtime_config(), "compiled_rope", True)
     monkeypatch.setattr(rope, "_COMPILED", {layout: _Counting(kernel, calls) for layout, kernel in rope._COMPILED.items()})
     return calls
 
@@ -39,12 +38,7 @@ class _Counting:
 
 
 def eager(x, cos, sin, layout):
-    was = runtime_config().compiled_rope
-    runtime_config().compiled_rope = False
-    try:
-        return rope.apply_rope(x, cos, sin, layout)
-    finally:
-        runtime_config().compiled_rope = was
+    return rope.apply_rope(x, cos, sin, layout, compiled=False)
 
 
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
@@ -76,19 +70,46 @@ def test_rotations_with_gradients_stay_eager(compiled_calls):
 
 def test_dynamic_ntk_decoding_with_the_compiled_rotation_scores_as_the_eager_one(compiled_calls):
     torch.manual_seed(0)
-    model = Transformer(micro_config(init_std=0.2, position="rope", max_seq_len=8, n_layers=2,
-                                     rope_scaling={"rope_type": "dynamic", "factor": 1.0})).eval()
+    config = micro_config(init_std=0.2, position="rope", max_seq_len=8, n_layers=2,
+                          rope_scaling={"rope_type": "dynamic", "factor": 1.0})
+    model = Transformer(config).eval()
     windows = np.random.default_rng(0).integers(0, 97, (3, 33))
     fast = score_incremental(model, windows, prefill=8)
     assert len(compiled_calls) > 2 * 25  # every decoding step rotated its queries and all cached keys compiled
-    runtime_config().compiled_rope = False  # the fixture's monkeypatch restores it
-    slow = score_incremental(model, windows, prefill=8)
+    eager_model = Transformer(config, runtime=RuntimeConfig(compiled_rope=False)).eval()
+    eager_model.load_state_dict(model.state_dict())
+    calls = len(compiled_calls)
+    slow = score_incremental(eager_model, windows, prefill=8)
+    assert len(compiled_calls) == calls  # runtime.compiled_rope = false: nothing compiled
     assert np.abs(fast - slow).max() < 1e-5
+
+
+def test_a_model_takes_compiled_rope_when_it_is_built_and_keeps_it(compiled_calls):
+    """The choice is made when a model is built, from its runtime or the one configure_runtime put in effect, and
+    reaches every encoding that rotates (an encoding's own RoPE too), views included; no forward reads the
+    process's settings."""
+    from model.encodings.base import PositionEncoding
+
+    def choices(model):
+        return {module.compiled_rope for module in model.modules() if isinstance(module, PositionEncoding)}
+
+    saved = runtime_config()
+    try:
+        configure_runtime(RuntimeConfig(compiled_rope=False, keep_freed_memory=saved.keep_freed_memory))
+        eager_model = Transformer(micro_config(position="ssmax", position_args={"ssmax": {"base": "rope"}})).eval()
+        configure_runtime(saved)
+        assert choices(eager_model) == {False} and len(list(eager_model.position.modules())) > 1
+        assert choices(eager_model.with_settings(attention_methods=[{"method": "logn"}])) == {False}
+        assert choices(Transformer(micro_config(position="ssmax"))) == {True}
+        with torch.no_grad():
+            eager_model(torch.randint(0, 97, (1, 12)))
+        assert not compiled_calls
+    finally:
+        configure_runtime(saved)
 
 
 def test_a_compiler_failure_warns_once_and_rotates_eagerly(monkeypatch):
     monkeypatch.setattr(rope, "COMPILED_MIN_ELEMENTS", 1)
-    monkeypatch.setattr(runtime_config(), "compiled_rope", True)
     kernel = Compiled(rope._rotate_halves, "RoPE's rotation", "rotations run eagerly")
     monkeypatch.setattr(rope, "_COMPILED", {"half": kernel, "interleaved": kernel})
 

@@ -45,8 +45,9 @@ def test_the_trainer_puts_the_runs_switches_in_effect(tmp_path, prepared_data, r
                                     "--model.n_heads=2", "--model.n_kv_heads=1", "--model.max_seq_len=16"])
     assert runtime_config().compiled_rope
     batches = PretrainBatches(prepared_data, 16, 2, 0, 1)
-    Trainer(Training(config, lambda: Transformer(config.model), batches, tokenizer=None))
+    trainer = Trainer(Training(config, lambda: Transformer(config.model), batches, tokenizer=None))
     assert not runtime_config().compiled_rope
+    assert not trainer.model.runtime.compiled_rope and not trainer.model.position.compiled_rope  # taken when built
     assert "[runtime]\ncompiled_rope = false" in (tmp_path / "run" / "run_config.toml").read_text()
 
 

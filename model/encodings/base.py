@@ -151,6 +151,9 @@ class PositionEncoding(nn.Module):
     own_weights = False  # True: attention_weights replaces softmax (the explicit steps then compute the weights)
     own_scores = False  # True: attention_scores replaces q.k / sqrt(d) (the explicit steps then compute the logits)
     exact_buffers: tuple[str, ...] = ()  # buffers kept in float32 when the model is cast (frequencies, slopes)
+    # Whether this encoding's long rotations without gradients may run compiled (model/rope.py's apply_rope):
+    # runtime.compiled_rope, set by the model that builds the encoding (Transformer), not read during a forward.
+    compiled_rope = True
     # AdamW settings for this encoding's own parameters, if it has any (train/loop.py: position_group_settings):
     # "lr_scale" multiplies train.lr, "weight_decay" replaces train.weight_decay. Chosen by measurement (docs/baselines.md)
     # where docs/baselines.md says so, else the reference implementation's.

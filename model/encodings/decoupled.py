@@ -137,10 +137,10 @@ class DecoupledRoPE(PositionEncoding):
 
     def encode_queries(self, q: torch.Tensor, state: DecoupledState) -> torch.Tensor:
         """[q, rot(q_r)] * sqrt(head_dim / (head_dim + d_r)): (batch, heads, q_time, head_dim + d_r)."""
-        rotated = apply_rope(state.q_rope, state.q_cos, state.q_sin, LAYOUT).to(q.dtype)
+        rotated = apply_rope(state.q_rope, state.q_cos, state.q_sin, LAYOUT, self.compiled_rope).to(q.dtype)
         return torch.cat((q, rotated), dim=-1) * self.query_scale
 
     def encode_keys(self, k: torch.Tensor, state: DecoupledState) -> torch.Tensor:
         """[k, rot(k_r)], the one rotary key repeated over the KV heads: (batch, kv_heads, keys, head_dim + d_r)."""
-        rotated = apply_rope(state.k_rope, state.k_cos, state.k_sin, LAYOUT).to(k.dtype)
+        rotated = apply_rope(state.k_rope, state.k_cos, state.k_sin, LAYOUT, self.compiled_rope).to(k.dtype)
         return torch.cat((k, rotated.expand(-1, k.shape[1], -1, -1)), dim=-1)

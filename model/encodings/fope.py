@@ -179,7 +179,7 @@ class FoPE(PositionEncoding):
                              k_cos, k_sin)
 
     def encode_queries(self, q: torch.Tensor, state: FourierTables) -> torch.Tensor:
-        return apply_rope(q, state.q_cos, state.q_sin, "half")
+        return apply_rope(q, state.q_cos, state.q_sin, "half", self.compiled_rope)
 
     def encode_keys(self, k: torch.Tensor, state: FourierTables) -> torch.Tensor:
-        return apply_rope(k, state.k_cos, state.k_sin, "half")
+        return apply_rope(k, state.k_cos, state.k_sin, "half", self.compiled_rope)

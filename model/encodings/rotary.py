@@ -162,8 +162,9 @@ class RoPE(PositionEncoding):
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if self.rotary_dim == x.shape[-1]:
-            return apply_rope(x, cos, sin, self.config.rope_layout)
-        rotated = apply_rope(x[..., : self.rotary_dim], cos, sin, self.config.rope_layout)
+            return apply_rope(x, cos, sin, self.config.rope_layout, self.compiled_rope)
+        rotated = apply_rope(x[..., : self.rotary_dim], cos, sin, self.config.rope_layout,
+                             self.compiled_rope)
         return torch.cat((rotated, x[..., self.rotary_dim :]), dim=-1)
 
     def encode_queries(self, q: torch.Tensor, state: RopeState) -> torch.Tensor:
