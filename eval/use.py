@@ -349,6 +349,41 @@ def markdown(name: str, rows: list[dict[str, Any]], recurrence: dict[str, list[d
     return "\n".join(lines + [""])
 
 
+def across_seeds(results: dict[str, dict[str, Any]]) -> list[str]:
+    """Checkpoints OUT/VARIANT/seedS of one variant, measured on the same windows: each cell's use over seeds and
+    windows (eval.stats.spread: the between-seed and the between-window variance, t with seeds - 1 degrees of
+    freedom) and its verdict, as a markdown table; [] when no variant has two seeds."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for name, entry in results.items():
+        path = Path(entry["checkpoint"])
+        if path.name.startswith("seed"):
+            groups.setdefault(path.parent.name, []).append(entry)
+    lines = []
+    for variant, entries in groups.items():
+        if len(entries) < 2:
+            continue
+        cells: dict[tuple, list] = {}
+        for entry in entries:
+            for r in entry["rows"]:
+                cells.setdefault((r["method"], r["length"], r["distance"]), []).append(r.get("use_values"))
+        trained, margin = entries[0]["trained"], entries[0]["margin"]
+        for (method, length, distance), values in cells.items():
+            if len(values) != len(entries) or any(v is None or len(v) != len(values[0]) for v in values):
+                continue  # not the same windows in every seed
+            estimate = spread(np.asarray(values, dtype=np.float64))
+            if estimate is None:
+                continue
+            low, high = estimate.bounds()
+            lines.append(f"| {variant} | {len(values)} | {length:,} ({length / trained:g}L) | {method} | "
+                         f"{distance:,} ({distance / trained:g}L) | {estimate.mean:+.3f} [{low:+.3f}, {high:+.3f}] | "
+                         f"{verdict(estimate, margin)} |")
+    if not lines:
+        return []
+    return ["## Across seeds", "", "Each variant's seeds on the same windows: use, mean [95% t over seeds and windows], "
+            "and its verdict.", "", "| variant | seeds | window | method | distance | use (nats) | verdict |",
+            "|---|---:|---|---|---|---:|---|", *lines, ""]
+
+
 def recurrence_label(bin_: dict, trained: int) -> str:
     if bin_["to"] == 0:
         return "never"
@@ -489,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (args.out / "report.md").write_text("# Use on the same weights (eval.use)\n\n![use against the distance between "
                                         "the copies, one line per checkpoint, method and window](use.png)\n\n"
-                                        + "\n".join(sections))
+                                        + "\n".join([*sections, *across_seeds(results)]))
     print(f"wrote {args.out / 'report.md'}, {args.out / 'results.json'} and {plot(results, args.out / 'use.png')}")
     return 0
 

@@ -165,3 +165,27 @@ def test_one_sided_and_equivalence_tests_on_hand_made_data():
     assert spread(np.array([[0.5]])) is None
     with pytest.raises(ValueError):
         equivalent(estimate, 0.0)
+
+
+def test_the_seeds_of_a_variant_are_summarised_over_seeds_and_windows():
+    """eval.use's 'Across seeds' table: checkpoints VARIANT/seedS on the same windows give one row per cell, the
+    mean over seeds and windows with eval.stats.spread's interval and the verdict; a lone checkpoint gives none."""
+    import numpy as np
+
+    from eval.stats import spread
+    from eval.use import across_seeds
+
+    def entry(path, values):
+        return {"checkpoint": path, "trained": 64, "margin": 0.05,
+                "rows": [{"method": "none", "length": 64, "distance": 32, "use_values": values}]}
+
+    seeds = [[0.30, 0.31, 0.29, 0.30], [0.31, 0.30, 0.30, 0.29], [0.29, 0.30, 0.31, 0.31]]
+    results = {f"runs/x/rope/seed{i + 1}": entry(f"runs/x/rope/seed{i + 1}", v) for i, v in enumerate(seeds)}
+    results["runs/alone"] = entry("runs/alone", [0.0, 0.1])
+    lines = across_seeds(results)
+    expected = spread(np.asarray(seeds))
+    low, high = expected.bounds()
+    assert lines[0] == "## Across seeds"
+    assert f"| rope | 3 | 64 (1L) | none | 32 (0.5L) | {expected.mean:+.3f} [{low:+.3f}, {high:+.3f}] | uses |" in lines
+    assert not any("alone" in line for line in lines)
+    assert across_seeds({"runs/alone": results["runs/alone"]}) == []
