@@ -44,8 +44,8 @@ import torch
 
 from commands import add_device, add_out, command_parser, parse
 from errors import ConfigError, cli_command
-from experiments.compare.recipes import RECIPES, expand
 from model.config import ModelConfig
+from model.recipes import RECIPES, expand
 from model.runtime import configure_runtime, resolve_device
 from model.transformer import Transformer
 
@@ -201,9 +201,9 @@ def table(rows: list[dict], lengths: list[int]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = command_parser("scripts.encoding_costs", __doc__)
     parser.add_argument("--variants", help="a JSON list of model settings (default: every encoding and hybrid); a "
-                        'dict {"recipe": NAME} is a recipe of experiments/compare/recipes.py at the shape')
+                        'dict {"recipe": NAME} is a recipe of model/recipes.py at the shape')
     parser.add_argument("--recipes", action="store_true", help="the variants are rope, alibi, none and every recipe of "
-                        "2025's open models (experiments/compare/recipes.py), scaled to the shape")
+                        "2025's open models (model/recipes.py), scaled to the shape")
     parser.add_argument("--shape", help='JSON model settings over the default shape, e.g. {"n_layers": 6}')
     parser.add_argument("--lengths", default="1,16", help="evaluation lengths as multiples of L = 256")
     parser.add_argument("--batch", type=int, default=8, help="training sequences per step")

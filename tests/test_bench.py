@@ -118,7 +118,7 @@ def test_step_profile_splits_each_modes_step_by_kind(tmp_path):
 
 def test_encoding_costs_times_a_recipe_at_a_shape_given_on_the_command_line(tmp_path):
     """--shape replaces the default shape (in the parent and the measuring processes); a {"recipe": NAME} variant is
-    that recipe of experiments/compare/recipes.py scaled to the shape, labelled recipe-NAME."""
+    that recipe of model/recipes.py scaled to the shape, labelled recipe-NAME."""
     import json
 
     from scripts.encoding_costs import SHAPE, main

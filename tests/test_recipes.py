@@ -1,4 +1,4 @@
-"""The recipes of 2025's open models (experiments/compare/recipes.py): the scaling rule keeps what it says it keeps,
+"""The recipes of 2025's open models (model/recipes.py): the scaling rule keeps what it says it keeps,
 the layer patterns agree with transformers' configs of those models, every recipe builds a model that trains a step
 and decodes as it forwards, and compare.variants expands a recipe for the comparison's shape."""
 import math
@@ -9,7 +9,9 @@ import torch
 from errors import ConfigError
 from eval.inference_methods import METHODS, applies
 from experiments.compare.config import CompareConfig
-from experiments.compare.recipes import (
+from model import KVCache, Transformer
+from model.config import ModelConfig
+from model.recipes import (
     INFERENCE,
     MIN_SPAN,
     RECIPES,
@@ -19,8 +21,6 @@ from experiments.compare.recipes import (
     scaled_span,
     scaled_theta,
 )
-from model import KVCache, Transformer
-from model.config import ModelConfig
 
 SHAPE = Shape(context=64, n_layers=6, head_dim=16)
 

@@ -15,9 +15,9 @@ from errors import ConfigError
 from eval.extrapolation import parse_lengths
 from eval.inference_methods import check_methods
 from eval.task_generators import TASKS
-from experiments.compare.recipes import RECIPES, expand
 from model.encodings import POSITION_ENCODINGS
 from model.fields import build_dataclass, check_field_types
+from model.recipes import RECIPES, expand
 from train.config import RunConfig, build_run_config, parse_override_value, set_dotted
 
 # The probes a comparison can run on every trained model (compare.probes); experiments/compare/probes.py runs them.
