@@ -333,14 +333,14 @@ NEWER_CLAIMS = [
     ("recipe-gated", "rope", "longest", "lower", "the output gate improves extrapolation beyond L (Qiu et al. 2025)"),
     ("recipe-gemma3", "recipe-qwen3", "1x", "not higher", "5 local layers per global one cost no perplexity against "
      "global attention everywhere (Gemma Team 2025)"),
-    ("recipe-gemma3", "recipe-qwen3", "longest", "lower", "Gemma 3's local layers extrapolate beyond L better than "
-     "global RoPE layers everywhere"),
+    ("recipe-gemma3", "recipe-qwen3", "longest", "lower", "Gemma 3's local layers lose less beyond L than global "
+     "RoPE layers everywhere (harm only: use is measured apart)"),
     ("recipe-llama4+temperature", "recipe-llama4", "longest", "lower", "Llama 4's query temperature in the NoPE layers "
      "improves extrapolation (Meta 2025, attn_temperature_tuning)"),
-    ("recipe-llama4", "rope", "longest", "lower", "iRoPE with chunked RoPE layers (Llama 4) extrapolates better than "
-     "RoPE"),
-    ("recipe-smollm3", "rope", "longest", "lower", "NoPE in every 4th layer (SmolLM3) extrapolates better than RoPE"),
-    ("recipe-mla", "rope", "longest", "lower", "decoupled RoPE (MLA) extrapolates better than RoPE"),
+    ("recipe-llama4", "rope", "longest", "lower", "iRoPE with chunked RoPE layers (Llama 4) loses less beyond L than "
+     "RoPE (harm only)"),
+    ("recipe-smollm3", "rope", "longest", "lower", "NoPE in every 4th layer (SmolLM3) loses less beyond L than RoPE"),
+    ("recipe-mla", "rope", "longest", "lower", "decoupled RoPE (MLA) loses less beyond L than RoPE"),
 ]
 
 
