@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from commands import comma_list, did_you_mean
+from data.tasks import TASKS
 from errors import ConfigError
 from eval.extrapolation import parse_lengths
 from eval.inference_methods import check_methods
-from eval.task_generators import TASKS
 from model.encodings import POSITION_ENCODINGS
 from model.fields import build_dataclass, check_field_types
 from model.recipes import RECIPES, expand
@@ -57,7 +57,7 @@ class CompareConfig:
     use_distances: list = field(default_factory=lambda: ["0.5x", "2x", "4x", "8x", "max"])
     use_windows: int = 64
     use_margin: float = 0.05
-    tasks: list = field(default_factory=list)  # synthetic tasks trained per encoding (eval/task_generators.py)
+    tasks: list = field(default_factory=list)  # synthetic tasks trained per encoding (data/tasks.py)
     task_steps: int = 12000  # the cap on each task model's training steps (experiments.tasks default)
     task_until: float = 0.95  # stop a task model's training at this validation exact match at L (0: train to the cap)
     task_cycle: int = 0  # the task models' learning-rate cycle and stop check, in steps (0: experiments.tasks' 3,000)

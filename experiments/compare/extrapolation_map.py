@@ -25,10 +25,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from data.tasks import TASKS
 from eval import figures
 from eval.inference_methods import NONE
 from eval.stats import Estimate
-from eval.task_generators import TASKS
 from experiments.compare.cells import cell
 from experiments.compare.findings import FLAT, penalty_side
 from experiments.compare.layout import task_path

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from data.tasks import TASKS
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, PositionRangeError
 from eval import figures
@@ -27,7 +28,6 @@ from eval.figures import colour
 from eval.induction import induction_probe, ordinary_token_ids
 from eval.passkey import evaluate_passkey
 from eval.stats import Estimate, seeds_and_trials, t_interval
-from eval.task_generators import TASKS
 from eval.use import default_span
 from experiments.compare.cells import cell, header
 from experiments.compare.config import CompareConfig
