@@ -462,10 +462,11 @@ def distances_at(items: list[str], trained: int, length: int, longest: int, span
 
 
 def measure_checkpoint(model: Transformer, ids: np.ndarray, trained: int, lengths: list[int], items: list[str],
-                       span: int, per_distance: int, windows: int, seed: int, methods: list[str],
+                       span: int, per_distance: int, windows: int | dict[int, int], seed: int, methods: list[str],
                        amp: torch.dtype | None, ngram: int) -> tuple[list[UseResult], list[str]]:
-    """measure_use at every length: at a length of at most L the model as trained, past L every method. Returns
-    the results and, for a (method, length) the model cannot run (a learned table's end), why (not raised)."""
+    """measure_use at every length (`windows` of it, or windows[length]): at a length of at most L the model as
+    trained, past L every method. Returns the results and, for a (method, length) the model cannot run (a learned
+    table's end), why (not raised)."""
     found, errors = [], []
     for length in lengths:
         distances = distances_at(items, trained, length, max(lengths), span, per_distance)
@@ -474,7 +475,8 @@ def measure_checkpoint(model: Transformer, ids: np.ndarray, trained: int, length
             continue
         for method in ([NONE] if length <= trained else list(dict.fromkeys([NONE, *methods]))):
             try:
-                found += measure_use(model, ids, trained, length, distances, span, count, windows, seed, (method,),
+                found += measure_use(model, ids, trained, length, distances, span, count,
+                                     windows if isinstance(windows, int) else windows[length], seed, (method,),
                                      amp, ngram)
             except PositionRangeError as error:
                 errors.append(f"{method} @ {length}: {error}")

@@ -33,7 +33,7 @@ from experiments.compare.cells import cell, header
 from experiments.compare.config import CompareConfig
 from experiments.compare.layout import probe_path, task_path
 from experiments.compare.results import ComparisonResults
-from experiments.compare.use import PER_DISTANCE, probe_use, summarise_use, use_section
+from experiments.compare.use import PER_DISTANCE, probe_use, probe_windows, summarise_use, use_section
 from experiments.tasks import (
     CONTROL,
     DEFAULT_LENGTH,
@@ -109,7 +109,7 @@ def run_probes(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: i
                "trials": compare.passkey_trials}
         if probe == "use":
             key = {"weights": digest, "lengths": compare.lengths, "distances": compare.use_distances,
-                   "windows": compare.use_windows, "methods": compare.methods, "span": default_span(trained),
+                   "windows": [list(item) for item in sorted(probe_windows(compare, trained, len(ids)).items())], "methods": compare.methods, "span": default_span(trained),
                    "per_distance": PER_DISTANCE}
         if path.exists():
             try:

@@ -4,10 +4,12 @@ weights the penalty is measured on.
     [compare]
     probes = ["use"]
     use_distances = ["0.5x", "2x", "4x", "8x", "max"]   # 0.5x: the positive control, within L
-    use_windows = 64                                    # held-out windows per model and length
+    use_windows = 64                                    # held-out windows per model at the longest length
 
 Each model is probed in windows of L tokens as trained (the positive control: distances within L, every position
-one it trained at) and at the comparison's longest length, as trained and under each of compare.methods that
+one it trained at; as many windows as hold the tokens of use_windows windows at the longest length, which costs one
+pass at that length and leaves the control's interval no wider than the columns it vouches for) and at the
+comparison's longest length, as trained and under each of compare.methods that
 applies to it (the window control included): repeated passages at each distance against the control without the
 first copies. Over seeds and windows: the mean use with the interval of eval.stats.spread_interval, the verdict
 of eval.stats.verdict ("uses" by a one-sided test, "none" by an equivalence test with compare.use_margin,
@@ -38,17 +40,26 @@ def probe_use(model: Transformer, ids: np.ndarray, trained: int, compare: Compar
     """The use probe of one trained model: in windows of L tokens as trained (the positive control, distances within
     L), and at the comparison's longest length as trained and under each method of compare.methods that applies to
     it and under the window control (every distance that fits). The per-window and per-passage numbers are the probe's cached rows."""
-    longest = max(resolve_length(item, trained) for item in compare.lengths)
+    windows = probe_windows(compare, trained, len(ids))
     # the window control is always probed: the negative control (no use past its window)
     methods = [m for m in dict.fromkeys([*compare.methods, NEGATIVE_CONTROL])
                if applies(m, model.config.position, model.config.layer_encodings())]
     span = default_span(trained)
-    found, errors = measure_checkpoint(model, ids, trained, sorted({trained, longest}), list(compare.use_distances),
-                                       span, PER_DISTANCE, compare.use_windows, 0, methods, None, NGRAM)
+    found, errors = measure_checkpoint(model, ids, trained, sorted(windows), list(compare.use_distances), span,
+                                       PER_DISTANCE, windows, 0, methods, None, NGRAM)
     return {"span": span, "per_distance": PER_DISTANCE, "errors": errors,
             "results": [{"method": r.method, "length": r.length, "distances": r.distances,
                          "passages": r.passages.tolist(), "reach": r.reach, "recurrence": r.recurrence}
                         for r in found]}
+
+
+def probe_windows(compare: CompareConfig, trained: int, tokens: int) -> dict[int, int]:
+    """Windows per length: compare.use_windows at the longest length; in windows of L (the positive control, one
+    passage per distance where a long window holds many) the tokens of those windows, as many as the `tokens` of
+    held-out text hold."""
+    longest = max(resolve_length(item, trained) for item in compare.lengths)
+    many = compare.use_windows * (longest + 1) // (trained + 1)
+    return {trained: max(compare.use_windows, min(many, tokens // (trained + 1))), longest: compare.use_windows}
 
 
 @dataclass
