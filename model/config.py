@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from errors import ConfigError
-from model.fields import build_dataclass, check_field_types
+from model.fields import check_field_types, check_keys
 from model.legacy_keys import migrate_saved, refuse_legacy_keys
 
 
@@ -212,7 +212,7 @@ class ModelConfig:
     def from_dict(cls, values: dict[str, Any]) -> "ModelConfig":
         """From user input (a TOML table, overrides): an encoding setting spelled the old way is refused."""
         refuse_legacy_keys(values)
-        return build_dataclass(cls, values, "model")
+        return cls(**check_keys(cls, values, "model"))
 
     @classmethod
     def from_saved(cls, values: dict[str, Any]) -> "ModelConfig":

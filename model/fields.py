@@ -51,16 +51,16 @@ def check_field_types(obj: Any, where: str) -> None:
             setattr(obj, field.name, float(value))
 
 
-def build_dataclass(cls: type, values: dict[str, Any], where: str) -> Any:
-    """Create dataclass `cls` from a dict, rejecting an unknown key with the nearest valid one (or, when none is
-    close, the list of them)."""
+def check_keys(cls: type, values: dict[str, Any], where: str) -> dict[str, Any]:
+    """`values`, once every key is a field of dataclass `cls`: an unknown key is refused with the nearest valid one
+    (or, when none is close, the list of them). The caller builds `cls(**values)`."""
     valid = [field.name for field in dataclasses.fields(cls)]
     unknown = sorted(set(values) - set(valid))
     if unknown:
         match = nearest(unknown[0], valid)
         hint = f"did you mean {where}.{match}?" if match else f"valid keys are {valid}"
         raise ConfigError(f"{where}: unknown key(s) {unknown}; {hint}")
-    return cls(**values)
+    return values
 
 
 def parse_override_value(text: str) -> Any:

@@ -15,7 +15,7 @@ from typing import Any, Collection
 from commands import nearest
 from errors import ConfigError
 from model.config import ModelConfig
-from model.fields import build_dataclass, check_field_types, parse_override_value, set_dotted, toml_value
+from model.fields import check_field_types, check_keys, parse_override_value, set_dotted, toml_value
 from model.legacy_keys import LEGACY_KEYS
 from model.runtime_config import RETIRED, RuntimeConfig
 from train.trackers import TRACKERS
@@ -158,7 +158,7 @@ def build_run_config(values: dict[str, Any], where: str = "config", saved: bool 
         if cls is ModelConfig:
             sections[name] = ModelConfig.from_saved(section) if saved else ModelConfig.from_dict(section)
         else:
-            sections[name] = build_dataclass(cls, section, name)
+            sections[name] = cls(**check_keys(cls, section, name))
     return RunConfig(**sections)
 
 

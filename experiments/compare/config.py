@@ -16,7 +16,7 @@ from errors import ConfigError
 from eval.extrapolation import parse_lengths
 from eval.inference_methods import check_methods
 from model.encodings import POSITION_ENCODINGS
-from model.fields import build_dataclass, check_field_types
+from model.fields import check_field_types, check_keys
 from model.recipes import RECIPES, expand
 from train.config import RunConfig, build_run_config, parse_override_value, set_dotted
 
@@ -183,7 +183,7 @@ def load_compare_config(path: Path, preset: str | None, overrides: list[str]) ->
         raise ConfigError("compare.encoding_settings is now [model] position_args: an encoding's settings there "
                           "reach the runs of that encoding only (e.g. \"model.position_args\" = {t5 = {max_distance "
                           "= 64}})")
-    compare = build_dataclass(CompareConfig, compare_values, "compare")
+    compare = CompareConfig(**check_keys(CompareConfig, compare_values, "compare"))
     for section in ("data", "out"):
         if section in values:
             raise ConfigError(f"{path}: [{section}] is set by experiments.compare itself; use [compare] source/out instead")

@@ -1,0 +1,25 @@
+"""scripts.kernel_route follows a command to its attention kernel: the route's files, hops and re-entries."""
+import pytest
+
+from scripts.kernel_route import follow, summary, tree_lines
+
+
+@pytest.mark.slow  # a pretraining step under a Python profiler, ~10 s
+def test_the_route_of_a_training_command_reaches_the_chosen_backend(prepared_data, tmp_path):
+    command = ["train.pretrain", "--data", str(prepared_data), "--out", str(tmp_path / "run"),
+               "--model.position=alibi", "--model.dim=32", "--model.n_layers=1", "--model.n_heads=2",
+               "--model.n_kv_heads=1", "--model.max_seq_len=16", "--train.max_steps=1", "--train.batch_size=2",
+               "--train.eval_batches=1", "--train.warmup_steps=0"]
+    tracer, calls = follow(command, ["config", "model", "choice", "kernel"])
+    assert tracer.kernel is not None and tracer.kernel.file == "torch.scaled_dot_product_attention"
+    stack = [c.file for c in tracer.kernel.ancestors()]
+    # ALiBi in training: a float mask through the masked backend, chosen once by the registry
+    assert stack[-2] == "model/attention/masked.py" and "model/attention/layer.py" in stack
+    found = summary(calls)
+    for needed in ("model/config.py", "model/plugins.py", "model/encodings/alibi.py", "model/attention/registry.py",
+                   "model/attention/masked.py", "train/pretrain.py"):
+        assert needed in found["files"], needed
+    assert "data/tokenizer.py" not in found["files"]  # off the route: no stage calls it
+    assert all("<import>" not in line for line in tree_lines(calls))
+    assert found["hops"] and set(found["again"]) <= set(found["files"])
+    assert "train/pretrain.py" not in found["again"]  # the module body calling main is not a re-entry
