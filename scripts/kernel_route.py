@@ -41,6 +41,8 @@ STAGES = {
     "choice": lambda file, name: file == "model/attention/registry.py" and name in ("plan", "choose"),
     "method": lambda file, name: file == "model/attention_methods.py",
 }
+
+
 def is_kernel(function: Any) -> bool:
     """torch's attention kernels (F.scaled_dot_product_attention, the CPU flash kernel that returns the log-sum-exp)
     and the explicit path's softmax."""
@@ -54,7 +56,7 @@ class Call:
     name: str
     parent: Call | None
     children: list[Call] = field(default_factory=list)
-    stages: set[str] = field(default_factory=set)  # the stages this call starts or lies inside
+    stages: set[str] = field(default_factory=set)  # the stages (of STAGES) this call starts or lies inside
 
     def ancestors(self) -> list[Call]:
         chain, node = [], self
@@ -113,8 +115,7 @@ class Tracer:
                 self.frames[id(frame)] = SKIPPED  # an import on the way (and what it runs): not a step of the route
                 return
             node = Call(file, frame.f_code.co_name, parent)
-            node.stages = {s for s in parent.stages if s != "kernel"}
-            node.stages |= {s for s in self.stages if s in STAGES and STAGES[s](file, node.name)}
+            node.stages = parent.stages | {s for s in self.stages if s in STAGES and STAGES[s](file, node.name)}
             parent.children.append(node)
             self.frames[id(frame)] = node
         elif event == "return":
@@ -123,9 +124,7 @@ class Tracer:
             caller = self.caller(frame)
             if self.through is not None and all(item.file != self.through for item in caller.ancestors()):
                 return
-            node = Call(f"torch.{arg.__name__}", "", caller)
-            node.stages = {"kernel"}
-            self.kernel = node
+            self.kernel = Call(f"torch.{arg.__name__}", "", caller)
             raise Stop  # reaches the command as an exception from the kernel call
 
 
@@ -156,7 +155,7 @@ def summary(calls: list[Call]) -> dict[str, Any]:
     again = set()
     for call in calls:
         if any(id(child) in kept for child in call.children):
-            continue  # a leaf of the route: its stack is complete
+            continue  # only the route's leaves: each one's stack holds its callers
         left: set[str] = set()
         previous = None
         # from the command's main: its module body only calls it (through errors.py's cli_command)
