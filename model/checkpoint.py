@@ -28,6 +28,7 @@ from safetensors.torch import save as save_safetensors
 from commands import nearby_folder
 from errors import CheckpointError
 from model.config import ModelConfig
+from model.plugins import check_plugins
 from model.transformer import Transformer
 
 WEIGHTS = "model.safetensors"
@@ -224,7 +225,7 @@ def load_weights_into(model: Transformer, folder: str | Path, config_source: str
 def _read_config(folder: Path, shown: Path) -> ModelConfig:
     if not (folder / CONFIG).exists():
         raise CheckpointError(f"{shown}: missing {CONFIG}; this is not a complete checkpoint folder")
-    return ModelConfig.load(folder / CONFIG)
+    return check_plugins(ModelConfig.load(folder / CONFIG))
 
 
 def _existing(folder: str | Path) -> Path:

@@ -1,9 +1,9 @@
-"""ModelConfig: everything that defines a model's shape, validated on creation and saved as config.json.
+"""ModelConfig: everything that defines a model's shape, its own fields validated on creation, saved as config.json.
 
-Plain data: importing this module loads no registry and not torch (train/args.py reads the fields before torch
-loads). What belongs to a plug-in (an encoding's settings, the RoPE scaling, the attention methods) is checked, and
-completed, by the plug-in's own code through model/plugins.py, which ModelConfig imports when a config is built:
-this module names no encoding, scaling or method.
+Plain data: importing this module or building a config loads no registry and not torch. What belongs to a plug-in
+(an encoding's settings, the RoPE scaling, the attention methods) is checked, and completed, by the plug-in's own
+code: model.plugins.check_plugins(config), which runs where a config comes in (a run's config, a checkpoint's
+config.json) and where a model is built (Transformer.__init__). This module names no encoding, scaling or method.
 """
 from __future__ import annotations
 
@@ -116,9 +116,6 @@ class ModelConfig:
         if self.random_positions and self.random_positions < self.max_seq_len:
             raise ConfigError(f"model.random_positions ({self.random_positions}) draws each sequence's positions from "
                               f"[0, N) and must be at least model.max_seq_len ({self.max_seq_len}); 0 turns it off")
-        from model.plugins import check_plugins  # here, not at the top: importing the config loads no registry
-
-        check_plugins(self)  # the encodings' settings, the RoPE scaling, the attention methods
 
     # The per-layer lists: each repeats over the layers (its length must divide n_layers); [] means the default.
     LAYER_LISTS = ("position_layers", "attention_window", "attention_chunk", "qk_norm", "attention_gate", "sink_logits",

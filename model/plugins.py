@@ -3,25 +3,35 @@
 model/config.py checks the model's shape and the fields it owns; what belongs to a plug-in (an encoding's own
 settings and its demands on the model, the RoPE scaling, the inference-time attention methods) is checked here by
 the plug-in's own code, found through its registry (model/encodings/, model/rope.py, model/attention_methods.py).
-ModelConfig imports this module when a config is built (in __post_init__), not when model/config.py is imported:
-reading the config loads no registry and not torch. The import runs one way: no plug-in imports config.py, not even
-for a type hint; they name what they read of a config as ModelShape (model/shape.py, a Protocol that ModelConfig
-satisfies). So a new encoding never edits the config.
+check_plugins runs where a config comes in and where a model is built: train/config.build_run_config (a run's
+config, before anything is written), model/checkpoint.load_config (a checkpoint's config.json) and
+Transformer.__init__ (every model and view); it is idempotent. ModelConfig never imports this module: building or
+reading a config loads no registry and not torch; importing this module loads none either (check_plugins imports
+the registries when it runs). No plug-in imports config.py either, not even for a type hint; they
+name what they read of a config as ModelShape (model/shape.py, a Protocol that ModelConfig satisfies). So a new
+encoding never edits the config.
 """
 from __future__ import annotations
 
 import dataclasses
+from typing import TypeVar
 
 from errors import ConfigError
-from model.attention_methods import ATTENTION_METHODS, check_applies, normalize_methods
-from model.encodings import POSITION_ENCODINGS
-from model.encodings.base import settings_from
-from model.rope import normalize_rope_scaling
 from model.shape import ModelShape
 
+S = TypeVar("S", bound=ModelShape)
 
-def check_plugins(config: ModelShape) -> None:
-    """Check (and complete, in place) what of `config` belongs to the plug-ins; raise ConfigError naming the key."""
+
+def check_plugins(config: S) -> S:
+    """Check (and complete, in place) what of `config` belongs to the plug-ins; raise ConfigError naming the key.
+    Returns `config`."""
+    # The registries load here, not at the top: importing this module (train/config.py does) loads no plug-in and
+    # not torch, so a command line is checked before torch loads (train/args.py).
+    from model.attention_methods import ATTENTION_METHODS, check_applies, normalize_methods
+    from model.encodings import POSITION_ENCODINGS
+    from model.encodings.base import settings_from
+    from model.rope import normalize_rope_scaling
+
     valid = sorted(POSITION_ENCODINGS)
     if config.position not in POSITION_ENCODINGS:
         raise ConfigError(f"model.position: unknown encoding {config.position!r}; valid names are {valid}")
@@ -80,4 +90,5 @@ def check_plugins(config: ModelShape) -> None:
     config.attention_methods = normalize_methods(config.attention_methods, config.original_length)
     for entry in config.attention_methods:
         check_applies(ATTENTION_METHODS[entry["method"]], config)
+    return config
 

@@ -23,6 +23,7 @@ from model.encodings.base import PositionEncoding
 from model.kv_cache import KVCache
 from model.layers import RMSNorm, SwiGLU
 from model.loss import linear_cross_entropy, token_cross_entropy
+from model.plugins import check_plugins
 from model.random_positions import sample_positions
 from model.rope import ROPE_SCALINGS, scaling_type
 from model.runtime import runtime_config
@@ -80,7 +81,7 @@ class Transformer(nn.Module):
         settings configure_runtime put in effect (model/runtime.py). Chosen here, kept by the model and its views."""
         super().__init__()
         check_name(config.attention_backend)
-        self.config = config
+        self.config = check_plugins(config)  # the encodings' settings, the RoPE scaling, the attention methods
         self.runtime = runtime_config() if runtime is None else runtime
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
         self.observer: Observer | None = None  # a diagnostic's view (with_observer): reads the probabilities
@@ -167,7 +168,7 @@ class Transformer(nn.Module):
         view = copy.copy(self)  # the same attributes; the module tables below are the view's own
         view._modules, view._parameters, view._buffers = dict(self._modules), dict(self._parameters), \
             dict(self._buffers)
-        view.config = config
+        view.config = check_plugins(config)
         view.observer = observer
         view.build_positions(config)
         device = self.tok_embeddings.weight.device

@@ -1,4 +1,5 @@
 """Run configs: TOML + overrides, strict keys and types, round trip."""
+import json
 import subprocess
 import sys
 import tomllib
@@ -7,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from errors import ConfigError
+from model.config import ModelConfig
 from train.config import build_run_config, load_run_config, parse_override_value, to_toml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,9 +140,9 @@ def test_each_former_key_names_a_setting_of_an_encoding_that_has_it():
 
 
 def test_model_config_names_no_encoding_and_imports_no_plug_in():
-    """model/config.py reaches the encodings, scalings and attention methods only through model/plugins.py, which
-    ModelConfig imports when a config is built: at its top it imports the field checks and the table of former keys
-    alone, and it names no registered encoding."""
+    """model/config.py imports no plug-in, not even when a config is built (model.plugins.check_plugins runs where
+    a config comes in and where a model is built): it imports the field checks and the table of former keys alone,
+    and it names no registered encoding."""
     import ast
 
     from model.encodings import POSITION_ENCODINGS
@@ -151,7 +153,7 @@ def test_model_config_names_no_encoding_and_imports_no_plug_in():
         {alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names}
     assert {name for name in top if name.startswith("model")} == {"model.fields", "model.legacy_keys"}, top
     inner = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)} - top
-    assert inner == {"model.plugins"}, inner
+    assert inner == set(), inner
     strings = {node.value for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Constant)
                and isinstance(node.value, str)}
     assert not [name for name in POSITION_ENCODINGS if name in strings and name != "rope"], strings
@@ -186,11 +188,12 @@ def test_plug_ins_do_not_import_the_config_and_name_what_they_read_as_model_shap
 
 
 def test_importing_model_config_loads_no_plug_in_nor_torch():
-    """Reading the config is cheap: `import model.config` loads no registry (no encoding module, RoPE scaling or
-    attention method) and not torch; ModelConfig reaches the plug-ins' checks when a config is built. Python's
-    import-time report names what `import` statements load; the registry loads its encodings with
-    importlib.import_module, which that report leaves out, so the process's sys.modules is read too."""
-    script = "import sys, model.config; print(*sys.modules)"
+    """Reading the config is cheap: `import model.config`, and building a config that names plug-ins' settings,
+    load no registry (no encoding module, RoPE scaling or attention method) and not torch. Python's import-time
+    report names what `import` statements load; the registry loads its encodings with importlib.import_module,
+    which that report leaves out, so the process's sys.modules is read too."""
+    script = ("import sys, model.config; model.config.ModelConfig(position='t5', position_args={'t5': {}}, "
+              "rope_scaling={'rope_type': 'yarn', 'factor': 2.0}); print(*sys.modules)")
     done = subprocess.run([sys.executable, "-X", "importtime", "-c", script], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -203,3 +206,30 @@ def test_importing_model_config_loads_no_plug_in_nor_torch():
 
     assert not heavy(reported), heavy(reported)
     assert not heavy(done.stdout.split()), heavy(done.stdout.split())
+
+
+def test_plug_in_settings_are_checked_where_a_config_comes_in_and_where_a_model_is_built(tmp_path):
+    """ModelConfig checks its own fields only; model.plugins.check_plugins checks (and completes) the plug-ins'
+    settings: in a run's config (train/config.build_run_config, before anything is written), in a checkpoint's
+    config.json (model.checkpoint.load_config) and in Transformer.__init__. Each refuses a bad setting by its key."""
+    from model.checkpoint import load_config
+    from model.plugins import check_plugins
+    from model.transformer import Transformer
+    from train.config import build_run_config
+
+    bad = {"vocab_size": 32, "dim": 16, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "max_seq_len": 8,
+           "position": "alibi", "position_args": {"t5": {"max_distance": 64}}}
+    config = ModelConfig(**bad)  # plain data: built without the plug-ins
+    for attempt in (lambda: check_plugins(config), lambda: Transformer(config),
+                    lambda: build_run_config({"model": bad})):
+        with pytest.raises(ConfigError, match="model.position_args: settings for"):
+            attempt()
+    (tmp_path / "config.json").write_text(json.dumps(bad))
+    with pytest.raises(ConfigError, match="model.position_args: settings for"):
+        load_config(tmp_path)
+    good = ModelConfig(**{**bad, "position": "t5"})
+    assert good.position_args == {"t5": {"max_distance": 64}}  # as given
+    assert check_plugins(good) is good and good.position_args["t5"]["max_distance"] == 64
+    completed = dict(good.position_args["t5"])
+    assert len(completed) > 1  # the encoding's defaults filled in
+    assert check_plugins(good).position_args["t5"] == completed  # idempotent

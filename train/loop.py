@@ -36,6 +36,7 @@ from model.checkpoint import (
 from model.config import ModelConfig
 from model.data_folder import DATA_FOLDER, data_folder_record
 from model.folder_lock import FolderLock
+from model.plugins import check_plugins
 from model.runtime import autocast, autocast_dtype, configure_runtime, resolve_device
 from model.transformer import IGNORE_INDEX, Transformer
 from train.config import RunConfig, to_toml
@@ -151,7 +152,7 @@ def check_out_dir(config: RunConfig, resume: bool) -> Path:
             raise ConfigError(f"--resume: {out} holds no checkpoint to resume from")
         saved = load_trainer_state(out).get("run_config", {}).get("model")
         if saved is not None:  # through the dataclass, so settings added since the save take their defaults
-            saved = ModelConfig.from_saved(saved).to_dict()
+            saved = check_plugins(ModelConfig.from_saved(saved)).to_dict()
         if saved is not None and saved != config.model.to_dict():
             changed = sorted(key for key in saved if saved.get(key) != config.model.to_dict().get(key))
             raise ConfigError(
