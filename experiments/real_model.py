@@ -52,7 +52,7 @@ from eval.segments import choose_segments
 from eval.stats import bounded_t_interval, interval_verdict, t_interval
 from eval.use import DEFAULT_MARGIN, default_span, distances_at, fitting_count, measure_use, rows_table, self_checks
 from model.checkpoint import load_model, trained_length
-from model.runtime import autocast, configure_runtime, resolve_device
+from model.runtime import autocast, autocast_dtype, configure_runtime, resolve_device
 
 DEFAULT_METHODS = "none,linear,ntk,dynamic,yarn,selfextend,rerope,sinks,logn"
 MIN_PASSKEY_TRIALS = 10  # a passkey cell with fewer trials is left out of the report
@@ -226,6 +226,7 @@ def run_use(model, texts: dict[str, np.ndarray], trained: int, out: Path, method
                 [result] = measure_use(model, ids, trained, length, distances, span, count, windows, seed=0,
                                        methods=(method,), amp=amp)
                 rows = [{**result.row(i, trained, DEFAULT_MARGIN), "text": text, "seconds": result.seconds,
+                         "dtype": "float32" if amp is None else "bfloat16",
                          "passages": result.passages[:, i, :].tolist()} for i in range(len(distances))]
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(json.dumps({"rows": rows, "recurrence": result.recurrence}))
@@ -257,6 +258,13 @@ def use_markdown(use: list[dict], meta: dict[str, Any]) -> list[str]:
                   "L tokens holds the model as trained (the positive control); a method whose attention cannot "
                   "reach d is marked 'past reach' (the negative control).", "", *rows_table(rows, trained)]
         lines += ["", *[f"- {check}" for check in self_checks(rows, trained)], ""]
+        precisions = {}
+        for row in rows:
+            precisions.setdefault(row.get("dtype", "bfloat16"), {}).setdefault(f"{row['method']} at "
+                                                                              f"{row['length']:,}", None)
+        if len(precisions) > 1:
+            lines += ["Precision: " + "; ".join(f"{dtype} for {', '.join(cells)}" for dtype, cells in
+                                                sorted(precisions.items())) + ".", ""]
     return lines
 
 
@@ -452,7 +460,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--report-only", action="store_true",
                         help="compute nothing: rewrite report.md from OUT/results.json (and OUT/cache/use)")
     add_device(parser)
-    parser.add_argument("--dtype", default="bfloat16", help="bfloat16 (autocast) | float32")
+    parser.add_argument("--dtype", default="auto",
+                        help="auto (bfloat16 autocast where the device computes it natively, else float32) | "
+                             "bfloat16 | float32")
     parser.add_argument("--minutes", type=float, default=120.0, help="start no new cell after this many minutes")
     add_out(parser, "output folder (required)", type=Path)
     return parser
@@ -462,19 +472,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     configure_runtime()  # the process's runtime switches, at start-up (model/runtime.py)
     args = parse(build_parser(), argv, "checkpoint", "out")
-    if args.dtype not in ("bfloat16", "float32"):
-        raise ConfigError(f"--dtype is bfloat16 or float32, not {args.dtype!r}")
+    if args.dtype not in ("auto", "bfloat16", "float32"):
+        raise ConfigError(f"--dtype is auto, bfloat16 or float32, not {args.dtype!r}")
     if args.report_only:
         rewrite_report(args.out, trained_length(args.checkpoint))
         return 0
     started = time.perf_counter()
     deadline = started + 60 * args.minutes
-    amp = torch.bfloat16 if args.dtype == "bfloat16" else None
     trained = trained_length(args.checkpoint)
     lengths = sorted({resolve_length(item, trained) for item in parse_lengths(args.lengths)})
     methods = check_methods(comma_list(args.methods))
     methods = [NONE] + [method for method in methods if method != NONE]
     device = resolve_device(args.device)
+    amp = autocast_dtype(device, args.dtype)  # a CPU without native bf16 computes it tens of times slower
+    args.dtype = "bfloat16" if amp is not None else "float32"  # as the report names it
     model = load_model(args.checkpoint, device).eval()
     tokenizer = load_tokenizer(args.checkpoint)
     saved = args.out / "cache" / "layout.json"  # texts an earlier invocation scored stay in the report
