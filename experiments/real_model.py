@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import resource
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -514,7 +515,7 @@ def log_invocation(out: Path, argv: list[str] | None, started: float) -> None:
     """Append this invocation (command, wall time, load averages at its end) to OUT/cache/invocations.json."""
     path = out / "cache" / "invocations.json"
     log = json.loads(path.read_text()) if path.exists() else []
-    log.append({"command": "python -m experiments.real_model " + " ".join(sys.argv[1:] if argv is None else argv),
+    log.append({"command": "python -m experiments.real_model " + shlex.join(sys.argv[1:] if argv is None else argv),
                 "ended": time.strftime("%H:%M:%S"), "minutes": (time.perf_counter() - started) / 60,
                 "load_average": [round(value, 2) for value in os.getloadavg()]})
     path.write_text(json.dumps(log, indent=1))
