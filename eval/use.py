@@ -22,6 +22,10 @@ both hold (shown, but too small to matter: other passages' first copies near a s
 control, which moves its loss by about 0.001 nats); "none" when use is shown within +-margin only; else
 "cannot tell".
 
+On a text of many documents (separated by <|endoftext|>) a first copy can lie in an earlier document than its
+second: each row counts those passages (`across_documents`), and the table shows the count. Their use measures
+reading across a document boundary, which a model trained on packed documents does less (docs/evaluation.md).
+
 Self-checks beside every table: the positive control (in windows of at most L tokens, where the model meets only
 positions it trained at, a distance within L must read "uses" for a model that reads its context: a model that does
 not copy within L cannot show use past it) and the negative control (a method whose
@@ -47,7 +51,7 @@ import numpy as np
 import torch
 
 from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, parse
-from data.tokenizer import load_tokenizer
+from data.tokenizer import ENDOFTEXT, load_tokenizer
 from errors import ConfigError, PositionRangeError, cli_command
 from eval import figures
 from eval.extrapolation import parse_lengths, resolve_length
@@ -182,6 +186,14 @@ def build_windows(ids: np.ndarray, length: int, placements: list[Placement], spa
     return probe, control
 
 
+def across_documents(windows: np.ndarray, placements: list[Placement], span: int, distances: list[int],
+                     separator: int) -> np.ndarray:
+    """(windows, distances, passages), in per_passage_losses' order: whether a `separator` token (a document's end)
+    lies between a passage's first copy and its second."""
+    return np.stack([np.stack([(windows[:, p.first + span : p.second] == separator).any(axis=1)
+                               for p in placements if p.distance == d], axis=1) for d in distances], axis=1)
+
+
 def per_passage_losses(losses: np.ndarray, placements: list[Placement], span: int,
                        distances: list[int]) -> np.ndarray:
     """(windows, distances, passages): the mean loss over the scored tokens of each passage at each distance."""
@@ -240,6 +252,7 @@ class UseResult:
     reach: int | None
     recurrence: list[dict[str, Any]]
     seconds: float
+    apart: np.ndarray | None = None  # (windows, distances, passages): copies in different documents; None: not known
 
     @property
     def use(self) -> np.ndarray:
@@ -261,17 +274,20 @@ class UseResult:
                 "use_values": self.use[:, index].tolist(),
                 "probe_nll": float(self.probe[:, index].mean()), "control_nll": float(self.control[:, index].mean()),
                 "verdict": verdict(spread(values[None, :]), margin),
-                "past_reach": self.reach is not None and self.distances[index] > self.reach}
+                "past_reach": self.reach is not None and self.distances[index] > self.reach,
+                **({} if self.apart is None else {"across_documents": int(self.apart[:, index, :].sum()),
+                                                  "passages_scored": int(self.apart[:, index, :].size)})}
 
 
 @torch.inference_mode()
 def measure_use(model: Transformer, ids: np.ndarray, trained: int, length: int, distances: list[int], span: int,
                 per_distance: int, windows: int, seed: int = 0, methods: tuple[str, ...] = (NONE,),
-                amp: torch.dtype | None = None, ngram: int = 4) -> list[UseResult]:
+                amp: torch.dtype | None = None, ngram: int = 4, separator: int | None = None) -> list[UseResult]:
     """use(d) for each method (eval/inference_methods.py, set for `length`) on the same windows; see the module
-    docstring."""
+    docstring. `separator`: the token that ends a document, to count the passages whose copies it parts."""
     placements = place(length, span, distances, per_distance)
     probe, control = build_windows(ids, length, placements, span, windows, seed)
+    apart = None if separator is None else across_documents(probe, placements, span, distances, separator)
     edges = sorted({1, *[e for e in (trained // 4, trained // 2, trained, 2 * trained, 4 * trained, 8 * trained,
                                      16 * trained) if 1 < e < length], length + 1})
     results = []
@@ -290,7 +306,8 @@ def measure_use(model: Transformer, ids: np.ndarray, trained: int, length: int, 
         on_control = per_passage_losses(control_losses, placements, span, distances)
         results.append(UseResult(method, length, list(distances), on_control - on_probe, on_probe.mean(axis=2),
                                  on_control.mean(axis=2), reach(view, trained),
-                                 recurrence_view(control, control_losses, ngram, edges), time.perf_counter() - started))
+                                 recurrence_view(control, control_losses, ngram, edges), time.perf_counter() - started,
+                                 apart))
         print(f"use @ {length:,} {method}: " + ", ".join(f"d={d:,} {u:+.3f}" for d, u in
                                                         zip(distances, results[-1].use.mean(axis=0)))
               + f" ({results[-1].seconds:.0f} s)", flush=True)
@@ -316,20 +333,30 @@ def self_checks(rows: list[dict[str, Any]], trained: int) -> list[str]:
                                                                                 "not confirmed (too noisy)")
             lines.append(f"negative control ({r['method']}, d = {r['distance']:,} beyond its reach): "
                          f"{word}: {r['verdict']} ({Estimate(**r['use']).format(3, signed=True)})")
+    apart = {(r["length"], r["distance"]): r for r in rows if r.get("across_documents")}  # the same at every method
+    if apart:
+        lines.append("copies in two documents (a document's end between them): " + "; ".join(
+            f"window {length:,}, d = {d:,}: {r['across_documents']} of {r['passages_scored']}"
+            for (length, d), r in sorted(apart.items()))
+                     + ": use there includes reading across a document boundary")
     return lines
 
 
 def rows_table(rows: list[dict[str, Any]], trained: int) -> list[str]:
-    """The markdown table of use rows (a row's seconds, where it records them, in a last column)."""
+    """The markdown table of use rows (where every row records them, the passages whose copies lie in different
+    documents and the seconds, in last columns)."""
     timed = all("seconds" in r for r in rows)
+    apart = any(r.get("across_documents") for r in rows) and all("across_documents" in r for r in rows)
     lines = ["| window | method | distance (tokens) | distance / L | use, nats [95% t] | over | verdict | "
-             "NLL probe | NLL control |" + (" seconds (probe + control) |" if timed else ""),
-             "|---:|---|---:|---:|---:|---|---|---:|---:|" + ("---:|" if timed else "")]
+             "NLL probe | NLL control |" + (" copies in two documents |" if apart else "")
+             + (" seconds (probe + control) |" if timed else ""),
+             "|---:|---|---:|---:|---:|---|---|---:|---:|" + ("---:|" if apart else "") + ("---:|" if timed else "")]
     for r in rows:
         flag = " (past reach)" if r["past_reach"] else ""
         lines.append(f"| {r['length']:,} ({r['length'] / trained:g}L) | {r['method']} | {r['distance']:,} | "
                      f"{r['multiple']:.2f} | {Estimate(**r['use']).format(3, signed=True)} | {r['n']} {r['unit']} | "
                      f"{r['verdict']}{flag} | {r['probe_nll']:.3f} | {r['control_nll']:.3f} |"
+                     + (f" {r['across_documents']} of {r['passages_scored']} |" if apart else "")
                      + (f" {r['seconds']:.0f} |" if timed else ""))
     return lines
 
@@ -463,7 +490,8 @@ def distances_at(items: list[str], trained: int, length: int, longest: int, span
 
 def measure_checkpoint(model: Transformer, ids: np.ndarray, trained: int, lengths: list[int], items: list[str],
                        span: int, per_distance: int, windows: int | dict[int, int], seed: int, methods: list[str],
-                       amp: torch.dtype | None, ngram: int) -> tuple[list[UseResult], list[str]]:
+                       amp: torch.dtype | None, ngram: int,
+                       separator: int | None = None) -> tuple[list[UseResult], list[str]]:
     """measure_use at every length (`windows` of it, or windows[length]): at a length of at most L the model as
     trained, past L every method. Returns the results and, for a (method, length) the model cannot run (a learned
     table's end), why (not raised)."""
@@ -477,7 +505,7 @@ def measure_checkpoint(model: Transformer, ids: np.ndarray, trained: int, length
             try:
                 found += measure_use(model, ids, trained, length, distances, span, count,
                                      windows if isinstance(windows, int) else windows[length], seed, (method,),
-                                     amp, ngram)
+                                     amp, ngram, separator)
             except PositionRangeError as error:
                 errors.append(f"{method} @ {length}: {error}")
     return found, errors
@@ -504,7 +532,8 @@ def main(argv: list[str] | None = None) -> int:
         span = args.span or default_span(trained)
         chosen = [m for m in methods if applies(m, model.config.position, model.config.layer_encodings())]
         found, errors = measure_checkpoint(model, ids, trained, lengths, comma_list(args.distances), span,
-                                           args.per_distance, args.windows, args.seed, chosen, amp, args.ngram)
+                                           args.per_distance, args.windows, args.seed, chosen, amp, args.ngram,
+                                           tokenizer.convert_tokens_to_ids(ENDOFTEXT))
         for error in errors:
             print(f"not measured: {error}")
         rows = [result.row(i, trained, args.margin) for result in found for i in range(len(result.distances))]

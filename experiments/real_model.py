@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, parse
-from data.tokenizer import load_tokenizer
+from data.tokenizer import ENDOFTEXT, load_tokenizer
 from errors import ConfigError, DataError, cli_command
 from eval import figures
 from eval.extrapolation import parse_lengths, resolve_length
@@ -212,9 +212,11 @@ def run_passkey(model, tokenizer, out: Path, methods: list[str], lengths: list[i
 
 
 def run_use(model, texts: dict[str, np.ndarray], trained: int, out: Path, methods: list[str], lengths: list[int],
-            items: list[str], windows: int, passages: int, amp: torch.dtype | None, deadline: float) -> list[dict]:
+            items: list[str], windows: int, passages: int, amp: torch.dtype | None, deadline: float,
+            separator: int | None = None) -> list[dict]:
     """The use measurement (eval/use.py) per (text, method, length), each cached in OUT/cache/use/TEXT/; at a length
-    of at most L the model as trained only (the positive control). Returns every cached row, with its text."""
+    of at most L the model as trained only (the positive control). `separator`: the token between documents. Returns
+    every cached row, with its text."""
     span = default_span(trained)
     for text, ids in texts.items():
         for length in lengths:
@@ -225,7 +227,7 @@ def run_use(model, texts: dict[str, np.ndarray], trained: int, out: Path, method
                 if path.exists() or not distances or not count or time.perf_counter() > deadline:
                     continue
                 [result] = measure_use(model, ids, trained, length, distances, span, count, windows, seed=0,
-                                       methods=(method,), amp=amp)
+                                       methods=(method,), amp=amp, separator=separator)
                 rows = [{**result.row(i, trained, DEFAULT_MARGIN), "text": text, "seconds": result.seconds,
                          "dtype": "float32" if amp is None else "bfloat16",
                          "passages": result.passages[:, i, :].tolist()} for i in range(len(distances))]
@@ -505,7 +507,8 @@ def main(argv: list[str] | None = None) -> int:
     use = run_use(model, {name: texts[name] for name in chosen}, trained, args.out,
                   [NONE] + [m for m in check_methods(comma_list(args.use_methods)) if m != NONE],
                   sorted({resolve_length(item, trained) for item in parse_lengths(args.use_lengths)}),
-                  comma_list(args.use_distances), args.use_windows, args.use_passages, amp, deadline)
+                  comma_list(args.use_distances), args.use_windows, args.use_passages, amp, deadline,
+                  tokenizer.convert_tokens_to_ids(ENDOFTEXT))
     log_invocation(args.out, argv, started)
     write_outputs(runner, passkey, args, texts, use)
     return 0

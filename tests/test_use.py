@@ -14,6 +14,7 @@ from eval.use import (
     GAP,
     LEAD,
     Placement,
+    across_documents,
     build_windows,
     fitting_count,
     lead_tokens,
@@ -77,6 +78,32 @@ def test_probe_and_control_differ_only_in_the_first_copies():
     for row in probe:
         start = row[0] - 7
         assert (row[natural] == (np.arange(start, start + 101) % 9973 + 7)[natural]).all()
+
+
+def test_passages_parted_by_a_document_end_are_counted():
+    # the gaps between copies: d = 20 at [35, 51) and [75, 91); d = 40 at [49, 85) and [61, 97)
+    placements = place(100, 4, [20, 40], 2)
+    windows = np.ones((2, 101), dtype=np.int64)
+    windows[0, 80] = 0  # parts the second d = 20 passage and both d = 40 ones
+    windows[1, 40] = 0  # parts the first d = 20 passage only
+    windows[1, 33] = 0  # inside a first copy (31-34): parts nothing
+    apart = across_documents(windows, placements, 4, [20, 40], separator=0)
+    assert apart.tolist() == [[[False, True], [True, True]], [[True, False], [False, False]]]
+
+
+def test_use_rows_count_the_copies_in_two_documents():
+    ids = text(2)
+    ids[::100] = 0  # a document end every 100 tokens: each gap of 150 tokens holds one
+    [result] = measure_use(CopyOracle(512, reach=64), ids, trained=64, length=256, distances=[24, 160], span=8,
+                           per_distance=2, windows=3, separator=0)
+    rows = [result.row(i, 64, 0.05) for i in range(2)]
+    assert [r["passages_scored"] for r in rows] == [6, 6]
+    assert rows[1]["across_documents"] == 6  # 160 apart: the 152 tokens between the copies hold a document end
+    assert rows[0]["across_documents"] < 6  # 24 apart: 16 tokens between them
+    assert any("copies in two documents" in line for line in self_checks(rows, 64))
+    [unknown] = measure_use(CopyOracle(512, reach=64), ids, trained=64, length=256, distances=[24], span=8,
+                            per_distance=2, windows=3)
+    assert "across_documents" not in unknown.row(0, 64, 0.05)
 
 
 class CopyOracle(torch.nn.Module):
