@@ -282,12 +282,17 @@ class UseResult:
 @torch.inference_mode()
 def measure_use(model: Transformer, ids: np.ndarray, trained: int, length: int, distances: list[int], span: int,
                 per_distance: int, windows: int, seed: int = 0, methods: tuple[str, ...] = (NONE,),
-                amp: torch.dtype | None = None, ngram: int = 4, separator: int | None = None) -> list[UseResult]:
+                amp: torch.dtype | None = None, ngram: int = 4, separator: int | None = None,
+                joiner: int | None = None) -> list[UseResult]:
     """use(d) for each method (eval/inference_methods.py, set for `length`) on the same windows; see the module
-    docstring. `separator`: the token that ends a document, to count the passages whose copies it parts."""
+    docstring. `separator`: the token that ends a document, to count the passages whose copies it parts; `joiner`:
+    a token written in its place in every window (the same windows and passages with the documents joined)."""
     placements = place(length, span, distances, per_distance)
     probe, control = build_windows(ids, length, placements, span, windows, seed)
     apart = None if separator is None else across_documents(probe, placements, span, distances, separator)
+    if joiner is not None and separator is not None:
+        probe[probe == separator] = joiner
+        control[control == separator] = joiner
     edges = sorted({1, *[e for e in (trained // 4, trained // 2, trained, 2 * trained, 4 * trained, 8 * trained,
                                      16 * trained) if 1 < e < length], length + 1})
     results = []

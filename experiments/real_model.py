@@ -50,7 +50,7 @@ from eval.inference_methods import NONE, check_methods, method_spec
 from eval.passkey import evaluate_passkey
 from eval.scoring import score_incremental, score_windows
 from eval.segments import choose_segments
-from eval.stats import bounded_t_interval, interval_verdict, t_interval
+from eval.stats import Estimate, bounded_t_interval, interval_verdict, t_interval
 from eval.use import DEFAULT_MARGIN, default_span, distances_at, fitting_count, measure_use, rows_table, self_checks
 from model.checkpoint import load_model, trained_length
 from model.runtime import autocast, autocast_dtype, configure_runtime, resolve_device
@@ -213,12 +213,14 @@ def run_passkey(model, tokenizer, out: Path, methods: list[str], lengths: list[i
 
 def run_use(model, texts: dict[str, np.ndarray], trained: int, out: Path, methods: list[str], lengths: list[int],
             items: list[str], windows: int, passages: int, amp: torch.dtype | None, deadline: float,
-            separator: int | None = None) -> list[dict]:
+            separator: int | None = None, joiner: int | None = None) -> list[dict]:
     """The use measurement (eval/use.py) per (text, method, length), each cached in OUT/cache/use/TEXT/; at a length
-    of at most L the model as trained only (the positive control). `separator`: the token between documents. Returns
-    every cached row, with its text."""
+    of at most L the model as trained only (the positive control). `separator`: the token between documents;
+    `joiner`: a token put in its place in every window, the text then named TEXT-joined. Returns every cached row,
+    with its text."""
     span = default_span(trained)
-    for text, ids in texts.items():
+    for name, ids in texts.items():
+        text = f"{name}{JOINED}" if joiner is not None else name
         for length in lengths:
             distances = distances_at(items, trained, length, max(lengths), span, passages)
             count = fitting_count(length, span, distances, passages)
@@ -227,13 +229,24 @@ def run_use(model, texts: dict[str, np.ndarray], trained: int, out: Path, method
                 if path.exists() or not distances or not count or time.perf_counter() > deadline:
                     continue
                 [result] = measure_use(model, ids, trained, length, distances, span, count, windows, seed=0,
-                                       methods=(method,), amp=amp, separator=separator)
+                                       methods=(method,), amp=amp, separator=separator, joiner=joiner)
                 rows = [{**result.row(i, trained, DEFAULT_MARGIN), "text": text, "seconds": result.seconds,
                          "dtype": "float32" if amp is None else "bfloat16",
                          "passages": result.passages[:, i, :].tolist()} for i in range(len(distances))]
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(json.dumps({"rows": rows, "recurrence": result.recurrence}))
     return cached_use(out)
+
+
+JOINED = "-joined"  # the suffix of a text measured with its documents joined (--join-documents)
+
+
+def newline_token(tokenizer) -> int:
+    """The tokenizer's one token for a newline (what --join-documents puts in place of a document's end)."""
+    ids = tokenizer.encode("\n", add_special_tokens=False)
+    if len(ids) != 1:
+        raise ConfigError(f"--join-documents needs a tokenizer with one token for a newline; this one gives {ids}")
+    return ids[0]
 
 
 def cached_use(out: Path) -> list[dict]:
@@ -268,7 +281,33 @@ def use_markdown(use: list[dict], meta: dict[str, Any]) -> list[str]:
         if len(precisions) > 1:
             lines += ["Precision: " + "; ".join(f"{dtype} for {', '.join(cells)}" for dtype, cells in
                                                 sorted(precisions.items())) + ".", ""]
+        lines += joined_markdown(use, text, trained)
     return lines
+
+
+def joined_markdown(use: list[dict], text: str, trained: int) -> list[str]:
+    """For TEXT-joined beside TEXT: each (method, length, distance) measured both ways, with the difference paired
+    by passage (the same windows and passages; only the document ends differ)."""
+    if not text.endswith(JOINED):
+        return []
+    as_is = {(r["method"], r["length"], r["distance"]): r for r in use if r["text"] == text[: -len(JOINED)]}
+    pairs = [(as_is[key], r) for r in use if r["text"] == text
+             and (key := (r["method"], r["length"], r["distance"])) in as_is and "passages" in as_is[key]]
+    if not pairs:
+        return []
+    lines = [f"{text} against {text[: -len(JOINED)]}: the same windows and passages with each document end in the "
+             "window replaced by a newline; the difference paired by passage, mean [95% t].", "",
+             "| window | method | distance (tokens) | copies in two documents | use as is | use, documents joined | "
+             "joined - as is |", "|---:|---|---:|---:|---:|---:|---:|"]
+    for before, after in pairs:
+        change = np.asarray(after["passages"], dtype=float).ravel() - np.asarray(before["passages"], dtype=float).ravel()
+        apart = (f"{before['across_documents']} of {before['passages_scored']}" if "across_documents" in before
+                 else "")
+        lines.append(f"| {after['length']:,} ({after['length'] / trained:g}L) | {after['method']} | "
+                     f"{after['distance']:,} | {apart} | {Estimate(**before['use']).format(3, signed=True)} | "
+                     f"{Estimate(**after['use']).format(3, signed=True)} | "
+                     f"{t_interval(change).format(3, signed=True)} |")
+    return lines + [""]
 
 
 BUCKETS = ((0, 1), (1, 2), (2, 4))  # in units of L
@@ -460,6 +499,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="distances between the repeated passages, multiples of L or tokens")
     parser.add_argument("--use-windows", type=int, default=1, help="windows per (text, length) for use")
     parser.add_argument("--use-passages", type=int, default=8, help="passages per distance in each use window")
+    parser.add_argument("--join-documents", action="store_true",
+                        help="measure use with every document end in the use windows replaced by a newline: the "
+                             "same windows and passages with the documents joined, reported as TEXT-joined beside "
+                             "TEXT (what a document boundary between the copies costs)")
     parser.add_argument("--report-only", action="store_true",
                         help="compute nothing: rewrite report.md from OUT/results.json (and OUT/cache/use)")
     add_device(parser)
@@ -508,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
                   [NONE] + [m for m in check_methods(comma_list(args.use_methods)) if m != NONE],
                   sorted({resolve_length(item, trained) for item in parse_lengths(args.use_lengths)}),
                   comma_list(args.use_distances), args.use_windows, args.use_passages, amp, deadline,
-                  tokenizer.convert_tokens_to_ids(ENDOFTEXT))
+                  tokenizer.convert_tokens_to_ids(ENDOFTEXT), newline_token(tokenizer) if args.join_documents else None)
     log_invocation(args.out, argv, started)
     write_outputs(runner, passkey, args, texts, use)
     return 0

@@ -75,6 +75,18 @@ def test_report_rows_intervals_and_resuming(checkpoint, small_text_file, tmp_pat
     again = (out / "report.md").read_text()
     assert "use of the text on the same weights" in again and "Use measurements: " in again
     assert again.count("Use measurements: ") == 1
+    # --join-documents: the same windows and passages with each document end replaced by a newline; this text is
+    # one document, so nothing changes, passage by passage
+    assert run(checkpoint, small_text_file, out, *methods, "--join-documents") == 0
+    use = json.loads((out / "results.json").read_text())["use"]
+    as_is = {(r["method"], r["length"], r["distance"]): r for r in use if r["text"] == "code"}
+    joined = {(r["method"], r["length"], r["distance"]): r for r in use if r["text"] == "code-joined"}
+    assert set(joined) == set(as_is)
+    assert all(joined[key]["passages"] == as_is[key]["passages"] for key in joined)
+    assert all(r["across_documents"] == 0 and r["passages_scored"] == 3 for r in joined.values())
+    report = (out / "report.md").read_text()
+    paired = report.split("code-joined against code")[1].split("\n\n")[1].splitlines()[2:]  # the table's rows
+    assert len(paired) == len(joined) and all(row.endswith("| +0.000 [+0.000, +0.000] |") for row in paired)
 
 
 def test_another_window_layout_is_refused(checkpoint, small_text_file, tmp_path, capsys):

@@ -105,6 +105,15 @@ def test_use_rows_count_the_copies_in_two_documents():
                             per_distance=2, windows=3)
     assert "across_documents" not in unknown.row(0, 64, 0.05)
 
+    # joined: the same windows with each document end written as another token; the count still says where they were
+    seen = []
+    oracle = CopyOracle(512, reach=64)
+    oracle.forward = lambda inputs, *a, **k: (seen.append(inputs.clone()), CopyOracle.forward(oracle, inputs, *a, **k))[1]
+    [joined] = measure_use(oracle, ids, trained=64, length=256, distances=[24, 160], span=8, per_distance=2,
+                           windows=3, separator=0, joiner=1)
+    assert seen and all((inputs != 0).all() for inputs in seen)
+    assert joined.row(1, 64, 0.05)["across_documents"] == 6
+
 
 class CopyOracle(torch.nn.Module):
     """A planted induction pattern: at each position, if the current token occurred within the last `reach` tokens,
