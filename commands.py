@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import os
 import subprocess
 import sys
@@ -169,3 +170,42 @@ def moved(old: str, new: str) -> NoReturn:
     if os.name == "posix":
         os.execv(sys.executable, command)
     sys.exit(subprocess.call(command))
+
+
+RESULTS_DIGITS = 9  # significant digits of a float in a results file: every float32 reads back exactly
+
+
+def results_json(record: Any) -> str:
+    """A command's results file (OUT/results.json): JSON indented by one space, with each innermost record (an
+    object or list holding only numbers, strings, booleans, nulls and lists of them) on one line, and floats to
+    RESULTS_DIGITS significant digits. A file a reader can page through and diff by record; json.loads reads it."""
+    return _compact(record, 0) + "\n"
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        return float(f"{value:.{RESULTS_DIGITS}g}")
+    if isinstance(value, dict):
+        return {key: _rounded(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_rounded(item) for item in value]
+    return value
+
+
+def _flat(value: Any) -> bool:
+    """A scalar, or a list or object of scalars and lists of scalars: written on one line."""
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else None
+    if items is None:
+        return True
+    return all(not isinstance(item, (dict, list, tuple)) or (not isinstance(item, dict) and
+               all(not isinstance(inner, (dict, list, tuple)) for inner in item)) for item in items)
+
+
+def _compact(value: Any, level: int) -> str:
+    if _flat(value):
+        return json.dumps(_rounded(value))
+    inner, outer = " " * (level + 1), " " * level
+    if isinstance(value, dict):
+        parts = [f"{inner}{json.dumps(str(key))}: {_compact(item, level + 1)}" for key, item in value.items()]
+        return "{\n" + ",\n".join(parts) + "\n" + outer + "}"
+    return "[\n" + ",\n".join(f"{inner}{_compact(item, level + 1)}" for item in value) + "\n" + outer + "]"

@@ -20,8 +20,6 @@ layers and heads, one line per checkpoint and length, L marked).
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, parse
+from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, parse, results_json
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, DataError, cli_command
 from eval import figures
@@ -140,14 +138,6 @@ def curve(statistic: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     return positions, values
 
 
-def dumps(results: Any) -> str:
-    """JSON indented by one space, with each list of numbers (a layer's bins or heads) on one line."""
-    number = r"-?(?:\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|NaN|Infinity)"
-    return re.sub(rf"\[\s*({number}(?:,\s*{number})*)\s*\]",
-                  lambda match: "[" + ", ".join(re.split(r",\s*", match.group(1))) + "]",
-                  json.dumps(results, indent=1)) + "\n"
-
-
 def checkpoint_label(checkpoint: str) -> str:
     """A checkpoint's name in tables and plots: its folder, or for a comparison's OUT/runs/ENCODING/seedS,
     ENCODING/seedS."""
@@ -226,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"nats; far share {means['far'].mean():.3f}; sink share {means['sink'].mean():.3f}")
         results[checkpoint_label(checkpoint)] = entry
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(dumps(results))
+    (args.out / "results.json").write_text(results_json(results))
     print(f"wrote {args.out / 'results.json'} and {plot(results, args.out)}")
     return 0
 

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, parse, renamed
+from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, parse, renamed, results_json
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, PositionRangeError, cli_command
 from eval import figures
@@ -483,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  attention @ {length} ({layers}): {path}")
         rows += summary_rows(evaluation, Path(checkpoint).name, model.config.position, str(checkpoint))
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (args.out / "results.json").write_text(results_json(rows))
     (args.out / "table.md").write_text(tables_markdown(rows))
     plot_results(rows, args.out / "plot.png")
     print(tables_markdown(rows))

@@ -14,7 +14,6 @@ OUT/induction.png (the loss on the second copy against distance, L marked).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, parse
+from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, parse, results_json
 from errors import ConfigError, cli_command
 from eval import figures
 from eval.extrapolation import parse_lengths, resolve_length
@@ -135,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {Path(args.checkpoint).name: {"checkpoint": args.checkpoint, "trained": trained, "block": args.block,
                                             "trials": args.trials, "seed": args.seed, "rows": rows}}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (args.out / "results.json").write_text(results_json(results))
     print(f"wrote {args.out / 'results.json'} and {plot(results, args.out / 'induction.png')}")
     return 0
 

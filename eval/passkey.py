@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, parse, renamed
+from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, parse, renamed, results_json
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, cli_command
 from eval import figures
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"checkpoint": args.checkpoint, "trained_length": trained,
                                "rope_scaling": model.config.rope_scaling, "rows": rows}
-    (args.out / "results.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (args.out / "results.json").write_text(results_json(summary))
     plot_heatmap(rows, args.out / "passkey.png", f"Passkey accuracy: {Path(args.checkpoint).name} (trained {trained})")
     print(f"wrote {args.out / 'results.json'} and {args.out / 'passkey.png'}")
     return 0

@@ -11,11 +11,10 @@ length, exact match and token accuracy, full and window) and OUT/table.md."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from commands import add_device, add_out, comma_list, command_parser, parse
+from commands import add_device, add_out, comma_list, command_parser, parse, results_json
 from data.tasks import EVAL_SEED, Task, get_task
 from errors import ConfigError, cli_command
 from eval.extrapolation import parse_lengths, resolve_length
@@ -130,8 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{folder}: length {cell['length']}, distance {cell['distance']}: exact match "
                   f"{cell['full']['exact_match']:.3f}, window control {cell['window']['exact_match']:.3f}")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps({"task": args.task, "count": args.count, "results": results},
-                                                      indent=1) + "\n")
+    (args.out / "results.json").write_text(results_json({"task": args.task, "count": args.count, "results": results}))
     lines = [f"Exact match on {args.task} ({args.count} sequences per cell), the model and its window control "
              "(attention limited to its last L keys and the first token)", "",
              "| checkpoint | L | length | distance | exact match | window control | difference |",

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
 import torch
 
-from commands import comma_list, command_parser
+from commands import comma_list, command_parser, results_json
 from data.tasks import EVAL_SEED, TASKS, Task, TaskBatch, get_task
 from errors import ConfigError
 from eval.stats import rate_over_seeds
@@ -127,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     scores = score_checkpoints(args.task, folders, multiples, args.count, overrides)
     print("\n".join(table(scores, multiples, args.count)))
     if args.json:
-        args.json.write_text(json.dumps({"task": args.task, "overrides": overrides, "count": args.count,
-                                         "scores": scores}, indent=1) + "\n")
+        args.json.write_text(results_json({"task": args.task, "overrides": overrides, "count": args.count,
+                                           "scores": scores}))
     return 0
 
 

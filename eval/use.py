@@ -40,7 +40,6 @@ the longest window holds; each length measures the distances that fit in it. Wri
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -50,7 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, parse
+from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, parse, results_json
 from data.tokenizer import ENDOFTEXT, load_tokenizer
 from errors import ConfigError, PositionRangeError, cli_command
 from eval import figures
@@ -557,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
         sections.append(markdown(name, rows, results[name]["recurrence"], meta))
         print(sections[-1])
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (args.out / "results.json").write_text(results_json(results))
     (args.out / "report.md").write_text("# Use on the same weights (eval.use)\n\n![use against the distance between "
                                         "the copies, one line per checkpoint, method and window](use.png)\n\n"
                                         + "\n".join([*sections, *across_seeds(results)]))

@@ -28,7 +28,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from commands import add_out, command_parser
+from commands import add_out, command_parser, results_json
 from errors import ConfigError, cli_command
 from eval import figures
 from eval.stats import Estimate, separated
@@ -409,7 +409,7 @@ def write_ladder(out: Path, ladder: Ladder, config: LadderConfig, command: str, 
         "A trend or an order is stated only where the 95% intervals separate; 'within noise' is not 'no change'.",
     ]
     (out / "report.md").write_text("\n".join(lines) + "\n")
-    (out / "results.json").write_text(json.dumps({
+    (out / "results.json").write_text(results_json({
         "rungs": {rung: {"settings": config.rungs.get(rung, {}), "parameters": ladder.parameters.get(rung, {})}
                   for rung in ladder.rungs},
         "longest_multiple": ladder.longest_multiple,
@@ -418,7 +418,7 @@ def write_ladder(out: Path, ladder: Ladder, config: LadderConfig, command: str, 
         "training_trends": {label: training_trends(ladder, label) for label in ladder.labels()},
         "size_trends": {label: size_trend(ladder, label) for label in ladder.labels()} if len(ladder.rungs) > 1
         else {},
-        "ordering": ordering_comparison(ladder) if len(ladder.rungs) > 1 else {}}, indent=1) + "\n")
+        "ordering": ordering_comparison(ladder) if len(ladder.rungs) > 1 else {}}))
 
 
 def share_data(out: Path, rung_out: Path) -> None:

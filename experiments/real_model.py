@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, parse
+from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, parse, results_json
 from data.tokenizer import ENDOFTEXT, load_tokenizer
 from errors import ConfigError, DataError, cli_command
 from eval import figures
@@ -605,7 +605,7 @@ def rewrite_report(out: Path, trained: int) -> None:
                                     f"({len(measured)} (text, method, length) cells, probe and control; the seconds "
                                     "column of the use table)")
     results["meta"]["setup"] = results["meta"]["setup"].replace("95% over windows; a row", "95% over windows, cut at 0; a row")
-    path.write_text(json.dumps(results, indent=1) + "\n")
+    path.write_text(results_json(results))
     (out / "report.md").write_text(report_markdown(results["rows"], results["passkey"], results["meta"], use))
 
 
@@ -640,7 +640,7 @@ def write_outputs(runner: Runner, passkey: list[dict], args: argparse.Namespace,
     args.out.mkdir(parents=True, exist_ok=True)
     results = {"meta": meta, "machine": machine(), "cell_minutes": cell_seconds / 60, "peak_rss_gib": peak,
                "rows": rows, "passkey": passkey, "use": use, "invocations": invocations}
-    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (args.out / "results.json").write_text(results_json(results))
     (args.out / "report.md").write_text(report_markdown(rows, passkey, meta, use))
     if rows:
         plot(runner, args.out / "nll_by_position.png")

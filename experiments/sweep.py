@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from commands import add_out, comma_list, command_parser
+from commands import add_out, comma_list, command_parser, results_json
 from errors import ConfigError, cli_command
 from eval.stats import Estimate, bounded_t_interval, t_interval
 from experiments.compare.cli import experiment_arguments, run_comparison
@@ -102,7 +102,7 @@ def write_sweep(out: Path, key: str, values: list[str], default: str, losses: di
              f"value ({default}), paired by seed, lies below 0; otherwise the preset's value (within noise).", "",
              *table, ""]
     (out / "sweep.md").write_text("\n".join(lines))
-    (out / "sweep.json").write_text(json.dumps(record, indent=1) + "\n")
+    (out / "sweep.json").write_text(results_json(record))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -25,7 +25,6 @@ import argparse
 import concurrent.futures
 import copy
 import dataclasses
-import json
 import multiprocessing
 import os
 import sys
@@ -38,7 +37,7 @@ from typing import Any, Iterator
 
 import torch
 
-from commands import add_out, comma_list, command_parser, renamed
+from commands import add_out, comma_list, command_parser, renamed, results_json
 from data.batches import IGNORE_INDEX
 from data.tasks import EVAL_SEED, TASKS, Task, TaskBatch, get_task
 from errors import ConfigError, cli_command
@@ -432,7 +431,7 @@ def write_suite(out: Path, length: int, seeds: list[int], suite: Suite, settings
                   "training": suite.training.get(task, {})}
         if task in suite.grids:
             record["grid"] = suite.grids[task]
-        (folder / "results.json").write_text(json.dumps(record, indent=1) + "\n")
+        (folder / "results.json").write_text(results_json(record))
         if by_encoding:
             plot({task: by_encoding}, length, folder / f"{task}.png")
         for encoding, by_length in by_encoding.items():

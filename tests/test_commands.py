@@ -2,6 +2,7 @@
 shows defaults, former spellings are refused naming the new one, and lists are comma-separated everywhere. Every command shown
 in README and docs is checked against its parser by tests/test_docs.py."""
 import importlib
+import math
 import re
 
 import pytest
@@ -91,3 +92,27 @@ def test_a_help_names_only_the_png_of_each_figure():
     figures = [module for module in COMMANDS if ".png" in parser_of(module).format_help()]
     assert len(figures) >= 6, figures
     assert [module for module in COMMANDS if ".svg" in parser_of(module).format_help()] == []
+
+
+def test_results_files_keep_each_record_on_one_line_and_every_float32_exactly():
+    """commands.results_json: the innermost records on one line each, nested ones indented, floats to 9 significant
+    digits, which read back every float32 exactly (FLT_DECIMAL_DIG); json reads the file back."""
+    import json
+
+    import numpy as np
+
+    from commands import results_json
+
+    values = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    record = {"cells": [{"label": "rope", "ppl": {"mean": 1 / 3, "low": None, "n": 3}, "per_seed": [0.1, 2.0]},
+                        {"label": "alibi", "grid": [[1, 2], [3]], "empty": {}}],
+              "losses": [float(v) for v in values], "bad": float("nan"), "flag": True}
+    text = results_json(record)
+    lines = text.splitlines()
+    assert ' "bad": NaN,' in lines and ' "flag": true' in lines and text.endswith("}\n")
+    assert '   "ppl": {"mean": 0.333333333, "low": null, "n": 3},' in lines  # a record inside a record: its own line
+    assert '   "grid": [[1, 2], [3]],' in lines and '   "empty": {}' in lines
+    back = json.loads(text)
+    assert np.array_equal(np.asarray(back["losses"], dtype=np.float32), values)  # float32 round-trips exactly
+    assert back["cells"][0]["ppl"]["mean"] == 0.333333333 and back["cells"][1]["grid"] == [[1, 2], [3]]
+    assert math.isnan(back["bad"])

@@ -18,6 +18,7 @@ import math
 import statistics
 from pathlib import Path
 
+from commands import results_json
 from data.batches import read_meta
 from eval.extrapolation import CheckpointEvaluation
 from eval.inference_methods import NONE, method_spec
@@ -146,7 +147,7 @@ def write_outputs(results: ComparisonResults) -> None:
     (out / "table.md").write_text(tables_markdown(results))
     write_figures(results)
     (out / "report.md").write_text(report_markdown(results))
-    (out / "results.json").write_text(json.dumps(results_record(results), indent=1) + "\n")
+    (out / "results.json").write_text(results_json(results_record(results)))
 
 
 def report_markdown(results: ComparisonResults) -> str:

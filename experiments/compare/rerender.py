@@ -29,6 +29,7 @@ import re
 import sys
 from pathlib import Path
 
+from commands import results_json
 from eval.stats import Estimate, t_interval
 from experiments.compare.cells import estimate_dict
 from experiments.compare.findings import order_statement, paired_change, separated_pairs
@@ -84,7 +85,7 @@ def rerender_comparison(folder: Path, rewrites: Rewrites) -> None:
     path = folder / "results.json"
     text = path.read_text()
     record = json.loads(text)
-    if json.dumps(record, indent=1) + "\n" != text:
+    if results_json(record) != text:
         raise SystemExit(f"{path} is not as report.py writes it; not rewritten")
     lengths = record["settings"]["lengths"]
     first, longest = min(lengths), max(lengths)
@@ -115,7 +116,7 @@ def rerender_comparison(folder: Path, rewrites: Rewrites) -> None:
         if markdown.exists():
             markdown.write_text(rerender_comparison_markdown(markdown.read_text(), lengths, new_cells, snapshot_cells,
                                                              pairs, orders, rewrites, f"{markdown}"))
-    path.write_text(json.dumps(record, indent=1) + "\n")
+    path.write_text(results_json(record))
 
 
 def paired_ratio_texts(variants: dict[str, Variant], lengths: list[int]) -> dict[str, str]:
@@ -269,7 +270,7 @@ def rerender_tasks(folder: Path, rewrites: Rewrites) -> dict:
     mapping: dict = {}
     for task, path in files.items():
         rerender_task_record(records[task], mapping, rewrites)
-        path.write_text(json.dumps(records[task], indent=1) + "\n")
+        path.write_text(results_json(records[task]))
     markdown.write_text(tasks_markdown(records, order))
     return mapping
 
