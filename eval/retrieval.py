@@ -18,9 +18,9 @@ from commands import add_device, add_out, comma_list, command_parser, parse, res
 from data.tasks import EVAL_SEED, Task, get_task
 from errors import ConfigError, cli_command
 from eval.extrapolation import parse_lengths, resolve_length
-from eval.inference_methods import NONE, method_spec
 from eval.task_score import evaluate
 from model.checkpoint import load_model, trained_length
+from model.inference_methods import NONE, method_spec
 from model.runtime import configure_runtime, resolve_device
 from model.transformer import Transformer
 
@@ -56,7 +56,7 @@ def window_control(model: Transformer, trained: int) -> Transformer:
 def retrieval_grid(model: Transformer, task: Task, trained: int, multiples: list[int], count: int,
                    seed: int | list[int] = EVAL_SEED, method: str = NONE) -> dict[str, dict[str, dict]]:
     """Exact match and token accuracy at every (length, answer distance) of the grid, for the model (under an
-    inference-time method, set for each length: eval/inference_methods.py) and for its window control:
+    inference-time method, set for each length: model/inference_methods.py) and for its window control:
     {"Mx": {label: {"distance": d, "full": metrics, "window": metrics}}}."""
     spec = method_spec(method)
     grid: dict[str, dict[str, dict]] = {}

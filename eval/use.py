@@ -55,13 +55,13 @@ from errors import ConfigError, PositionRangeError, cli_command
 from eval import figures
 from eval.extrapolation import parse_lengths, resolve_length
 from eval.heldout import checkpoint_eval_tokens
-from eval.inference_methods import NONE, applies, check_methods, method_spec
 from eval.scoring import score_incremental, score_windows
 from eval.segments import choose_segments
 from eval.stats import Estimate, spread, t_interval, verdict
 from model.attention_methods import ATTENTION_METHODS, normalize_methods
 from model.checkpoint import load_model, trained_length
 from model.data_folder import training_data_dir
+from model.inference_methods import NONE, applies, check_methods, method_spec
 from model.runtime import autocast_dtype, configure_runtime, resolve_device
 from model.transformer import Transformer
 
@@ -283,7 +283,7 @@ def measure_use(model: Transformer, ids: np.ndarray, trained: int, length: int, 
                 per_distance: int, windows: int, seed: int = 0, methods: tuple[str, ...] = (NONE,),
                 amp: torch.dtype | None = None, ngram: int = 4, separator: int | None = None,
                 joiner: int | None = None) -> list[UseResult]:
-    """use(d) for each method (eval/inference_methods.py, set for `length`) on the same windows; see the module
+    """use(d) for each method (model/inference_methods.py, set for `length`) on the same windows; see the module
     docstring. `separator`: the token that ends a document, to count the passages whose copies it parts; `joiner`:
     a token written in its place in every window (the same windows and passages with the documents joined)."""
     placements = place(length, span, distances, per_distance)

@@ -31,7 +31,7 @@ from pathlib import Path
 from commands import add_out, command_parser, results_json
 from errors import ConfigError, cli_command
 from eval import figures
-from eval.stats import Estimate, separated
+from eval.stats import Estimate
 from experiments.compare.cells import cell, estimate_dict
 from experiments.compare.cli import experiment_arguments, run_comparison
 from experiments.compare.config import load_compare_config
@@ -39,6 +39,7 @@ from experiments.compare.findings import movement, order_chain
 from experiments.compare.layout import invocations, record_invocation
 from experiments.compare.plots import finish, panels
 from experiments.jobs import machine_description
+from experiments.seed_intervals import separated
 from model.folder_lock import FolderLock
 
 

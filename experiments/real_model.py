@@ -8,7 +8,7 @@
 Texts: the standard library's files concatenated (`stdlib`, documents separated by <|endoftext|>) and, with --book,
 a local text file read whole. The model never trained here, so every token is scored. Each text gives --windows
 windows of the longest length, spread evenly over it. A cell is (text, window, method, length): the method set
-for that length (eval/inference_methods.py: a RoPE scaling with factor = length / L, an attention method's
+for that length (model/inference_methods.py: a RoPE scaling with factor = length / L, an attention method's
 parameters for the length) scores the window's first `length` tokens, one forward, the per-token losses chunked
 so that no (tokens x vocab) logits are held. A cell whose settings equal those of a longer cell of the same window
 (plain RoPE; a scaling at factor 1; logn, rerope, sinks and window, which do not depend on the length) is that
@@ -46,13 +46,13 @@ from errors import ConfigError, DataError, cli_command
 from eval import figures
 from eval.extrapolation import parse_lengths, resolve_length
 from eval.heldout import load_eval_tokens
-from eval.inference_methods import NONE, check_methods, method_spec
 from eval.passkey import evaluate_passkey
 from eval.scoring import score_incremental, score_windows
 from eval.segments import choose_segments
 from eval.stats import Estimate, bounded_t_interval, interval_verdict, t_interval
 from eval.use import DEFAULT_MARGIN, default_span, distances_at, fitting_count, measure_use, rows_table, self_checks
 from model.checkpoint import load_model, trained_length
+from model.inference_methods import NONE, check_methods, method_spec
 from model.runtime import autocast, autocast_dtype, configure_runtime, resolve_device
 
 DEFAULT_METHODS = "none,linear,ntk,dynamic,yarn,selfextend,rerope,sinks,logn"

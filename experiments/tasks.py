@@ -42,7 +42,6 @@ from data.batches import IGNORE_INDEX
 from data.tasks import EVAL_SEED, TASKS, Task, TaskBatch, get_task
 from errors import ConfigError, cli_command
 from eval import figures
-from eval.inference_methods import NONE, applies, check_methods, label
 from eval.retrieval import retrieval_grid
 from eval.stats import Estimate, rate_over_seeds, t_interval
 from eval.task_score import evaluate
@@ -50,6 +49,7 @@ from experiments.jobs import comparable, die_with_parent, job_output, saved_run_
 from model.checkpoint import load_model, load_trainer_state
 from model.encodings import POSITION_ENCODINGS
 from model.fields import parse_override_value
+from model.inference_methods import NONE, applies, check_methods, label
 from model.transformer import Transformer
 from train.config import RunConfig, build_run_config
 from train.loop import Training, run_training

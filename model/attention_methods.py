@@ -83,7 +83,7 @@ class AttentionMethod:
 
     @classmethod
     def for_length(cls, length: int, trained: int) -> dict:
-        """The parameters an evaluation at `length` of a model trained at `trained` uses (eval/inference_methods.py); {}: the
+        """The parameters an evaluation at `length` of a model trained at `trained` uses (model/inference_methods.py); {}: the
         defaults, which derive from the trained length."""
         return {}
 

@@ -26,10 +26,10 @@ import torch
 
 from commands import add_device, add_out, command_parser, parse
 from errors import ConfigError, PositionRangeError, cli_command
-from eval.inference_methods import METHODS
 from eval.scoring import score_windows
 from model.config import ModelConfig
 from model.encodings import POSITION_ENCODINGS
+from model.inference_methods import METHODS
 from model.kv_cache import KVCache
 from model.runtime import autocast, autocast_dtype, configure_runtime, resolve_device
 from model.transformer import Transformer

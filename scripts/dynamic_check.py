@@ -22,10 +22,10 @@ from commands import add_checkpoint, comma_list, command_parser, parse, renamed
 from data.tokenizer import load_tokenizer
 from errors import CheckpointError, ConfigError, cli_command
 from eval.heldout import checkpoint_eval_tokens
-from eval.inference_methods import method_spec
 from eval.scoring import score_incremental, score_prefixes, score_windows
 from eval.segments import choose_segments, tiled_windows
 from model.checkpoint import load_model, trained_length
+from model.inference_methods import method_spec
 from model.runtime import configure_runtime
 
 

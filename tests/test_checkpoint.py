@@ -120,7 +120,7 @@ def test_a_checkpoint_with_the_flat_encoding_settings_loads_with_identical_logit
     without AVX-512), so the check allows float rounding."""
     import numpy as np
 
-    from eval.inference_methods import METHODS
+    from model.inference_methods import METHODS
     from tests.conftest import ROOT
 
     folder = ROOT / "tests" / "fixtures" / "checkpoint_5d4370c" / name

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from eval import figures
-from eval.inference_methods import METHODS
 from experiments.compare import plots as compare_plots
 from experiments.compare.results import Variant
+from model.inference_methods import METHODS
 
 LENGTHS = [64, 128, 256]
 

@@ -93,9 +93,9 @@ def test_every_papers_claim_names_what_a_comparison_can_train():
     configs/compare.toml, optionally under an inference-time method (NAME+METHOD)."""
     import tomllib
 
-    from eval.inference_methods import METHODS
     from experiments.compare.findings import NEWER_CLAIMS
     from model.encodings import POSITION_ENCODINGS
+    from model.inference_methods import METHODS
 
     variants = tomllib.loads((ROOT / "configs/compare.toml").read_text())["compare"]["variants"]
     for claim in NEWER_CLAIMS:

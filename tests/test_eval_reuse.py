@@ -7,7 +7,6 @@ import torch
 
 from errors import ConfigError
 from eval.extrapolation import PROBE_MULTIPLES, evaluate_checkpoint, key_for, make_plan
-from eval.inference_methods import METHODS, NONE, applies, method_spec
 from eval.scoring import score_incremental, score_windows
 from eval.segments import (
     Segments,
@@ -17,6 +16,7 @@ from eval.segments import (
     tiled_layout,
     tiled_windows,
 )
+from model.inference_methods import METHODS, NONE, applies, method_spec
 from model.transformer import Transformer
 from tests.conftest import micro_config
 

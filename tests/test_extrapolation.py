@@ -13,7 +13,6 @@ from eval.extrapolation import (
     make_plan,
     summary_rows,
 )
-from eval.inference_methods import METHODS, applies, check_methods, label
 from eval.scoring import score_incremental, score_prefixes, score_windows
 from eval.segments import (
     choose_segments,
@@ -23,6 +22,7 @@ from eval.segments import (
     tiled_windows,
     window_positions,
 )
+from model.inference_methods import METHODS, applies, check_methods, label
 from model.transformer import Transformer
 from tests.conftest import micro_config
 
@@ -171,7 +171,7 @@ def test_methods_give_a_view_of_the_model_as_used_and_apply_only_where_they_can(
 def test_attention_methods_are_set_for_the_length_and_compose():
     """selfextend's group is the smallest that keeps every position below L; leaky ReRoPE's k maps the longest
     distance below L; yarn+logn sets both; the next method starts again from the checkpoint's own settings."""
-    from eval.inference_methods import method_spec
+    from model.inference_methods import method_spec
 
     model = sharp_model(position="rope", max_seq_len=8)
     (selfextend,) = method_spec("selfextend").view(model, 128, 8).config.attention_methods

@@ -138,6 +138,17 @@ def test_eval_never_trains(tmp_path):
     assert [problem for problem in problems if "planted.py" in problem and "never trains" in problem], problems
 
 
+EVAL_LINES = 3000  # eval/ measures one checkpoint; grids, fleets and their statistics live in experiments/
+
+
+def test_eval_stays_the_measurement_of_one_checkpoint():
+    """eval/ holds at most EVAL_LINES lines: when it outgrows them, what it gained is usually an experiment (a grid
+    of cells, intervals over seeds of a fleet) or a model capability (a view of the model), which belong in
+    experiments/ or model/."""
+    lines = sum(len(path.read_text().splitlines()) for path in (ROOT / "eval").rglob("*.py"))
+    assert lines <= EVAL_LINES, f"eval/ has {lines:,} lines (at most {EVAL_LINES:,}); see this test's docstring"
+
+
 def test_layers_import_one_way():
     edges, problems = graph()
     assert len(edges) > 40  # the parser sees the project
@@ -209,8 +220,8 @@ def test_each_rope_scaling_is_defined_once_in_the_registry():
     for name in ROPE_SCALINGS:
         places = [module for module, text in sources.items() if f'@scaling("{name}"' in text]
         assert places == ["model.rope"], (name, places)
-    from eval.inference_methods import METHODS
     from infer.rope_args import add_rope_scaling_args
+    from model.inference_methods import METHODS
 
     assert set(ROPE_SCALINGS) - {"default"} <= set(METHODS)
     import argparse

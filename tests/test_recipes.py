@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from errors import ConfigError
-from eval.inference_methods import METHODS, applies
 from experiments.compare.config import CompareConfig
 from model import KVCache, Transformer
 from model.config import ModelConfig
+from model.inference_methods import METHODS, applies
 from model.recipes import (
     INFERENCE,
     MIN_SPAN,

@@ -155,7 +155,7 @@ def test_an_extended_checkpoint_keeps_its_original_length_under_a_new_scaling():
     """A model extended from 16 to 64 tokens with YaRN x4: config.original_length is 16 (not the extended 64), an
     inference-time scaling given without an original length refers to 16, and the evaluation's yarn method at the
     extended length reproduces the model as trained (factor 64 / 16 = 4 over the same original)."""
-    from eval.inference_methods import METHODS
+    from model.inference_methods import METHODS
 
     extended = micro_config(max_seq_len=64, rope_theta=500.0,
                             rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16})
@@ -218,7 +218,7 @@ def test_resonance_repeats_each_pair_exactly_after_its_wavelength():
 def test_resonance_is_an_inference_method_that_never_reuses_the_plain_cell():
     """Registered once, it is a --rope-scaling choice and an evaluation method (factor = length / L), and since it
     differs from RoPE at factor 1 the evaluation scores it at L too."""
-    from eval.inference_methods import METHODS
+    from model.inference_methods import METHODS
 
     own = micro_config(max_seq_len=16).to_dict()
     assert not any(METHODS["resonance"].as_trained_at(own, length, 16) for length in (8, 16))

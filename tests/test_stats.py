@@ -7,16 +7,8 @@ import statistics
 import numpy as np
 import pytest
 
-from eval.stats import (
-    Z_975,
-    Estimate,
-    crossed_bootstrap,
-    seeds_and_trials,
-    seeds_and_windows,
-    t_interval,
-    t_quantile_975,
-    wilson_interval,
-)
+from eval.stats import Z_975, Estimate, crossed_bootstrap, seeds_and_trials, t_interval, t_quantile_975, wilson_interval
+from experiments.seed_intervals import seeds_and_windows
 
 
 @pytest.mark.parametrize("df", [1, 2, 5, 30, 31, 60, 200])
@@ -136,7 +128,7 @@ def test_seeds_and_trials_counts_the_variation_between_training_runs():
 
 def test_perplexity_interval_is_the_exponentiated_t_interval_of_the_nll_and_stays_positive():
     scipy_stats = pytest.importorskip("scipy.stats")
-    from eval.stats import perplexity_interval
+    from experiments.seed_intervals import perplexity_interval
     nll = [4.0, 4.2, 9.0]  # one seed diverges: a t interval on raw perplexity would reach below 0
     mean, sd = statistics.fmean(nll), statistics.stdev(nll)
     half = scipy_stats.t.ppf(0.975, 2) * sd / math.sqrt(3)
@@ -151,7 +143,7 @@ def test_perplexity_interval_is_the_exponentiated_t_interval_of_the_nll_and_stay
 
 def test_perplexity_ratio_interval_pairs_by_seed_on_the_log_scale():
     scipy_stats = pytest.importorskip("scipy.stats")
-    from eval.stats import perplexity_ratio_interval
+    from experiments.seed_intervals import perplexity_ratio_interval
     here, base = [5.0, 5.5, 7.0], [4.0, 4.1, 4.2]
     differences = [1.0, 1.4, 2.8]
     mean, sd = statistics.fmean(differences), statistics.stdev(differences)
@@ -198,7 +190,7 @@ def test_rate_over_seeds_counts_learned_seeds_and_stays_in_the_unit_interval():
 def test_paired_bootstrap_against_an_exhaustive_enumeration():
     import itertools
 
-    from eval.stats import paired_bootstrap
+    from experiments.seed_intervals import paired_bootstrap
     here, base = [1.0, 2.0, 4.0], [0.0, 0.5, 1.0]
     differences = [1.0, 1.5, 3.0]
     estimate = paired_bootstrap(here, base, resamples=20000, seed=3)

@@ -21,7 +21,6 @@ from pathlib import Path
 from commands import results_json
 from data.batches import read_meta
 from eval.extrapolation import CheckpointEvaluation
-from eval.inference_methods import NONE, method_spec
 from eval.stats import bounded_t_interval
 from experiments.compare.cells import cell, estimate_dict, table
 from experiments.compare.extrapolation_map import map_findings, map_points, map_section, retrieval_tasks
@@ -30,6 +29,7 @@ from experiments.compare.layout import eval_path, invocations
 from experiments.compare.plots import write_figures
 from experiments.compare.probes import report_sections, text_use
 from experiments.compare.results import ComparisonResults
+from model.inference_methods import NONE, method_spec
 from model.transformer import Transformer
 from train.loop import position_group_settings
 

@@ -17,11 +17,12 @@ from typing import Any
 import numpy as np
 
 from eval.extrapolation import CheckpointEvaluation, resolve_length
-from eval.inference_methods import NONE, applies, label
-from eval.stats import Estimate, perplexity_interval, perplexity_ratio_interval, seeds_and_windows, t_interval
+from eval.stats import Estimate, t_interval
 from experiments.compare.config import CompareConfig, RunConfigs
 from experiments.compare.layout import eval_path
+from experiments.seed_intervals import perplexity_interval, perplexity_ratio_interval, seeds_and_windows
 from model.checkpoint import has_checkpoint, load_trainer_state
+from model.inference_methods import NONE, applies, label
 from model.transformer import Transformer
 from train.config import RunConfig
 from train.loop import METRICS

@@ -25,13 +25,13 @@ from data.prepare import prepare
 from data.tokenizer import load_tokenizer
 from errors import ConfigError
 from eval.extrapolation import CheckpointEvaluation, evaluate_checkpoint, make_plan, resolve_length
-from eval.inference_methods import applies
 from experiments.compare.config import CompareConfig, RunConfigs, run_model
 from experiments.compare.layout import eval_path, record_invocation, run_dir
 from experiments.compare.probes import run_probes
 from experiments.compare.reuse import reuse_trained
 from experiments.jobs import FreeCores, comparable, die_with_parent, job_output, saved_run_config, usable_cores
 from model.checkpoint import WEIGHTS, has_checkpoint, load_model, load_trainer_state, trained_length
+from model.inference_methods import applies
 from model.runtime import autocast_dtype, configure_runtime, resolve_device
 from model.transformer import Transformer
 from train.config import RunConfig, build_run_config

@@ -24,11 +24,12 @@ from typing import Any
 import numpy as np
 
 from eval.extrapolation import resolve_length
-from eval.inference_methods import NONE, applies, label
-from eval.stats import Estimate, spread, spread_interval, verdict
+from eval.stats import Estimate, spread, verdict
 from eval.use import MIN_WINDOWS, default_span, measure_checkpoint
 from experiments.compare.cells import cell
 from experiments.compare.config import CompareConfig
+from experiments.seed_intervals import spread_interval
+from model.inference_methods import NONE, applies, label
 from model.transformer import Transformer
 
 PER_DISTANCE = 4  # passages per distance in each window
