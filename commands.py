@@ -206,6 +206,7 @@ def _compact(value: Any, level: int) -> str:
         return json.dumps(_rounded(value))
     inner, outer = " " * (level + 1), " " * level
     if isinstance(value, dict):
-        parts = [f"{inner}{json.dumps(str(key))}: {_compact(item, level + 1)}" for key, item in value.items()]
+        parts = [f"{inner}{json.dumps(key if isinstance(key, str) else json.dumps(key))}: {_compact(item, level + 1)}"
+                 for key, item in value.items()]
         return "{\n" + ",\n".join(parts) + "\n" + outer + "}"
     return "[\n" + ",\n".join(f"{inner}{_compact(item, level + 1)}" for item in value) + "\n" + outer + "]"

@@ -106,13 +106,15 @@ def test_results_files_keep_each_record_on_one_line_and_every_float32_exactly():
     values = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
     record = {"cells": [{"label": "rope", "ppl": {"mean": 1 / 3, "low": None, "n": 3}, "per_seed": [0.1, 2.0]},
                         {"label": "alibi", "grid": [[1, 2], [3]], "empty": {}}],
-              "losses": [float(v) for v in values], "bad": float("nan"), "flag": True}
+              "losses": [float(v) for v in values], "bad": float("nan"), "flag": True,
+              "by_seed": {1: {"rows": [{"a": 1}]}, None: {"rows": []}}}
     text = results_json(record)
     lines = text.splitlines()
-    assert ' "bad": NaN,' in lines and ' "flag": true' in lines and text.endswith("}\n")
+    assert ' "bad": NaN,' in lines and ' "flag": true,' in lines and text.endswith("}\n")
     assert '   "ppl": {"mean": 0.333333333, "low": null, "n": 3},' in lines  # a record inside a record: its own line
     assert '   "grid": [[1, 2], [3]],' in lines and '   "empty": {}' in lines
     back = json.loads(text)
     assert np.array_equal(np.asarray(back["losses"], dtype=np.float32), values)  # float32 round-trips exactly
     assert back["cells"][0]["ppl"]["mean"] == 0.333333333 and back["cells"][1]["grid"] == [[1, 2], [3]]
     assert math.isnan(back["bad"])
+    assert back["by_seed"] == json.loads(json.dumps(record["by_seed"]))  # keys as json writes them: "1", "null"
