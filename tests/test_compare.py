@@ -438,11 +438,15 @@ def test_probes_and_tasks_add_their_sections_and_are_cached(small_text_file, tmp
     # at the longest length (2x = 32 tokens) as trained, under clamp where it applies and under the window control
     assert {(r["method"], r["length"]) for r in use} == {("none", 32), ("window", 32)}
     assert np.asarray(use[0]["passages"]).shape[:2] == (3, 1)  # 3 windows x one distance (2L does not fit in 2L)
+    # per distance, the passages whose copies a document's end parts (counted on the text as prepared)
+    assert [len(r["across_documents"]) for r in use] == [len(r["distances"]) for r in use]
+    assert all(0 <= count <= 3 for r in use for count in r["across_documents"])
     report = (out / "report.md").read_text()
     for heading in ("### Attention diagnostics", "### Induction probe", "### Passkey retrieval", "### Task: flipflop",
                     "### Use of the text past L, on the same weights"):
         assert heading in report
     assert "| rope+window |" in report and "Negative control (rope+window" in report
+    assert "- Copies in different documents (a document's end between them" in report
     assert "| rope @ 16x |" in report and (out / "attention.png").stat().st_size > 0
     assert " | 3* / 3* |" in report and "until validation exact match at L reaches 0.95, at most 3 steps" in report
     from eval.figures import colour, method_colour

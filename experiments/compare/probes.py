@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 from data.tasks import TASKS
-from data.tokenizer import load_tokenizer
+from data.tokenizer import ENDOFTEXT, load_tokenizer
 from errors import ConfigError, PositionRangeError
 from eval import figures
 from eval.attention_diagnostics import BINS, STATISTICS, attention_statistics, curve, summarise
@@ -91,7 +91,7 @@ def _passkey(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: int
 
 
 def _use(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: int, compare: CompareConfig) -> dict:
-    return probe_use(model, ids, trained, compare)
+    return probe_use(model, ids, trained, compare, load_tokenizer(checkpoint).convert_tokens_to_ids(ENDOFTEXT))
 
 
 # name -> the probe; the names are experiments/compare/config.py's PROBE_NAMES (tests/test_compare_package.py checks).

@@ -37,20 +37,24 @@ NGRAM = 4  # the second view's n-grams
 NEGATIVE_CONTROL = "window"  # attention limited to the last L keys
 
 
-def probe_use(model: Transformer, ids: np.ndarray, trained: int, compare: CompareConfig) -> dict[str, Any]:
+def probe_use(model: Transformer, ids: np.ndarray, trained: int, compare: CompareConfig,
+              separator: int | None = None) -> dict[str, Any]:
     """The use probe of one trained model: in windows of L tokens as trained (the positive control, distances within
     L), and at the comparison's longest length as trained and under each method of compare.methods that applies to
-    it and under the window control (every distance that fits). The per-window and per-passage numbers are the probe's cached rows."""
+    it and under the window control (every distance that fits). The per-window and per-passage numbers are the probe's
+    cached rows; with `separator` (the token that ends a document) each result also counts, per distance, the
+    passages whose two copies lie in different documents."""
     windows = probe_windows(compare, trained, len(ids))
     # the window control is always probed: the negative control (no use past its window)
     methods = [m for m in dict.fromkeys([*compare.methods, NEGATIVE_CONTROL])
                if applies(m, model.config.position, model.config.layer_encodings())]
     span = default_span(trained)
     found, errors = measure_checkpoint(model, ids, trained, sorted(windows), list(compare.use_distances), span,
-                                       PER_DISTANCE, windows, 0, methods, None, NGRAM)
+                                       PER_DISTANCE, windows, 0, methods, None, NGRAM, separator)
     return {"span": span, "per_distance": PER_DISTANCE, "errors": errors,
             "results": [{"method": r.method, "length": r.length, "distances": r.distances,
-                         "passages": r.passages.tolist(), "reach": r.reach, "recurrence": r.recurrence}
+                         "passages": r.passages.tolist(), "reach": r.reach, "recurrence": r.recurrence,
+                         **({} if r.apart is None else {"across_documents": r.apart.sum(axis=(0, 2)).tolist()})}
                         for r in found]}
 
 
@@ -73,6 +77,8 @@ class UseSummary:
     verdicts: list[str]
     reach: int | None  # how far its attention sees (a window control), None: everything
     lengths: list[int] = field(default_factory=list)  # the window length of each column (empty: all the longest)
+    # per column: (passages whose copies lie in different documents, passages) in one seed's windows; None: not counted
+    across: list[tuple[int, int] | None] = field(default_factory=list)
 
     def longest_columns(self) -> list[int]:
         """The columns measured at the longest length."""
@@ -108,19 +114,22 @@ def summarise_use(found: dict[str, dict[int, dict]], margin: float) -> dict[str,
         short = [key for key in entries if key[1] < longest and key[0] == NONE]
         for method in dict.fromkeys(m for m, length in entries if length == longest):
             columns: list[tuple[int, int, np.ndarray]] = []  # (length, distance, (seeds, windows or passages))
+            across: list[tuple[int, int] | None] = []
             for key in [*short, (method, longest)]:
                 per_seed = entries[key]
                 distances = per_seed[0]["distances"]
                 if any(entry["distances"] != distances for entry in per_seed):
                     continue  # probed with other settings: not comparable
                 passages = np.stack([np.asarray(entry["passages"]) for entry in per_seed])  # (seeds, w, d, k)
+                counts = per_seed[0].get("across_documents")  # the same windows in every seed and method
                 for i, distance in enumerate(distances):
                     columns.append((key[1], distance, unit_values(passages[:, :, i, :])))
+                    across.append(None if counts is None else (counts[i], passages[0, :, i, :].size))
             summaries[label(encoding, method)] = UseSummary(
                 label(encoding, method), [d for _, d, _ in columns],
                 [spread_interval(m) for _, _, m in columns],
                 [verdict(spread(m), margin) for _, _, m in columns],
-                entries[(method, longest)][0]["reach"], [n for n, _, _ in columns])
+                entries[(method, longest)][0]["reach"], [n for n, _, _ in columns], across)
     return summaries
 
 
@@ -180,7 +189,11 @@ def use_section(summaries: dict[str, UseSummary], trained: int, length: int, mar
                          zip(summary.estimates, summary.verdicts)))
         cells = [f"{cell(found[c][0], 3, signed=True)} {found[c][1]}" if c in found else "n/a" for c in columns]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {reads_back_words(summary, trained)} |")
-    checks = []
+    checks = [] if not any(widest.across) else [
+        "Copies in different documents (a document's end between them; the same windows for every variant): "
+        + ", ".join(f"d = {d:,} in {n:,}: {c[0]} of {c[1]}" for (n, d), c in zip(columns, widest.across) if c)
+        + ". Use across a document's end is reading the previous document, which a model trained on packed "
+          "documents does less (docs/evaluation.md)."]
     failed = [n for n, s in summaries.items() if positive_control(s, trained) is False]
     passed = [n for n, s in summaries.items() if positive_control(s, trained)]
     checks.append(f"Positive control (use within L in windows of L): passes for {', '.join(passed) or 'no variant'}"
