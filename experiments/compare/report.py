@@ -2,12 +2,12 @@
 
 Cells (variant x length) come from the cached per-token evaluations (eval/extrapolation.py):
   perplexity         exp of the mean NLL over seeds, with the Student's t 95% interval over seeds of the NLL,
-                     exponentiated (eval.stats.perplexity_interval: always > 0)
+                     exponentiated (experiments.seed_intervals.perplexity_interval: always > 0)
   ratio to own 1x    exp of the per-seed NLL difference, its t interval exponentiated (secondary: it mixes context
                      gain, the early-token curse and positions beyond L)
   penalty            tokens at positions >= L: loss in the k*L window minus loss in the L-window reference, nats;
                      95% Student's t interval over seeds on a standard error that adds the between-seed and the
-                     between-window variance (eval.stats.seeds_and_windows); none with one seed
+                     between-window variance (experiments.seed_intervals.seeds_and_windows); none with one seed
   probe              L-windows with positions offset by 0, L, 3L, 15L: perplexity, as the perplexity cells
 An ordering or a paper's claim is stated only where the 95% intervals do not overlap; otherwise "within noise".
 """

@@ -11,7 +11,7 @@ one it trained at; as many windows as hold the tokens of use_windows windows at 
 pass at that length and leaves the control's interval no wider than the columns it vouches for) and at the
 comparison's longest length, as trained and under each of compare.methods that
 applies to it (the window control included): repeated passages at each distance against the control without the
-first copies. Over seeds and windows: the mean use with the interval of eval.stats.spread_interval, the verdict
+first copies. Over seeds and windows: the mean use with the interval of experiments.seed_intervals.spread_interval, the verdict
 of eval.stats.verdict ("uses" by a one-sided test, "none" by an equivalence test with compare.use_margin,
 "negligible" where both hold, else "cannot tell"), and how far back use holds ("reads back to about N tokens": the farthest distance whose verdict is
 "uses"). A variant whose positive control fails (no use at the distance within L) says nothing about use past L.
