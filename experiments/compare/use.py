@@ -197,8 +197,8 @@ def use_section(summaries: dict[str, UseSummary], trained: int, length: int, mar
     failed = [n for n, s in summaries.items() if positive_control(s, trained) is False]
     passed = [n for n, s in summaries.items() if positive_control(s, trained)]
     checks.append(f"Positive control (use within L in windows of L): passes for {', '.join(passed) or 'no variant'}"
-                  + (f"; FAILS for {', '.join(failed)}: these do not copy even within L, so their columns past L "
-                     "cannot show use" if failed else "") + ".")
+                  + (f"; FAILS for {', '.join(failed)}: within L their copying is not shown above the margin "
+                     f"({margin:g} nats), so their columns past L cannot show use" if failed else "") + ".")
     for name, summary in summaries.items():
         if summary.reach is not None:
             beyond = [(summary.distances[i], summary.verdicts[i]) for i in summary.longest_columns()
