@@ -91,10 +91,12 @@ def score_incremental(
     desc: str = "scoring (incremental)",
     max_batch: int = 256,
     on_batch: OnBatch = None,
+    step: int = 1,
 ) -> np.ndarray:
     """Loss of every target, computed as decoding computes it: the first `prefill` inputs in one cached forward,
     then each further input as one cached step. Equals scoring every prefix with a fresh full forward (tested),
-    also for encodings whose keys depend on the current length (dynamic NTK)."""
+    also for encodings whose keys depend on the current length (dynamic NTK). step > 1: `step` inputs per cached
+    forward, as a chunked prefill computes them (dynamic NTK then sets one base per chunk, that of its end)."""
     model.eval()
     device = _device(model)
     count, width = windows.shape
@@ -108,11 +110,12 @@ def score_incremental(
             _, loss = model(rows[:, :prefill], rows[:, 1 : prefill + 1], kv_cache=cache, loss_reduction="none",
                             return_logits=_whole_logits(rows.shape[0], prefill, model))
             columns = [loss.float()]
-            for position in range(prefill, length):
-                if position % 64 == 0 and on_batch is not None:
+            for position in range(prefill, length, step):
+                if (position - prefill) // step % 64 == 0 and on_batch is not None:
                     on_batch()
-                _, loss = model(rows[:, position : position + 1], rows[:, position + 1 : position + 2],
-                                kv_cache=cache, loss_reduction="none")
+                end = min(position + step, length)
+                _, loss = model(rows[:, position:end], rows[:, position + 1 : end + 1], kv_cache=cache,
+                                loss_reduction="none")
                 columns.append(loss.float())
         losses[first : first + rows.shape[0]] = torch.cat(columns, dim=1).cpu().numpy()
     return losses

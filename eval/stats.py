@@ -210,6 +210,106 @@ def interval_verdict(low: float | None, high: float | None, margin: float, posit
     return "cannot tell"
 
 
+def t_sf(t: float, df: int) -> float:
+    """P(T > t) for Student's t with `df` (whole) degrees of freedom: the exact finite series of Abramowitz and
+    Stegun 26.7.3-4 (theta = atan(t / sqrt(df)); odd df: (2/pi)(theta + sin theta (cos theta + 2/3 cos^3 theta +
+    ...)), even df: sin theta (1 + 1/2 cos^2 theta + 3/8 cos^4 theta + ...), which is P(|T| < t))."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    if t < 0:
+        return 1.0 - t_sf(-t, df)
+    theta = math.atan(t / math.sqrt(df))
+    c2, s = math.cos(theta) ** 2, math.sin(theta)
+    if df % 2:
+        term, total = math.cos(theta), 0.0
+        for k in range(1, (df - 1) // 2 + 1):  # cos theta (1 + 2/3 cos^2 + 2*4/(3*5) cos^4 + ...), (df - 1) / 2 terms
+            total += term
+            term *= c2 * (2 * k) / (2 * k + 1)
+        inside = 2 / math.pi * (theta + s * total) if df > 1 else 2 * theta / math.pi
+    else:
+        term, total = 1.0, 0.0
+        for k in range(1, df // 2 + 1):  # 1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ..., df / 2 terms
+            total += term
+            term *= c2 * (2 * k - 1) / (2 * k)
+        inside = s * total
+    return max(0.0, (1.0 - inside) / 2)
+
+
+def p_above_zero(mean: float, se: float, df: int) -> float:
+    """The one-sided p-value of 'the mean is above 0' (Student's t with df degrees of freedom)."""
+    if se <= 0:
+        return 0.0 if mean > 0 else 1.0
+    return t_sf(mean / se, df)
+
+
+def holm(p_values: list[float | None], alpha: float = 0.025) -> list[bool]:
+    """Holm's step-down correction of a family of one-sided tests at level alpha: which hypotheses are rejected
+    (None: a cell without a test, never rejected, not counted). The k-th smallest of m p-values is rejected when it
+    and every smaller one lie at or below alpha / (m - k); the chance of any false rejection stays below alpha."""
+    tested = sorted((p, index) for index, p in enumerate(p_values) if p is not None)
+    rejected = [False] * len(p_values)
+    for rank, (p, index) in enumerate(tested):
+        if p > alpha / (len(tested) - rank):
+            break
+        rejected[index] = True
+    return rejected
+
+
+MARGIN_FLOOR = 0.05  # nats: the smallest use called more than negligible, whatever the model
+MARGIN_FRACTION = 0.1  # of the model's own use within L (its positive control)
+
+
+def use_margin(positive: float | None, floor: float = MARGIN_FLOOR, fraction: float = MARGIN_FRACTION) -> float:
+    """The margin of the use verdicts, relative to what the model copies as trained: a tenth of its positive
+    control's use (within L), at least `floor` nats. A model that copies +3 nats within L needs +0.3 past it to be
+    said to use the text there; a tiny model that copies +0.2 needs the floor, +0.05."""
+    return max(floor, fraction * positive) if positive is not None and math.isfinite(positive) else floor
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell of a report's family of use tests: the mean with its standard error and degrees of freedom."""
+    mean: float
+    se: float
+    df: int
+
+    def bounds(self) -> tuple[float, float]:
+        half = t_quantile_975(self.df) * self.se
+        return self.mean - half, self.mean + half
+
+
+def calibrated_verdicts(cells: list[Cell | Spread | None], margin: float | list[float],
+                        alpha: float = 0.025) -> list[str]:
+    """The verdicts of a family of use cells (all the cells one report shows): "uses" where the cell is shown above
+    0 by the one-sided t test, Holm-corrected over the family, and its mean is at least `margin`; "negligible" where
+    it is shown above 0 but its mean is below the margin; "none" where the 95% interval lies within +-margin (and
+    it is not shown above 0); else "cannot tell" (a cell without an interval included). `margin`: one for every
+    cell, or each cell's own (cells of several texts or models in one family)."""
+    margins = margin if isinstance(margin, list) else [margin] * len(cells)
+    p_values = [None if c is None else p_above_zero(c.mean, c.se, c.df) for c in cells]
+    shown = holm(p_values, alpha)
+    words = []
+    for cell, above, margin in zip(cells, shown, margins):
+        if cell is None:
+            words.append("cannot tell")
+        elif above:
+            words.append("uses" if cell.mean >= margin else "negligible")
+        else:
+            low, high = cell.bounds()
+            words.append("none" if -margin < low and high < margin else "cannot tell")
+    return words
+
+
+def reach_of(distances: list[int], verdicts: list[str]) -> int | None:
+    """The largest distance at which this distance and every nearer one read "uses" (None: not even the nearest)."""
+    farthest = None
+    for distance, word in sorted(zip(distances, verdicts)):
+        if word != "uses":
+            break
+        farthest = distance
+    return farthest
+
+
 def bounded_t_interval(values: list[float] | np.ndarray, low: float | None = None,
                        high: float | None = None) -> Estimate | None:
     """The t interval of `values` intersected with the quantity's range [low, high] (a loss: low = 0; a rate: 0 and

@@ -117,6 +117,56 @@ def place(length: int, span: int, distances: list[int], per_distance: int) -> li
     return sorted(placements, key=lambda p: (p.distance, p.second))
 
 
+def jittered(length: int, span: int, distances: list[int], per_distance: int, rng: np.random.Generator,
+             second_from: int = 0, attempts: int = 50) -> list[Placement]:
+    """As place, but each second copy starts at a random free token of [max(second_from, lead + d), length + 1 -
+    span] (its first copy d before it): a window's own draw, so that no distance is measured at one fixed place in
+    every window (`place` puts the longest distance's first copy just after the lead in each). second_from: the
+    earliest start of a second copy (L: every scored copy lies past the trained length). A draw that leaves a
+    passage no room is drawn again (up to `attempts` times); then ConfigError."""
+    if span < 2 or min(distances) < span + GAP:
+        place(length, span, distances, 1)  # raises its error
+    lead = lead_tokens(length)
+    order = [d for _ in range(per_distance) for d in sorted(distances, reverse=True)]
+    for _ in range(attempts):
+        used = np.zeros(length + 1 + GAP, dtype=bool)
+        used[:lead] = True
+        placements = []
+        for distance in order:
+            low, high = max(second_from, lead + distance), length + 1 - span
+            for second in (rng.permutation(np.arange(low, high + 1)) if low <= high else []):
+                first = second - distance
+                if not (used[max(0, second - GAP) : second + span + GAP].any()
+                        or used[max(0, first - GAP) : first + span + GAP].any()):
+                    break
+            else:
+                break  # no room for this passage: draw the window again
+            for start in (second, first):
+                used[start : start + span] = True
+            placements.append(Placement(distance, int(first), int(second)))
+        if len(placements) == len(order):
+            return sorted(placements, key=lambda p: (p.distance, p.second))
+    raise ConfigError(f"{per_distance} passages of {span} tokens at distances {sorted(distances)} found no room in "
+                      f"{attempts} draws in a window of {length:,} tokens with second copies from {second_from:,}; use "
+                      "fewer passages, a shorter span, shorter distances or a longer window")
+
+
+def shuffled_first_copies(control: np.ndarray, probe: np.ndarray, placements: list[Placement], span: int,
+                          rng: np.random.Generator) -> np.ndarray:
+    """The priming control: `control` with each first copy holding the probe's passage with its tokens shuffled
+    (the same tokens in context, not in order; never the order itself). NLL(shuffled) - NLL(probe) is what reading
+    the copy in order adds to merely having its tokens in context."""
+    shuffled = control.copy()
+    for row in range(len(probe)):
+        for p in placements:
+            passage = probe[row, p.first : p.first + span]
+            order = rng.permutation(span)
+            if (passage[order] == passage).all():  # the identity (or a passage of one repeated token): roll it
+                order = np.roll(np.arange(span), 1)
+            shuffled[row, p.first : p.first + span] = passage[order]
+    return shuffled
+
+
 def lead_tokens(length: int) -> int:
     """Natural tokens kept at a window's start: LEAD, or 1/16 of a short window (at least 4, the sinks)."""
     return min(LEAD, max(4, length // 16))
@@ -171,17 +221,25 @@ def build_windows(ids: np.ndarray, length: int, placements: list[Placement], spa
     if len(starts) < windows:
         raise ConfigError(f"the text ({len(ids):,} tokens) holds {len(starts)} windows of {length + 1:,} tokens, "
                           f"fewer than --windows {windows}")
-    probe = np.stack([ids[start : start + length + 1] for start in starts[:windows]]).astype(np.int64)
+    pairs = [write_copies(ids, int(start), length, placements, span, np.random.default_rng([seed, row]))
+             for row, start in enumerate(starts[:windows])]
+    return np.stack([probe for probe, _ in pairs]), np.stack([control for _, control in pairs])
+
+
+def write_copies(ids: np.ndarray, start: int, length: int, placements: list[Placement], span: int,
+                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(probe, control) of the window ids[start : start + length + 1] (int64): in the probe each placement's
+    passage (drawn from the text outside the window) at its first and second copy, in the control another passage
+    at the first copy."""
+    probe = np.asarray(ids[start : start + length + 1], dtype=np.int64).copy()
     control = probe.copy()
-    for row, start in enumerate(starts[:windows]):
-        rng = np.random.default_rng([seed, row])
-        drawn = draw_passages(ids, (int(start), int(start) + length + 1), 2 * len(placements), span, rng)
-        for k, placement in enumerate(placements):
-            passage, other = drawn[2 * k], drawn[2 * k + 1]
-            probe[row, placement.first : placement.first + span] = passage
-            probe[row, placement.second : placement.second + span] = passage
-            control[row, placement.first : placement.first + span] = other
-            control[row, placement.second : placement.second + span] = passage
+    drawn = draw_passages(ids, (start, start + length + 1), 2 * len(placements), span, rng)
+    for k, placement in enumerate(placements):
+        passage, other = drawn[2 * k], drawn[2 * k + 1]
+        probe[placement.first : placement.first + span] = passage
+        probe[placement.second : placement.second + span] = passage
+        control[placement.first : placement.first + span] = other
+        control[placement.second : placement.second + span] = passage
     return probe, control
 
 

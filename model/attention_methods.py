@@ -37,7 +37,7 @@ takes its default from L = the length the model's positions were trained for (co
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -413,6 +413,8 @@ class MethodContext:
     window: int
     q_positions: torch.Tensor
     k_positions: torch.Tensor
+    # what a backend derives from the methods once per forward for every layer (the merged path's chunk plan)
+    memo: dict = field(default_factory=dict, repr=False)
 
     def scale_for(self, encodes_positions: bool) -> torch.Tensor | None:
         """The query factor for a layer whose encoding does (or, NoPE, does not) encode positions."""

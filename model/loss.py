@@ -69,7 +69,7 @@ def _linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
 
 @torch.no_grad()
 def token_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                        chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
+                        chunk_elements: int = 4 * CHUNK_ELEMENTS) -> torch.Tensor:
     """cross_entropy(hidden @ weight.T, targets, reduction="none") in chunks of rows, without gradients: the
     loss of every token (float32, 0 where the target is IGNORE_INDEX), shaped as targets; hidden (..., dim). What
     scoring a long window needs: a 32k-token window of a 49k vocabulary would otherwise hold 6 GB of logits."""
@@ -77,8 +77,14 @@ def token_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: tor
     exact = torch.promote_types(weight.dtype, torch.float32)
     losses = torch.empty(flat_targets.shape, dtype=exact, device=hidden.device)
     rows = max(1, chunk_elements // weight.shape[0])
+    # Under autocast a matmul casts its operands at every call, and a transposed weight is not a cached leaf: the
+    # head's (dim x vocab) weight would be cast once per chunk. Cast it, and the hidden states, once.
+    if torch.is_autocast_enabled(hidden.device.type):
+        low = torch.get_autocast_dtype(hidden.device.type)
+        flat_hidden, weight = flat_hidden.to(low), weight.to(low)
+    head = weight.t()
     for start in range(0, flat_hidden.shape[0], rows):
-        logits = torch.matmul(flat_hidden[start : start + rows], weight.t()).to(exact)  # (rows, vocab)
+        logits = torch.matmul(flat_hidden[start : start + rows], head).to(exact)  # (rows, vocab)
         t = flat_targets[start : start + rows]
         scored = t != IGNORE_INDEX
         picked = logits.gather(1, torch.where(scored, t, torch.zeros_like(t))[:, None]).squeeze(1)

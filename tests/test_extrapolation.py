@@ -64,6 +64,27 @@ def test_incremental_scoring_equals_full_forward_for_static_encodings(position):
     assert np.abs(score_incremental(model, windows, prefill=5) - score_windows(model, windows)).max() < 2e-5
 
 
+@pytest.mark.parametrize("step", [3, 7])
+def test_chunked_incremental_scoring_equals_full_forward_for_static_encodings(step):
+    model = sharp_model(position="rope", max_seq_len=8)
+    windows = np.random.default_rng(1).integers(0, 97, (2, 25))
+    chunked = score_incremental(model, windows, prefill=5, step=step)
+    assert np.abs(chunked - score_windows(model, windows)).max() < 2e-5
+
+
+def test_chunked_dynamic_ntk_gives_each_chunk_the_base_of_its_end():
+    """One layer: a chunk's tokens equal a fresh full forward of the prefix that ends with the chunk (one base per
+    chunk, as a chunked prefill sets it); step 1 is token by token."""
+    model = sharp_model(position="rope", max_seq_len=8, n_layers=1, rope_scaling={"rope_type": "dynamic", "factor": 1.0})
+    windows = np.random.default_rng(0).integers(0, 97, (2, 29))
+    chunked = score_incremental(model, windows, prefill=8, step=5)
+    for end in range(13, 29, 5):  # chunks [8, 13), [13, 18), ...: each scored under the base of its end
+        prefix = score_windows(model, windows[:, : end + 1])
+        assert np.abs(chunked[:, end - 5 : end] - prefix[:, end - 5 : end]).max() < 1e-5
+    token_by_token = score_incremental(model, windows, prefill=8)
+    assert np.abs(chunked - token_by_token)[:, 8:].max() > 1e-3  # a different base inside a chunk
+
+
 def test_every_length_and_the_reference_score_the_same_tokens():
     ids = np.arange(10_000)  # a token's id is its index, so a target names its own position in the stream
     segments = choose_segments(len(ids), 64, wanted_tokens=640, margin=16)

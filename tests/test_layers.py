@@ -138,7 +138,9 @@ def test_eval_never_trains(tmp_path):
     assert [problem for problem in problems if "planted.py" in problem and "never trains" in problem], problems
 
 
-EVAL_LINES = 3000  # eval/ measures one checkpoint; grids, fleets and their statistics live in experiments/
+# eval/ measures one checkpoint; grids, fleets and their statistics live in experiments/. (3,000 until the use probe
+# gained its jittered places, its priming control and the calibrated verdicts of one report's family of cells.)
+EVAL_LINES = 3200
 
 
 def test_eval_stays_the_measurement_of_one_checkpoint():

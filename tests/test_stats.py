@@ -203,3 +203,65 @@ def test_paired_bootstrap_against_an_exhaustive_enumeration():
     assert min(differences) <= estimate.low and estimate.high <= max(differences)  # narrow at few pairs
     assert paired_bootstrap(here, base, seed=3) == paired_bootstrap(here, base, seed=3)  # deterministic
     assert paired_bootstrap([1.0], [0.0]).low is None
+
+
+# scipy.stats.t.sf at these points (scipy 1.17.1), the golden values of t_sf's exact series
+T_SF_SCIPY = [((0.5, 1), 0.35241638234956674), ((2.0, 3), 0.06966298427942152), ((3.1, 7), 0.008661144712748757),
+              ((5.0, 7), 0.0007826389765864124), ((1.2, 12), 0.12664736512679722), ((-1.0, 4), 0.8130495168499705),
+              ((4.5, 2), 0.02300095399713801), ((10.0, 7), 1.0697101445386401e-05)]
+
+
+@pytest.mark.parametrize("point, expected", T_SF_SCIPY)
+def test_the_t_tail_matches_scipy(point, expected):
+    from eval.stats import t_sf
+    assert t_sf(*point) == pytest.approx(expected, rel=1e-9, abs=1e-15)
+
+
+def test_the_t_tail_at_the_975_quantile_is_2_5_percent():
+    from eval.stats import T_975, t_sf
+    assert all(abs(t_sf(T_975[df - 1], df) - 0.025) < 5e-6 for df in range(1, 31))
+
+
+def test_holm_steps_down_and_stops_at_the_first_acceptance():
+    from eval.stats import holm
+    # m = 4 tested: thresholds 0.025/4, /3, /2, /1; 0.01 > 0.025/3 stops it although 0.02 < 0.025/2
+    assert holm([0.001, 0.01, None, 0.02, 0.5]) == [True, False, False, False, False]
+    assert holm([0.004, 0.005, 0.012, 0.02]) == [True, True, True, True]
+    assert holm([None, None]) == [False, False]
+
+
+def test_calibrated_verdicts_need_the_margin_and_survive_the_family():
+    from eval.stats import Cell, calibrated_verdicts
+    strong, small, null = Cell(1.0, 0.1, 7), Cell(0.08, 0.01, 7), Cell(0.01, 0.01, 7)
+    assert calibrated_verdicts([strong, small, null, None], 0.3) == ["uses", "negligible", "none", "cannot tell"]
+    # alone, a cell at t = 2.6 (one-sided p = 0.018) is shown above 0; among 20 such cells Holm asks p < 0.00125
+    marginal = Cell(0.52, 0.2, 7)
+    assert calibrated_verdicts([marginal], 0.3) == ["uses"]
+    assert calibrated_verdicts([marginal] * 20, 0.3) == ["cannot tell"] * 20
+    assert calibrated_verdicts([strong, strong], [0.3, 2.0]) == ["uses", "negligible"]  # each cell's own margin
+
+
+def test_the_calibrated_rule_rarely_reads_uses_where_there_is_none():
+    """Families of 40 null cells, 8 windows each (a true use of 0): any false "uses" in at most ~2.5% of families;
+    the former rule (the interval above 0 in each cell, no correction, no margin on the mean) in most."""
+    from eval.stats import Cell, calibrated_verdicts, interval_verdict
+    rng = np.random.default_rng(0)
+    calibrated = former = 0
+    for _ in range(400):
+        values = rng.normal(0.0, 0.3, (40, 8))
+        cells = [Cell(v.mean(), v.std(ddof=1) / math.sqrt(8), 7) for v in values]
+        calibrated += "uses" in calibrated_verdicts(cells, 0.05)
+        former += any(interval_verdict(*c.bounds(), 0.05) == "uses" for c in cells)
+    assert calibrated / 400 <= 0.04 and former / 400 > 0.4
+
+
+def test_reach_needs_every_nearer_distance():
+    from eval.stats import reach_of
+    assert reach_of([100, 200, 300], ["uses", "uses", "cannot tell"]) == 200
+    assert reach_of([300, 100, 200], ["uses", "uses", "negligible"]) == 100  # 300 reads uses, 200 does not
+    assert reach_of([100, 200], ["none", "uses"]) is None
+
+
+def test_the_margin_is_a_tenth_of_the_positive_control_with_a_floor():
+    from eval.stats import use_margin
+    assert use_margin(3.0) == pytest.approx(0.3) and use_margin(0.2) == 0.05 and use_margin(None) == 0.05

@@ -225,3 +225,39 @@ def test_the_seeds_of_a_variant_are_summarised_over_seeds_and_windows():
     assert f"| rope | 3 | 64 (1L) | none | 32 (0.5L) | {expected.mean:+.3f} [{low:+.3f}, {high:+.3f}] | uses |" in lines
     assert not any("alone" in line for line in lines)
     assert across_seeds({"runs/alone": results["runs/alone"]}) == []
+
+
+def test_jittered_places_fit_differ_between_windows_and_keep_second_copies_past_their_start():
+    from eval.use import jittered
+    draws = [jittered(1000, 16, [40, 300, 700], 3, np.random.default_rng([0, w]), second_from=500) for w in range(4)]
+    for placements in draws:
+        assert sorted(p.distance for p in placements) == [40] * 3 + [300] * 3 + [700] * 3
+        taken = np.zeros(1001 + GAP, dtype=int)
+        for p in placements:
+            assert p.second - p.first == p.distance and p.second >= 500 and p.first >= lead_tokens(1000)
+            assert p.second + 16 <= 1001
+            for start in (p.first, p.second):
+                taken[start : start + 16] += 1
+        assert taken.max() == 1  # no two copies overlap
+    # each window its own places: the longest distance's first copy is not at one fixed token
+    assert len({min(p.first for p in placements if p.distance == 700) for placements in draws}) > 1
+    assert draws[0] == jittered(1000, 16, [40, 300, 700], 3, np.random.default_rng([0, 0]), second_from=500)
+    with pytest.raises(ConfigError, match="found no room"):
+        jittered(100, 16, [40, 60], 4, np.random.default_rng(0))
+
+
+def test_the_priming_control_holds_the_same_tokens_in_another_order():
+    from eval.use import shuffled_first_copies, write_copies
+    ids = np.arange(5000) % 997
+    placements = [Placement(40, 30, 70), Placement(100, 120, 220)]
+    probe, control = write_copies(ids, 1000, 300, placements, 16, np.random.default_rng(0))
+    shuffled = shuffled_first_copies(control[None], probe[None], placements, 16, np.random.default_rng(1))[0]
+    for p in placements:
+        first, second = slice(p.first, p.first + 16), slice(p.second, p.second + 16)
+        assert (probe[first] == probe[second]).all() and (control[second] == probe[second]).all()
+        assert sorted(shuffled[first]) == sorted(probe[first]) and (shuffled[first] != probe[first]).any()
+        assert (shuffled[second] == probe[second]).all()
+    outside = np.ones(301, dtype=bool)
+    for p in placements:
+        outside[p.first : p.first + 16] = False
+    assert (shuffled[outside] == control[outside]).all()  # only the first copies differ from the control

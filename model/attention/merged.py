@@ -20,6 +20,8 @@ diagnostic reading the probabilities; the explicit backend stays the reference (
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from model.attention.backend import Backend, Setting, first_reason
@@ -32,7 +34,7 @@ KERNEL = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", 
 
 # A chunk's masked parts (the edges of each pass's key range) cost about 3 x rows^2 against the unmasked rows x keys,
 # so chunks stay short; their masks, (batch x rows x keys) per part, are shared by the heads.
-ROWS = 256
+ROWS = 512
 
 
 def available() -> bool:
@@ -59,13 +61,55 @@ class Merged(Backend):
         k, v = expand_kv_heads(inputs, inputs.q.shape[1])
         encoded = encoded_passes(inputs, k)
         outputs = []
-        for chunk in chunks(inputs, ROWS, effective_window(layer.window, inputs), layer.chunk):
+        for rows, keys, parts in chunk_plan(inputs, effective_window(layer.window, inputs), layer.chunk):
+            outputs.append(merge_parts(
+                [q_pass[:, :, rows] for q_pass, _ in encoded], [k_pass[:, :, keys] for _, k_pass in encoded],
+                v[:, :, keys], parts, layer.score_scale))
+        return torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]
+
+
+@dataclass
+class Part:
+    """A key range [start, stop) of one pass in one chunk; `owned` (batch|1, 1, rows, keys) the pairs the pass owns
+    there, None where every row owns every key (no mask)."""
+
+    start: int
+    stop: int
+    owned: torch.Tensor | None
+    masks: dict = field(default_factory=dict, repr=False)  # dtype -> the additive float mask (0 or -inf)
+
+    def mask(self, dtype: torch.dtype) -> torch.Tensor | None:
+        if self.owned is None:
+            return None
+        if dtype not in self.masks:
+            self.masks[dtype] = torch.zeros(self.owned.shape, dtype=dtype, device=self.owned.device).masked_fill_(
+                ~self.owned, float("-inf"))
+        return self.masks[dtype]
+
+
+def pass_parts(owned: torch.Tensor | None, keys: int) -> list[Part]:
+    """One pass's parts in a chunk of `keys` keys (key_parts), each with the pairs it owns where it needs a mask."""
+    if owned is None:
+        return [Part(0, keys, None)]
+    owned = owned.reshape((1,) * (4 - owned.dim()) + tuple(owned.shape))
+    return [Part(start, stop, owned[..., start:stop] if masked else None) for start, stop, masked in key_parts(owned)]
+
+
+def chunk_plan(inputs, window: int, chunk_tokens: int) -> list[tuple[slice, slice, list[list[Part]]]]:
+    """(rows, keys, each pass's parts) of every chunk of query rows. They depend on the positions, the method and
+    the layer's window, not on the layer's queries and keys: computed once per forward and kept in the method
+    context, which every layer of the forward shares (selecting the pairs costs as much as the attention itself)."""
+    key = ("merged", window, chunk_tokens, inputs.q.shape[2], inputs.k.shape[2], inputs.q.device)
+    memo = inputs.methods.memo
+    if key not in memo:
+        plan = []
+        for chunk in chunks(inputs, ROWS, window, chunk_tokens):
             selects = [None if one_pass.select is None else one_pass.select(chunk.i, chunk.j)[:, None]
                        for one_pass in inputs.passes]
-            outputs.append(merged_attention(
-                [q_pass[:, :, chunk.rows] for q_pass, _ in encoded], [k_pass[:, :, chunk.keys] for _, k_pass in encoded],
-                v[:, :, chunk.keys], owned_pairs(selects, chunk.visible), layer.score_scale))
-        return torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]
+            keys = chunk.keys.stop - chunk.keys.start
+            plan.append((chunk.rows, chunk.keys, [pass_parts(own, keys) for own in owned_pairs(selects, chunk.visible)]))
+        memo[key] = plan
+    return memo[key]
 
 
 def owned_pairs(selects: list[torch.Tensor | None], visible: torch.Tensor | None) -> list[torch.Tensor | None]:
@@ -108,27 +152,26 @@ def merged_attention(queries: list[torch.Tensor], keys: list[torch.Tensor], valu
                      owned: list[torch.Tensor | None], scale: float) -> torch.Tensor:
     """Softmax attention over every pass's owned pairs: queries[p] (batch, heads, rows, dim) and keys[p] (batch,
     heads, keys, dim) encoded for pass p, values (batch, heads, keys, dim), owned[p] (batch|1, 1, rows, keys) or
-    None (every pair). Each pass runs over the key range it owns pairs in, the keys every row owns without a mask
-    (key_parts). Returns (batch, heads, rows, dim) in the values' dtype."""
+    None (every pair). Returns (batch, heads, rows, dim) in the values' dtype."""
+    return merge_parts(queries, keys, values, [pass_parts(own, values.shape[2]) for own in owned], scale)
+
+
+def merge_parts(queries: list[torch.Tensor], keys: list[torch.Tensor], values: torch.Tensor,
+                parts: list[list[Part]], scale: float) -> torch.Tensor:
+    """merged_attention with each pass's key range already split into parts (pass_parts): each part through the
+    fused kernel (the keys every row owns without a mask), the partial softmaxes merged by their log-sum-exps."""
     outputs, lses = [], []
     width = values.shape[-1]
-    for q, k, own in zip(queries, keys, owned):
+    for q, k, pieces in zip(queries, keys, parts):
         k, v = k.to(q.dtype), values.to(q.dtype)
         if q.shape[-1] != width:  # queries and keys wider than the values (PoPE's polar form): the kernel wants
             v = torch.nn.functional.pad(v, (0, q.shape[-1] - width))  # one head size; zero columns, dropped below
-        if own is None:
-            parts = [(0, k.shape[2], False)]
-        else:
-            own = own.reshape((1,) * (4 - own.dim()) + tuple(own.shape))
-            parts = key_parts(own)
-        for start, stop, masked in parts:
-            mask = None
-            if masked:
-                part = own[..., start:stop]
-                mask = torch.zeros(part.shape, dtype=q.dtype, device=q.device).masked_fill_(~part, float("-inf"))
-            out, lse = KERNEL(q, k[:, :, start:stop], v[:, :, start:stop], 0.0, False, attn_mask=mask, scale=scale)
-            if masked:  # a row with no key of its own in this part: no weight
-                lse = lse.masked_fill(~part.any(-1), float("-inf"))
+        for part in pieces:
+            start, stop = part.start, part.stop
+            out, lse = KERNEL(q, k[:, :, start:stop], v[:, :, start:stop], 0.0, False, attn_mask=part.mask(q.dtype),
+                              scale=scale)
+            if part.owned is not None:  # a row with no key of its own in this part: no weight
+                lse = lse.masked_fill(~part.owned.any(-1), float("-inf"))
             outputs.append(out[..., :width])
             lses.append(lse)
     if len(outputs) <= 1:

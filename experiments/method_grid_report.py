@@ -1,0 +1,289 @@
+"""The report of experiments.method_grid: per-window values from its cache, intervals over windows, calibrated
+verdicts, the priming control, paired comparisons, the calibration on cells where use is impossible, and the ranking.
+
+Verdicts (eval.stats.calibrated_verdicts): every use cell past L of the report is one family; "uses" needs the
+one-sided t test over windows, Holm-corrected over the family, and a mean of at least the margin, a tenth of the
+text's positive control (eval.stats.use_margin). Reach: the largest distance at which it and every nearer one read
+"uses" (eval.stats.reach_of). Impossible cells: a method whose attention does not reach the distance (sinks + window
+past its window), and a method collapsed there (its control's NLL on the second copies at least COLLAPSE nats above
+what the model gives them within L, the positive control's control NLL).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from commands import results_json
+from eval.stats import (
+    Cell,
+    Estimate,
+    bounded_t_interval,
+    calibrated_verdicts,
+    interval_verdict,
+    reach_of,
+    t_interval,
+    use_margin,
+)
+from eval.use import MIN_WINDOWS, Placement
+from experiments.real_model import machine
+from model.inference_methods import NONE
+
+COLLAPSE = 2.0  # nats above the positive control's NLL on the same kind of copies: the method predicts no text there
+PAIRED = ("rerope", "selfextend", "string", "dca")  # compared paired by window at the largest distance
+KINDS = ("use", "presence", "order")
+NAMES = {"none": "plain RoPE", "linear": "PI (linear)", "ntk": "NTK", "dynamic": "dynamic NTK", "yarn": "YaRN",
+         "selfextend": "SelfExtend", "rerope": "ReRoPE", "string": "STRING", "dca": "DCA", "sinks": "sinks + window",
+         "logn": "log-n"}
+
+
+def name(method: str) -> str:
+    return NAMES.get(method, method)
+
+
+def passage_losses(losses: np.ndarray, placements: list[Placement], span: int) -> np.ndarray:
+    """(passages,) mean loss on tokens 2..S of each second copy, in `placements`' order."""
+    return np.array([losses[p.scored(span)].mean() for p in placements])
+
+
+def window_entry(path: Path, placements: list[Placement], span: int, trained: int, distances: list[int]) -> dict:
+    """One cached cell's numbers: harm on the natural window, and per distance use, presence and order (the mean
+    over the window's passages) and the control's NLL on the second copies."""
+    with np.load(path) as data:
+        found = {kind: passage_losses(data[kind], placements, span) for kind in ("probe", "control", "shuffled")}
+        entry: dict[str, Any] = {"seconds": json.loads(str(data["seconds"])), "reach": int(data["reach"]),
+                                 "dtype": str(data["dtype"]), "paths": json.loads(str(data["paths"]))}
+        if "natural" in data:
+            entry["within"] = float(data["natural"][:trained].mean())
+            entry["past"] = float(data["natural"][trained:].mean())
+    at = {d: [i for i, p in enumerate(placements) if p.distance == d] for d in distances}
+    for d, chosen in at.items():
+        probe, control, shuffled = (found[k][chosen] for k in ("probe", "control", "shuffled"))
+        entry[d] = {"use": float((control - probe).mean()), "presence": float((control - shuffled).mean()),
+                    "order": float((shuffled - probe).mean()), "control_nll": float(control.mean()),
+                    "probe_nll": float(probe.mean())}
+    return entry
+
+
+def load_cells(out: Path) -> dict[str, dict]:
+    """text -> {"layout", "windows": {method: [entry per window, in window order; None where not cached]}}."""
+    texts = {}
+    for layout_path in sorted((out / "cache").glob("*/layout.json")):
+        layout = json.loads(layout_path.read_text())
+        settings = layout["settings"]
+        trained, span = settings["trained"], settings["span"]
+        methods: dict[str, list] = {}
+        for window in range(settings["windows"]):
+            for path in sorted((layout_path.parent / f"w{window}").glob("*.npz")):
+                positive = path.stem == "positive"
+                placements = [Placement(*p) for p in layout["positive" if positive else "placements"][window]]
+                entry = window_entry(path, placements, span, trained,
+                                     settings["within"] if positive else settings["distances"])
+                methods.setdefault(path.stem, [None] * settings["windows"])[window] = entry
+        texts[layout_path.parent.name] = {"layout": layout, "methods": methods}
+    return texts
+
+
+def estimate(values: list[float], low: float | None = None) -> dict:
+    """Mean with Student's t 95% over windows (from MIN_WINDOWS), the values themselves, and the standard error."""
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    if not values:
+        return {"n": 0, "values": []}
+    if len(values) < MIN_WINDOWS:
+        return {"n": len(values), "mean": float(np.mean(values)), "values": values}
+    found = bounded_t_interval(values, low) if low is not None else t_interval(values)
+    se = float(np.std(values, ddof=1) / math.sqrt(len(values)))
+    return {"n": len(values), "mean": found.mean, "low": found.low, "high": found.high, "se": se, "values": values}
+
+
+def shown(entry: dict, signed: bool = True, digits: int = 3) -> str:
+    """'mean [low, high]', or the values themselves with no interval below MIN_WINDOWS windows."""
+    if not entry.get("n"):
+        return "n/a"
+    sign = "+" if signed else ""
+    if "low" not in entry:
+        return ", ".join(f"{v:{sign}.{digits}f}" for v in entry["values"]) + f" ({entry['n']} windows: no interval)"
+    return Estimate(entry["mean"], entry["low"], entry["high"], entry["n"]).format(digits, signed)
+
+
+def summarise(texts: dict[str, dict]) -> dict[str, Any]:
+    """Every number of the report: per text and method, harm and use with intervals; the verdicts of the family."""
+    summary: dict[str, Any] = {"texts": {}}
+    family: list[tuple[str, str, int]] = []
+    for text, found in texts.items():
+        settings = found["layout"]["settings"]
+        cells = found["methods"]
+        plain = cells.get(NONE, [])
+        positive = cells.get("positive", [])
+        control = {d: estimate([w[d]["use"] for w in positive if w]) for d in settings["within"]}
+        positive_nll = np.mean([w[d]["control_nll"] for w in positive if w for d in settings["within"]]) \
+            if any(positive) else None
+        margin = use_margin(float(np.mean([c["mean"] for c in control.values() if c.get("n")]))
+                            if any(c.get("n") for c in control.values()) else None)
+        methods = {}
+        for method, windows in cells.items():
+            if method == "positive":
+                continue
+            entry: dict[str, Any] = {"windows": sum(w is not None for w in windows)}
+            pairs = [(w, p) for w, p in zip(windows, plain + [None] * len(windows)) if w is not None and "within" in w]
+            entry["within"] = estimate([w["within"] for w, _ in pairs], 0.0)
+            entry["past"] = estimate([w["past"] for w, _ in pairs], 0.0)
+            entry["cost_within"] = estimate([w["within"] - p["within"] for w, p in pairs if p])
+            entry["penalty"] = estimate([w["past"] - p["within"] for w, p in pairs if p])
+            for d in settings["distances"]:
+                entry[d] = {kind: estimate([w[d][kind] for w in windows if w]) for kind in KINDS}
+                entry[d]["control_nll"] = float(np.mean([w[d]["control_nll"] for w in windows if w])) \
+                    if any(windows) else None
+                family.append((text, method, d))
+            reaches = {w["reach"] for w in windows if w}
+            entry["attention_reach"] = None if not reaches or reaches == {-1} else max(reaches)
+            entry["seconds"] = {kind: float(np.mean([w["seconds"][kind] for w in windows if w and kind in w["seconds"]]))
+                                for kind in ("natural", "probe", "control", "shuffled")
+                                if any(w and kind in w["seconds"] for w in windows)}
+            entry["dtype"] = sorted({w["dtype"] for w in windows if w})
+            methods[method] = entry
+        summary["texts"][text] = {"settings": settings, "starts": found["layout"]["starts"], "margin": margin,
+                                  "positive": control, "positive_control_nll": positive_nll, "methods": methods}
+    cells = []
+    for text, method, d in family:
+        use = summary["texts"][text]["methods"][method][d]["use"]
+        cells.append(Cell(use["mean"], use["se"], use["n"] - 1) if "se" in use else None)
+    margins = [summary["texts"][text]["margin"] for text, _, _ in family]
+    # one family, each cell against its own text's margin: Holm over all, the margin per text
+    verdicts = calibrated_verdicts(cells, margins)
+    for (text, method, d), word, cell in zip(family, verdicts, cells):
+        use = summary["texts"][text]["methods"][method][d]["use"]
+        use["verdict"] = word
+        use["uncorrected"] = "cannot tell" if cell is None else interval_verdict(*cell.bounds(), 0.05)
+    for text, found in summary["texts"].items():
+        distances = found["settings"]["distances"]
+        for method, entry in found["methods"].items():
+            entry["reach"] = reach_of(distances, [entry[d]["use"].get("verdict", "cannot tell") for d in distances])
+    summary["family"] = len(family)
+    summary["calibration"] = calibration(summary)
+    summary["pairs"] = paired(texts, summary)
+    return summary
+
+
+def calibration(summary: dict) -> list[dict]:
+    """The cells where use is impossible: past the attention's reach, or where the method has collapsed (its
+    control's NLL on the second copies COLLAPSE nats above the positive control's)."""
+    found = []
+    for text, entry in summary["texts"].items():
+        floor = entry["positive_control_nll"]
+        for method, cells in entry["methods"].items():
+            for d in entry["settings"]["distances"]:
+                reach, control = cells["attention_reach"], cells[d]["control_nll"]
+                why = None
+                if reach is not None and d > reach:
+                    why = f"past its attention's reach ({reach:,} tokens)"
+                elif floor is not None and control is not None and control >= floor + COLLAPSE:
+                    why = f"collapsed: the control's NLL on the copies {control:.2f} against {floor:.2f} within L"
+                if why:
+                    use = cells[d]["use"]
+                    found.append({"text": text, "method": method, "distance": d, "why": why,
+                                  "use": {k: v for k, v in use.items() if k != "values"},
+                                  "verdict": use.get("verdict"), "uncorrected": use.get("uncorrected")})
+    return found
+
+
+def paired(texts: dict[str, dict], summary: dict) -> list[dict]:
+    """PAIRED methods against each other at the largest distance (use) and past L (NLL), paired by window."""
+    rows = []
+    for text, found in texts.items():
+        d = max(found["layout"]["settings"]["distances"])
+        cells = found["methods"]
+        present = [m for m in PAIRED if m in cells]
+        for i, a in enumerate(present):
+            for b in present[i + 1:]:
+                both = [(x, y) for x, y in zip(cells[a], cells[b]) if x and y]
+                rows.append({"text": text, "a": a, "b": b, "distance": d, "windows": len(both),
+                             "use": estimate([x[d]["use"] - y[d]["use"] for x, y in both]),
+                             "past": estimate([x["past"] - y["past"] for x, y in both if "past" in x and "past" in y])})
+    return rows
+
+
+def markdown(summary: dict, meta: dict) -> str:
+    lines = [f"# {meta['title']}", "", meta["setup"], ""]
+    for text, found in summary["texts"].items():
+        settings, distances = found["settings"], found["settings"]["distances"]
+        trained = settings["trained"]
+        control = "; ".join(f"d = {d:,}: {shown(c)}" for d, c in found["positive"].items())
+        lines += [f"## {text}", "",
+                  f"Windows start at tokens {', '.join(f'{s:,}' for s in found['starts'])} of {settings['tokens']:,}. "
+                  f"Positive control (the checkpoint as trained, windows of L = {trained:,}): use {control}; the "
+                  f"margin of the verdicts: {found['margin']:.3f} nats (a tenth of it, at least 0.05).", "",
+                  "| method | windows | NLL 0-L minus plain | NLL L-2L | 2x penalty (NLL L-2L minus plain's 0-L) | "
+                  + " | ".join(f"use d = {d:,} ({d / trained:g}L)" for d in distances) + " | reach |",
+                  "|---|---:|---:|---:|---:|" + "---:|" * len(distances) + "---|"]
+        for method, entry in found["methods"].items():
+            uses = [f"{shown(entry[d]['use'])} {entry[d]['use'].get('verdict', '')}" for d in distances]
+            reach = entry["reach"]
+            lines.append(f"| {name(method)} | {entry['windows']} | {shown(entry['cost_within'])} | "
+                         f"{shown(entry['past'], signed=False)} | {shown(entry['penalty'])} | " + " | ".join(uses)
+                         + f" | {'none' if reach is None else f'{reach:,} ({reach / trained:g}L)'} |")
+        lines += ["", f"In order against present (the priming control), {text}: use = NLL(control) - NLL(probe); "
+                      "presence = NLL(control) - NLL(shuffled), the first copy's tokens in context in another order; "
+                      "order = NLL(shuffled) - NLL(probe), what reading them in order adds. Mean [95% t over windows].",
+                  "", "| method | distance | use | presence | order |", "|---|---:|---:|---:|---:|"]
+        for method, entry in found["methods"].items():
+            for d in distances:
+                lines.append(f"| {name(method)} | {d:,} | {shown(entry[d]['use'])} | {shown(entry[d]['presence'])} | "
+                             f"{shown(entry[d]['order'])} |")
+        lines.append("")
+    if summary["pairs"]:
+        lines += ["## Paired by window: the methods said to read the whole window", "",
+                  "A minus B, each window's difference, mean [95% t over windows]: use at the largest distance, and "
+                  "the NLL at L-2L of the natural windows (negative: A predicts the text better).", "",
+                  "| text | A - B | distance | windows | use | NLL L-2L |", "|---|---|---:|---:|---:|---:|"]
+        for row in summary["pairs"]:
+            lines.append(f"| {row['text']} | {name(row['a'])} - {name(row['b'])} | {row['distance']:,} | "
+                         f"{row['windows']} | {shown(row['use'])} | {shown(row['past'])} |")
+        lines.append("")
+    lines += calibration_markdown(summary)
+    lines += ["## Cost", "", meta["cost"], ""]
+    return "\n".join(lines)
+
+
+def calibration_markdown(summary: dict) -> list[str]:
+    rows = summary["calibration"]
+    if not rows:
+        return []
+    uses = sum(row["verdict"] == "uses" for row in rows)
+    before = sum(row["uncorrected"] == "uses" for row in rows)
+    lines = ["## Calibration: cells where use is impossible", "",
+             f"{len(rows)} cells where the method cannot read the first copy; **{uses} read \"uses\"** under the "
+             f"calibrated rule (Holm over the report's {summary['family']} use cells, mean at least the margin), "
+             f"against {before} under the former rule (the 95% interval above 0 and not within +-0.05).", "",
+             "| text | method | distance | why impossible | use | verdict | former rule |", "|---|---|---:|---|---:|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['text']} | {name(row['method'])} | {row['distance']:,} | {row['why']} | "
+                     f"{shown(row['use'])} | {row['verdict']} | {row['uncorrected']} |")
+    return lines + [""]
+
+
+def write_report(out: Path, checkpoint: str | Path) -> dict:
+    texts = load_cells(out)
+    if not texts:
+        return {}
+    summary = summarise(texts)
+    invocations_path = out / "cache" / "invocations.json"
+    invocations = json.loads(invocations_path.read_text()) if invocations_path.exists() else []
+    first = next(iter(summary["texts"].values()))["settings"]
+    meta = {"title": f"Harm and use by window: inference-time methods on {Path(checkpoint).name} at "
+                     f"{first['length'] / first['trained']:g}x",
+            "setup": (f"Checkpoint `{Path(checkpoint).name}` (L = {first['trained']:,}); windows of T = "
+                      f"{first['length']:,} tokens, {first['windows']} per text, spread with equal gaps; in each, "
+                      f"its own draw of {first['passages']} passages of {first['span']} tokens per distance, second "
+                      f"copies at random places past L; four forwards per (window, method): natural, probe, control, "
+                      "shuffled (experiments/method_grid.py). Intervals: Student's t 95% over windows; verdicts "
+                      "calibrated (experiments/method_grid_report.py)."),
+            "cost": (f"Machine: {machine()}. Invocations:\n\n" + "\n".join(
+                f"- `{item['command']}`: ended {item['ended']}, {item['minutes']:.1f} min" for item in invocations))}
+    results = {"meta": meta, "summary": summary}
+    (out / "results.json").write_text(results_json(results))
+    (out / "report.md").write_text(markdown(summary, meta))
+    return results

@@ -1,0 +1,123 @@
+"""experiments.method_grid on a micro checkpoint (cells cached by window, resumed, another layout refused) and its
+report's arithmetic on a planted cache: use, presence and order on the second copies' tokens 2..S, harm on the
+natural window, intervals over windows, and the calibration's impossible cells."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from data.tokenizer import load_tokenizer
+from errors import ConfigError
+from eval.use import Placement
+from experiments.method_grid import main, window_starts
+from experiments.method_grid_report import load_cells, summarise, window_entry
+from model import Transformer
+from model.checkpoint import save_checkpoint
+from tests.conftest import micro_config
+
+
+@pytest.fixture
+def checkpoint(prepared_data, tmp_path):
+    tokenizer = load_tokenizer(prepared_data)
+    torch.manual_seed(0)
+    model = Transformer(micro_config(vocab_size=len(tokenizer), max_seq_len=64))
+    folder = tmp_path / "ckpt"
+    save_checkpoint(folder, model, tokenizer, {"trained_seq_len": 64, "step": 0})
+    return folder
+
+
+def run(checkpoint, text, out, *extra):
+    return main(["--checkpoint", str(checkpoint), "--texts", str(text), "--length", "4x", "--windows", "3",
+                 "--passages", "1", "--distances", "0.5x,1.25x,2x", "--within", "0.5x", "--dynamic-step", "8",
+                 "--out", str(out), *extra])
+
+
+def test_cells_are_cached_by_window_resumed_and_reported(checkpoint, small_text_file, tmp_path, capsys):
+    out = tmp_path / "grid"
+    assert run(checkpoint, small_text_file, out, "--methods", "none,dynamic,sinks") == 0
+    cache = out / "cache" / "code"
+    assert sorted(p.name for p in (cache / "w2").iterdir()) == ["dynamic.npz", "none.npz", "positive.npz",
+                                                                "sinks.npz"]
+    with np.load(cache / "w0" / "dynamic.npz") as cell:
+        assert sorted(k for k in ("natural", "probe", "control", "shuffled") if k in cell.files) == \
+            ["control", "natural", "probe", "shuffled"]
+        assert cell["natural"].shape == (256,) and int(cell["step"]) == 8
+    layout = json.loads((cache / "layout.json").read_text())
+    assert layout["starts"][0] > 0  # no window at the text's first token
+    assert all(p[2] >= 64 for window in layout["placements"] for p in window)  # second copies past L
+    capsys.readouterr()
+    assert run(checkpoint, small_text_file, out, "--methods", "none,dynamic,sinks") == 0
+    assert "/w0/" not in capsys.readouterr().out  # every cell came from the cache
+    results = json.loads((out / "results.json").read_text())["summary"]["texts"]["code"]
+    sinks = results["methods"]["sinks"]
+    assert sinks["windows"] == 3 and sinks["attention_reach"] == 60  # sinks + window: L - 4 keys
+    assert "low" in sinks["128"]["use"]  # three windows: an interval
+    report = (out / "report.md").read_text()
+    assert "Calibration: cells where use is impossible" in report and "past its attention's reach" in report
+    from experiments.method_grid import Layout
+    with pytest.raises(ConfigError, match="other settings"):  # another layout on the same cache is refused
+        Layout(out, "code", np.zeros(10**6, dtype=np.int64), 256, 64, 4, [32, 80, 128], [32], 1, 0)
+
+
+def test_windows_leave_equal_gaps_and_refuse_a_short_text():
+    starts = window_starts(1000, 99, 3)  # 3 windows of 100 tokens, 700 left: gaps of 175
+    assert starts == [175, 450, 725]
+    with pytest.raises(Exception, match="too few"):
+        window_starts(300, 99, 3)
+
+
+def planted(tmp_path, windows=4):
+    """A cache of one text: L = 16, T = 32, passages of 4 tokens at d = 20; the probe's scored tokens 1 nat below the
+    control's (use 1), the shuffled control's 0.25 below (presence 0.25, order 0.75); plain RoPE's natural window
+    at 2 nats within L and 3 past it, the method's at 2.1 and 2.5."""
+    out = tmp_path / "planted"
+    folder = out / "cache" / "text"
+    placements = [[20, 5, 25]]
+    positive = [[8, 4, 12]]
+    settings = {"tokens": 1000, "length": 32, "trained": 16, "windows": windows, "distances": [20], "within": [8],
+                "passages": 1, "span": 4, "seed": 0}
+    folder.mkdir(parents=True)
+    (folder / "layout.json").write_text(json.dumps({"settings": settings, "starts": list(range(windows)),
+                                                    "placements": [placements] * windows,
+                                                    "positive": [positive] * windows}))
+    rng = np.random.default_rng(0)
+    for window in range(windows):
+        (folder / f"w{window}").mkdir()
+        for method, within, past in (("none", 2.0, 3.0), ("yarn", 2.1, 2.5)):
+            natural = np.r_[np.full(16, within), np.full(16, past)].astype(np.float32)
+            control = np.full(32, 4.0, dtype=np.float32) + rng.normal(0, 0.01)
+            probe, shuffled = control.copy(), control.copy()
+            probe[25:28] -= 1.0  # tokens 2..4 of the second copy at 25: loss columns 25, 26, 27
+            shuffled[25:28] -= 0.25
+            probe[28:] -= 9.0  # past the copy: never scored
+            np.savez(folder / f"w{window}" / f"{method}.npz", natural=natural, probe=probe, control=control,
+                     shuffled=shuffled, seconds=json.dumps({"natural": 1.0, "probe": 1.0}), peak_rss_gib=1.0,
+                     paths="{}", dtype="bfloat16", incremental=False, step=1, reach=-1)
+        positive_control = np.full(16, 3.0, dtype=np.float32)
+        np.savez(folder / f"w{window}" / "positive.npz", probe=positive_control - np.r_[np.zeros(12), np.ones(4)],
+                 control=positive_control, shuffled=positive_control, seconds=json.dumps({"probe": 1.0}),
+                 peak_rss_gib=1.0, paths="{}", dtype="bfloat16", incremental=False, step=1, reach=-1)
+    return out
+
+
+def test_the_report_reads_use_presence_order_and_harm_from_the_right_tokens(tmp_path):
+    entry = window_entry(planted(tmp_path) / "cache" / "text" / "w0" / "yarn.npz", [Placement(20, 5, 25)], 4, 16, [20])
+    assert entry[20]["use"] == pytest.approx(1.0) and entry[20]["presence"] == pytest.approx(0.25)
+    assert entry[20]["order"] == pytest.approx(0.75)
+    assert entry["within"] == pytest.approx(2.1) and entry["past"] == pytest.approx(2.5)
+    summary = summarise(load_cells(tmp_path / "planted"))
+    text = summary["texts"]["text"]
+    assert text["positive"][8]["mean"] == pytest.approx(1.0)  # the positive control: tokens 2..4 of the copy at 12
+    assert text["margin"] == pytest.approx(0.1)
+    yarn = text["methods"]["yarn"]
+    assert yarn["cost_within"]["mean"] == pytest.approx(0.1) and yarn["penalty"]["mean"] == pytest.approx(0.5)
+    assert yarn[20]["use"]["verdict"] == "uses" and yarn["reach"] == 20
+
+
+def test_a_cell_of_two_windows_prints_its_values_and_no_interval(tmp_path):
+    from experiments.method_grid_report import shown
+    summary = summarise(load_cells(planted(tmp_path, windows=2)))
+    use = summary["texts"]["text"]["methods"]["yarn"][20]["use"]
+    assert "low" not in use and use["verdict"] == "cannot tell"
+    assert shown(use).endswith("(2 windows: no interval)")
