@@ -62,6 +62,19 @@ class Estimate:
         return f"{self.mean:{sign}.{digits}f} [{self.low:{sign}.{digits}f}, {self.high:{sign}.{digits}f}]"
 
 
+MIN_DRAWS = 3  # independent draws (windows, seeds) a t interval needs: at 2, t(0.975, 1) = 12.7 says nothing
+
+
+def draws_interval(values: list[float] | np.ndarray, low: float | None = None,
+                   high: float | None = None) -> Estimate | None:
+    """The t interval over independent draws (bounded_t_interval with the quantity's range), or, with fewer than
+    MIN_DRAWS of them, their mean and no interval (a report prints the values themselves)."""
+    kept = [v for v in values if v is not None and math.isfinite(v)]
+    if len(kept) < MIN_DRAWS:
+        return Estimate(float(np.mean(kept)), None, None, len(kept)) if kept else None
+    return bounded_t_interval(kept, low, high)
+
+
 def t_interval(values: list[float] | np.ndarray) -> Estimate | None:
     """Mean of `values` (one per seed) with its Student's t 95% interval; None when there are no values."""
     values = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)

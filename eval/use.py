@@ -13,14 +13,16 @@ the second copy better in the probe than in the control:
 
     use(d) = NLL(control) - NLL(probe)   on tokens 2..S of each second copy (token 1 has nothing that predicts it)
 
-in nats, averaged over the K passages of a window; the interval is Student's t 95% over windows (over passages when
-there are fewer than 3 windows: each passage is its own draw of text and place). One probe and one
-control forward measure every distance at once: the second copies are packed at the end of the window, distances
-interleaved, so each distance is scored at about the same positions. Verdicts, read from the 95% interval printed:
-"uses" when it lies above 0 (a one-sided test at 2.5%) and not within +-margin (--margin, nats); "negligible" when
-both hold (shown, but too small to matter: other passages' first copies near a scored one differ between probe and
-control, which moves its loss by about 0.001 nats); "none" when use is shown within +-margin only; else
-"cannot tell".
+in nats, averaged over the K passages of a window; the interval is Student's t 95% over windows, and a cell with
+fewer than 3 windows has none (the passages of one window share its text and its two forwards: they are not
+independent draws). One probe and one control forward measure every distance at once: the second copies are packed
+at the end of the window, distances interleaved, so each distance is scored at about the same positions (the longest
+distance's first copy then lies just after the window's lead in every window: that column also measures the
+layout; experiments.method_grid draws each window's places instead, eval.use.jittered). Verdicts (calibrate): the
+rows past the positive control are one family; "uses" where the one-sided t test, Holm-corrected over the family,
+shows use above 0 and its mean is at least the margin, a tenth of the positive control's use (at least --margin);
+"negligible" where it is shown above 0 but below the margin; "none" where the 95% interval lies within +-margin;
+else "cannot tell". Each row's reach: the largest distance at which it and every nearer one read "uses".
 
 On a text of many documents (separated by <|endoftext|>) a first copy can lie in an earlier document than its
 second: each row counts those passages (`across_documents`), and the table shows the count. Their use measures
@@ -57,7 +59,17 @@ from eval.extrapolation import parse_lengths, resolve_length
 from eval.heldout import checkpoint_eval_tokens
 from eval.scoring import score_incremental, score_windows
 from eval.segments import choose_segments
-from eval.stats import Estimate, spread, t_interval, verdict
+from eval.stats import (
+    MIN_DRAWS,
+    Cell,
+    Estimate,
+    calibrated_verdicts,
+    draws_interval,
+    reach_of,
+    spread,
+    use_margin,
+    verdict,
+)
 from model.attention_methods import ATTENTION_METHODS, normalize_methods
 from model.checkpoint import load_model, trained_length
 from model.data_folder import training_data_dir
@@ -293,7 +305,7 @@ def reach(model: Transformer, trained: int) -> int | None:
     return min(windows) if windows else None
 
 
-MIN_WINDOWS = 3  # fewer windows: the interval is over passages (each its own draw of text and place)
+MIN_WINDOWS = MIN_DRAWS  # fewer windows: no interval (the passages of one window are not independent draws)
 
 
 @dataclass
@@ -317,20 +329,19 @@ class UseResult:
         return self.passages.mean(axis=2)
 
     def values(self, index: int) -> tuple[np.ndarray, str]:
-        """The values an interval at one distance is over: the windows' when there are MIN_WINDOWS or more, else
-        every passage's (the unit named)."""
-        if self.passages.shape[0] >= MIN_WINDOWS:
-            return self.use[:, index], "windows"
-        return self.passages[:, index, :].reshape(-1), "passages"
+        """The windows' use at one distance, the values its interval is over (none below MIN_WINDOWS windows: the
+        passages of one window share its text and its two forwards, so they are not independent draws)."""
+        return self.use[:, index], "windows"
 
     def row(self, index: int, trained: int, margin: float) -> dict[str, Any]:
         values, unit = self.values(index)
         return {"method": self.method, "length": self.length, "distance": self.distances[index],
                 "multiple": self.distances[index] / trained, "windows": int(self.passages.shape[0]),
-                "unit": unit, "n": int(values.size), "use": t_interval(values).__dict__,
+                "unit": unit, "n": int(values.size), "use": draws_interval(values).__dict__,
                 "use_values": self.use[:, index].tolist(),
                 "probe_nll": float(self.probe[:, index].mean()), "control_nll": float(self.control[:, index].mean()),
-                "verdict": verdict(spread(values[None, :]), margin),
+                "se": float(values.std(ddof=1) / np.sqrt(values.size)) if values.size > 1 else None,
+                "verdict": verdict(spread(values[None, :]), margin) if values.size >= MIN_WINDOWS else "cannot tell",
                 "past_reach": self.reach is not None and self.distances[index] > self.reach,
                 **({} if self.apart is None else {"across_documents": int(self.apart[:, index, :].sum()),
                                                   "passages_scored": int(self.apart[:, index, :].size)})}
@@ -376,12 +387,37 @@ def measure_use(model: Transformer, ids: np.ndarray, trained: int, length: int, 
     return results
 
 
+def calibrate(rows: list[dict[str, Any]], trained: int, floor: float = DEFAULT_MARGIN) -> float:
+    """The verdicts of one checkpoint's rows as one family (eval.stats.calibrated_verdicts): the margin a tenth of
+    the positive control's use (rows as trained in windows of at most L, at distances within L; at least the floor),
+    the rows past it Holm-corrected together; each row's "reach", the largest distance at which it and every nearer
+    one of its (length, method) read "uses". The positive control keeps its own verdict (use shown at all). Returns
+    the margin."""
+    positive = [r for r in rows if r["method"] == NONE and r["length"] <= trained and r["distance"] < trained]
+    margin = use_margin(float(np.mean([r["use"]["mean"] for r in positive])) if positive else None, floor)
+    family = [r for r in rows if r not in positive]
+    cells = [Cell(r["use"]["mean"], r["se"], r["n"] - 1) if r.get("se") is not None and r["n"] >= MIN_WINDOWS
+             else None for r in family]
+    for r, word in zip(family, calibrated_verdicts(cells, margin)):
+        r["verdict"], r["margin"] = word, margin
+    for key in dict.fromkeys((r["length"], r["method"]) for r in family):
+        chosen = [r for r in family if (r["length"], r["method"]) == key]
+        farthest = reach_of([r["distance"] for r in chosen], [r["verdict"] for r in chosen])
+        for r in chosen:
+            r["reach"] = farthest
+    return margin
+
+
 def self_checks(rows: list[dict[str, Any]], trained: int) -> list[str]:
     """The positive and the negative control, in words, from the rows of one model. The positive control reads the
     model as trained in a window of at most L tokens (every position one it trained at), at distances within L."""
     lines = []
     within = [r for r in rows if r["method"] == NONE and r["length"] <= trained and r["distance"] < trained]
-    if within:
+    if within and all(r["use"].get("low") is None for r in within):
+        lines.append(f"positive control (as trained, windows of {within[0]['length']:,} <= L tokens): not decided: "
+                     f"{within[0]['n']} window(s), no interval (use "
+                     + ", ".join(f"{r['use']['mean']:+.3f} at d = {r['distance']:,}" for r in within) + ")")
+    elif within:
         shown_at = ", ".join(f"{r['distance']:,}" for r in within if r["verdict"] == "uses")
         lines.append(f"positive control (as trained, windows of {within[0]['length']:,} <= L tokens): "
                      + (f"passes: use shown at d = {shown_at}" if shown_at else
@@ -416,7 +452,9 @@ def rows_table(rows: list[dict[str, Any]], trained: int) -> list[str]:
     for r in rows:
         flag = " (past reach)" if r["past_reach"] else ""
         lines.append(f"| {r['length']:,} ({r['length'] / trained:g}L) | {r['method']} | {r['distance']:,} | "
-                     f"{r['multiple']:.2f} | {Estimate(**r['use']).format(3, signed=True)} | {r['n']} {r['unit']} | "
+                     f"{r['multiple']:.2f} | {Estimate(**r['use']).format(3, signed=True)} | "
+                     + (f"{r['n']} {r['unit']}" if r["use"].get("low") is not None else
+                        f"{r['n']} window{'s' * (r['n'] > 1)}: no interval") + " | "
                      f"{r['verdict']}{flag} | {r['probe_nll']:.3f} | {r['control_nll']:.3f} |"
                      + (f" {r['across_documents']} of {r['passages_scored']} |" if apart else "")
                      + (f" {r['seconds']:.0f} |" if timed else ""))
@@ -519,12 +557,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--span", type=int, default=0, help="tokens S per passage (0: L / 4, within 8..64)")
     parser.add_argument("--per-distance", type=int, default=4, help="passages K per distance in each window")
     parser.add_argument("--windows", type=int, default=64,
-                        help=f"windows of held-out text (intervals over windows from {MIN_WINDOWS}, else over "
-                             "passages)")
+                        help=f"windows of held-out text (intervals over windows; none below {MIN_WINDOWS})")
     parser.add_argument("--methods", default=NONE, help="inference-time methods, each where it applies (none: as "
                                                         "trained), e.g. none,yarn,sinks")
     parser.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
-                        help="nats: the equivalence margin of the 'none' verdict")
+                        help="nats: the floor of the verdicts' margin (a tenth of the positive control's use, at "
+                             "least this)")
     parser.add_argument("--ngram", type=int, default=4, help="n of the second view's recurring n-grams")
     parser.add_argument("--data", help="prepared folder, source or path (default: each checkpoint's held-out text)")
     parser.add_argument("--all-documents", action="store_true",
@@ -599,14 +637,17 @@ def main(argv: list[str] | None = None) -> int:
         for error in errors:
             print(f"not measured: {error}")
         rows = [result.row(i, trained, args.margin) for result in found for i in range(len(result.distances))]
+        margin = calibrate(rows, trained, args.margin)
         longest = [r for r in found if r.length == lengths[-1]]
         name = str(checkpoint)  # the whole path: a comparison names its runs seed1, seed2, ... in each folder
         meta = {"trained": trained, "ngram": args.ngram, "setup": (
             f"Checkpoint `{checkpoint}` (L = {trained:,}); {scored}. Windows: {args.windows} per length of "
             f"T = {', '.join(f'{n:,}' for n in lengths)} tokens, each with {args.per_distance} passages of "
             f"S = {span} tokens per distance (in a window of at most L, as many as fit), second copies at the window's end; use on tokens 2..S of each second "
-            f"copy; intervals over windows (from {MIN_WINDOWS}) or else over passages; verdict margin "
-            f"{args.margin:g} nats; {args.dtype}. Seconds per (length, method), probe + control: "
+            f"copy; intervals over windows (none below {MIN_WINDOWS} windows); verdicts calibrated: 'uses' needs the "
+            "one-sided t test Holm-corrected over the rows past the positive control and a mean of at least the "
+            f"margin, {margin:.3f} nats (a tenth of the positive control's use, at least {args.margin:g}); "
+            f"{args.dtype}. Seconds per (length, method), probe + control: "
             + ", ".join(f"{r.length:,} {r.method} {r.seconds:.0f}" for r in found) + ".")}
         results[name] = {"checkpoint": str(checkpoint), "trained": trained, "lengths": lengths, "span": span,
                          "per_distance": args.per_distance, "windows": args.windows, "margin": args.margin,

@@ -44,10 +44,12 @@ import numpy as np
 import torch
 
 from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, parse
+from data.tokenizer import load_tokenizer
 from errors import ConfigError, DataError, cli_command
 from eval.extrapolation import resolve_length
 from eval.scoring import score_incremental, score_windows
 from eval.use import GAP, Placement, default_span, jittered, lead_tokens, reach, shuffled_first_copies, write_copies
+from experiments.method_grid_report import write_report
 from experiments.real_model import log_invocation, machine, peak_rss_gib
 from model.checkpoint import load_model, trained_length
 from model.inference_methods import NONE, check_methods, method_spec
@@ -194,7 +196,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     configure_runtime()
     args = parse(build_parser(), argv, "checkpoint", "out")
-    from experiments.method_grid_report import write_report
     if args.report_only:
         write_report(args.out, args.checkpoint)
         return 0
@@ -215,7 +216,6 @@ def main(argv: list[str] | None = None) -> int:
     device = resolve_device(args.device)
     amp = autocast_dtype(device, args.dtype)
     model = load_model(args.checkpoint, device).eval()
-    from data.tokenizer import load_tokenizer
     tokenizer = load_tokenizer(args.checkpoint)
     texts = {text_name(Path(path)): read_text(Path(path), tokenizer) for path in comma_list(args.texts)}
     layouts = {name: Layout(args.out, name, ids, length, trained, args.windows, distances, within, args.passages,

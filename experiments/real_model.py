@@ -49,8 +49,17 @@ from eval.heldout import load_eval_tokens
 from eval.passkey import evaluate_passkey
 from eval.scoring import score_incremental, score_windows
 from eval.segments import choose_segments
-from eval.stats import Estimate, bounded_t_interval, interval_verdict, t_interval
-from eval.use import DEFAULT_MARGIN, default_span, distances_at, fitting_count, measure_use, rows_table, self_checks
+from eval.stats import MIN_DRAWS, T_975, Estimate, draws_interval, t_interval
+from eval.use import (
+    DEFAULT_MARGIN,
+    calibrate,
+    default_span,
+    distances_at,
+    fitting_count,
+    measure_use,
+    rows_table,
+    self_checks,
+)
 from model.checkpoint import load_model, trained_length
 from model.inference_methods import NONE, check_methods, method_spec
 from model.runtime import autocast, autocast_dtype, configure_runtime, resolve_device
@@ -235,7 +244,7 @@ def run_use(model, texts: dict[str, np.ndarray], trained: int, out: Path, method
                          "passages": result.passages[:, i, :].tolist()} for i in range(len(distances))]
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(json.dumps({"rows": rows, "recurrence": result.recurrence}))
-    return cached_use(out)
+    return cached_use(out, trained)
 
 
 JOINED = "-joined"  # the suffix of a text measured with its documents joined (--join-documents)
@@ -249,14 +258,31 @@ def newline_token(tokenizer) -> int:
     return ids[0]
 
 
-def cached_use(out: Path) -> list[dict]:
-    """Every use row of OUT/cache/use, its verdict read again from its interval (the rule of eval.stats.verdict
-    now, whatever it was when the row was measured)."""
-    found = [row for path in sorted((out / "cache" / "use").glob("*/*@*.json"))
-             for row in json.loads(path.read_text())["rows"]]
+def cached_use(out: Path, trained: int, rows: list[dict] | None = None) -> list[dict]:
+    """Every use row of OUT/cache/use (or `rows`, those a results file keeps), its interval and verdict made again by
+    the rules of now: an interval over windows only from MIN_DRAWS of them, the verdicts of each text's rows
+    calibrated as one family (eval.use.calibrate)."""
+    found = rows if rows is not None else [row for path in sorted((out / "cache" / "use").glob("*/*@*.json"))
+                                           for row in json.loads(path.read_text())["rows"]]
     for row in found:
-        row["verdict"] = interval_verdict(row["use"]["low"], row["use"]["high"], DEFAULT_MARGIN)
+        values = row.get("use_values") or [row["use"]["mean"]]
+        if len(values) < MIN_DRAWS:  # the passages of one window are not independent draws: no interval
+            row["use"] = {"mean": float(np.mean(values)), "low": None, "high": None, "n": len(values)}
+            row["unit"], row["n"], row["se"], row["verdict"] = "windows", len(values), None, "cannot tell"
+        elif "se" not in row:
+            row["se"] = float(np.std(values, ddof=1) / np.sqrt(len(values)))
+    for text in dict.fromkeys(row["text"] for row in found):
+        calibrate([row for row in found if row["text"] == text], trained)
     return sorted(found, key=lambda row: (row["text"], row["length"], row["method"], row["distance"]))
+
+
+def window_values(mean: float, high: float | None, windows: int) -> list[float]:
+    """The windows' own values of a mean over one or two windows reported with a t interval (at two windows the
+    interval is mean +- t(0.975, 1) |x1 - x2| / 2, so the values are mean -+ (high - mean) / t(0.975, 1))."""
+    if windows == 1 or high is None:
+        return [mean]
+    half = (high - mean) / T_975[0]
+    return [mean - half, mean + half]
 
 
 def use_markdown(use: list[dict], meta: dict[str, Any]) -> list[str]:
@@ -268,9 +294,11 @@ def use_markdown(use: list[dict], meta: dict[str, Any]) -> list[str]:
         lines += [f"## {text}: use of the text on the same weights (eval/use.py)", "",
                   "Repeated passages of S tokens, each second copy d tokens after its first, against the same window "
                   "with other text in place of the first copies; use = NLL(control) - NLL(probe) on the second "
-                  "copies' tokens 2..S, nats, mean [95% t over the unit named]; verdict: 'uses' (the interval above "
-                  f"0), 'none' (the interval within +-{DEFAULT_MARGIN:g} nats), 'negligible' (both), else "
-                  "'cannot tell'. A window of "
+                  "copies' tokens 2..S, nats, mean [95% t over windows; none below 3 windows]; verdicts calibrated "
+                  "(eval.use.calibrate): 'uses' where the one-sided t test, Holm-corrected over the text's rows "
+                  "past the positive control, shows use above 0 and the mean is at least the margin (a tenth of the "
+                  f"positive control's use, at least {DEFAULT_MARGIN:g} nats); 'negligible' where shown above 0 "
+                  "but below it; 'none' where the interval lies within +-margin; else 'cannot tell'. A window of "
                   "L tokens holds the model as trained (the positive control); a method whose attention cannot "
                   "reach d is marked 'past reach' (the negative control).", "", *rows_table(rows, trained)]
         lines += ["", *[f"- {check}" for check in self_checks(rows, trained)], ""]
@@ -373,14 +401,17 @@ def summarise(runner: Runner, cells: list[Cell], longest: int) -> list[dict[str,
                     differences.append(float(part.mean() - plain[begin:end].mean()))
             if not values:
                 continue
-            # a mean NLL is >= 0: its t interval over few windows is cut there (never losing coverage)
-            estimate, difference = bounded_t_interval(values, 0.0), t_interval(differences) if differences else None
+            # a mean NLL is >= 0: its t interval is cut there; below MIN_DRAWS windows, no interval (the values)
+            estimate, difference = draws_interval(values, 0.0), draws_interval(differences) if differences else None
+            if method == NONE:
+                difference = None  # plain RoPE is the reference, not a difference
             rows.append({"text": text, "method": method, "length": length, "multiple": length / runner.trained,
                          "bucket": [begin, end], "kind": kind, "windows": len(values), "nll": estimate.mean,
                          "nll_low": estimate.low, "nll_high": estimate.high,
                          "vs_plain": None if difference is None else difference.mean,
                          "vs_plain_low": None if difference is None else difference.low,
-                         "vs_plain_high": None if difference is None else difference.high})
+                         "vs_plain_high": None if difference is None else difference.high, "values": values,
+                         "vs_plain_values": differences if difference is not None else None})
     return rows
 
 
@@ -388,10 +419,14 @@ def bucket_name(bucket: list[int]) -> str:
     return f"{bucket[0]:,}-{bucket[1]:,}"
 
 
-def interval(mean: float | None, low: float | None, high: float | None, signed: bool = False) -> str:
+def interval(mean: float | None, low: float | None, high: float | None, signed: bool = False,
+             values: list[float] | None = None) -> str:
+    """'mean [low, high]', or below MIN_DRAWS windows the windows' own values and no interval."""
     if mean is None:
         return ""
     sign = "+" if signed else ""
+    if low is None and values:
+        return " / ".join(f"{v:{sign}.3f}" for v in values) + f" ({len(values)} window{'s' * (len(values) > 1)}: no interval)"
     return f"{mean:{sign}.3f}" if low is None else f"{mean:{sign}.3f} [{low:{sign}.3f}, {high:{sign}.3f}]"
 
 
@@ -414,8 +449,9 @@ def report_markdown(rows: list[dict], passkey: list[dict], meta: dict[str, Any],
             for row in sorted(chosen, key=lambda r: (r["bucket"][0], r["length"])):
                 lines.append(f"| {bucket_name(row['bucket'])} | {row['length'] / 1024:g}k ({row['multiple']:g}x) | "
                              f"{row['method']} | {row['windows']} | "
-                             f"{interval(row['nll'], row['nll_low'], row['nll_high'])} | "
-                             f"{interval(row['vs_plain'], row['vs_plain_low'], row['vs_plain_high'], signed=True)} |")
+                             f"{interval(row['nll'], row['nll_low'], row['nll_high'], values=row.get('values'))} | "
+                             + ("(the reference) |" if row["method"] == NONE else
+                                f"{interval(row['vs_plain'], row['vs_plain_low'], row['vs_plain_high'], True, row.get('vs_plain_values'))} |"))
             lines.append("")
     shown = [row for row in passkey if row["trials"] >= MIN_PASSKEY_TRIALS]
     if len(shown) < len(passkey):
@@ -595,8 +631,13 @@ def rewrite_report(out: Path, trained: int) -> None:
         raise ConfigError(f"--report-only: {path} does not exist; run experiments.real_model into {out} first")
     results = json.loads(path.read_text())
     for row in results["rows"]:
+        if row["windows"] < MIN_DRAWS:  # a row of one or two windows: their values, no interval
+            row.setdefault("values", window_values(row["nll"], row["nll_high"], row["windows"]))
+            if row["vs_plain"] is not None:
+                row.setdefault("vs_plain_values", window_values(row["vs_plain"], row["vs_plain_high"], row["windows"]))
+            row["nll_low"] = row["nll_high"] = row["vs_plain_low"] = row["vs_plain_high"] = None
         row["nll_low"] = None if row["nll_low"] is None else max(0.0, row["nll_low"])
-    use = cached_use(out) or results.get("use", [])
+    use = cached_use(out, trained) if (out / "cache" / "use").exists() else cached_use(out, trained, results.get("use", []))
     results["use"], results["meta"]["trained"] = use, trained
     measured = {(row["text"], row["method"], row["length"]): row["seconds"] for row in use}
     results["meta"]["cost"] = results["meta"]["cost"].split("\n\nUse measurements:")[0]  # the line is made anew
@@ -604,7 +645,9 @@ def rewrite_report(out: Path, trained: int) -> None:
         results["meta"]["cost"] += (f"\n\nUse measurements: {sum(measured.values()) / 60:.1f} min of compute in all "
                                     f"({len(measured)} (text, method, length) cells, probe and control; the seconds "
                                     "column of the use table)")
-    results["meta"]["setup"] = results["meta"]["setup"].replace("95% over windows; a row", "95% over windows, cut at 0; a row")
+    results["meta"]["setup"] = results["meta"]["setup"].replace("95% over windows; a row", "95% over windows, cut at 0; a row").replace(
+        "cut at 0; a row with one window has none", f"cut at 0; a row with fewer than {MIN_DRAWS} windows has none (its "
+        "windows' own values are shown)")
     path.write_text(results_json(results))
     (out / "report.md").write_text(report_markdown(results["rows"], results["passkey"], results["meta"], use))
 

@@ -130,3 +130,28 @@ def paired_bootstrap(values: list[float] | np.ndarray, base: list[float] | np.nd
     draws = counts @ differences / differences.size
     low, high = np.percentile(draws, [2.5, 97.5])
     return Estimate(mean, float(low), float(high), int(differences.size))
+
+
+def paired_rate_difference(values: list[float], first: Estimate, second: Estimate) -> Estimate | None:
+    """A difference of two rates measured on the same seeds (a model's exact match minus its window control's),
+    `values` the seeds' differences, `first` and `second` the two rates with their intervals inside [0, 1]: the
+    union of the t interval over the seeds' differences and the MOVER interval from the parts' own limits (Newcombe
+    1998, Zou and Donner 2008),
+
+        d - sqrt((p1 - l1)^2 + (u2 - p2)^2),   d + sqrt((u1 - p1)^2 + (p2 - l2)^2),
+
+    cut to [-1, 1]. The MOVER part keeps the trials' uncertainty that a difference constant over the seeds would
+    lose (every seed 1.00 against 0.00 is not +1.00 [+1.00, +1.00]) and ignores the pairing, which makes it
+    conservative where the parts move together; the union is never narrower than either part's interval."""
+    over_seeds = t_interval(values)
+    if over_seeds is None:
+        return None
+    d = first.mean - second.mean
+    if first.low is None or second.low is None:
+        return over_seeds if over_seeds.low is None else Estimate(over_seeds.mean, max(-1.0, over_seeds.low),
+                                                                   min(1.0, over_seeds.high), over_seeds.n)
+    low = d - math.hypot(first.mean - first.low, second.high - second.mean)
+    high = d + math.hypot(first.high - first.mean, second.mean - second.low)
+    if over_seeds.low is not None:
+        low, high = min(low, over_seeds.low), max(high, over_seeds.high)
+    return Estimate(over_seeds.mean, max(-1.0, low), min(1.0, high), over_seeds.n)

@@ -43,9 +43,10 @@ from data.tasks import EVAL_SEED, TASKS, Task, TaskBatch, get_task
 from errors import ConfigError, cli_command
 from eval import figures
 from eval.retrieval import retrieval_grid
-from eval.stats import Estimate, rate_over_seeds, t_interval
+from eval.stats import Estimate, rate_over_seeds
 from eval.task_score import evaluate
 from experiments.jobs import comparable, die_with_parent, job_output, saved_run_config, worker_layout
+from experiments.seed_intervals import paired_rate_difference
 from model.checkpoint import load_model, load_trainer_state
 from model.encodings import POSITION_ENCODINGS
 from model.fields import parse_override_value
@@ -233,10 +234,12 @@ class Suite:
             mine.update(theirs)
 
 
-def estimate_record(values: list[float]) -> dict[str, Any]:
-    """A signed metric over seeds (a difference) as results files keep it: mean, t interval, n, and the seeds' own
-    values."""
-    return {**t_interval(values).__dict__, "values": values}
+def difference_record(values: list[float], full: dict[str, Any], window: dict[str, Any]) -> dict[str, Any]:
+    """A rate's difference full - window paired by seed as results files keep it: the mean with
+    experiments.seed_intervals.paired_rate_difference's interval (inside [-1, 1], never narrower than either part)
+    and the seeds' own differences."""
+    found = paired_rate_difference(values, estimate(full), estimate(window))
+    return {**found.__dict__, "values": values}
 
 
 def rate_record(metric: str, values: list[float], count: int | None, threshold: float | None) -> dict[str, Any]:
@@ -262,8 +265,12 @@ def aggregate_grid(grids: list[dict], count: int | None = None,
                 part: {metric: rate_record(metric, [c[part][metric] for c in cell_of], count, threshold)
                        for metric in first["full"]}
                 for part in ("full", "window")},
-                "difference": {metric: estimate_record([c["full"][metric] - c["window"][metric] for c in cell_of])
-                               for metric in first["full"]}}
+                "difference": {}}
+            parts = merged[key][distance]
+            for metric in first["full"]:
+                parts["difference"][metric] = difference_record(
+                    [c["full"][metric] - c["window"][metric] for c in cell_of], parts["full"][metric],
+                    parts["window"][metric])
     return merged
 
 

@@ -4,17 +4,23 @@
     python -m scripts.interval_ranges docs/compare_map  # one folder or file
 
 An interval is "MEAN [LOW, HIGH]" in markdown and {"mean", "low", "high"} in a results .json. Its quantity is read
-from where it stands, and only these are checked:
+from where it stands, and these are checked:
 
     perplexity, ppl, NLL, loss      LOW < 0 is out of range (a perplexity or a loss is never negative)
     ratio (of perplexities)         LOW <= 0
     exact match, accuracy, rate     LOW < 0 or HIGH > 1
+    a difference of those rates     LOW < -1 or HIGH > 1 (exact match minus its window control, paired)
+    any difference (signed)         a zero-width interval of a nonzero mean ("+1.00 [+1.00, +1.00]": draws that all
+                                    agree still leave the parts' own uncertainty); in a results file, a difference
+                                    {"full", "window", "difference"} narrower than either of its parts
+    a mean over 1 or 2 windows      any interval (Student's t at 1 degree of freedom, t = 12.7, says nothing): a
+                                    table row whose "windows" column reads 1 or 2, a results row {"windows": 1 or 2}
 
 In a markdown table the column's header names the quantity, else the table's caption (the nearest heading or line of
 text above it); in prose, the words just before the interval in the same clause; in JSON, the nearest key on the
-path that names one. The scan is conservative: anything that names a signed quantity (a penalty, a difference,
-"minus", "paired", a gain, a change, use, ...) in the same place is never checked, and an interval whose quantity is
-not named is not checked either. tests/test_interval_ranges.py runs it over the repository.
+path that names one. A signed quantity (a penalty, a difference, "minus", "paired", a gain, a change, use, ...) is
+checked only as a difference; an interval whose quantity is not named is not checked. tests/test_interval_ranges.py
+runs it over the repository.
 """
 from __future__ import annotations
 
@@ -34,7 +40,7 @@ INTERVAL = re.compile(rf"(?P<mean>{NUMBER})x?\s*\[(?P<low>{NUMBER})x?,\s*(?P<hig
 # Words that make a quantity signed (or not one of ours): never checked where they stand.
 SIGNED = re.compile(r"penalt|differ|minus|paired|\bgain|change|\bvs\b|versus|delta|\u0394|\u2212 |(?<=\s)- (?=\w)|"
                     r"advantage|effect|slope|\buse\b|\buses\b|benefit|improve|worse|better|cost|excess|drop|shift|"
-                    r"lowest - |against|control|relative to rope|over rope|\bgap\b|full \u2212|plain\b|rise|"
+                    r"lowest - |- control|relative to rope|over rope|\bgap\b|full \u2212|plain\b|rise|"
                     r"correlation|\bcorr\b|log-ratio|log ratio|entropy", re.IGNORECASE)
 KINDS = [  # (kind, pattern), first match wins
     ("ratio", re.compile(r"ratio|relative to the same variant|relative to its own|relative to own", re.IGNORECASE)),
@@ -67,20 +73,29 @@ def number(text: str) -> float:
     return float(text.replace(",", "").replace("\u2212", "-"))
 
 
-def out_of_range(kind: str, low: float, high: float) -> bool:
+UNIT = re.compile(r"exact match|exact_match|accuracy", re.IGNORECASE)  # a rate whose difference is checked
+
+
+def out_of_range(kind: str, low: float, high: float, mean: float | None = None) -> bool:
     if kind in ("positive", "nonnegative"):
         return low < 0
     if kind == "ratio":
         return low <= 0
     if kind == "unit":
         return low < 0 or high > 1
+    zero_width = mean is not None and mean != 0 and low == high
+    if kind == "unit difference":
+        return low < -1 or high > 1 or zero_width
+    if kind == "difference":
+        return zero_width
     return False
 
 
 def kind_of(text: str) -> str | None:
-    """The quantity `text` names, or None where it names none or a signed one."""
+    """The quantity `text` names: a difference where it names a signed one (of a rate: "unit difference"), or None
+    where it names none."""
     if SIGNED.search(text):
-        return None
+        return "unit difference" if UNIT.search(text) else "difference"
     for kind, pattern in KINDS:
         if pattern.search(text):
             return kind
@@ -114,6 +129,7 @@ def scan_markdown(text: str, path: str = "<text>") -> list[Finding]:
             if all(re.fullmatch(r":?-+:?", cell) for cell in cells if cell):
                 continue
             label = cells[0] if cells else ""
+            findings += _few_windows(cells, header, path, number_)
             for column, cell in enumerate(cells[1:], 1):
                 title = header[column] if column < len(header) else ""
                 findings += _check(cell, _column_kind(title, caption, label), path, number_)
@@ -127,10 +143,11 @@ def scan_markdown(text: str, path: str = "<text>") -> list[Finding]:
 
 def _column_kind(title: str, caption: str, label: str) -> str | None:
     """A table cell's quantity: its column's header names it, else the table's caption, else the row's label; a
-    signed word in the first of these that names anything makes it unchecked."""
+    signed word in the first of these that names anything makes it a difference (of a rate where the header or the
+    caption names one)."""
     for text in (title, caption, label):
         if SIGNED.search(text):
-            return None
+            return "unit difference" if UNIT.search(title) or UNIT.search(caption) else "difference"
         kind = kind_of(text)
         if kind is not None:
             return kind
@@ -142,9 +159,23 @@ def _check(cell: str, kind: str | None, path: str, line: int) -> list[Finding]:
         return []
     found = []
     for match in INTERVAL.finditer(cell):
-        if out_of_range(kind, number(match["low"]), number(match["high"])):
+        if out_of_range(kind, number(match["low"]), number(match["high"]), number(match["mean"])):
             found.append(Finding(path, line, kind, match.group(0)))
     return found
+
+
+FEW_WINDOWS = ("1", "2")  # a "windows" column reading these: a t interval at 0 or 1 degree of freedom
+
+
+def _few_windows(cells: list[str], header: list[str], path: str, line: int) -> list[Finding]:
+    """Any interval in a table row whose "windows" column reads 1 or 2."""
+    if "windows" not in header:
+        return []
+    column = header.index("windows")
+    if column >= len(cells) or cells[column] not in FEW_WINDOWS:
+        return []
+    return [Finding(path, line, "t at 1 degree of freedom", match.group(0)) for cell in cells
+            for match in INTERVAL.finditer(cell)]
 
 
 def _scan_prose(line: str, path: str, number_: int) -> list[Finding]:
@@ -170,9 +201,52 @@ def _walk(value: Any, keys: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], 
             yield from _walk(item, (*keys, str(index)))
 
 
-def scan_json(data: Any, path: str = "<json>") -> list[Finding]:
-    """Every out-of-range {"mean", "low", "high"} of a named quantity in a results file's `data`."""
+def _dicts(value: Any, keys: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], dict]]:
+    if isinstance(value, dict):
+        yield keys, value
+        for key, item in value.items():
+            yield from _dicts(item, (*keys, str(key)))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _dicts(item, (*keys, str(index)))
+
+
+def _width(estimate: Any) -> float | None:
+    if isinstance(estimate, dict) and isinstance(estimate.get("low"), (int, float)) and \
+            isinstance(estimate.get("high"), (int, float)):
+        return estimate["high"] - estimate["low"]
+    return None
+
+
+def scan_json_structure(data: Any, path: str = "<json>") -> list[Finding]:
+    """A paired difference {"full", "window", "difference"} narrower than either part, or leaving [-1, 1] for a
+    rate; any interval in a row of one or two windows."""
     findings = []
+    for keys, entry in _dicts(data):
+        where = "/".join(keys)
+        if {"full", "window", "difference"} <= entry.keys() and isinstance(entry["difference"], dict):
+            for metric, difference in entry["difference"].items():
+                width = _width(difference)
+                parts = [_width((entry[part] or {}).get(metric)) for part in ("full", "window")]
+                if width is None:
+                    continue
+                if any(part is not None and width < part - 1e-9 for part in parts) or \
+                        (JSON_KINDS.get(metric) == "unit" and (difference["low"] < -1 or difference["high"] > 1)):
+                    findings.append(Finding(path, 0, "difference", f"{difference['mean']:.4g} [{difference['low']:.4g}, "
+                                                                   f"{difference['high']:.4g}]",
+                                            f"{where}/difference/{metric}"))
+        windows = entry.get("windows")
+        if isinstance(windows, int) and 0 < windows < 3 and not isinstance(entry.get("settings"), dict):
+            bounds = [key for key in entry if key == "low" or key.endswith("_low")]
+            if any(isinstance(entry[key], (int, float)) for key in bounds):
+                findings.append(Finding(path, 0, "t at 1 degree of freedom", f"{windows} windows", where))
+    return findings
+
+
+def scan_json(data: Any, path: str = "<json>") -> list[Finding]:
+    """Every out-of-range {"mean", "low", "high"} of a named quantity in a results file's `data`, and the findings of
+    scan_json_structure."""
+    findings = scan_json_structure(data, path)
     for keys, estimate in _walk(data, ()):
         if any(JSON_SIGNED.search(key) for key in keys):
             continue

@@ -198,10 +198,16 @@ def test_the_grid_aggregates_per_cell_over_seeds_against_a_hand_made_results_fil
     assert abs(cell["full"]["exact_match"]["mean"] - 0.8) < 1e-12
     difference = cell["difference"]["exact_match"]
     assert difference["values"] == pytest.approx([0.8, 0.6, 0.8])
-    # t interval on the paired differences: mean 0.7333, sd 0.11547, n 3, t(0.975, 2) = 4.3027
+    # the union of the t interval on the paired differences (mean 0.7333, sd 0.11547, n 3, t(0.975, 2) = 4.3027)
+    # and the MOVER interval from the two parts' own limits, cut to [-1, 1]
     half = 4.302653 * 0.1154701 / 3 ** 0.5
+    full, window = cell["full"]["exact_match"], cell["window"]["exact_match"]
+    mover = (0.733333 - ((full["mean"] - full["low"]) ** 2 + (window["high"] - window["mean"]) ** 2) ** 0.5,
+             0.733333 + ((full["high"] - full["mean"]) ** 2 + (window["mean"] - window["low"]) ** 2) ** 0.5)
     assert difference["mean"] == pytest.approx(0.733333, abs=1e-5)
-    assert (difference["low"], difference["high"]) == pytest.approx((0.733333 - half, 0.733333 + half), abs=1e-4)
+    assert difference["low"] == pytest.approx(max(-1.0, min(0.733333 - half, mover[0])), abs=1e-4)
+    assert difference["high"] == pytest.approx(min(1.0, max(0.733333 + half, mover[1])), abs=1e-4)
+    assert difference["high"] - difference["low"] >= full["high"] - full["low"]
 
 
 def test_an_oracle_retrieves_at_every_distance_and_evaluate_takes_the_distance():

@@ -184,7 +184,8 @@ def map_table(points: list[MapPoint], tasks: list[str], longest_multiple: float)
     if text:
         columns += [f"text use {TEXT_USE_DISTANCE}L back (nats)", "how far back (same weights)"]
     for task in tasks:
-        columns += [f"{task}: model", f"{task}: window control", f"{task}: model - control (paired)"]
+        columns += [f"{task} exact match: model", f"{task} exact match: window control",
+                    f"{task} exact match: model - control (paired)"]
     if tasks:
         columns.append("lookup (separate task models)")
     lines = ["| variant | " + " | ".join(columns) + " | reading |", "|---|" + "---:|" * len(columns) + "---|"]

@@ -35,7 +35,7 @@ from experiments.compare.cells import estimate_dict
 from experiments.compare.findings import order_statement, paired_change, separated_pairs
 from experiments.compare.report import PPL_NOTE
 from experiments.compare.results import Variant
-from experiments.tasks import DEFAULT_UNTIL, GRID_COUNT, estimate, grid_table, rate_record, table
+from experiments.tasks import DEFAULT_UNTIL, GRID_COUNT, difference_record, estimate, grid_table, rate_record, table
 
 OLD_PPL_NOTE = re.compile(r"Each cell: mean over (\d+) seed\(s\) \[95% interval\]\. Perplexity and ratios: "
                           r"Student's t interval over seeds\. Penalty: Student's t")
@@ -237,9 +237,14 @@ def rerender_task_record(data: dict, mapping: dict, rewrites: Rewrites) -> dict:
                 for part in ("full", "window"):
                     for metric, saved in cell[part].items():
                         new = rate_record(metric, saved["values"], min(count, GRID_COUNT), threshold)
-                        if metric == "exact_match" and part == "full":
-                            mapping[(task, encoding, key, label)] = (dict(saved), new)
+                        if metric == "exact_match":
+                            mapping[(task, encoding, key, label, part)] = (dict(saved), new)
                         cell[part][metric] = new
+                for metric, saved in cell.get("difference", {}).items():
+                    new = difference_record(saved["values"], cell["full"][metric], cell["window"][metric])
+                    if metric == "exact_match":
+                        mapping[(task, encoding, key, label, "difference")] = (dict(saved), new)
+                    cell["difference"][metric] = new
     return data
 
 
@@ -299,25 +304,70 @@ def rerender_task_section(path: Path, mapping: dict, rewrites: Rewrites) -> None
             continue
         if task is None or set(cells[0]) <= set("-:"):
             continue
-        grid = "minus" not in caption and header[1:2] and ", d = " in header[1]
-        if not grid and "minus" in caption:
+        grid = header[1:2] and ", d = " in header[1]
+        part = "difference" if "minus" in caption else "full"
+        if not grid and part == "difference":
             continue
         for column in range(1, min(len(cells), len(header))):
             if grid:
                 found = re.match(r"(\w+), d = \d+ \((.+)\)", header[column])
-                key = (task, cells[0], found[1], found[2]) if found else None
+                key = (task, cells[0], found[1], found[2], part) if found else None
             else:
                 key = (task, cells[0], header[column])
             if key not in mapping:
                 continue
             old, new = mapping[key]
-            if cells[column] != estimate(old).format(2):
+            signed = part == "difference"
+            if cells[column] != estimate(old).format(2, signed):
                 rewrites.left.append(f"{path}:{index + 1}: {key}: {cells[column]!r} is not "
-                                     f"{estimate(old).format(2)!r}; kept")
+                                     f"{estimate(old).format(2, signed)!r}; kept")
                 continue
-            cells[column] = estimate(new).format(2)
+            cells[column] = estimate(new).format(2, signed)
         lines[index] = _row(cells)
     path.write_text("\n".join(lines))
+
+
+def rerender_map(folder: Path, mapping: dict, rewrites: Rewrites) -> None:
+    """A comparison's extrapolation map (report.md's table and results.json's "map"): each lookup task's model,
+    window control and paired difference at the map's cell, from the task records made again."""
+    from experiments.compare.extrapolation_map import USE_DISTANCE, USE_LENGTH
+
+    parts = {"model": ("full", False), "window control": ("window", False), "model - control (paired)": ("difference", True)}
+    report = folder / "report.md"
+    lines, header, in_map = report.read_text().split("\n"), None, False
+    for index, line in enumerate(lines):
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            in_map, header = stripped.startswith("### The extrapolation map"), None
+            continue
+        if not in_map or not stripped.startswith("|"):
+            header = None
+            continue
+        cells = _cells(line)
+        if header is None:  # "TASK: model" as the map named it before: "TASK exact match: model"
+            header = [re.sub(r"^(\w+): (model|window control)", r"\1 exact match: \2", title) for title in cells]
+            lines[index] = _row(header)
+            continue
+        if set(cells[0]) <= set("-:"):
+            continue
+        for column in range(1, min(len(cells), len(header))):
+            task, _, what = header[column].partition(" exact match: ")
+            key = (task, cells[0], USE_LENGTH, USE_DISTANCE, parts.get(what, (None,))[0])
+            if key in mapping:
+                new = estimate(mapping[key][1]).format(2, parts[what][1])
+                rewrites.note(cells[column], new)
+                cells[column] = new
+        lines[index] = _row(cells)
+    report.write_text("\n".join(lines))
+    results = folder / "results.json"
+    data = json.loads(results.read_text())
+    for point in data.get("map") or []:
+        for field, part in (("use", "full"), ("control", "window"), ("difference", "difference")):
+            for task in point.get(field) or {}:
+                key = (task, point["label"], USE_LENGTH, USE_DISTANCE, part)
+                if key in mapping:
+                    point[field][task] = {k: mapping[key][1][k] for k in ("mean", "low", "high", "n")}
+    results.write_text(results_json(data))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -333,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
             mapping = rerender_tasks(folder, rewrites)
             if folder.name == "tasks" and (folder.parent / "report.md").exists():
                 rerender_task_section(folder.parent / "report.md", mapping, rewrites)
+                if (folder.parent / "results.json").exists():
+                    rerender_map(folder.parent, mapping, rewrites)
         elif (folder / "results.json").exists():
             rerender_comparison(folder, rewrites)
         else:
