@@ -11,7 +11,8 @@ pytestmark = pytest.mark.integration  # end-to-end benchmark runs (bf16 matmul p
 def test_bench_writes_every_section(tmp_path, capsys):
     out = tmp_path / "bench-micro.json"
     assert bench(["--shape", "micro", "--repeats", "1", "--train-steps", "1", "--new-tokens", "4",
-                  "--long-tokens", "128", "--long-positions", "rope", "--device", "cpu", "--out", str(tmp_path)]) == 0
+                  "--long-tokens", "128", "--long-positions", "rope", "--forward-shape", "micro", "--forward-tokens",
+                  "256", "--forward-repeats", "1", "--device", "cpu", "--out", str(tmp_path)]) == 0
     results = json.loads(out.read_text())
     assert set(results["training"]["modes"]) == {"ours (default)", "ours, full logits", "hf eager fp32", "hf eager bf16"}
     training, generation = results["training"]["modes"], results["generation"]["modes"]
@@ -25,6 +26,10 @@ def test_bench_writes_every_section(tmp_path, capsys):
     assert {mode["device"] for mode in [*training.values(), *generation.values()]} == {results["device"]}
     assert results["long_eval"][0]["tokens"] == 128 and results["long_eval"][0]["peak_rss_mib"] > 0
     assert results["matmul_peak_gflops"]["fp32"] > 0
+    forward = results["long_forward"]
+    assert set(forward["methods"]) == {"none", "selfextend"} and forward["tokens"] == 256
+    assert forward["methods"]["selfextend"]["path"].startswith("merged")  # the merged path, as the grid runs it
+    assert all(row["gflops"] > 0 and row["of_peak"] > 0 for row in forward["methods"].values())
     assert "every FLOP at the bf16 peak" in capsys.readouterr().out
 
 
