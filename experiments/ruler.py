@@ -1,0 +1,154 @@
+"""RULER's synthetic tasks through lm-evaluation-harness for every inference-time method of one checkpoint: a grid of
+(method, task, length) cells, each cached by sample, and the parity of pelab's model with lm-eval's own hf model.
+
+    make ruler-deps
+    python -m experiments.ruler --checkpoint runs/smollm2 --methods none,yarn,selfextend \\
+        --tasks niah_single_1,niah_multikey_2 --lengths 4096,16384 --set-for 16384 --samples 20 --out runs/ruler
+    python -m experiments.ruler --checkpoint runs/smollm2 --parity runs/smollm2_hf --tasks niah_single_1 \\
+        --lengths 4096 --samples 20 --dtype float32 --out runs/ruler_parity
+
+A cell runs lm-eval's own task files unchanged (lm_eval.simple_evaluate; infer/harness.py's model "pelab", the
+method set for --set-for tokens, so PI, NTK and YaRN at 4k are the 16k setting's cost within L), the first --samples
+samples of the task at that length (RULER generates them from the checkpoint's tokenizer, seeded: the same samples
+for every method). Each response is kept in an lm-eval response cache (OUT/cache/METHOD/TASK@LENGTH) as soon as it
+is generated, so an interrupted cell continues; a finished cell's samples (prompt length, target, response, score,
+seconds) are OUT/cells/METHOD/TASK@LENGTH.json. Scores are RULER's (string_match_all); the report counts the samples
+answered in full as k of n with the Wilson 95% interval.
+
+--parity HF_FOLDER runs the same samples through lm-eval's hf model on that folder (scripts.export_hf of the same
+checkpoint; --parity-yarn adds YaRN at factor --set-for / L through its config's rope_scaling), and records for
+each sample whether the two responses are identical.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from commands import add_checkpoint, add_out, comma_list, command_parser, parse, results_json
+from errors import ConfigError, cli_command
+from experiments.ruler_report import write_report
+from model.checkpoint import trained_length
+from model.inference_methods import NONE, check_methods
+from model.runtime import configure_runtime
+
+TASKS = "niah_single_1,niah_multikey_2,ruler_vt"
+
+
+def cell_path(out: Path, method: str, task: str, length: int) -> Path:
+    return out / "cells" / method / f"{task}@{length}.json"
+
+
+def run_cell(lm, checkpoint: str, task: str, length: int, samples: int, cache: Path | None) -> list[dict]:
+    """One (model, task, length) cell through lm_eval.simple_evaluate: its samples, each with its response, score
+    and prompt length in tokens."""
+    import lm_eval
+
+    started = time.perf_counter()
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+    result = lm_eval.simple_evaluate(model=lm, tasks=[task], limit=samples, log_samples=True,
+                                     use_cache=None if cache is None else str(cache),
+                                     metadata={"pretrained": checkpoint, "max_seq_lengths": [length]})
+    seconds = time.perf_counter() - started
+    [logged] = result["samples"].values()
+    tokenizer = lm.tokenizer if hasattr(lm, "tokenizer") else None
+    rows = []
+    for sample in sorted(logged, key=lambda s: s["doc_id"]):
+        prompt = sample["arguments"][0][0] if sample["arguments"] else ""
+        rows.append({"doc_id": sample["doc_id"], "target": sample["target"], "response": sample["resps"][0][0],
+                     "score": float(sample[str(length)]),
+                     "prompt_tokens": len(tokenizer.encode(prompt)) if tokenizer is not None else None})
+    return [{"seconds": seconds, "samples": rows}]
+
+
+def hf_model(folder: str, max_length: int, dtype: str):
+    from lm_eval.models.huggingface import HFLM
+    return HFLM(pretrained=folder, max_length=max_length, dtype=dtype, device="cpu", batch_size=1)
+
+
+def yarn_folder(folder: Path, factor: float, trained: int) -> Path:
+    """A copy of the hf folder whose config sets YaRN with `factor` (transformers' rope_scaling)."""
+    target = folder.with_name(folder.name + f"-yarn{factor:g}")
+    if not target.exists():
+        shutil.copytree(folder, target)
+        config = json.loads((target / "config.json").read_text())
+        scaling = {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": trained}
+        if isinstance(config.get("rope_parameters"), dict):  # transformers 5 names it rope_parameters
+            config["rope_parameters"] = {**config["rope_parameters"], **scaling}
+        else:
+            config["rope_scaling"] = scaling
+        (target / "config.json").write_text(json.dumps(config, indent=2))
+    return target
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = command_parser("experiments.ruler", __doc__)
+    add_checkpoint(parser, "a checkpoint with its tokenizer (required)")
+    parser.add_argument("--methods", default=NONE, help="inference-time methods (none: as trained)")
+    parser.add_argument("--tasks", default=TASKS, help="lm-eval task names (RULER's synthetic ones)")
+    parser.add_argument("--lengths", default="4096,8192,16384", help="RULER's max_seq_lengths, one cell each")
+    parser.add_argument("--set-for", type=int, default=0,
+                        help="the length every method is set for (default: the longest of --lengths)")
+    parser.add_argument("--samples", type=int, default=20, help="samples per cell (the task's first)")
+    parser.add_argument("--dtype", default="auto", help="auto | bfloat16 | float32")
+    parser.add_argument("--parity", help="a transformers folder of the same weights (scripts.export_hf): run the "
+                                         "cells through lm-eval's hf model as well and compare the responses")
+    parser.add_argument("--parity-yarn", action="store_true",
+                        help="with --parity: also YaRN, pelab's method against the hf folder's rope_scaling")
+    parser.add_argument("--minutes", type=float, default=600.0, help="start no new cell after this many minutes")
+    add_out(parser, "output folder (required)", type=Path)
+    return parser
+
+
+@cli_command
+def main(argv: list[str] | None = None) -> int:
+    configure_runtime()
+    args = parse(build_parser(), argv, "checkpoint", "out")
+    from infer.harness import PelabLM  # an optional extra: make ruler-deps
+
+    trained = trained_length(args.checkpoint)
+    lengths = sorted(int(item) for item in comma_list(args.lengths))
+    set_for = args.set_for or max(lengths)
+    methods = check_methods(comma_list(args.methods))
+    if args.samples < 1:
+        raise ConfigError("--samples must be at least 1")
+    started = time.perf_counter()
+    deadline = started + 60 * args.minutes
+    models: list[tuple[str, Any]] = [(m, lambda m=m: PelabLM(args.checkpoint, method=m, length=set_for,
+                                                            max_length=max(set_for, max(lengths)), dtype=args.dtype))
+                                     for m in methods]
+    if args.parity:
+        folder = Path(args.parity)
+        models.append(("hf", lambda: hf_model(str(folder), max(set_for, max(lengths)), args.dtype)))
+        if args.parity_yarn:
+            factor = set_for / trained
+            models += [("yarn", lambda: PelabLM(args.checkpoint, method="yarn", length=set_for,
+                                               max_length=max(set_for, max(lengths)), dtype=args.dtype)),
+                       ("hf-yarn", lambda: hf_model(str(yarn_folder(folder, factor, trained)),
+                                                    max(set_for, max(lengths)), args.dtype))]
+    for name, build in dict(models).items():
+        lm = None
+        for task in comma_list(args.tasks):
+            for length in lengths:
+                path = cell_path(args.out, name, task, length)
+                if path.exists() or time.perf_counter() > deadline:
+                    continue
+                lm = lm or build()
+                [cell] = run_cell(lm, args.checkpoint, task, length, args.samples,
+                                  args.out / "cache" / name / f"{task}@{length}")
+                cell.update(method=name, task=task, length=length, set_for=set_for, dtype=args.dtype)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(results_json(cell))
+                print(f"{name} {task}@{length}: {sum(s['score'] == 1 for s in cell['samples'])} of "
+                      f"{len(cell['samples'])} ({cell['seconds']:.0f} s)", flush=True)
+    write_report(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

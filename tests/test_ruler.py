@@ -1,0 +1,82 @@
+"""pelab as lm-evaluation-harness's model (infer/harness.py) and RULER's niah_single_1 through it on a tiny
+checkpoint (any score): its loglikelihoods against the model's own scoring, its generation against generate_tokens,
+and experiments.ruler's cells, cache and report. Needs the optional extra (make ruler-deps); integration tier."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("lm_eval")
+pytest.importorskip("wonderwords")
+
+from data.tokenizer import load_tokenizer  # noqa: E402
+from eval.scoring import score_windows  # noqa: E402
+from infer.generate import generate_tokens  # noqa: E402
+from model import Transformer  # noqa: E402
+from model.checkpoint import save_checkpoint  # noqa: E402
+from tests.conftest import micro_config  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def checkpoint(prepared_data, tmp_path):
+    tokenizer = load_tokenizer(prepared_data)
+    torch.manual_seed(0)
+    model = Transformer(micro_config(vocab_size=len(tokenizer), max_seq_len=64, init_std=0.2))
+    folder = tmp_path / "ckpt"
+    save_checkpoint(folder, model, tokenizer, {"trained_seq_len": 64, "step": 0})
+    return folder
+
+
+class Request:
+    def __init__(self, *args):
+        self.args = args
+
+
+def test_the_harness_model_scores_and_generates_as_pelab_does(checkpoint):
+    from infer.harness import PelabLM
+
+    lm = PelabLM(str(checkpoint), dtype="float32", device="cuda:0")  # lm-eval's default device: the CPU here
+    text = "def area(radius):\n    return 3.14 * radius * radius\n"
+    ids = lm.tok_encode(text)
+    # rolling loglikelihood of a text within max_length: every token scored after the end-of-text prefix
+    window = np.array([[lm.eot_token_id, *ids]])
+    expected = -float(score_windows(lm.model, window).sum())
+    [rolling] = lm.loglikelihood_rolling([Request(text)])
+    assert rolling == pytest.approx(expected, abs=1e-3)
+    # loglikelihood of a continuation: the same losses, on its tokens only
+    context, continuation = "def area(radius):", "\n    return 3.14 * radius * radius\n"
+    [(logprob, greedy)] = lm.loglikelihood([Request(context, continuation)])
+    whole = lm.tok_encode(context + continuation)
+    losses = score_windows(lm.model, np.array([whole]))[0]
+    scored = len(whole) - len(lm.tok_encode(context))
+    assert logprob == pytest.approx(-float(losses[-scored:].sum()), abs=1e-3) and isinstance(greedy, bool)
+    # greedy generation: generate_tokens' tokens, cut at the first stop string as lm-eval's hf model cuts them
+    prompt = "def main():\n"
+    tokens = list(generate_tokens(lm.model, lm.tok_encode(prompt), 12, temperature=0))
+    [answer] = lm.generate_until([Request(prompt, {"until": [], "max_gen_toks": 12, "do_sample": False})])
+    assert answer == lm.tok_decode(tokens[: tokens.index(lm.eot_token_id)] if lm.eot_token_id in tokens else tokens)
+    stop = answer[len(answer) // 2:][:2]
+    if stop.strip():
+        [cut] = lm.generate_until([Request(prompt, {"until": [stop], "max_gen_toks": 12, "do_sample": False})])
+        assert cut == answer.split(stop)[0]
+
+
+def test_ruler_niah_single_1_runs_on_a_tiny_checkpoint_and_resumes(checkpoint, tmp_path):
+    from experiments.ruler import main
+
+    out = tmp_path / "ruler"
+    argv = ["--checkpoint", str(checkpoint), "--methods", "none,yarn", "--tasks", "niah_single_1", "--lengths",
+            "512", "--samples", "2", "--dtype", "float32", "--out", str(out)]
+    assert main(argv) == 0
+    cell = json.loads((out / "cells" / "yarn" / "niah_single_1@512.json").read_text())
+    assert cell["length"] == 512 and cell["set_for"] == 512 and len(cell["samples"]) == 2
+    assert all(0.0 <= s["score"] <= 1.0 and s["prompt_tokens"] <= 512 for s in cell["samples"])
+    assert list((out / "cache" / "none").glob("niah_single_1@512*.db"))  # lm-eval's response cache, per sample
+    report = (out / "report.md").read_text()
+    assert "niah_single_1 @ 512" in report and "| YaRN |" in report and "/2 [" in report
+    stamp = (out / "cells" / "none" / "niah_single_1@512.json").stat().st_mtime_ns
+    assert main(argv) == 0  # a finished cell is not run again
+    assert (out / "cells" / "none" / "niah_single_1@512.json").stat().st_mtime_ns == stamp
