@@ -10,3 +10,42 @@ def test_the_positive_control_reads_as_many_tokens_as_the_longest_windows():
     # as many as the held-out text holds, and never fewer than compare.use_windows
     assert probe_windows(compare, 64, 65 * 100) == {64: 100, 1024: 32}
     assert probe_windows(compare, 64, 65 * 10) == {64: 32, 1024: 32}
+
+
+def test_recalibrate_rereads_a_committed_use_table_under_the_calibrated_rule(tmp_path):
+    """A use table of three seeds: a cell shown above 0 by its own interval (t = 5.5 at 2 degrees of freedom) is
+    'cannot tell' among 80 cells (Holm), reach needs every nearer distance, and the window control's negative
+    control counts only distances its layers cannot relay."""
+    import json
+
+    import pytest
+
+    from experiments.compare.recalibrate import recalibrate
+
+    folder = tmp_path / "compare"
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps({"settings": {
+        "trained_length": 64, "compare": {"seeds": [1, 2, 3]}, "shared": {"model": {"n_layers": 4}}}}))
+    header = ("| variant | d = 32 (0.5L) in 64 | d = 32 (0.5L) in 1,024 | d = 128 (2L) in 1,024 | d = 512 (8L) in "
+              "1,024 | how far back |")
+    strong = "+2.000 [+1.900, +2.100] uses"
+    (folder / "report.md").write_text("\n".join([
+        "### Use of the text past L, on the same weights", "",
+        "Repeated passages in held-out windows (eval/use.py): x. Verdict: 'uses' (the 95% interval above 0), 'none' "
+        "(the interval within +-0.05 nats), 'negligible' (both), else 'cannot tell'. y", "", header,
+        "|---|---:|---:|---:|---:|---|",
+        f"| rope | +0.190 [+0.124, +0.257] uses | {strong} | +0.162 [+0.035, +0.290] uses | {strong} | x |",
+        f"| rope+window | +0.190 [+0.124, +0.257] uses | {strong} | +0.001 [-0.010, +0.012] none | "
+        "+0.001 [-0.004, +0.006] none | x |", "",
+        "- Negative control (rope+window, attention limited to 64 keys): past its reach d = 128 none, d = 512 none "
+        "(passes).", ""]))
+    found = recalibrate(folder)
+    verdicts = {(c.variant, c.distance, c.length): c.verdict for c in found["cells"]}
+    assert verdicts[("rope", 32, 1024)] == "uses" and verdicts[("rope", 512, 1024)] == "uses"
+    assert verdicts[("rope", 128, 1024)] == "cannot tell"  # p = 0.016 one-sided, above Holm's 0.025 / 5
+    assert found["reaches"]["rope"] == 32  # 512 reads "uses" but 128, nearer, does not
+    assert found["margins"]["rope"] == pytest.approx(0.05)  # a tenth of +0.190 is below the floor
+    assert [(c.variant, c.distance) for c in found["impossible"]] == [("rope+window", 512)]  # 4 x 63 = 252 < 512
+    report = (folder / "report.md").read_text()
+    assert "Holm-corrected" in report and "reads back to about 32 tokens" in report
+    assert "which its layers can relay about 252 tokens back): past that, d = 512 none (passes)" in report

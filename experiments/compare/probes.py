@@ -373,7 +373,8 @@ def text_use(results: ComparisonResults) -> dict:
 
 
 def text_use_section(results: ComparisonResults) -> list[str]:
-    return use_section(text_use(results), results.trained, results.longest, results.compare.use_margin)
+    return use_section(text_use(results), results.trained, results.longest, results.compare.use_margin,
+                       results.most_layers())
 
 
 def report_sections(results: ComparisonResults) -> list[str]:

@@ -213,6 +213,10 @@ class ComparisonResults:
         """L: the context length every variant trained at."""
         return self.first_config.model.max_seq_len
 
+    def most_layers(self) -> int:
+        """The most layers of any variant: how many hops a window control's relays can have at most."""
+        return max(config.model.n_layers for config in self.configs.values())
+
     @property
     def lengths(self) -> list[int]:
         """The evaluation lengths in tokens, shortest first."""

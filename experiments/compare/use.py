@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from eval.extrapolation import resolve_length
-from eval.stats import Estimate, spread, verdict
-from eval.use import MIN_WINDOWS, default_span, measure_checkpoint
+from eval.stats import Estimate, calibrated_verdicts, reach_of, spread, use_margin, verdict
+from eval.use import default_span, measure_checkpoint
 from experiments.compare.cells import cell
 from experiments.compare.config import CompareConfig
 from experiments.seed_intervals import spread_interval
@@ -79,6 +79,7 @@ class UseSummary:
     lengths: list[int] = field(default_factory=list)  # the window length of each column (empty: all the longest)
     # per column: (passages whose copies lie in different documents, passages) in one seed's windows; None: not counted
     across: list[tuple[int, int] | None] = field(default_factory=list)
+    spreads: list = field(default_factory=list)  # per column: eval.stats.Spread (mean, se, df), what the tests read
 
     def longest_columns(self) -> list[int]:
         """The columns measured at the longest length."""
@@ -87,9 +88,10 @@ class UseSummary:
         return [i for i, n in enumerate(self.lengths) if n == max(self.lengths)]
 
     def reads_back(self) -> int | None:
-        """The farthest distance at the longest length whose verdict is 'uses' (None: none)."""
-        shown = [self.distances[i] for i in self.longest_columns() if self.verdicts[i] == "uses"]
-        return max(shown) if shown else None
+        """The largest distance at the longest length at which it and every nearer one read 'uses' (None: not even
+        the nearest)."""
+        columns = self.longest_columns()
+        return reach_of([self.distances[i] for i in columns], [self.verdicts[i] for i in columns])
 
     def at(self, distance: int) -> tuple[Estimate | None, str] | None:
         """(estimate, verdict) at `distance` at the longest length."""
@@ -129,16 +131,36 @@ def summarise_use(found: dict[str, dict[int, dict]], margin: float) -> dict[str,
                 label(encoding, method), [d for _, d, _ in columns],
                 [spread_interval(m) for _, _, m in columns],
                 [verdict(spread(m), margin) for _, _, m in columns],
-                entries[(method, longest)][0]["reach"], [n for n, _, _ in columns], across)
+                entries[(method, longest)][0]["reach"], [n for n, _, _ in columns], across,
+                [spread(m) for _, _, m in columns])
+    calibrate_summaries(summaries, margin)
     return summaries
 
 
+def calibrate_summaries(summaries: dict[str, UseSummary], floor: float) -> None:
+    """The comparison's use cells as one family (eval.stats.calibrated_verdicts): the columns past the positive
+    control (windows longer than the shortest) of every variant Holm-corrected together, each against its variant's
+    margin, a tenth of its positive control's use (at least `floor`); the positive control keeps its own test."""
+    family, margins = [], []
+    for summary in summaries.values():
+        lengths = summary.lengths or [0] * len(summary.distances)
+        shortest = min(lengths)
+        positive = [e.mean for e, n in zip(summary.estimates, lengths) if e is not None and n == shortest < max(lengths)]
+        margin = use_margin(sum(positive) / len(positive) if positive else None, floor)
+        for index, length in enumerate(lengths):
+            if length > shortest or shortest == max(lengths):
+                family.append((summary, index))
+                margins.append(margin)
+    words = calibrated_verdicts([summary.spreads[index] if summary.spreads else None for summary, index in family],
+                                margins)
+    for (summary, index), word in zip(family, words):
+        summary.verdicts[index] = word
+
+
 def unit_values(passages: np.ndarray) -> np.ndarray:
-    """(seeds, windows, passages) -> (seeds, units): the windows' means from MIN_WINDOWS windows, else every passage
-    (eval/use.py's rule)."""
-    if passages.shape[1] >= MIN_WINDOWS:
-        return passages.mean(axis=2)
-    return passages.reshape(passages.shape[0], -1)
+    """(seeds, windows, passages) -> (seeds, windows): each window's mean over its passages (the passages of one
+    window are not independent draws; eval/use.py's rule)."""
+    return passages.mean(axis=2)
 
 
 def reads_back_words(summary: UseSummary, trained: int) -> str:
@@ -168,7 +190,8 @@ def negative_word(verdicts) -> str:
         "not confirmed: too noisy to show use within the margin everywhere"
 
 
-def use_section(summaries: dict[str, UseSummary], trained: int, length: int, margin: float) -> list[str]:
+def use_section(summaries: dict[str, UseSummary], trained: int, length: int, margin: float,
+                layers: int = 1) -> list[str]:
     """The report's table of use by window length and distance, with the self-checks."""
     if not summaries:
         return []
@@ -177,9 +200,13 @@ def use_section(summaries: dict[str, UseSummary], trained: int, length: int, mar
     lines = ["### Use of the text past L, on the same weights", "",
              "Repeated passages in held-out windows (eval/use.py): each second copy d tokens after its first, against "
              "the same window with other text in place of the first copies; use = the control's NLL minus the "
-             "probe's on the second copies (tokens 2..S), nats, mean [95% t over seeds and windows]. Verdict: 'uses' "
-             f"(the 95% interval above 0), 'none' (the interval within +-{margin:g} nats), 'negligible' (both), "
-             "else 'cannot tell'. "
+             "probe's on the second copies (tokens 2..S), nats, mean [95% t over seeds and windows]. Verdicts "
+             "calibrated: the cells past the positive control are one family; 'uses' needs the one-sided t test over "
+             "seeds and windows, Holm-corrected over the family, and a mean of at least the variant's margin (a "
+             f"tenth of its positive control's use, at least {margin:g} nats); 'negligible': shown above 0 but below "
+             "it; 'none': the interval within +-margin; else 'cannot tell'. How far back: the largest distance at "
+             "which it and every nearer one read 'uses'. The longest distance's first copies lie at the window's "
+             "start in every window. "
              f"Windows of L = {trained} tokens (the model as trained, every position one it trained at) give the "
              f"positive control; windows of {length:,} tokens give use past L, as trained and under each method.", "",
              "| variant | " + " | ".join(f"d = {d:,} ({d / trained:.3g}L) in {n:,}" for n, d in columns)
@@ -200,9 +227,12 @@ def use_section(summaries: dict[str, UseSummary], trained: int, length: int, mar
                   + (f"; FAILS for {', '.join(failed)}: within L their copying is not shown above the margin "
                      f"({margin:g} nats), so their columns past L cannot show use" if failed else "") + ".")
     for name, summary in summaries.items():
-        if summary.reach is not None:
+        if summary.reach is not None:  # its layers can relay layers x (window - 1) tokens back
+            relay = layers * (summary.reach - 1)
             beyond = [(summary.distances[i], summary.verdicts[i]) for i in summary.longest_columns()
-                      if summary.distances[i] > summary.reach]
-            checks.append(f"Negative control ({name}, attention limited to {summary.reach} keys): past its reach "
-                          + ", ".join(f"d = {d:,} {v}" for d, v in beyond) + f" ({negative_word(v for _, v in beyond)}).")
+                      if summary.distances[i] > relay]
+            checks.append(f"Negative control ({name}, attention limited to {summary.reach} keys, which its {layers} "
+                          f"layers can relay about {relay:,} tokens back): past that, "
+                          + (", ".join(f"d = {d:,} {v}" for d, v in beyond) or "no distance measured")
+                          + f" ({negative_word(v for _, v in beyond)}).")
     return lines + [""] + [f"- {c}" for c in checks] + [""]
