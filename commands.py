@@ -13,6 +13,7 @@ import argparse
 import difflib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +56,20 @@ def nearby_folder(path: str | Path, accept: Callable[[Path], bool]) -> Path | No
             return folders[found]
         del folders[found]
     return None
+
+
+def portable_command(command: str) -> str:
+    """A logged command as a report shows it: each absolute path inside the repository made relative to it, each
+    other absolute path (a file of the machine that ran it) as path/to/NAME, so that reports name paths a user has."""
+    root = Path(__file__).resolve().parent
+
+    def portable(match: "re.Match[str]") -> str:
+        path = Path(match.group(0))
+        if path.is_relative_to(root):
+            return str(path.relative_to(root)) or "."
+        return f"path/to/{path.name}"
+
+    return re.sub(r"(?<![\w.])/(?:[\w.\-]+/)*[\w.\-]+", portable, command)
 
 
 def option_names(parser: argparse.ArgumentParser) -> list[str]:

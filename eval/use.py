@@ -42,6 +42,7 @@ the longest window holds; each length measures the distances that fit in it. Wri
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -51,7 +52,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, parse, results_json
+from commands import (
+    add_checkpoint,
+    add_device,
+    add_out,
+    comma_list,
+    command_parser,
+    parse,
+    portable_command,
+    require,
+    results_json,
+)
 from data.tokenizer import ENDOFTEXT, load_tokenizer
 from errors import ConfigError, PositionRangeError, cli_command
 from eval import figures
@@ -485,7 +496,7 @@ def across_seeds(results: dict[str, dict[str, Any]]) -> list[str]:
         path = Path(entry["checkpoint"])
         if path.name.startswith("seed"):
             groups.setdefault(path.parent.name, []).append(entry)
-    lines = []
+    found = []  # (variant, seeds, method, length, distance, trained, spread, margin)
     for variant, entries in groups.items():
         if len(entries) < 2:
             continue
@@ -493,21 +504,30 @@ def across_seeds(results: dict[str, dict[str, Any]]) -> list[str]:
         for entry in entries:
             for r in entry["rows"]:
                 cells.setdefault((r["method"], r["length"], r["distance"]), []).append(r.get("use_values"))
-        trained, margin = entries[0]["trained"], entries[0]["margin"]
-        for (method, length, distance), values in cells.items():
+        trained, floor = entries[0]["trained"], entries[0]["margin"]
+        estimates = {}
+        for key, values in cells.items():
             if len(values) != len(entries) or any(v is None or len(v) != len(values[0]) for v in values):
                 continue  # not the same windows in every seed
-            estimate = spread(np.asarray(values, dtype=np.float64))
-            if estimate is None:
-                continue
-            low, high = estimate.bounds()
-            lines.append(f"| {variant} | {len(values)} | {length:,} ({length / trained:g}L) | {method} | "
-                         f"{distance:,} ({distance / trained:g}L) | {estimate.mean:+.3f} [{low:+.3f}, {high:+.3f}] | "
-                         f"{verdict(estimate, margin)} |")
-    if not lines:
+            estimates[key] = spread(np.asarray(values, dtype=np.float64))
+        positive = [e.mean for (method, length, distance), e in estimates.items()
+                    if e is not None and method == NONE and length <= trained and distance < trained]
+        margin = use_margin(float(np.mean(positive)) if positive else None, floor)
+        found += [(variant, len(entries), *key, trained, e, margin) for key, e in estimates.items() if e is not None]
+    if not found:
         return []
+    family = [i for i, f in enumerate(found) if f[3] > f[5]]  # past the positive control: one family
+    words = dict(zip(family, calibrated_verdicts([found[i][6] for i in family], [found[i][7] for i in family])))
+    lines = []
+    for i, (variant, seeds, method, length, distance, trained, estimate, margin) in enumerate(found):
+        low, high = estimate.bounds()
+        lines.append(f"| {variant} | {seeds} | {length:,} ({length / trained:g}L) | {method} | "
+                     f"{distance:,} ({distance / trained:g}L) | {estimate.mean:+.3f} [{low:+.3f}, {high:+.3f}] | "
+                     f"{words.get(i, verdict(estimate, margin))} |")
     return ["## Across seeds", "", "Each variant's seeds on the same windows: use, mean [95% t over seeds and windows], "
-            "and its verdict.", "", "| variant | seeds | window | method | distance | use (nats) | verdict |",
+            "and its verdict (calibrated: the cells past the positive control Holm-corrected together, a mean of at "
+            "least the variant's margin, a tenth of its use within L, at least the floor).", "",
+            "| variant | seeds | window | method | distance | use (nats) | verdict |",
             "|---|---:|---|---|---|---:|---|", *lines, ""]
 
 
@@ -570,6 +590,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of the passages drawn")
     add_device(parser)
     parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | auto")
+    parser.add_argument("--report-only", action="store_true",
+                        help="measure nothing: write report.md and use.png again from OUT/results.json under the "
+                             "current verdict rules")
     add_out(parser, "output folder: results.json, report.md, use.png (required)", type=Path)
     return parser
 
@@ -614,7 +637,11 @@ def measure_checkpoint(model: Transformer, ids: np.ndarray, trained: int, length
 @cli_command
 def main(argv: list[str] | None = None) -> int:
     configure_runtime()  # the process's runtime switches, at start-up (model/runtime.py)
-    args = parse(build_parser(), argv, "checkpoint", "out")
+    parser = build_parser()
+    args = parse(parser, argv, "out")
+    if args.report_only:
+        return rewrite_report(args.out)
+    require(parser, args, "checkpoint")
     if args.windows < 1 or args.per_distance < 1 or args.margin <= 0 or args.ngram < 1:
         raise ConfigError("--windows, --per-distance and --ngram must be at least 1 and --margin positive")
     methods = check_methods(comma_list(args.methods))
@@ -640,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
         margin = calibrate(rows, trained, args.margin)
         longest = [r for r in found if r.length == lengths[-1]]
         name = str(checkpoint)  # the whole path: a comparison names its runs seed1, seed2, ... in each folder
-        meta = {"trained": trained, "ngram": args.ngram, "setup": (
+        meta = {"trained": trained, "ngram": args.ngram, "setup": portable_command(
             f"Checkpoint `{checkpoint}` (L = {trained:,}); {scored}. Windows: {args.windows} per length of "
             f"T = {', '.join(f'{n:,}' for n in lengths)} tokens, each with {args.per_distance} passages of "
             f"S = {span} tokens per distance (in a window of at most L, as many as fit), second copies at the window's end; use on tokens 2..S of each second "
@@ -654,12 +681,40 @@ def main(argv: list[str] | None = None) -> int:
                          "rows": rows, "recurrence": {r.method: r.recurrence for r in longest}, "meta": meta}
         sections.append(markdown(name, rows, results[name]["recurrence"], meta))
         print(sections[-1])
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(results_json(results))
-    (args.out / "report.md").write_text("# Use on the same weights (eval.use)\n\n![use against the distance between "
-                                        "the copies, one line per checkpoint, method and window](use.png)\n\n"
-                                        + "\n".join([*sections, *across_seeds(results)]))
-    print(f"wrote {args.out / 'report.md'}, {args.out / 'results.json'} and {plot(results, args.out / 'use.png')}")
+    write_outputs(args.out, results, sections)
+    return 0
+
+
+def write_outputs(out: Path, results: dict[str, dict[str, Any]], sections: list[str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(results_json(results))
+    (out / "report.md").write_text("# Use on the same weights (eval.use)\n\n![use against the distance between "
+                                   "the copies, one line per checkpoint, method and window](use.png)\n\n"
+                                   + "\n".join([*sections, *across_seeds(results)]))
+    print(f"wrote {out / 'report.md'}, {out / 'results.json'} and {plot(results, out / 'use.png')}")
+
+
+def rewrite_report(out: Path) -> int:
+    """--report-only: OUT/results.json's rows under the rules of now (an interval over windows from MIN_WINDOWS of
+    them, verdicts calibrated over each checkpoint's rows), written again with the report and the figure."""
+    path = out / "results.json"
+    if not path.exists():
+        raise ConfigError(f"--report-only: {path} does not exist; run eval.use into {out} first")
+    results = json.loads(path.read_text())
+    sections = []
+    for name, entry in results.items():
+        for row in entry["rows"]:
+            values = np.asarray(row["use_values"], dtype=np.float64)
+            row.update(unit="windows", n=int(values.size), use=draws_interval(values).__dict__,
+                       se=float(values.std(ddof=1) / np.sqrt(values.size)) if values.size > 1 else None)
+        margin = calibrate(entry["rows"], entry["trained"], entry["margin"])
+        setup = entry["meta"]["setup"].split(" Verdicts re-derived")[0]
+        entry["meta"]["setup"] = portable_command(setup + " Verdicts re-derived by `python -m eval.use --report-only`: calibrated over "
+                                  "this checkpoint's rows past the positive control (Holm), 'uses' with a mean of at "
+                                  f"least {margin:.3f} nats (a tenth of the positive control's use, at least "
+                                  f"{entry['margin']:g}).")
+        sections.append(markdown(name, entry["rows"], entry["recurrence"], entry["meta"]))
+    write_outputs(out, results, sections)
     return 0
 
 

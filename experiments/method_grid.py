@@ -28,7 +28,8 @@ The positive control: in each window's first L + 1 tokens the checkpoint as trai
 at) with passages at the distances within L; its use sets the verdicts' margin (eval.stats.use_margin). Dynamic NTK
 runs through the KV cache in chunks of --dynamic-step tokens after a prefill to the first scored token (a chunked
 prefill: each chunk under the base of its end). Every forward is cached (OUT/cache/TEXT/wN/METHOD.npz) as soon as it
-is done; a rerun continues where the last stopped, and two processes may share OUT when they score different texts.
+is done (OUT/cache/TEXT/wN/METHOD.json: per passage its losses, per window its harm: small enough to commit as the
+record); a rerun continues where the last stopped, and two processes may share OUT when they score different texts.
 Writes OUT/results.json and OUT/report.md (experiments/method_grid_report.py); --report-only rewrites them from the
 cache.
 """
@@ -43,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, parse
+from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, parse, results_json
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, DataError, cli_command
 from eval.extrapolation import resolve_length
@@ -124,6 +125,22 @@ def build_forwards(ids: np.ndarray, start: int, length: int, placements: list[Pl
     return {"natural": natural[None], "probe": probe[None], "control": control[None], "shuffled": shuffled[None]}
 
 
+BIN = 256  # tokens per bin of the natural window's loss by position
+
+
+def cell_record(losses: dict[str, np.ndarray], placements: list[Placement], span: int, trained: int) -> dict:
+    """What a cell keeps of its forwards' per-token losses: per passage (in the layout's order), the mean loss on
+    tokens 2..S of its second copy in the probe, the control and the shuffled control; of the natural window, the
+    mean on [0, L) and [L, T) and the mean of every BIN tokens."""
+    record: dict = {"passages": {kind: [float(losses[kind][p.scored(span)].mean()) for p in placements]
+                                 for kind in ("probe", "control", "shuffled")}}
+    if "natural" in losses:
+        natural = losses["natural"]
+        record["natural"] = {"within": float(natural[:trained].mean()), "past": float(natural[trained:].mean()),
+                             "bins": [float(natural[i : i + BIN].mean()) for i in range(0, len(natural), BIN)]}
+    return record
+
+
 class Grid:
     """Computes and caches the cells of one checkpoint."""
 
@@ -131,7 +148,7 @@ class Grid:
         self.model, self.trained, self.length, self.out, self.amp, self.step = model, trained, length, out, amp, step
 
     def path(self, text: str, window: int, method: str) -> Path:
-        return self.out / "cache" / text / f"w{window}" / f"{method}.npz"
+        return self.out / "cache" / text / f"w{window}" / f"{method}.json"
 
     def score(self, view, windows: np.ndarray, incremental: bool, prefill: int) -> np.ndarray:
         if incremental:
@@ -155,13 +172,14 @@ class Grid:
             prefill = self.trained if kind == "natural" else first_scored
             losses[kind] = self.score(view, forwards[kind], spec.incremental, prefill)
             seconds[kind] = time.perf_counter() - started
+        record = cell_record(losses, placements, settings["span"], self.trained)
+        record.update(seconds=seconds, peak_rss_gib=peak_rss_gib(), paths=view.attention_paths(),
+                      dtype="float32" if self.amp is None else "bfloat16", incremental=spec.incremental,
+                      step=self.step, reach=reach(view, self.trained))
         path = self.path(text, window, method)
         path.parent.mkdir(parents=True, exist_ok=True)
-        staging = path.with_name(path.name + ".tmp.npz")
-        np.savez(staging, **losses, seconds=json.dumps(seconds), peak_rss_gib=peak_rss_gib(),
-                 paths=json.dumps(view.attention_paths()), dtype="float32" if self.amp is None else "bfloat16",
-                 incremental=spec.incremental, step=self.step,
-                 reach=-1 if reach(view, self.trained) is None else reach(view, self.trained))
+        staging = path.with_name(path.name + ".tmp")
+        staging.write_text(results_json(record))
         staging.replace(path)
         print(f"{text}/w{window}/{method}: " + ", ".join(f"{kind} {seconds[kind]:.0f} s" for kind in seconds)
               + f" (peak RSS {peak_rss_gib():.1f} GiB)", flush=True)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from commands import results_json
+from commands import portable_command, results_json
 from eval.stats import (
     Cell,
     Estimate,
@@ -44,21 +44,14 @@ def name(method: str) -> str:
     return NAMES.get(method, method)
 
 
-def passage_losses(losses: np.ndarray, placements: list[Placement], span: int) -> np.ndarray:
-    """(passages,) mean loss on tokens 2..S of each second copy, in `placements`' order."""
-    return np.array([losses[p.scored(span)].mean() for p in placements])
-
-
-def window_entry(path: Path, placements: list[Placement], span: int, trained: int, distances: list[int]) -> dict:
+def window_entry(record: dict, placements: list[Placement], distances: list[int]) -> dict:
     """One cached cell's numbers: harm on the natural window, and per distance use, presence and order (the mean
-    over the window's passages) and the control's NLL on the second copies."""
-    with np.load(path) as data:
-        found = {kind: passage_losses(data[kind], placements, span) for kind in ("probe", "control", "shuffled")}
-        entry: dict[str, Any] = {"seconds": json.loads(str(data["seconds"])), "reach": int(data["reach"]),
-                                 "dtype": str(data["dtype"]), "paths": json.loads(str(data["paths"]))}
-        if "natural" in data:
-            entry["within"] = float(data["natural"][:trained].mean())
-            entry["past"] = float(data["natural"][trained:].mean())
+    over the window's passages) and the control's and the probe's NLL on the second copies."""
+    found = {kind: np.asarray(record["passages"][kind]) for kind in ("probe", "control", "shuffled")}
+    entry: dict[str, Any] = {"seconds": record["seconds"], "reach": record["reach"], "dtype": record["dtype"],
+                             "paths": record["paths"]}
+    if "natural" in record:
+        entry["within"], entry["past"] = record["natural"]["within"], record["natural"]["past"]
     at = {d: [i for i, p in enumerate(placements) if p.distance == d] for d in distances}
     for d, chosen in at.items():
         probe, control, shuffled = (found[k][chosen] for k in ("probe", "control", "shuffled"))
@@ -74,13 +67,12 @@ def load_cells(out: Path) -> dict[str, dict]:
     for layout_path in sorted((out / "cache").glob("*/layout.json")):
         layout = json.loads(layout_path.read_text())
         settings = layout["settings"]
-        trained, span = settings["trained"], settings["span"]
         methods: dict[str, list] = {}
         for window in range(settings["windows"]):
-            for path in sorted((layout_path.parent / f"w{window}").glob("*.npz")):
+            for path in sorted((layout_path.parent / f"w{window}").glob("*.json")):
                 positive = path.stem == "positive"
                 placements = [Placement(*p) for p in layout["positive" if positive else "placements"][window]]
-                entry = window_entry(path, placements, span, trained,
+                entry = window_entry(json.loads(path.read_text()), placements,
                                      settings["within"] if positive else settings["distances"])
                 methods.setdefault(path.stem, [None] * settings["windows"])[window] = entry
         texts[layout_path.parent.name] = {"layout": layout, "methods": methods}
@@ -105,7 +97,7 @@ def shown(entry: dict, signed: bool = True, digits: int = 3) -> str:
         return "n/a"
     sign = "+" if signed else ""
     if "low" not in entry:
-        return ", ".join(f"{v:{sign}.{digits}f}" for v in entry["values"]) + f" ({entry['n']} windows: no interval)"
+        return ", ".join(f"{v:{sign}.{digits}f}" for v in entry["values"]) + f" ({entry['n']} window{'s' * (entry['n'] > 1)}: no interval)"
     return Estimate(entry["mean"], entry["low"], entry["high"], entry["n"]).format(digits, signed)
 
 
@@ -124,9 +116,9 @@ def summarise(texts: dict[str, dict]) -> dict[str, Any]:
         margin = use_margin(float(np.mean([c["mean"] for c in control.values() if c.get("n")]))
                             if any(c.get("n") for c in control.values()) else None)
         methods = {}
-        for method, windows in cells.items():
-            if method == "positive":
-                continue
+        order = [m for m in NAMES if m in cells] + sorted(m for m in cells if m not in NAMES and m != "positive")
+        for method in order:
+            windows = cells[method]
             entry: dict[str, Any] = {"windows": sum(w is not None for w in windows)}
             pairs = [(w, p) for w, p in zip(windows, plain + [None] * len(windows)) if w is not None and "within" in w]
             entry["within"] = estimate([w["within"] for w, _ in pairs], 0.0)
@@ -138,11 +130,10 @@ def summarise(texts: dict[str, dict]) -> dict[str, Any]:
                 entry[d]["control_nll"] = float(np.mean([w[d]["control_nll"] for w in windows if w])) \
                     if any(windows) else None
                 family.append((text, method, d))
-            reaches = {w["reach"] for w in windows if w}
-            entry["attention_reach"] = None if not reaches or reaches == {-1} else max(reaches)
-            entry["seconds"] = {kind: float(np.mean([w["seconds"][kind] for w in windows if w and kind in w["seconds"]]))
-                                for kind in ("natural", "probe", "control", "shuffled")
-                                if any(w and kind in w["seconds"] for w in windows)}
+            reaches = {w["reach"] for w in windows if w} - {None}
+            entry["attention_reach"] = max(reaches) if reaches else None
+            entry["seconds_all"] = {kind: [w["seconds"][kind] for w in windows if w and kind in w["seconds"]]
+                                    for kind in ("natural", "probe", "control", "shuffled")}
             entry["dtype"] = sorted({w["dtype"] for w in windows if w})
             methods[method] = entry
         summary["texts"][text] = {"settings": settings, "starts": found["layout"]["starts"], "margin": margin,
@@ -184,8 +175,7 @@ def calibration(summary: dict) -> list[dict]:
                     why = f"collapsed: the control's NLL on the copies {control:.2f} against {floor:.2f} within L"
                 if why:
                     use = cells[d]["use"]
-                    found.append({"text": text, "method": method, "distance": d, "why": why,
-                                  "use": {k: v for k, v in use.items() if k != "values"},
+                    found.append({"text": text, "method": method, "distance": d, "why": why, "use": use,
                                   "verdict": use.get("verdict"), "uncorrected": use.get("uncorrected")})
     return found
 
@@ -210,13 +200,14 @@ def markdown(summary: dict, meta: dict) -> str:
     lines = [f"# {meta['title']}", "", meta["setup"], ""]
     for text, found in summary["texts"].items():
         settings, distances = found["settings"], found["settings"]["distances"]
-        trained = settings["trained"]
+        trained, length = settings["trained"], settings["length"]
         control = "; ".join(f"d = {d:,}: {shown(c)}" for d, c in found["positive"].items())
         lines += [f"## {text}", "",
                   f"Windows start at tokens {', '.join(f'{s:,}' for s in found['starts'])} of {settings['tokens']:,}. "
                   f"Positive control (the checkpoint as trained, windows of L = {trained:,}): use {control}; the "
                   f"margin of the verdicts: {found['margin']:.3f} nats (a tenth of it, at least 0.05).", "",
-                  "| method | windows | NLL 0-L minus plain | NLL L-2L | 2x penalty (NLL L-2L minus plain's 0-L) | "
+                  f"| method | windows | NLL 0-L minus plain | NLL L-{length / trained:g}L | {length / trained:g}x penalty "
+                  f"(NLL L-{length / trained:g}L minus plain's 0-L) | "
                   + " | ".join(f"use d = {d:,} ({d / trained:g}L)" for d in distances) + " | reach |",
                   "|---|---:|---:|---:|---:|" + "---:|" * len(distances) + "---|"]
         for method, entry in found["methods"].items():
@@ -244,8 +235,51 @@ def markdown(summary: dict, meta: dict) -> str:
                          f"{row['windows']} | {shown(row['use'])} | {shown(row['past'])} |")
         lines.append("")
     lines += calibration_markdown(summary)
-    lines += ["## Cost", "", meta["cost"], ""]
+    lines += ranking_markdown(summary)
+    lines += ["## Cost", "", meta["cost"], "", *cost_table(summary)]
     return "\n".join(lines)
+
+
+def ranking(summary: dict) -> list[dict]:
+    """Per text, the methods by reach (farther first), then by their penalty past L (lower first)."""
+    rows = []
+    for text, found in summary["texts"].items():
+        for method, entry in found["methods"].items():
+            rows.append({"text": text, "method": method, "reach": entry["reach"], "penalty": entry["penalty"],
+                         "cost_within": entry["cost_within"],
+                         "farthest": entry[max(found["settings"]["distances"])]["use"]})
+    return sorted(rows, key=lambda r: (r["text"], -(r["reach"] or 0), r["penalty"].get("mean", float("inf"))))
+
+
+def ranking_markdown(summary: dict) -> list[str]:
+    lines = ["## Harm x use", "",
+             "Each text's methods by reach (the largest distance at which it and every nearer one read 'uses'), "
+             "then by the penalty past L (lower first); every number with its interval over windows. Adjacent "
+             "methods are ordered only where the paired comparisons above (or their intervals) separate them.", "",
+             "| text | method | reach | use at the largest distance | penalty past L | cost within L |",
+             "|---|---|---|---:|---:|---:|"]
+    for row in ranking(summary):
+        reach = "none" if row["reach"] is None else f"{row['reach']:,}"
+        lines.append(f"| {row['text']} | {name(row['method'])} | {reach} | {shown(row['farthest'])} | "
+                     f"{shown(row['penalty'])} | {shown(row['cost_within'])} |")
+    return lines + [""]
+
+
+def cost_table(summary: dict) -> list[str]:
+    """Seconds per forward, the median over a method's windows and texts, and a cell's four forwards together."""
+    seconds: dict[str, dict[str, list[float]]] = {}
+    for found in summary["texts"].values():
+        for method, entry in found["methods"].items():
+            for kind, values in entry["seconds_all"].items():
+                seconds.setdefault(method, {}).setdefault(kind, []).extend(values)
+    kinds = ("natural", "probe", "control", "shuffled")
+    lines = ["Seconds per forward (median over the cells; one thread, the CPU shared by the grid's processes):", "",
+             "| method | " + " | ".join(kinds) + " | cell (four forwards) | cells |", "|---|" + "---:|" * 6]
+    for method, by_kind in seconds.items():
+        medians = [float(np.median(by_kind[k])) if by_kind.get(k) else None for k in kinds]
+        lines.append(f"| {name(method)} | " + " | ".join("" if m is None else f"{m:.0f}" for m in medians)
+                     + f" | {sum(m for m in medians if m is not None):.0f} | {len(by_kind.get('probe', []))} |")
+    return lines + [""]
 
 
 def calibration_markdown(summary: dict) -> list[str]:
@@ -281,8 +315,9 @@ def write_report(out: Path, checkpoint: str | Path) -> dict:
                       f"copies at random places past L; four forwards per (window, method): natural, probe, control, "
                       "shuffled (experiments/method_grid.py). Intervals: Student's t 95% over windows; verdicts "
                       "calibrated (experiments/method_grid_report.py)."),
-            "cost": (f"Machine: {machine()}. Invocations:\n\n" + "\n".join(
-                f"- `{item['command']}`: ended {item['ended']}, {item['minutes']:.1f} min" for item in invocations))}
+            "cost": (f"Machine: {machine()}. Invocations on this cache (each text in its own single-thread process):"
+                     "\n\n" + "\n".join(f"- `{portable_command(item['command'])}`: ended {item['ended']}, "
+                                        f"{item['minutes']:.1f} min" for item in invocations))}
     results = {"meta": meta, "summary": summary}
     (out / "results.json").write_text(results_json(results))
     (out / "report.md").write_text(markdown(summary, meta))

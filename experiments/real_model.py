@@ -40,7 +40,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, parse, results_json
+from commands import (
+    add_checkpoint,
+    add_device,
+    add_out,
+    comma_list,
+    command_parser,
+    parse,
+    portable_command,
+    results_json,
+)
 from data.tokenizer import ENDOFTEXT, load_tokenizer
 from errors import ConfigError, DataError, cli_command
 from eval import figures
@@ -597,7 +606,8 @@ def log_invocation(out: Path, argv: list[str] | None, started: float) -> None:
     """Append this invocation (command, wall time, load averages at its end) to OUT/cache/invocations.json."""
     path = out / "cache" / "invocations.json"
     log = json.loads(path.read_text()) if path.exists() else []
-    log.append({"command": "python -m experiments.real_model " + shlex.join(sys.argv[1:] if argv is None else argv),
+    module = Path(sys.argv[0]).parent.name + "." + Path(sys.argv[0]).stem if argv is None else "experiments.real_model"
+    log.append({"command": portable_command(f"python -m {module} " + shlex.join(sys.argv[1:] if argv is None else argv)),
                 "ended": time.strftime("%H:%M:%S"), "minutes": (time.perf_counter() - started) / 60,
                 "load_average": [round(value, 2) for value in os.getloadavg()]})
     path.write_text(json.dumps(log, indent=1))
@@ -645,6 +655,9 @@ def rewrite_report(out: Path, trained: int) -> None:
         results["meta"]["cost"] += (f"\n\nUse measurements: {sum(measured.values()) / 60:.1f} min of compute in all "
                                     f"({len(measured)} (text, method, length) cells, probe and control; the seconds "
                                     "column of the use table)")
+    results["meta"]["cost"] = portable_command(results["meta"]["cost"])  # no path of the machine that ran it
+    for item in results.get("invocations", []):
+        item["command"] = portable_command(item["command"])
     results["meta"]["setup"] = results["meta"]["setup"].replace("95% over windows; a row", "95% over windows, cut at 0; a row").replace(
         "cut at 0; a row with one window has none", f"cut at 0; a row with fewer than {MIN_DRAWS} windows has none (its "
         "windows' own values are shown)")

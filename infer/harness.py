@@ -164,6 +164,12 @@ class PelabLM(TemplateLM):
         return found
 
 
+def build_parser():
+    """lm-eval's own parser of `lm-eval run` (what `python -m infer.harness` takes, the model "pelab" registered)."""
+    from lm_eval._cli.harness import HarnessCLI
+    return HarnessCLI()._subparsers.choices["run"]
+
+
 def main() -> None:
     """lm-eval's command line with the model "pelab" registered."""
     from lm_eval.__main__ import cli_evaluate

@@ -10,7 +10,7 @@ import torch
 from data.tokenizer import load_tokenizer
 from errors import ConfigError
 from eval.use import Placement
-from experiments.method_grid import main, window_starts
+from experiments.method_grid import FORWARDS, cell_record, main, window_starts
 from experiments.method_grid_report import load_cells, summarise, window_entry
 from model import Transformer
 from model.checkpoint import save_checkpoint
@@ -37,12 +37,11 @@ def test_cells_are_cached_by_window_resumed_and_reported(checkpoint, small_text_
     out = tmp_path / "grid"
     assert run(checkpoint, small_text_file, out, "--methods", "none,dynamic,sinks") == 0
     cache = out / "cache" / "code"
-    assert sorted(p.name for p in (cache / "w2").iterdir()) == ["dynamic.npz", "none.npz", "positive.npz",
-                                                                "sinks.npz"]
-    with np.load(cache / "w0" / "dynamic.npz") as cell:
-        assert sorted(k for k in ("natural", "probe", "control", "shuffled") if k in cell.files) == \
-            ["control", "natural", "probe", "shuffled"]
-        assert cell["natural"].shape == (256,) and int(cell["step"]) == 8
+    assert sorted(p.name for p in (cache / "w2").iterdir()) == ["dynamic.json", "none.json", "positive.json",
+                                                                "sinks.json"]
+    cell = json.loads((cache / "w0" / "dynamic.json").read_text())
+    assert sorted(cell["passages"]) == ["control", "probe", "shuffled"] and len(cell["passages"]["probe"]) == 3
+    assert len(cell["natural"]["bins"]) == 1 and cell["step"] == 8 and set(cell["seconds"]) == set(FORWARDS)
     layout = json.loads((cache / "layout.json").read_text())
     assert layout["starts"][0] > 0  # no window at the text's first token
     assert all(p[2] >= 64 for window in layout["placements"] for p in window)  # second copies past L
@@ -82,6 +81,8 @@ def planted(tmp_path, windows=4):
                                                     "placements": [placements] * windows,
                                                     "positive": [positive] * windows}))
     rng = np.random.default_rng(0)
+    common = {"seconds": {"natural": 1.0, "probe": 1.0}, "peak_rss_gib": 1.0, "paths": {}, "dtype": "bfloat16",
+              "incremental": False, "step": 1, "reach": None}
     for window in range(windows):
         (folder / f"w{window}").mkdir()
         for method, within, past in (("none", 2.0, 3.0), ("yarn", 2.1, 2.5)):
@@ -91,18 +92,19 @@ def planted(tmp_path, windows=4):
             probe[25:28] -= 1.0  # tokens 2..4 of the second copy at 25: loss columns 25, 26, 27
             shuffled[25:28] -= 0.25
             probe[28:] -= 9.0  # past the copy: never scored
-            np.savez(folder / f"w{window}" / f"{method}.npz", natural=natural, probe=probe, control=control,
-                     shuffled=shuffled, seconds=json.dumps({"natural": 1.0, "probe": 1.0}), peak_rss_gib=1.0,
-                     paths="{}", dtype="bfloat16", incremental=False, step=1, reach=-1)
+            record = cell_record({"natural": natural, "probe": probe, "control": control, "shuffled": shuffled},
+                                 [Placement(20, 5, 25)], 4, 16)
+            (folder / f"w{window}" / f"{method}.json").write_text(json.dumps({**record, **common}))
         positive_control = np.full(16, 3.0, dtype=np.float32)
-        np.savez(folder / f"w{window}" / "positive.npz", probe=positive_control - np.r_[np.zeros(12), np.ones(4)],
-                 control=positive_control, shuffled=positive_control, seconds=json.dumps({"probe": 1.0}),
-                 peak_rss_gib=1.0, paths="{}", dtype="bfloat16", incremental=False, step=1, reach=-1)
+        record = cell_record({"probe": positive_control - np.r_[np.zeros(12), np.ones(4)],
+                              "control": positive_control, "shuffled": positive_control}, [Placement(8, 4, 12)], 4, 16)
+        (folder / f"w{window}" / "positive.json").write_text(json.dumps({**record, **common}))
     return out
 
 
 def test_the_report_reads_use_presence_order_and_harm_from_the_right_tokens(tmp_path):
-    entry = window_entry(planted(tmp_path) / "cache" / "text" / "w0" / "yarn.npz", [Placement(20, 5, 25)], 4, 16, [20])
+    record = json.loads((planted(tmp_path) / "cache" / "text" / "w0" / "yarn.json").read_text())
+    entry = window_entry(record, [Placement(20, 5, 25)], [20])
     assert entry[20]["use"] == pytest.approx(1.0) and entry[20]["presence"] == pytest.approx(0.25)
     assert entry[20]["order"] == pytest.approx(0.75)
     assert entry["within"] == pytest.approx(2.1) and entry["past"] == pytest.approx(2.5)

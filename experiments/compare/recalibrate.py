@@ -239,12 +239,19 @@ def calibration_markdown(reports: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m experiments.compare.recalibrate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("folders", nargs="+", type=Path, help="comparison folders (report.md, results.json)")
+    parser.add_argument("folders", nargs="*", type=Path, help="comparison folders (report.md, results.json)")
     parser.add_argument("--out", type=Path, help="a markdown file for the calibration table")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
+    if not args.folders:
+        parser.error("give one or more comparison folders (each with report.md and results.json)")
     reports = []
     for folder in args.folders:
         reports.append(recalibrate(folder))
