@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -49,8 +50,13 @@ def run_cell(lm, checkpoint: str, task: str, length: int, samples: int, cache: P
     import lm_eval
 
     started = time.perf_counter()
+    cached = 0
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
+        database = Path(f"{cache}_rank0.db")  # lm-eval's name for rank 0's cache
+        if database.exists():
+            with sqlite3.connect(database) as connection:
+                cached = connection.execute("SELECT count(*) FROM unnamed").fetchone()[0]
     result = lm_eval.simple_evaluate(model=lm, tasks=[task], limit=samples, log_samples=True,
                                      use_cache=None if cache is None else str(cache),
                                      metadata={"pretrained": checkpoint, "max_seq_lengths": [length]})
@@ -63,7 +69,7 @@ def run_cell(lm, checkpoint: str, task: str, length: int, samples: int, cache: P
         rows.append({"doc_id": sample["doc_id"], "target": sample["target"], "response": sample["resps"][0][0],
                      "score": float(sample[str(length)]),
                      "prompt_tokens": len(tokenizer.encode(prompt)) if tokenizer is not None else None})
-    return [{"seconds": seconds, "samples": rows}]
+    return [{"seconds": seconds, "from_cache": cached, "samples": rows}]
 
 
 def hf_model(folder: str, max_length: int, dtype: str):

@@ -31,6 +31,12 @@ def score_text(cell: dict) -> str:
     return f"{k}/{n} [{rate.low:.2f}, {rate.high:.2f}]"
 
 
+def seconds_text(cell: dict) -> str:
+    """The cell's seconds, and how many of its samples an earlier invocation had already answered."""
+    earlier = cell.get("from_cache", 0)
+    return f"{cell['seconds']:.0f} s" + (f"; {earlier} samples from an earlier run" if earlier else "")
+
+
 def ranks(values: list[float]) -> np.ndarray:
     """Ranks from 1, ties given their mean rank."""
     values = np.asarray(values, dtype=float)
@@ -66,7 +72,7 @@ def parity_rows(cells: list[dict]) -> list[dict]:
                          "differing": [{"doc_id": a["doc_id"], "pelab": a["response"], "hf": b["response"]}
                                        for a, b in pairs if a["response"] != b["response"]],
                          "pelab": score_text(ours), "hf": score_text(cell),
-                         "seconds": {"pelab": ours["seconds"], "hf": cell["seconds"]}})
+                         "seconds": {"pelab": seconds_text(ours), "hf": seconds_text(cell)}})
     return rows
 
 
@@ -100,7 +106,7 @@ def write_report(out: Path, use_results: Path | None = None, length: int | None 
                   "|---|" + "---:|" * len(columns)]
         for method in dict.fromkeys(c["method"] for c in cells):
             lines.append(f"| {name(method)} | " + " | ".join(
-                f"{score_text(by[(method, *col)])} ({by[(method, *col)]['seconds']:.0f} s)" if (method, *col) in by
+                f"{score_text(by[(method, *col)])} ({seconds_text(by[(method, *col)])})" if (method, *col) in by
                 else "" for col in columns) + " |")
         lines.append("")
     if parity:
@@ -109,8 +115,8 @@ def write_report(out: Path, use_results: Path | None = None, length: int | None 
                   "|---|---|---:|---:|---:|---:|---:|---:|"]
         for row in parity:
             lines.append(f"| {name(row['method'])} | {row['task']} | {row['length']:,} | {row['compared']} | "
-                         f"{row['identical']} | {row['pelab']} | {row['hf']} | {row['seconds']['pelab']:.0f} / "
-                         f"{row['seconds']['hf']:.0f} |")
+                         f"{row['identical']} | {row['pelab']} | {row['hf']} | {row['seconds']['pelab']} / "
+                         f"{row['seconds']['hf']} |")
         for row in parity:
             for sample in row["differing"]:
                 lines.append(f"- {row['method']} {row['task']}@{row['length']} sample {sample['doc_id']}: pelab "
