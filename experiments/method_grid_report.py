@@ -205,7 +205,7 @@ def markdown(summary: dict, meta: dict) -> str:
         lines += [f"## {text}", "",
                   f"Windows start at tokens {', '.join(f'{s:,}' for s in found['starts'])} of {settings['tokens']:,}. "
                   f"Positive control (the checkpoint as trained, windows of L = {trained:,}): use {control}; the "
-                  f"margin of the verdicts: {found['margin']:.3f} nats (a tenth of it, at least 0.05).", "",
+                  f"margin of the verdicts: {found['margin']:.3f} nats (a tenth of the positive control's mean use, at least 0.05).", "",
                   f"| method | windows | NLL 0-L minus plain | NLL L-{length / trained:g}L | {length / trained:g}x penalty "
                   f"(NLL L-{length / trained:g}L minus plain's 0-L) | "
                   + " | ".join(f"use d = {d:,} ({d / trained:g}L)" for d in distances) + " | reach |",

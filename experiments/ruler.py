@@ -106,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
                                          "cells through lm-eval's hf model as well and compare the responses")
     parser.add_argument("--parity-yarn", action="store_true",
                         help="with --parity: also YaRN, pelab's method against the hf folder's rope_scaling")
+    parser.add_argument("--use-results", type=Path,
+                        help="experiments.method_grid's results.json: the report's rank correlation of RULER at the "
+                             "longest length with same-weights use")
+    parser.add_argument("--report-only", action="store_true", help="run nothing: write the report from OUT/cells")
     parser.add_argument("--minutes", type=float, default=600.0, help="start no new cell after this many minutes")
     add_out(parser, "output folder (required)", type=Path)
     return parser
@@ -115,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     configure_runtime()
     args = parse(build_parser(), argv, "checkpoint", "out")
+    if args.report_only:
+        write_report(args.out, args.use_results)
+        return 0
     from infer.harness import PelabLM  # an optional extra: make ruler-deps
 
     trained = trained_length(args.checkpoint)
@@ -152,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 path.write_text(results_json(cell))
                 print(f"{name} {task}@{length}: {sum(s['score'] == 1 for s in cell['samples'])} of "
                       f"{len(cell['samples'])} ({cell['seconds']:.0f} s)", flush=True)
-    write_report(args.out)
+    write_report(args.out, args.use_results)
     return 0
 
 

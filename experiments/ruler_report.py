@@ -136,6 +136,17 @@ def write_report(out: Path, use_results: Path | None = None, length: int | None 
             ruler = [float(np.mean(rates[m])) for m in shared]
             reading = [float(np.mean(list(use[m].values()))) for m in shared]
             correlation = {"methods": shared, "ruler": ruler, "use": reading, "spearman": spearman(ruler, reading)}
+    if correlation:
+        rho = correlation["spearman"]
+        lines += ["## RULER against same-weights use", "",
+                  f"Across the {len(correlation['methods'])} methods with both: the share of needle samples answered "
+                  f"in full at {longest:,} tokens (niah tasks, mean over tasks) against use at the largest distance "
+                  "of experiments.method_grid (mean over its texts). Spearman's rank correlation: "
+                  + ("undefined (one of them constant)" if rho is None else f"{rho:+.2f}") + ".", "",
+                  "| method | RULER (share answered in full) | use at the largest distance (nats) |", "|---|---:|---:|"]
+        lines += [f"| {name(m)} | {r:.2f} | {u:+.3f} |" for m, r, u in zip(correlation["methods"], correlation["ruler"],
+                                                                           correlation["use"])]
+        lines.append("")
     results = {"cells": cells, "parity": parity, "correlation": correlation}
     (out / "results.json").write_text(results_json(results))
     (out / "report.md").write_text("\n".join(lines))

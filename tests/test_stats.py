@@ -265,3 +265,11 @@ def test_reach_needs_every_nearer_distance():
 def test_the_margin_is_a_tenth_of_the_positive_control_with_a_floor():
     from eval.stats import use_margin
     assert use_margin(3.0) == pytest.approx(0.3) and use_margin(0.2) == 0.05 and use_margin(None) == 0.05
+
+
+def test_spearman_matches_scipy_with_ties():
+    from experiments.ruler_report import spearman
+    # scipy.stats.spearmanr (scipy 1.17.1) on these: 0.9746794344808963 (ties at their mean rank) and -1
+    assert spearman([0.9, 0.1, 0.5, 0.5, 0.0], [2.1, 0.2, 1.0, 1.3, 0.0]) == pytest.approx(0.9746794344808963)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 1, 1], [1, 2, 3]) is None
