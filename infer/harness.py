@@ -167,7 +167,10 @@ class PelabLM(TemplateLM):
 def build_parser():
     """lm-eval's own parser of `lm-eval run` (what `python -m infer.harness` takes, the model "pelab" registered)."""
     from lm_eval._cli.harness import HarnessCLI
-    return HarnessCLI()._subparsers.choices["run"]
+    parser = HarnessCLI()._subparsers.choices["run"]
+    parser.prog = "python -m infer.harness"
+    parser.usage = (parser.usage or "%(prog)s").replace("lm-eval run", "python -m infer.harness")
+    return parser
 
 
 def main() -> None:

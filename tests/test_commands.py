@@ -8,6 +8,7 @@ import re
 import pytest
 
 from commands import comma_list, command_parser, renamed
+from errors import ConfigError
 from tests.conftest import ROOT
 from tests.test_docs import COMMANDS, parser_of
 
@@ -46,7 +47,12 @@ def test_every_documented_flag_exists_in_every_command_the_table_names():
 
 def test_help_shows_defaults_and_names_the_command_as_typed():
     for module in COMMANDS:
-        text = parser_of(module).format_help()
+        try:
+            parser = parser_of(module)
+        except ConfigError as error:  # an optional extra that is not installed here (make ruler-deps)
+            assert "is not installed" in str(error)
+            continue
+        text = parser.format_help()
         assert text.startswith(f"usage: python -m {module}"), module
     generate = importlib.import_module("scripts.generate").build_parser().format_help()
     assert "(default: 200)" in generate and "(default: 0.8)" in generate

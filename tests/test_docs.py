@@ -26,7 +26,8 @@ COMMANDS = sorted(
     + [f"{folder}.{path.parent.name}.{path.stem}"  # a package's own commands (experiments.compare.rerender)
        for folder in ("data", "train", "infer", "eval", "experiments", "scripts")
        for path in (ROOT / folder).glob("*/*.py")
-       if path.stem != "__main__" and "def build_parser" in path.read_text() and "__main__" in path.read_text()]
+       if path.stem not in ("__main__", "cli")  # a package's cli is its __main__'s
+       and "def build_parser" in path.read_text() and "__main__" in path.read_text()]
     + [f"{path.parent.parent.name}.{path.parent.name}"
        for folder in ("data", "train", "infer", "eval", "experiments", "scripts")
        for path in (ROOT / folder).glob("*/__main__.py")]
