@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from commands import portable_command, results_json
+from eval import figures
 from eval.stats import (
     Cell,
     Estimate,
@@ -197,7 +198,8 @@ def paired(texts: dict[str, dict], summary: dict) -> list[dict]:
 
 
 def markdown(summary: dict, meta: dict) -> str:
-    lines = [f"# {meta['title']}", "", meta["setup"], ""]
+    lines = [f"# {meta['title']}", "", meta["setup"], "",
+             "![use against the distance between the copies, one line per method, one panel per text](use.png)", ""]
     for text, found in summary["texts"].items():
         settings, distances = found["settings"], found["settings"]["distances"]
         trained, length = settings["trained"], settings["length"]
@@ -299,6 +301,33 @@ def calibration_markdown(summary: dict) -> list[str]:
     return lines + [""]
 
 
+def plot(summary: dict, path: Path) -> Path:
+    """Use against the distance between the copies, one panel per text, one line per method (mean over windows with
+    its 95% t interval where there is one); the dotted band: the text's margin."""
+    texts = summary["texts"]
+    figure, axes = figures.new(columns=len(texts), width=6.0 * len(texts), height=4.6)
+    axes = np.atleast_1d(axes)
+    for axis, (text, found) in zip(axes, texts.items()):
+        distances = found["settings"]["distances"]
+        for method, entry in found["methods"].items():
+            cells = [entry[d]["use"] for d in distances]
+            means = [c.get("mean", np.nan) for c in cells]
+            errors = [[c["mean"] - c["low"] for c in cells], [c["high"] - c["mean"] for c in cells]] \
+                if all("low" in c for c in cells) else None
+            axis.errorbar(distances, means, yerr=errors, marker="o", markersize=3, capsize=2, linewidth=1.2,
+                          color=figures.method_colour(method), label=name(method))
+        axis.axhspan(-found["margin"], found["margin"], color="grey", alpha=0.15, linewidth=0,
+                     label=f"within the margin (+-{found['margin']:.2f})")
+        axis.axvline(found["settings"]["trained"], color="grey", linestyle=":", linewidth=1)
+        axis.set_xlabel("distance between the copies (tokens; dotted: L)")
+        axis.set_ylabel("use: NLL(control) - NLL(probe), nats")
+        counts = [entry["windows"] for entry in found["methods"].values()]
+        axis.set_title(f"{text}: {min(counts)}-{max(counts)} windows per method" if min(counts) != max(counts)
+                       else f"{text}: {max(counts)} windows per method")
+        axis.grid(True, alpha=0.3)
+    return figures.save(figure, path, axes[-1])
+
+
 def write_report(out: Path, checkpoint: str | Path) -> dict:
     texts = load_cells(out)
     if not texts:
@@ -321,4 +350,5 @@ def write_report(out: Path, checkpoint: str | Path) -> dict:
     results = {"meta": meta, "summary": summary}
     (out / "results.json").write_text(results_json(results))
     (out / "report.md").write_text(markdown(summary, meta))
+    plot(summary, out / "use.png")
     return results

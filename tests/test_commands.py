@@ -124,3 +124,14 @@ def test_results_files_keep_each_record_on_one_line_and_every_float32_exactly():
     assert back["cells"][0]["ppl"]["mean"] == 0.333333333 and back["cells"][1]["grid"] == [[1, 2], [3]]
     assert math.isnan(back["bad"])
     assert back["by_seed"] == json.loads(json.dumps(record["by_seed"]))  # keys as json writes them: "1", "null"
+
+
+def test_a_logged_command_names_no_path_of_the_machine_that_ran_it():
+    from commands import portable_command
+
+    inside = ROOT / "docs" / "x.txt"
+    shown = portable_command(f"python -m eval.use --data /srv/shared/books/war_and_peace.txt --out {inside} "
+                             "--distances 0.25x,2x --checkpoint runs/smollm2")
+    assert shown == ("python -m eval.use --data path/to/war_and_peace.txt --out docs/x.txt --distances 0.25x,2x "
+                     "--checkpoint runs/smollm2")
+    assert portable_command("--book=/tmp/a/b.txt,/tmp/c.txt") == "--book=path/to/b.txt,path/to/c.txt"

@@ -273,3 +273,12 @@ def test_spearman_matches_scipy_with_ties():
     assert spearman([0.9, 0.1, 0.5, 0.5, 0.0], [2.1, 0.2, 1.0, 1.3, 0.0]) == pytest.approx(0.9746794344808963)
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert spearman([1, 1, 1], [1, 2, 3]) is None
+
+
+def test_fewer_than_three_draws_give_their_mean_and_no_interval():
+    from eval.stats import draws_interval
+    two = draws_interval([1.0, 2.0])
+    assert two.mean == 1.5 and two.low is None and two.n == 2
+    three = draws_interval([1.0, 2.0, 3.0], 0.0)
+    assert three.low == pytest.approx(max(0.0, 2.0 - 4.302653 / 3 ** 0.5)) and three.high > 2.0
+    assert draws_interval([]) is None

@@ -261,3 +261,28 @@ def test_the_priming_control_holds_the_same_tokens_in_another_order():
     for p in placements:
         outside[p.first : p.first + 16] = False
     assert (shuffled[outside] == control[outside]).all()  # only the first copies differ from the control
+
+
+def test_eval_use_end_to_end_and_its_report_again_from_the_results_file(prepared_data, tmp_path):
+    """eval.use on a micro checkpoint: rows over windows with calibrated verdicts and their margin; --report-only
+    writes the same report from results.json alone."""
+    import json
+
+    from eval.use import main
+    from tests.conftest import train_micro_run
+
+    checkpoint = train_micro_run(prepared_data, tmp_path / "run")
+    out = tmp_path / "use"
+    assert main(["--checkpoint", str(checkpoint), "--lengths", "1x,4x", "--distances", "0.75x,2x", "--span", "4",
+                 "--windows", "3", "--per-distance", "1", "--out", str(out)]) == 0
+    [entry] = json.loads((out / "results.json").read_text()).values()
+    past = [r for r in entry["rows"] if r["length"] > entry["trained"]]
+    assert past and all(r["n"] == 3 and r["unit"] == "windows" and r["se"] is not None for r in past)
+    assert all("margin" in r and r["verdict"] in ("uses", "negligible", "none", "cannot tell") for r in past)
+    first = (out / "report.md").read_text()
+    assert "Holm-corrected" in first
+    assert main(["--out", str(out), "--report-only"]) == 0
+    again = (out / "report.md").read_text()
+    assert "Verdicts re-derived by `python -m eval.use --report-only`" in again
+    assert [line for line in again.splitlines() if line.startswith("| ")] == \
+        [line for line in first.splitlines() if line.startswith("| ")]  # the same rows and verdicts
