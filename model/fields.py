@@ -3,6 +3,7 @@ settings, the comparison's) shares, and how a command-line value gets its type."
 from __future__ import annotations
 
 import dataclasses
+import json
 import tomllib
 import types
 import typing
@@ -44,8 +45,12 @@ def check_field_types(obj: Any, where: str) -> None:
         value = getattr(obj, field.name)
         annotation = hints[field.name]
         if not _value_matches(value, annotation):
+            hint = ""
+            if list in (annotation, typing.get_origin(annotation)) and not isinstance(value, (list, tuple, dict)):
+                # a per-layer list given one value: "[value]" applies it to every layer, as the key's docs say
+                hint = f"; give a list, e.g. [{json.dumps(value)}] (one value for every layer)"
             raise ConfigError(
-                f"{where}.{field.name}: expected {_type_name(annotation)}, got {type(value).__name__} {value!r}"
+                f"{where}.{field.name}: expected {_type_name(annotation)}, got {type(value).__name__} {value!r}{hint}"
             )
         if annotation is float and isinstance(value, int):
             setattr(obj, field.name, float(value))

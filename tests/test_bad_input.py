@@ -8,6 +8,7 @@ import pytest
 
 from data.batches import TokenFile
 from data.prepare import token_dtype
+from errors import ConfigError
 from scripts.generate import main as generate
 from train.pretrain import main as pretrain
 from train.sft import main as sft
@@ -153,3 +154,13 @@ def test_extrapolation_on_a_checkpoint_that_records_no_data_asks_for_data(good_r
     (imported / "trainer_state.json").write_text(json.dumps(state))
     assert extrapolation(["--checkpoint", str(imported), "--out", str(tmp_path / "out")]) == 2
     assert "does not record the data it was trained on" in one_line_error(capsys)
+
+
+def test_a_per_layer_list_given_one_value_is_refused_with_the_list_to_give():
+    from model.config import ModelConfig
+    from model.fields import check_field_types
+
+    config = ModelConfig(vocab_size=97, dim=32, n_layers=2, n_heads=2, n_kv_heads=2, max_seq_len=16)
+    config.qk_norm = True
+    with pytest.raises(ConfigError, match=r"model\.qk_norm: expected list, got bool True; give a list, e\.g\. \[true\]"):
+        check_field_types(config, "model")
