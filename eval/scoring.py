@@ -81,7 +81,7 @@ def score_windows(
     return losses
 
 
-@torch.inference_mode()
+@torch.no_grad()  # not inference_mode: autocast then casts the weights once, not at every cached step (generate.py)
 def score_incremental(
     model: Transformer,
     windows: np.ndarray,
