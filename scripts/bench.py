@@ -17,8 +17,9 @@ to repeat), and each figure is the median over --repeats. Reported:
     fp32 eager by default, and bf16 weights eager and with the compiled one-token step; HF generate in
     fp32 and bf16);
   - peak RSS and time of one --long-tokens perplexity window (a fresh process per encoding);
-  - the long forward: one scored window of --forward-tokens tokens of SmolLM2-135M's shape (random weights), plain
-    and under a merged-path method, as a fraction of the measured matmul peak (what sets the real-model grid's cost).
+  - with --forward-tokens N, the long forward: one scored window of N tokens of SmolLM2-135M's shape (random
+    weights), plain and under a merged-path method, as a fraction of the measured matmul peak (what sets the
+    real-model grid's cost).
 """
 from __future__ import annotations
 
@@ -511,7 +512,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="comma-separated encodings of the long evaluation (none to skip)")
     parser.add_argument("--forward-shape", choices=sorted(SHAPES), default="smollm2",
                         help="shape of the long forward section (default: SmolLM2-135M's, random weights)")
-    parser.add_argument("--forward-tokens", type=int, default=16384, help="tokens of the long forward")
+    parser.add_argument("--forward-tokens", type=int, default=0,
+                        help="tokens of the long forward section (0: skip it; 16384 is the real-model grid's window)")
     parser.add_argument("--forward-methods", default="none,selfextend",
                         help="inference-time methods of the long forward (selfextend: the merged attention path)")
     parser.add_argument("--forward-repeats", type=int, default=3, help="runs per method of the long forward")
@@ -554,7 +556,8 @@ def main(argv: list[str] | None = None) -> int:
     results["training"] = bench_training(shape, args, peaks, device) if "training" not in args.skip else None
     results["generation"] = bench_generation(shape, args, device) if "generation" not in args.skip else None
     args.forward_methods = comma_list(args.forward_methods)
-    results["long_forward"] = bench_long_forward(args, peaks, device) if "long_forward" not in args.skip else None
+    results["long_forward"] = bench_long_forward(args, peaks, device) \
+        if args.forward_tokens > 0 and "long_forward" not in args.skip else None
     positions = [position for position in args.long_positions if position != "none"]
     results["long_eval"] = bench_long_eval(args.shape, argparse.Namespace(**{**vars(args), "long_positions": positions})) \
         if "long_eval" not in args.skip else []
