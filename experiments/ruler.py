@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                 lm = lm or build()
                 [cell] = run_cell(lm, args.checkpoint, task, length, args.samples,
                                   args.out / "cache" / name / f"{task}@{length}")
-                cell.update(method=name, task=task, length=length, set_for=set_for, dtype=args.dtype)
+                precision = args.dtype if not hasattr(lm, "amp") else "float32" if lm.amp is None else "bfloat16"
+                cell.update(method=name, task=task, length=length, set_for=set_for, dtype=precision)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(results_json(cell))
                 print(f"{name} {task}@{length}: {sum(s['score'] == 1 for s in cell['samples'])} of "
