@@ -87,7 +87,8 @@ def check_plugins(config: S) -> S:
             config.rope_scaling = normalize_rope_scaling(config.rope_scaling, config.max_seq_len)
         except ConfigError as error:
             raise ConfigError(f"model.rope_scaling: {error}") from error
-    config.attention_methods = normalize_methods(config.attention_methods, config.original_length)
+    if config.attention_methods:  # a model that sets none never enters model/attention_methods.py
+        config.attention_methods = normalize_methods(config.attention_methods, config.original_length)
     for entry in config.attention_methods:
         check_applies(ATTENTION_METHODS[entry["method"]], config)
     return config

@@ -114,7 +114,8 @@ class Transformer(nn.Module):
         checkpoints of single-encoding models are unchanged); `layer_positions`: the other encodings of a
         per-layer pattern (model.position_layers), by name; absent when there are none."""
         self.position = build_position_encoding(config)
-        self.attention_methods = build_methods(config)  # inference-time methods (model/attention_methods.py)
+        # inference-time methods (model/attention_methods.py), entered only by a model that sets one
+        self.attention_methods = build_methods(config) if config.attention_methods else []
         # The attention backend of each layer, chosen once per mode, device, precision and compile state (plan()),
         # and the key of the latest forward's.
         self.backends: dict[tuple, list[Backend]] = {}
@@ -254,7 +255,7 @@ class Transformer(nn.Module):
         key_positions = kv_cache.add_positions(positions) if kv_cache is not None else positions
         x = self.tok_embeddings(idx)
         x = self.position.embed(x, positions)
-        methods = method_context(self.attention_methods, positions, key_positions)
+        methods = method_context(self.attention_methods, positions, key_positions) if self.attention_methods else None
         passes = methods.passes if methods is not None else None
         backends = self.plan(mode_of(kv_cache), x.device, forward_dtype(x))
         states: dict[str, Any] = {}  # each encoding prepares once per forward, for all its layers
