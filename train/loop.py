@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import json
 import math
 import shutil
@@ -465,6 +466,17 @@ class Trainer:
         minutes, seconds = divmod(int(round(seconds)), 60)
         return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{seconds:02d}s"
 
+    def leave_group(self, wait: bool = True) -> None:
+        """Drop the DistributedDataParallel wrapper, then leave the process group. The wrapper's reducer holds the
+        gloo group and its threads: left alive past destroy_process_group, they are destroyed at interpreter exit,
+        where a still-joinable thread aborts the process ("terminate called without an active exception", SIGABRT)
+        after the run has finished and saved, so torchrun reports it failed. Dropped here, the group's threads end
+        while the interpreter still runs."""
+        if self.dist.enabled:
+            self.ddp = self.forward = None
+            gc.collect()
+        self.dist.close(wait=wait)
+
     def run(self) -> TrainResult:
         train = self.config.train
         self.started = time.perf_counter() - float(self.state["elapsed_s"])
@@ -526,16 +538,16 @@ def run_training(training: Training) -> TrainResult:
         try:
             result = trainer.run()
         except OSError as error:
-            trainer.dist.close(wait=False)
+            trainer.leave_group(wait=False)
             if error.errno in (errno.ENOSPC, errno.EDQUOT):  # e.g. appending to metrics.jsonl on a full disk
                 raise CheckpointError(f"{config.out.dir}: {error.strerror} while writing {error.filename or 'a file'}; "
                                       "the last complete checkpoint is intact: free space and continue with "
                                       "--resume") from error
             raise
         except BaseException:
-            trainer.dist.close(wait=False)
+            trainer.leave_group(wait=False)
             raise
         finally:
             trainer.trackers.close()
-        trainer.dist.close()
+        trainer.leave_group()
         return result
