@@ -78,12 +78,12 @@ ruler-deps: install
 real-model: real-model-deps
 	$(PYTHON) -m scripts.import_hf --checkpoint smollm2 --out runs/smollm2 --overwrite --parity-tokens 2048
 
-# What a GPU lease's calls carry (scripts/gpu_carry.py: wheels, the books prepared for the gpu preset, War and Peace,
-# SmolLM2's GGUF file in parts), each call within 64 MiB with the working tree; prints the calls
+# What a GPU lease's calls carry (experiments/gpu_lease/carry.py: wheels, the books prepared for the gpu preset, War
+# and Peace, SmolLM2's GGUF file in parts), each call within 64 MiB with the working tree; prints the calls
 # (docs/performance.md, "GPU session"). BOOKS: the shared data's books folder.
 BOOKS ?= ../shared/data/books
 gpu-carry: install
-	$(PYTHON) -m scripts.gpu_carry --books $(BOOKS)
+	$(PYTHON) -m experiments.gpu_lease.carry --books $(BOOKS)
 
 clean:
 	rm -rf runs .installed

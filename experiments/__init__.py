@@ -5,4 +5,10 @@ checkpoint measured).
     ladder.py  python -m experiments.ladder: the comparison at several model sizes and budgets
     tasks.py   python -m experiments.tasks: synthetic tasks trained per encoding, scored at 1x-8x L
     jobs.py    what each of their worker jobs does around its work (logs, threads, reuse of finished runs)
+    performance/  the measurements of docs/performance.md that are not user tools, and what every speed
+                  measurement shares (measure.py)
+    gpu_lease/    a leased GPU's session and what its calls carry
+
+One-off studies sit beside them, each named in the page that reports it: dynamic_check.py (docs/baselines.md),
+sink_share.py (docs/results.md), pose_vs_yarn.sh and drope_vs_yarn.sh (docs/guide/finetune.md, docs/results.md).
 """

@@ -13,9 +13,9 @@ peaks do not mix:
   - evaluation: one forward (--eval-batch sequences, 1 by default; fp32, inference mode) of k x L tokens each, for
     each k of --lengths, shortest first;
     tokens/s is the median over --repeats forwards after a warm-up forward (FlexAttention compiles there for a
-    distance bias at 2x and longer, model/attention/flex.py; scripts.flex_costs sets it against the chunked path); peak memory is
-    the process's peak resident memory after that
-    length (it includes the interpreter and torch, the same for every variant: compare within a column);
+    distance bias at 2x and longer, model/attention/flex.py; experiments.performance.flex_costs sets it against the
+    chunked path); peak memory is the process's peak resident memory after that length (it includes the
+    interpreter and torch, the same for every variant: compare within a column);
   - training: the train loop's own step (its default precision: bf16 autocast where the CPU supports it; AdamW,
     clipping) at L with --batch sequences; the median tokens/s over --repeats runs of --train-steps steps, after a
     warm-up step;
@@ -44,13 +44,13 @@ import torch
 
 from commands import add_device, add_out, command_parser, parse
 from errors import ConfigError, cli_command
+from experiments.performance.measure import COST_SHAPE, our_trainer, peak_rss_mib, rotating_rounds, synchronize
 from model.config import ModelConfig
 from model.recipes import RECIPES, expand
 from model.runtime import configure_runtime, resolve_device
 from model.transformer import Transformer
 
 CPU = torch.device("cpu")
-SHAPE = {"vocab_size": 4096, "dim": 256, "n_layers": 4, "n_heads": 8, "n_kv_heads": 4, "max_seq_len": 256}
 DEFAULT_VARIANTS = [
     {"position": "rope"}, {"position": "none"}, {"position": "sinusoidal"}, {"position": "learned", "position_args": {"learned": {"clamp": True}}},
     {"position": "alibi"}, {"position": "t5"}, {"position": "shaw"}, {"position": "kerple"},
@@ -78,23 +78,14 @@ def label(settings: dict) -> str:
     return ", ".join([settings["position"] + (f" + {methods}" if methods else ""), *rest])
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def peak_mib(device: torch.device) -> float:
     """The process's peak resident memory (CPU), or torch.cuda's peak allocated memory since the last reset."""
-    from scripts.bench import peak_rss_mib  # VmHWM
-
     return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else peak_rss_mib()
 
 
 def train_speed(settings: dict, batch: int, train_steps: int, repeats: int, compile_model: bool,
-                device: torch.device = CPU, shape: dict = SHAPE) -> dict:
+                device: torch.device = CPU, shape: dict = COST_SHAPE) -> dict:
     """The train loop's step on random batches: median tokens/s over `repeats` runs, and the first step's time."""
-    from scripts.bench import our_trainer  # the train loop's own step
-
     tokens = batch * shape["max_seq_len"]
     with tempfile.TemporaryDirectory() as out_dir:
         step, trainer = our_trainer({**shape, **settings}, batch, compile_model, out_dir, device)
@@ -115,7 +106,7 @@ def train_speed(settings: dict, batch: int, train_steps: int, repeats: int, comp
 
 def measure(settings: dict, lengths: list[int], batch: int, train_steps: int, repeats: int,
             compile_model: bool = False, eval_batch: int = 1, device: torch.device = CPU, flex: bool = False,
-            shape: dict = SHAPE) -> dict:
+            shape: dict = COST_SHAPE) -> dict:
     """Evaluation at each multiple of L (shortest first), then training, in this process. The attention paths
     the model took are in the row (FlexAttention or the chunked path, and why)."""
     torch.set_num_threads(1)
@@ -234,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--shape must be a JSON dict of model settings ({error})") from error
     if not isinstance(given, dict):
         raise ConfigError(f'--shape must be a JSON dict of model settings, e.g. {{"n_layers": 6}}, got {given!r}')
-    shape = {**SHAPE, **given}
+    shape = {**COST_SHAPE, **given}
     if device.type not in ("cpu", "cuda"):
         raise ConfigError(f"--device {args.device}: encoding_costs times the CPU or a CUDA GPU, not {device.type}")
     try:
@@ -257,8 +248,6 @@ def main(argv: list[str] | None = None) -> int:
     if not isinstance(variants, list) or not all(isinstance(v, dict) and ("position" in v or "recipe" in v)
                                                  for v in variants):
         raise ConfigError('--variants must be a JSON list of settings dicts, each with a "position" or a "recipe"')
-    from scripts.bench import rotating_rounds  # (bench imports transformers: only where it is used)
-
     measured: list[list[dict]] = [[] for _ in variants]
     for round_index, index in rotating_rounds(len(variants), args.rounds):
         settings = variants[index]

@@ -61,12 +61,13 @@ def test_encoding_costs_measures_each_variant_in_its_own_process(tmp_path, capsy
 
 
 def test_flex_costs_times_both_paths_in_fresh_processes_and_checks_they_agree(tmp_path):
-    """scripts.flex_costs: for a distance bias (ALiBi, through the encoding's own score_bias), Shaw's score part,
+    """experiments.performance.flex_costs: for a distance bias (ALiBi, through the encoding's own score_bias), Shaw's
+    score part,
     Shaw whole (the model's own path) and a sliding window, FlexAttention's output equals the chunked path's (compared across the two processes), with
     times and peaks."""
     import json
 
-    from scripts.flex_costs import main
+    from experiments.performance.flex_costs import main
 
     assert main(["--cases", "alibi,shaw-score,shaw,window", "--multiples", "1", "--repeats", "1", "--rounds", "1",
                  "--out", str(tmp_path)]) == 0
@@ -103,11 +104,11 @@ def test_encoding_costs_with_compile_reports_the_compiled_step_and_its_break_eve
 
 
 def test_step_profile_splits_each_modes_step_by_kind(tmp_path):
-    """scripts.step_profile: for ours and transformers' step, the profiled self time by kind adds up to the
-    profiled total, and both spend time in matmuls and in attention."""
+    """experiments.performance.step_profile: for ours and transformers' step, the profiled self time by kind adds up
+    to the profiled total, and both spend time in matmuls and in attention."""
     import json
 
-    from scripts.step_profile import KINDS, kind, main
+    from experiments.performance.step_profile import KINDS, kind, main
 
     assert kind("aten::mm") == "matmul" and kind("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
     assert kind("aten::_fused_adamw_") == "optimizer" and kind("Torch-Compiled Region: 0/0") == "compiled kernels"
@@ -126,15 +127,16 @@ def test_encoding_costs_times_a_recipe_at_a_shape_given_on_the_command_line(tmp_
     that recipe of model/recipes.py scaled to the shape, labelled recipe-NAME."""
     import json
 
-    from scripts.encoding_costs import SHAPE, main
+    from experiments.performance.measure import COST_SHAPE
+    from scripts.encoding_costs import main
 
-    before = dict(SHAPE)
+    before = dict(COST_SHAPE)
     shape = {"n_layers": 6, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "max_seq_len": 32, "vocab_size": 256}
     assert main(["--variants", '[{"position": "rope"}, {"recipe": "gemma3"}]', "--shape", json.dumps(shape),
                  "--lengths", "1,2", "--batch", "1", "--train-steps", "1", "--repeats", "1", "--rounds", "1",
                  "--out", str(tmp_path)]) == 0
     saved = json.loads((tmp_path / "encoding_costs.json").read_text())
-    assert saved["shape"] == {**before, **shape} and SHAPE == before
+    assert saved["shape"] == {**before, **shape} and COST_SHAPE == before
     rope, gemma = saved["rows"]
     assert gemma["label"] == "recipe-gemma3" and "error" not in gemma, gemma
     assert gemma["eval_2x"]["tokens_per_s"] > 0 and gemma["train"]["tokens_per_s"] > 0

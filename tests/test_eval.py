@@ -156,7 +156,7 @@ def test_passkey_cli_and_training_data(tiny_checkpoints, tmp_path):
 
 
 def test_dynamic_check_command(tiny_checkpoints, prepared_data, capsys):
-    from scripts.dynamic_check import main
+    from experiments.dynamic_check import main
 
     assert main(["--checkpoint", tiny_checkpoints[0], "--data", str(prepared_data), "--lengths", "2x",
                  "--windows", "2"]) == 0

@@ -1,7 +1,8 @@
-"""The GPU session (scripts/gpu_session.py) and what its calls carry (scripts/gpu_carry.py), without a GPU: the runner
-(steps in order, each under its limit, each packed into OUT as it ends, a failure or a time-out recorded and the
-next step run), every device command parsed by its own command's parser, the limits against a device call and a
-lease, the GGUF parts; and, in the integration tier, the whole --dry-run on this CPU at a micro scale."""
+"""The GPU session (experiments/gpu_lease/session.py) and what its calls carry (experiments/gpu_lease/carry.py),
+without a GPU: the runner (steps in order, each under its limit, each packed into OUT as it ends, a failure or a
+time-out recorded and the next step run), every device command parsed by its own command's parser, the limits against
+a device call and a lease, the GGUF parts; and, in the integration tier, the whole --dry-run on this CPU at a micro
+scale."""
 from __future__ import annotations
 
 import json
@@ -14,13 +15,14 @@ import time
 import pytest
 import torch
 
-import scripts.gpu_session as gs
+import experiments.gpu_lease.session as gs
 from errors import ConfigError
-from scripts import gpu_carry
+from experiments.gpu_lease import carry as gpu_carry
 from tests.conftest import ROOT
 from tests.test_docs import parser_of
 
 PY = sys.executable
+SESSION_SH = ROOT / "experiments" / "gpu_lease" / "session.sh"  # what a device call runs
 
 
 def archived(archive):
@@ -137,8 +139,9 @@ def test_every_command_of_the_session_parses_with_its_commands_own_parser(tmp_pa
     ours = [argv[2:] for argv in commands if argv[1:2] == ["-m"] and argv[2].split(".")[0] in
             {"scripts", "experiments", "eval"}]
     modules = {argv[0] for argv in ours}
-    assert {"scripts.bench", "scripts.encoding_costs", "scripts.flex_costs", "scripts.attention_paths",
-            "experiments.compare", "experiments.sweep", "experiments.real_model"} <= modules
+    assert {"scripts.bench", "scripts.encoding_costs", "experiments.performance.flex_costs",
+            "experiments.performance.attention_paths", "experiments.compare", "experiments.sweep",
+            "experiments.real_model"} <= modules
     for module, *args in ours:
         _, unknown = parser_of(module).parse_known_args(args)
         overrides = module.startswith("experiments.") and all(re.match(r"--\w+(\.\w+)+=", word) for word in unknown)
@@ -228,7 +231,7 @@ def test_the_dry_run_goes_through_every_step_and_a_failed_step_does_not_stop_the
                     tokenizer, {"trained_seq_len": 16, "step": 0})
     out, work = tmp_path / "out", tmp_path / "work"
     environment = {"PATH": "/usr/bin:/bin", "OUT": str(out), "DRY_RUN": "1", "PYTHON": PY, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_session.sh"), "--work", str(work), "--carry",
+    done = subprocess.run(["bash", str(SESSION_SH), "--work", str(work), "--carry",
                            str(carry)], env=environment, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     record = json.loads((out / "session.json").read_text())
@@ -248,7 +251,7 @@ def test_the_dry_run_goes_through_every_step_and_a_failed_step_does_not_stop_the
     for path in (carry / "data").iterdir():
         path.unlink()
     out2 = tmp_path / "out2"
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_session.sh"), "preset", "real_model", "--work",
+    done = subprocess.run(["bash", str(SESSION_SH), "preset", "real_model", "--work",
                            str(tmp_path / "work2"), "--carry", str(carry)], env={**environment, "OUT": str(out2)},
                           capture_output=True, text=True, timeout=600)
     record = json.loads((out2 / "session.json").read_text())

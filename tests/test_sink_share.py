@@ -1,10 +1,10 @@
-"""scripts.sink_share on hand-made diagnostics: the share per layer is averaged over the queries from the given
+"""experiments.sink_share on hand-made diagnostics: the share per layer is averaged over the queries from the given
 position on, seeds are grouped by variant, and a layer with a sink stands out of uniform attention."""
 import json
 
 import numpy as np
 
-from scripts.sink_share import main, shares
+from experiments.sink_share import main, shares
 
 
 def diagnostics(curves_by_seed: dict[str, np.ndarray]) -> dict:

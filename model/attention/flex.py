@@ -3,7 +3,7 @@ name a `flex_kind` (model/encodings/base.py): "distance", a bias of the distance
 "clipped", a bias and value term of the query and min(i - j, clip) (Shaw); "separable", a bias that is a term of
 the query less a term of the key (FoX's c_i - c_j).
 
-Where it is used follows the measurements of `python -m scripts.flex_costs` (figures in docs/performance.md): for a
+Where it is used follows the measurements of experiments.performance.flex_costs (docs/performance.md): for a
 distance bias and one sequence FlexAttention is faster than the chunked path at long lengths, with a lower peak
 memory; a sliding window is slower with it, and torch has no FlexAttention backward on CPU. With two or more
 sequences the chunked path builds each chunk's distance bias once for all of them and is as fast or faster, so a
@@ -243,7 +243,7 @@ class Flex(FallbackBackend):
     @classmethod
     def why_not_by_default(cls, encoding, setting: Setting) -> str | None:
         """What keeps "auto" from choosing it where it could serve: it was measured faster on the CPU only, and
-        there not with a window (python -m scripts.flex_costs, docs/performance.md)."""
+        there not with a window (python -m experiments.performance.flex_costs, docs/performance.md)."""
         blocked = cls.why_not(encoding, setting)
         if blocked is not None:
             return blocked

@@ -1,15 +1,15 @@
 """FlexAttention (torch.nn.attention.flex_attention, compiled) against pelab's chunked attention, for the encodings
 and masks that take the chunked path: evaluation time and peak memory of one attention layer at 1x and 16x L.
 
-    python -m scripts.flex_costs                 # writes runs/bench/flex_costs.{md,json}
-    python -m scripts.flex_costs --cases alibi,window --multiples 1,4 --rounds 1
-    python -m scripts.flex_costs --device cuda   # on a GPU: writes runs/bench/flex_costs-cuda.{md,json}
+    python -m experiments.performance.flex_costs                 # writes runs/bench/flex_costs.{md,json}
+    python -m experiments.performance.flex_costs --cases alibi,window --multiples 1,4 --rounds 1
+    python -m experiments.performance.flex_costs --device cuda   # on a GPU: writes runs/bench/flex_costs-cuda.{md,json}
 
-The shape is the cost table's (scripts/encoding_costs.py: dim 256, 8 heads, 4 KV heads, L = 256), batch 1, one
-torch thread, fp32, inference mode. Both paths take the same rotated queries and keys from the model's own first
-attention layer; each (case, length, path) runs in a fresh process, so peaks do not mix (flex's includes what
-compilation loads), and saves its output,
-which the parent compares (the max |difference| is in the table). FlexAttention gets:
+The shape is the cost table's (COST_SHAPE in experiments/performance/measure.py: dim 256, 8 heads, 4 KV heads, L =
+256), batch 1, one torch thread, fp32, inference mode. Both paths take the same rotated queries and keys from the
+model's own first attention layer; each (case, length, path) runs in a fresh process, so peaks do not mix (flex's
+includes what compilation loads), and saves its output, which the parent compares (the max |difference| is in the
+table). FlexAttention gets:
   - a distance bias (alibi, t5, kerple: encodings whose bias depends on i - j only) as a score_mod reading a
     (heads, L) table that the encoding's own score_bias fills, plus a causal block mask;
   - Shaw's score part (shaw-score: q_i . a_clip(j - i) / sqrt(d), its value term left out on both paths) as a
@@ -43,6 +43,7 @@ import torch
 import model.attention.flex as flex
 from commands import add_device, add_out, comma_list, command_parser, parse
 from errors import ConfigError, cli_command
+from experiments.performance.measure import COST_SHAPE, peak_rss_mib, rotating_rounds, synchronize
 from model.attention.backend import Inputs
 from model.attention.explicit import Explicit
 from model.attention.flex import distance_table
@@ -50,8 +51,6 @@ from model.attention.masked import Masked
 from model.config import ModelConfig
 from model.runtime import configure_runtime, resolve_device
 from model.transformer import Transformer
-from scripts.bench import peak_rss_mib, rotating_rounds, synchronize
-from scripts.encoding_costs import SHAPE
 
 CASES = {
     "alibi": {"position": "alibi"},
@@ -68,7 +67,7 @@ def layer_inputs(settings: dict, length: int, seed: int = 0, device: torch.devic
     rotated (q, k, v) of `length` random tokens."""
     torch.manual_seed(seed)
     device = device or torch.device("cpu")
-    config = ModelConfig(**{**SHAPE, **settings, "max_seq_len": SHAPE["max_seq_len"]})
+    config = ModelConfig(**{**COST_SHAPE, **settings, "max_seq_len": COST_SHAPE["max_seq_len"]})
     model = Transformer(config).eval().to(device)
     attention = model.layers[0].attention
     encoding = model.encoding_of(config.layer_encodings()[0])
@@ -169,7 +168,7 @@ def measure_one(case: str, length: int, path: str, repeats: int, output: Path, d
 
 def run_one(case: str, length: int, path: str, repeats: int, folder: Path, device: str) -> dict:
     output = folder / f"{case}-{length}-{path}.pt"
-    command = [sys.executable, "-m", "scripts.flex_costs", "--one",
+    command = [sys.executable, "-m", "experiments.performance.flex_costs", "--one",
                json.dumps([case, length, path, repeats, str(output), device])]
     failed = {"case": case, "length": length, "path": path}
     try:
@@ -231,7 +230,7 @@ def table(rows: list[dict], trained: int, peak: str = "peak MiB") -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = command_parser("scripts.flex_costs", __doc__)
+    parser = command_parser("experiments.performance.flex_costs", __doc__)
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from {list(CASES)}")
     parser.add_argument("--multiples", default="1,16", help="lengths as multiples of L")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per process")
@@ -264,12 +263,12 @@ def main(argv: list[str] | None = None) -> int:
     device = resolve_device(args.device)
     if device.type not in ("cpu", "cuda"):
         raise ConfigError(f"--device {args.device}: flex_costs times the CPU or a CUDA GPU, not {device.type}")
-    trained = SHAPE["max_seq_len"]
+    trained = COST_SHAPE["max_seq_len"]
     rows = measure(cases, [m * trained for m in multiples], args.repeats, args.rounds, device.type)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "flex_costs" if device.type == "cpu" else f"flex_costs-{device.type}"
     named = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    (args.out / f"{stem}.json").write_text(json.dumps({"shape": SHAPE, "torch": torch.__version__, "device": named,
+    (args.out / f"{stem}.json").write_text(json.dumps({"shape": COST_SHAPE, "torch": torch.__version__, "device": named,
                                                       "rows": rows}, indent=1) + "\n")
     shown = table(rows, trained, "peak MiB" if device.type == "cpu" else "peak allocated MiB")
     (args.out / f"{stem}.md").write_text(f"device: {named}\n\n" + shown)

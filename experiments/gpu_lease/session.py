@@ -1,9 +1,9 @@
 """One GPU lease, made to count: the CUDA suite, the bench, the GPU cost table, the gpu preset and the real model,
 in that order (of value), each step under its own time limit, each writing its results under OUT as it finishes.
 
-    bash scripts/gpu_session.sh suite                  # one step (on the GPU machine, OUT set by the device tool)
-    bash scripts/gpu_session.sh bench costs            # several, in the order given
-    python -m scripts.gpu_session --dry-run --out runs/gpu_dry   # every step on this CPU, at a micro scale
+    bash experiments/gpu_lease/session.sh suite        # one step (on the GPU machine, OUT set by the device tool)
+    bash experiments/gpu_lease/session.sh bench costs  # several, in the order given
+    python -m experiments.gpu_lease.session --dry-run --out runs/gpu_dry   # every step on this CPU, at a micro scale
 
 Steps (docs/performance.md, "GPU session": the `run` calls that issue them, with what each carries):
   suite       tests/test_cuda.py, then the fast tier, whose commands' default device is then CUDA (junit + log each)
@@ -12,18 +12,19 @@ Steps (docs/performance.md, "GPU session": the `run` calls that issue them, with
   bench       scripts.bench --device cuda at the research shapes, then the tiny one: ours against transformers'
               Llama, eager and compiled, bf16, MFU against the bf16 peak measured with an 8192^3 matmul
   costs       the attention paths with model.attention_backend = "flex", the whole-model cost table with
-              FlexAttention on CUDA off and on (scripts.encoding_costs), and one layer's (scripts.flex_costs)
+              FlexAttention on CUDA off and on (scripts.encoding_costs), and one layer's
+              (experiments.performance.flex_costs)
   preset      experiments.compare --preset gpu on the carried books: seeds 1-3 (a complete report), then 1-5 with
               the time left; a later call on the same (warm) machine goes on where this one stopped
   real_model  experiments.real_model on SmolLM2-135M at 1x-8x of its context (64k tokens), when the machine has it: an
-              imported checkpoint carried as CARRY/smollm2, or the GGUF file in parts (scripts.gpu_carry)
+              imported checkpoint carried as CARRY/smollm2, or the GGUF file in parts (experiments.gpu_lease.carry)
 
 A step's failure or time-out is recorded and the next step runs. Each step's files are packed into OUT/STEP.tar.gz
 (text, JSON, logs and figures: no weights, no token files) and OUT/session.json says what ran, how long, and how
 each command ended; the device tool returns at most 8 files, so nothing else is written under OUT. The step's own
-files stay in WORK/STEP. The carried files (CARRY, default runs/gpu_carry) come from `python -m scripts.gpu_carry`:
-wheels of the packages the GPU machine lacks (installed into a private folder first), the prepared books, a book
-for the real model, the GGUF parts.
+files stay in WORK/STEP. The carried files (CARRY, default runs/gpu_carry) come from `python -m
+experiments.gpu_lease.carry`: wheels of the packages the GPU machine lacks (installed into a private folder first),
+the prepared books, a book for the real model, the GGUF parts.
 
 --dry-run goes through the same steps on this CPU at a micro scale (the micro bench shape, the gpu preset with
 micro overrides, a micro checkpoint in place of SmolLM2), for tests/test_gpu_session.py.
@@ -47,10 +48,10 @@ from typing import Callable
 from commands import add_out, comma_list, command_parser, parse
 from errors import ConfigError, cli_command
 
-ROOT = Path(__file__).resolve().parents[1]
-# Seconds per step. The calls of a lease (docs/performance.md, "GPU session", and scripts/gpu_carry.py's CALLS) take
-# one step group each, within a device command's 10 minutes; a 15-minute lease runs two calls, steps side by side with
-# --limits. Guesses until measured: a step that reaches its limit returns what it finished.
+ROOT = Path(__file__).resolve().parents[2]
+# Seconds per step. The calls of a lease (docs/performance.md, "GPU session", and experiments/gpu_lease/carry.py's
+# CALLS) take one step group each, within a device command's 10 minutes; a 15-minute lease runs two calls, steps side
+# by side with --limits. Guesses until measured: a step that reaches its limit returns what it finished.
 LIMITS = {"suite": 420, "sweep": 420, "bench": 270, "costs": 150, "preset": 480, "real_model": 240}
 STEPS = list(LIMITS)
 KEPT = {".md", ".json", ".jsonl", ".xml", ".log", ".txt", ".png", ".svg", ".toml", ".csv"}  # what OUT gets back
@@ -296,7 +297,7 @@ COST_VARIANTS = ('[{"position": "rope"}, {"position": "alibi"}, {"position": "t5
 
 def costs(s: Session) -> None:
     device = "cpu" if s.dry else "cuda"
-    s.module("attention_paths", "scripts.attention_paths", "--device", device, "--flex-cuda",
+    s.module("attention_paths", "experiments.performance.attention_paths", "--device", device, "--flex-cuda",
              "--encodings", "alibi,t5,kerple,shaw,fox,fire" if not s.dry else "alibi",
              "--out", str(s.folder("paths_flex_cuda")), limit_s=40)
     variants, lengths = (COST_VARIANTS, "1,16") if not s.dry else ('[{"position": "alibi"}]', "1")
@@ -307,7 +308,7 @@ def costs(s: Session) -> None:
                  lengths, "--batch", "16" if not s.dry else "1", "--train-steps", "4" if not s.dry else "0",
                  "--repeats", "2" if not s.dry else "1", "--rounds", "1", "--out", str(s.folder()),
                  limit_s=max(45.0, s.left() / 4) if not flex else max(45.0, s.left() - 60))
-    s.module("flex_costs", "scripts.flex_costs", "--device", device, "--cases",
+    s.module("flex_costs", "experiments.performance.flex_costs", "--device", device, "--cases",
              "alibi,shaw" if not s.dry else "alibi", "--multiples", "16" if not s.dry else "1",
              "--repeats", "5" if not s.dry else "1", "--rounds", "1", "--out", str(s.folder()))
 
@@ -368,7 +369,7 @@ REAL_MODEL_SIZE = "the imported checkpoint is 517 MiB in float32 and its GGUF fi
 
 def smollm2(s: Session) -> Path:
     """The SmolLM2 checkpoint on this machine: carried as CARRY/smollm2, imported in an earlier call, or imported
-    now from the GGUF parts carried in earlier calls (scripts.gpu_carry) after checking their digest."""
+    now from the GGUF parts carried in earlier calls (experiments.gpu_lease.carry) after checking their digest."""
     for folder in (s.carry / "smollm2", ROOT / "runs" / "smollm2"):
         if (folder / "config.json").exists():
             return folder
@@ -420,10 +421,10 @@ BODIES: dict[str, Callable[[Session], None]] = {"suite": suite, "sweep": sweep, 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = command_parser("scripts.gpu_session", __doc__)
+    parser = command_parser("experiments.gpu_lease.session", __doc__)
     parser.add_argument("steps", nargs="*", help=f"steps to run, in the order given (default: all: {','.join(STEPS)})")
     parser.add_argument("--dry-run", action="store_true", help="the same steps on this CPU at a micro scale")
-    add_out(parser, "where each step's archive and session.json go (scripts/gpu_session.sh passes the device "
+    add_out(parser, "where each step's archive and session.json go (experiments/gpu_lease/session.sh passes the device "
                     "tool's $OUT)", type=Path, default=ROOT / "runs" / "gpu_session" / "out")
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "gpu_session",
                         help="each step's own files, WORK/STEP (default: runs/gpu_session)")
@@ -434,7 +435,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="pytest-xdist workers for the suite's fast tier (default 1: no xdist; the GPU "
                              "machine's image has pytest-xdist)")
     parser.add_argument("--carry", type=Path, default=ROOT / "runs" / "gpu_carry",
-                        help="what the calls carry (python -m scripts.gpu_carry writes it; default: runs/gpu_carry)")
+                        help="what the calls carry (python -m experiments.gpu_lease.carry writes it; default: "
+                             "runs/gpu_carry)")
     return parser
 
 

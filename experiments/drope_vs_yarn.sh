@@ -6,7 +6,7 @@
 # 2512.12167: after recalibration the NoPE model retrieves beyond the trained length better than RoPE scalings) is
 # judged from the Wilson intervals of the pooled trials beyond L.
 #
-#   bash scripts/drope_vs_yarn.sh [SEEDS...]        # default seeds: 1 2 3
+#   bash experiments/drope_vs_yarn.sh [SEEDS...]        # default seeds: 1 2 3
 #
 # BASE defaults to the passkey fine-tune of the demo checkpoint (configs/passkey_finetune.toml: RoPE, L = 256, the
 # passkey task learned at lengths <= L), whose own data the recalibration reads: a small model retrieves nothing

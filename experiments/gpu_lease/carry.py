@@ -1,8 +1,8 @@
-"""What the GPU session's device calls carry (scripts/gpu_session.py), prepared here, where the package index and
-the books are, each call within the 64 MiB that a call takes with the working tree.
+"""What the GPU session's device calls carry (experiments/gpu_lease/session.py), prepared here, where the package
+index and the books are, each call within the 64 MiB that a call takes with the working tree.
 
-    make gpu-carry                                    # python -m scripts.gpu_carry with the defaults below
-    python -m scripts.gpu_carry --books ../shared/data/books --gguf smollm2 --out runs/gpu_carry
+    make gpu-carry                                    # python -m experiments.gpu_lease.carry with the defaults below
+    python -m experiments.gpu_lease.carry --books ../shared/data/books --gguf smollm2 --out runs/gpu_carry
 
 Writes OUT/ (default runs/gpu_carry, ignored by git, so it travels only where a call names it in `carry`):
   wheels/     datasets, dill, multiprocess and gguf for the GPU machine's Python 3.12 (its image lacks them; data/
@@ -35,8 +35,8 @@ from data.batches import read_meta
 from data.prepare import prepare
 from errors import ConfigError, SourceError, cli_command
 from experiments.compare.config import load_compare_config
+from experiments.gpu_lease.session import LIMITS, ROOT
 from infer.gguf import resolve_gguf
-from scripts.gpu_session import LIMITS, ROOT
 
 MIB = 2**20
 WHEELS = ["datasets", "dill", "multiprocess", "gguf"]
@@ -125,7 +125,7 @@ def split_gguf(path: Path, parts: list[int], out: Path) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = command_parser("scripts.gpu_carry", __doc__)
+    parser = command_parser("experiments.gpu_lease.carry", __doc__)
     parser.add_argument("--books", default="../shared/data/books", help="the folder of books the gpu preset trains on")
     parser.add_argument("--book-file", default="war_and_peace.txt", help="the real model's text, in --books")
     parser.add_argument("--gguf", default="smollm2", help="the real model's GGUF file, a folder holding one, or "
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             paths.append(out / f"gguf-{index}")
         relative = [str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path) for path in paths]
         mib = (tree + sum(size(path) for path in paths)) / MIB
-        calls.append({"command": "bash scripts/gpu_session.sh " + " ".join(steps), "carry": relative,
+        calls.append({"command": "bash experiments/gpu_lease/session.sh " + " ".join(steps), "carry": relative,
                       "mib_with_tree": round(mib, 1), "timeout_s": sum(LIMITS[step] for step in steps) + 60})
     (out / "calls.json").write_text(json.dumps({"tree_mib": round(tree / MIB, 1), "wheels": pins,
                                                 "gguf": gguf.name if gguf else None, "gguf_parts": folders,

@@ -1,6 +1,6 @@
 """Dynamic NTK on a trained RoPE checkpoint: three ways to score the same held-out tokens beyond L.
 
-    python -m scripts.dynamic_check --checkpoint runs/compare_full/runs/rope/seed1 --data runs/compare_full/data \
+    python -m experiments.dynamic_check --checkpoint runs/compare_full/runs/rope/seed1 --data runs/compare_full/data \
         --lengths 2x,4x
 
   before  factor = k, one forward per k*L window (how eval.extrapolation scored "rope+dynamic" before)
@@ -54,7 +54,7 @@ def compare_dynamic(checkpoint: str, data: str, multiples: list[int], windows: i
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = command_parser("scripts.dynamic_check", __doc__)
+    parser = command_parser("experiments.dynamic_check", __doc__)
     add_checkpoint(parser, "a RoPE checkpoint folder (required)")
     parser.add_argument("--data", help="a prepared folder (its val.bin) or a raw source (required)")
     parser.add_argument("--lengths", default="2x,4x", help="comma-separated multiples of the trained length")

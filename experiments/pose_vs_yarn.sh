@@ -3,7 +3,7 @@
 # (RoPE, L = 256) to 4L = 1024, for each seed; then perplexity of every model at 256 and 1024 (and 2048) on the same
 # held-out tokens, with a t interval over seeds (README, "Fine-tune: chat (SFT) and context extension").
 #
-#   make demo && bash scripts/pose_vs_yarn.sh [SEEDS...]        # default seeds: 1 2 3
+#   make demo && bash experiments/pose_vs_yarn.sh [SEEDS...]        # default seeds: 1 2 3
 #
 # Both runs fix YaRN (factor 4) in the config and train at lr 3e-4 with batch 4:
 #   full  22 steps of 4 x 1024 tokens = 90,112 tokens (attention over 1024 tokens)

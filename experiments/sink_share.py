@@ -3,7 +3,7 @@ design remove it? Read from eval.attention_diagnostics' results, across the seed
 
     python -m eval.attention_diagnostics --checkpoint runs/compare_recipes/runs/{rope,recipe-gated}/seed{1,2,3} \\
         --lengths 1x,4x --sink-tokens 1 --tokens 8192 --out runs/attention_sinks
-    python -m scripts.sink_share runs/attention_sinks/results.json
+    python -m experiments.sink_share runs/attention_sinks/results.json
 
 For each variant (the checkpoints ENCODING/seedS of one ENCODING) and length: each layer's share of attention on the
 first token (--sink-tokens 1), averaged over the queries from --from-position on (queries 0-15 see few keys, so any
@@ -59,7 +59,7 @@ def table(found: dict[tuple[str, str], dict]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = command_parser("scripts.sink_share", __doc__)
+    parser = command_parser("experiments.sink_share", __doc__)
     parser.add_argument("results", type=Path, help="results.json of eval.attention_diagnostics (--sink-tokens 1)")
     parser.add_argument("--from-position", type=int, default=16,
                         help="the first query position averaged over (at a longer length: max(this, L))")
