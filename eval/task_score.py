@@ -26,7 +26,6 @@ from eval.stats import rate_over_seeds
 from model.checkpoint import load_config, load_weights_into, trained_length
 from model.config import ModelConfig
 from model.fields import parse_override_value, set_dotted
-from model.plugins import check_plugins
 from model.transformer import Transformer
 
 
@@ -60,7 +59,7 @@ def configured(folder: str, overrides: list[str]) -> ModelConfig:
             raise ConfigError(f"unexpected argument {override!r}: a setting to change looks like --model.key=value")
         dotted, text = override[2:].split("=", 1)
         set_dotted(values, dotted, parse_override_value(text), f"override {override!r}")
-    return check_plugins(ModelConfig.from_dict(values["model"]))
+    return ModelConfig.from_dict(values["model"])
 
 
 def load_changed(folder: str, overrides: list[str]) -> Transformer:

@@ -53,7 +53,7 @@ from model.fields import parse_override_value
 from model.inference_methods import NONE, applies, check_methods, label
 from model.transformer import Transformer
 from train.config import RunConfig, build_run_config
-from train.loop import Training, run_training
+from train.loop import Training, model_factory, run_training
 
 CONTROL = "window"  # the window control: scored beside every model of a retrieval task, not as a method of its own
 GRID_COUNT = 128  # sequences per cell of a retrieval grid (up to 10 cells, each scored with and without the control)
@@ -150,14 +150,14 @@ def run_task_job(job: TaskJob, log_path: Path | None = None) -> dict[str, Any]:
                 print(f"{job.name}: reusing the finished training in {config.out.dir} (step {steps})", flush=True)
             else:
                 trained = run_training(Training(
-                    config, lambda: Transformer(config.model),
+                    config, model_factory(config, None),
                     TaskBatches(task, job.length, config.train.batch_size, job.seed, config.train.eval_batches), None,
                     resume=earlier == "partial", task=f"task:{task.name}", extra_state={"until": job.until},
                     stop_when=None if job.until is None else stop_at(task, job.length, job.until)))
                 steps, stopped = trained.steps, trained.stopped is not None
             result["steps"] = steps
             result["reached"] = None if job.until is None else stopped  # None: no target
-            model = load_model(config.out.dir)
+            model = load_model(config.out.dir, runtime=config.runtime)
             result["rows"] = {f"{multiple}x": evaluate(model, task, multiple * job.length, job.count)
                               for multiple in job.multiples}
             if task.make_at is not None:  # a retrieval task: length x answer distance, and the window control

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_EXPORTS = {"ConfigError": "errors", "ModelConfig": "model.config", "check_plugins": "model.plugins",
+_EXPORTS = {"ConfigError": "errors", "ModelConfig": "model.config",
             "KVCache": "model.kv_cache", "StaticKVCache": "model.kv_cache", "Transformer": "model.transformer",
             "IGNORE_INDEX": "model.transformer"}
 __all__ = list(_EXPORTS)

@@ -38,14 +38,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from errors import ConfigError
 from model.encodings import POSITION_ENCODINGS
-from model.rope import ROPE_SCALINGS
-from model.shape import ModelShape
+from model.rope import ROPE_SCALINGS, normalize_rope_scaling
+
+if TYPE_CHECKING:
+    from model.config import ModelConfig
 
 
 @dataclass
@@ -395,11 +397,28 @@ def applicable_encodings(cls: type[AttentionMethod]) -> tuple[str, ...] | None:
     return None if len(names) == len(POSITION_ENCODINGS) else tuple(names)
 
 
-def check_applies(cls: type[AttentionMethod], config: ModelShape) -> None:
+def check_applies(cls: type[AttentionMethod], config: ModelConfig) -> None:
     """Refuse, naming why, a method that does not apply to this model's encodings or scaling."""
     reason = refusal(cls, sorted(set(config.layer_encodings())), (config.rope_scaling or {}).get("rope_type"))
     if reason is not None:
         raise ConfigError(reason)
+
+
+def check_config(config: ModelConfig) -> None:
+    """Check (and complete, in place) the inference-time settings of `config`: its RoPE scaling and its attention
+    methods; raise ConfigError naming the key. Run by ModelConfig once, when it is built, if it sets either."""
+    if config.rope_scaling is not None:
+        if "rope_scaling" not in POSITION_ENCODINGS[config.position].model_settings:
+            readers = " or ".join(repr(name) for name, cls in POSITION_ENCODINGS.items()
+                                  if "rope_scaling" in cls.model_settings)
+            raise ConfigError(f"model.rope_scaling applies to position = {readers}, not {config.position!r}")
+        try:
+            config.rope_scaling = normalize_rope_scaling(config.rope_scaling, config.max_seq_len)
+        except ConfigError as error:
+            raise ConfigError(f"model.rope_scaling: {error}") from error
+    config.attention_methods = normalize_methods(config.attention_methods, config.original_length)
+    for entry in config.attention_methods:
+        check_applies(ATTENTION_METHODS[entry["method"]], config)
 
 
 @dataclass
@@ -424,7 +443,7 @@ class MethodContext:
         return self.query_scale * extra
 
 
-def build_methods(config: ModelShape) -> list[AttentionMethod]:
+def build_methods(config: ModelConfig) -> list[AttentionMethod]:
     return [ATTENTION_METHODS[entry["method"]](entry, config.original_length) for entry in config.attention_methods]
 
 

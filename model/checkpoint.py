@@ -28,7 +28,7 @@ from safetensors.torch import save as save_safetensors
 from commands import nearby_folder
 from errors import CheckpointError
 from model.config import ModelConfig
-from model.plugins import check_plugins
+from model.runtime_config import RuntimeConfig
 from model.transformer import Transformer
 
 WEIGHTS = "model.safetensors"
@@ -225,7 +225,7 @@ def load_weights_into(model: Transformer, folder: str | Path, config_source: str
 def _read_config(folder: Path, shown: Path) -> ModelConfig:
     if not (folder / CONFIG).exists():
         raise CheckpointError(f"{shown}: missing {CONFIG}; this is not a complete checkpoint folder")
-    return check_plugins(ModelConfig.load(folder / CONFIG))
+    return ModelConfig.load(folder / CONFIG)
 
 
 def _existing(folder: str | Path) -> Path:
@@ -241,13 +241,13 @@ def load_config(folder: str | Path) -> ModelConfig:
     return read_consistently(folder, lambda path: _read_config(path, folder))
 
 
-def load_model(folder: str | Path, device: str | torch.device = "cpu") -> Transformer:
+def load_model(folder: str | Path, device: str | torch.device = "cpu", runtime: RuntimeConfig | None = None) -> Transformer:
     """Build the model from config.json and load model.safetensors (read together, from one save), checking that
-    the two agree."""
+    the two agree; `runtime`: how it computes (Transformer), None: the defaults."""
     folder = _existing(folder)
 
     config, state = read_consistently(folder, lambda path: (_read_config(path, folder), _read_weights(path, folder)))
-    return load_state_into(Transformer(config), state, f"{folder / WEIGHTS}", CONFIG).to(device)
+    return load_state_into(Transformer(config, runtime), state, f"{folder / WEIGHTS}", CONFIG).to(device)
 
 
 def load_trainer_state(folder: str | Path) -> dict:

@@ -1,9 +1,9 @@
 """ModelConfig: everything that defines a model's shape, its own fields validated on creation, saved as config.json.
 
-Plain data: importing this module or building a config loads no registry and not torch. What belongs to a plug-in
-(an encoding's settings, the RoPE scaling, the attention methods) is checked, and completed, by the plug-in's own
-code: model.plugins.check_plugins(config), which runs where a config comes in (a run's config, a checkpoint's
-config.json) and where a model is built (Transformer.__init__). This module names no encoding, scaling or method.
+Plain data: importing this module loads no registry and not torch. Building a config checks its own fields first,
+then what belongs to a plug-in (an encoding's settings, the RoPE scaling, the attention methods, the backend's
+name), once, by the plug-ins' own checks in their kinds' front files (ModelConfig.check_plugins): a model, a view
+or a checkpoint's config is never checked again. This module names no encoding, scaling or method.
 """
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from errors import ConfigError
-from model.fields import check_field_types, check_keys
+from model.fields import PerLayerReadings, check_field_types, check_keys
 from model.legacy_keys import migrate_saved, refuse_legacy_keys
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(PerLayerReadings):
     vocab_size: int = 4096
     dim: int = 256
     n_layers: int = 4
@@ -116,6 +116,24 @@ class ModelConfig:
         if self.random_positions and self.random_positions < self.max_seq_len:
             raise ConfigError(f"model.random_positions ({self.random_positions}) draws each sequence's positions from "
                               f"[0, N) and must be at least model.max_seq_len ({self.max_seq_len}); 0 turns it off")
+        self.check_plugins()
+
+    def check_plugins(self) -> None:
+        """The plug-ins' checks, each in its kind's front file, once, when the config is built: the encodings'
+        (model/encodings/), the inference-time methods' (a RoPE scaling, attention methods: only where set) and the
+        attention backend's name (model/attention/registry.py). They complete the config in place (each encoding's
+        settings with their defaults, the methods' derived parameters), so a saved config lists every setting, and
+        building it again changes nothing. Imported here, after the fields above: a typo is refused before torch
+        loads."""
+        from model.attention.registry import check_name
+        from model.encodings import check_config as check_encodings
+
+        check_encodings(self)
+        if self.rope_scaling is not None or self.attention_methods:
+            from model.attention_methods import check_config as check_methods
+
+            check_methods(self)
+        check_name(self.attention_backend)
 
     # The per-layer lists: each repeats over the layers (its length must divide n_layers); [] means the default.
     LAYER_LISTS = ("position_layers", "attention_window", "attention_chunk", "qk_norm", "attention_gate", "sink_logits",
@@ -153,54 +171,6 @@ class ModelConfig:
             raise ConfigError(f"model.rope_theta_layers must hold positive numbers (each layer's RoPE theta), got "
                               f"{self.rope_theta_layers}")
         self.rope_theta_layers = [float(theta) for theta in self.rope_theta_layers]
-
-    def per_layer(self, values: list, default: Any) -> list:
-        """A per-layer list repeated over the layers, or `default` in every layer when it is []."""
-        pattern = values or [default]
-        return [pattern[index % len(pattern)] for index in range(self.n_layers)]
-
-    def layer_encodings(self) -> list[str]:
-        """The encoding of every layer: model.position_layers repeated over the layers, or model.position."""
-        return self.per_layer(self.position_layers, self.position)
-
-    def layer_qk_norms(self) -> list[bool]:
-        """Whether each layer normalises its queries and keys (QK-norm)."""
-        return self.per_layer(self.qk_norm, False)
-
-    def layer_gates(self) -> list[bool]:
-        """Whether each layer gates its attention output (gated attention)."""
-        return self.per_layer(self.attention_gate, False)
-
-    def layer_rope_thetas(self) -> list[float]:
-        """Each layer's RoPE theta (model.rope_theta where rope_theta_layers is [])."""
-        return self.per_layer(self.rope_theta_layers, self.rope_theta)
-
-    def layer_rope_scaled(self) -> list[bool]:
-        """Whether model.rope_scaling applies to each layer (every layer where rope_scaling_layers is [])."""
-        return self.per_layer(self.rope_scaling_layers, True)
-
-    def layer_sinks(self) -> list[bool]:
-        """Whether each layer has learned sink logits (gpt-oss)."""
-        return self.per_layer(self.sink_logits, False)
-
-    def layer_windows(self) -> list[int]:
-        """The sliding window of every layer (0 = global attention)."""
-        return self.per_layer(self.attention_window, 0)
-
-    def layer_chunks(self) -> list[int]:
-        """The attention chunk of every layer (0 = none)."""
-        return self.per_layer(self.attention_chunk, 0)
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
-    @property
-    def original_length(self) -> int:
-        """The context length the RoPE frequencies were set for: a scaling's original_max_position_embeddings
-        (for an extended checkpoint, the length before extension), else max_seq_len. The one accessor for it."""
-        scaling = self.rope_scaling or {}
-        return int(scaling.get("original_max_position_embeddings", self.max_seq_len))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

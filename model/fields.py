@@ -1,5 +1,6 @@
 """Typed dataclass fields from user input: the checks every config (ModelConfig, the run config, an encoding's own
-settings, the comparison's) shares, and how a command-line value gets its type."""
+settings, the comparison's) shares, how a command-line value gets its type, and how ModelConfig's per-layer fields
+read (PerLayerReadings)."""
 from __future__ import annotations
 
 import dataclasses
@@ -104,3 +105,74 @@ def toml_value(value: Any) -> str:
     if isinstance(value, dict):
         return "{ " + ", ".join(f"{key} = {toml_value(item)}" for key, item in value.items()) + " }"
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+class PerLayerReadings:
+    """What ModelConfig's fields say layer by layer, and the lengths derived from them: a per-layer list repeats over
+    the layers, [] meaning the default in every layer. A base of ModelConfig (model/config.py, where each field is
+    described), kept apart from it so that the plug-ins' checks, which ModelConfig runs, read the config without
+    calling back into model/config.py."""
+
+    n_layers: int
+    dim: int
+    n_heads: int
+    max_seq_len: int
+    position: str
+    position_layers: list
+    qk_norm: list
+    attention_gate: list
+    rope_theta: float
+    rope_theta_layers: list
+    rope_scaling_layers: list
+    rope_scaling: dict | None
+    sink_logits: list
+    attention_window: list
+    attention_chunk: list
+
+    def per_layer(self, values: list, default: Any) -> list:
+        """A per-layer list repeated over the layers, or `default` in every layer when it is []."""
+        pattern = values or [default]
+        return [pattern[index % len(pattern)] for index in range(self.n_layers)]
+
+    def layer_encodings(self) -> list[str]:
+        """The encoding of every layer: model.position_layers repeated over the layers, or model.position."""
+        return self.per_layer(self.position_layers, self.position)
+
+    def layer_qk_norms(self) -> list[bool]:
+        """Whether each layer normalises its queries and keys (QK-norm)."""
+        return self.per_layer(self.qk_norm, False)
+
+    def layer_gates(self) -> list[bool]:
+        """Whether each layer gates its attention output (gated attention)."""
+        return self.per_layer(self.attention_gate, False)
+
+    def layer_rope_thetas(self) -> list[float]:
+        """Each layer's RoPE theta (model.rope_theta where rope_theta_layers is [])."""
+        return self.per_layer(self.rope_theta_layers, self.rope_theta)
+
+    def layer_rope_scaled(self) -> list[bool]:
+        """Whether model.rope_scaling applies to each layer (every layer where rope_scaling_layers is [])."""
+        return self.per_layer(self.rope_scaling_layers, True)
+
+    def layer_sinks(self) -> list[bool]:
+        """Whether each layer has learned sink logits (gpt-oss)."""
+        return self.per_layer(self.sink_logits, False)
+
+    def layer_windows(self) -> list[int]:
+        """The sliding window of every layer (0 = global attention)."""
+        return self.per_layer(self.attention_window, 0)
+
+    def layer_chunks(self) -> list[int]:
+        """The attention chunk of every layer (0 = none)."""
+        return self.per_layer(self.attention_chunk, 0)
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def original_length(self) -> int:
+        """The context length the RoPE frequencies were set for: a scaling's original_max_position_embeddings
+        (for an extended checkpoint, the length before extension), else max_seq_len. The one accessor for it."""
+        scaling = self.rope_scaling or {}
+        return int(scaling.get("original_max_position_embeddings", self.max_seq_len))

@@ -29,7 +29,6 @@ from typing import Callable
 from errors import ConfigError
 from model.attention_methods import ATTENTION_METHODS, applicable_encodings, refusal
 from model.config import ModelConfig
-from model.plugins import check_plugins
 from model.rope import ROPE_SCALINGS
 from model.transformer import Transformer
 
@@ -62,7 +61,7 @@ def _as_trained(own: dict, length: int, trained: int) -> dict:
 
 
 def _original(own: dict) -> int:
-    return check_plugins(ModelConfig.from_dict(own)).original_length  # the checkpoint's own, not the current setting
+    return ModelConfig.from_dict(own).original_length  # the checkpoint's own, not the current setting
 
 
 def _plain_rope_within(bound: Callable[[dict, int], int]) -> Callable[[dict, int, int], bool]:
@@ -192,7 +191,7 @@ def check_composition(name: str) -> None:
     attention = [part for part in parts if part in ATTENTION_METHODS]
     scaling = {"rope_type": scalings[0], "factor": 2.0} if scalings else None
     try:
-        check_plugins(ModelConfig(rope_scaling=scaling, attention_methods=[{"method": part} for part in attention]))
+        ModelConfig(rope_scaling=scaling, attention_methods=[{"method": part} for part in attention])
     except ConfigError as error:
         raise ConfigError(f"method {name!r}: {error}") from error
 

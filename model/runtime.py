@@ -1,19 +1,16 @@
-"""Device and precision choices shared by training, generation and evaluation, and the runtime settings
-(RuntimeConfig): whether long RoPE rotations run compiled, and how the process keeps memory.
+"""Device and precision choices shared by training, generation and evaluation, and the process's part of the
+runtime settings (RuntimeConfig, model/runtime_config.py).
 
-A command puts them in effect once, at start-up, with configure_runtime (a training run and a comparison's job from
-their run config's [runtime], the other commands their defaults), before it builds a model:
-- keep_freed_memory is an action on the process (glibc's mallopt, which cannot be taken back), done there;
-- compiled_rope is taken by each model when it is built, as torch's default dtype is taken by a tensor built
-  without one (Transformer(config, runtime=None) takes runtime_config(); a model may be given its own), and its
-  encodings hold the choice: no forward reads this module.
-Changing one changes how fast, not what, is computed. Which attention backend computes a layer is the model's setting
-(model.attention_backend, model/attention/registry.py), not the process's."""
+A command calls configure_runtime once, at start-up (a training run and a comparison's job with their run config's
+[runtime], the other commands with the defaults): keep_freed_memory is an action on the process (glibc's mallopt,
+which cannot be taken back). compiled_rope is the model's: it is passed to the model that computes with it
+(Transformer(config, runtime), load_model(..., runtime=...)), which hands it to its encodings; nothing reads it from
+this module. Changing either changes how fast, not what, is computed. Which attention backend computes a layer is
+the model's setting (model.attention_backend, model/attention/registry.py), not the process's."""
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import dataclasses
 import platform
 
 import torch
@@ -21,24 +18,11 @@ import torch
 from errors import ConfigError
 from model.runtime_config import RETIRED, RuntimeConfig  # noqa: F401 (RETIRED: the switches named here before)
 
-# The runtime settings a model built without its own takes (the defaults until configure_runtime): read when a
-# model is built, never during a forward; replaced whole by configure_runtime, never changed in place.
-_for_new_models = RuntimeConfig()
-
-
-def runtime_config() -> RuntimeConfig:
-    """The runtime settings a model built now takes (the defaults until configure_runtime is called): a copy, so
-    changing it changes nothing; a model with settings of its own is built as Transformer(config, runtime=...)."""
-    return dataclasses.replace(_for_new_models)
-
 
 def configure_runtime(config: RuntimeConfig | None = None) -> None:
-    """Put `config`'s settings (the defaults if None) in effect for this process, at its start: every command that
-    computes with a model calls it once before building one. Models built from then on take compiled_rope (models
-    built before keep theirs); keep_freed_memory, if asked for, acts at once (glibc cannot take it back)."""
-    global _for_new_models
-    _for_new_models = dataclasses.replace(config or RuntimeConfig())
-    if _for_new_models.keep_freed_memory:
+    """Put the process's part of `config` (the defaults if None) in effect, at a command's start: keep_freed_memory,
+    if asked for, acts at once (glibc cannot take it back). The model's part (compiled_rope) is passed to the model."""
+    if (config or RuntimeConfig()).keep_freed_memory:
         keep_freed_memory()
 
 

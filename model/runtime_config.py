@@ -23,6 +23,9 @@ class RuntimeConfig:
                 raise ConfigError(f"runtime.{name} must be true or false, got {value!r}")
 
 
+# The settings of a model built without any (Transformer(config), load_model(folder)): the defaults, fixed.
+DEFAULTS = RuntimeConfig()
+
 # Switches runs saved before the attention backend became the model's setting (model.attention_backend): they chose
 # FlexAttention's use, which the backend's rules now decide; a saved run's [runtime] drops them on loading.
 RETIRED = {"flex_attention": "model.attention_backend (\"explicit\" keeps a model off FlexAttention)",

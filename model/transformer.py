@@ -12,22 +12,18 @@ from torch import nn
 from data.batches import IGNORE_INDEX
 from errors import ConfigError
 from model.attention import Attention
-from model.attention.backend import Backend
 from model.attention.explicit import Observer
 from model.attention.layer import mode_of
-from model.attention.registry import check_name, describe, plan
+from model.attention.registry import Backend, describe, plan
 from model.attention_methods import MethodContext, build_methods, method_context
 from model.config import ModelConfig
-from model.encodings import build_position_encoding
-from model.encodings.base import PositionEncoding
+from model.encodings import POSITION_ENCODINGS, PositionEncoding
 from model.kv_cache import KVCache
 from model.layers import RMSNorm, SwiGLU
 from model.loss import linear_cross_entropy, token_cross_entropy
-from model.plugins import check_plugins
 from model.random_positions import sample_positions
 from model.rope import ROPE_SCALINGS, scaling_type
-from model.runtime import runtime_config
-from model.runtime_config import RuntimeConfig
+from model.runtime_config import DEFAULTS, RuntimeConfig
 
 
 def share_parameters(target: nn.Module, source: nn.Module, device: torch.device) -> None:
@@ -77,12 +73,11 @@ class Block(nn.Module):
 
 class Transformer(nn.Module):
     def __init__(self, config: ModelConfig, runtime: RuntimeConfig | None = None) -> None:
-        """`runtime`: how, not what, this model computes (whether long RoPE rotations run compiled); None takes the
-        settings configure_runtime put in effect (model/runtime.py). Chosen here, kept by the model and its views."""
+        """`runtime`: how, not what, this model computes (whether long RoPE rotations run compiled), given by the
+        caller (a run's [runtime]); None: the defaults. Chosen here, kept by the model and its views."""
         super().__init__()
-        check_name(config.attention_backend)
-        self.config = check_plugins(config)  # the encodings' settings, the RoPE scaling, the attention methods
-        self.runtime = runtime_config() if runtime is None else runtime
+        self.config = config  # checked, and completed, when it was built (ModelConfig.check_plugins)
+        self.runtime = DEFAULTS if runtime is None else runtime
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
         self.observer: Observer | None = None  # a diagnostic's view (with_observer): reads the probabilities
         self.build_positions(config)
@@ -113,16 +108,16 @@ class Transformer(nn.Module):
         """`position`: the encoding named by model.position (its parameters keep the names `position.*`, so
         checkpoints of single-encoding models are unchanged); `layer_positions`: the other encodings of a
         per-layer pattern (model.position_layers), by name; absent when there are none."""
-        self.position = build_position_encoding(config)
+        self.position = POSITION_ENCODINGS[config.position](config)
         # inference-time methods (model/attention_methods.py), entered only by a model that sets one
         self.attention_methods = build_methods(config) if config.attention_methods else []
         # The attention backend of each layer, chosen once per mode, device, precision and compile state (plan()),
         # and the key of the latest forward's.
         self.backends: dict[tuple, list[Backend]] = {}
         self.latest_backends: tuple | None = None
-        others = [name for name in dict.fromkeys(config.layer_encodings()) if name != config.position]
+        others = [name for name in dict.fromkeys(config.position_layers) if name != config.position]  # the pattern's
         if others:
-            self.layer_positions = nn.ModuleDict({name: build_position_encoding(config, name) for name in others})
+            self.layer_positions = nn.ModuleDict({name: POSITION_ENCODINGS[name](config) for name in others})
         elif "layer_positions" in self._modules:
             del self.layer_positions
         for encoding in self.position_encodings():
@@ -169,7 +164,7 @@ class Transformer(nn.Module):
         view = copy.copy(self)  # the same attributes; the module tables below are the view's own
         view._modules, view._parameters, view._buffers = dict(self._modules), dict(self._parameters), \
             dict(self._buffers)
-        view.config = check_plugins(config)
+        view.config = config
         view.observer = observer
         view.build_positions(config)
         device = self.tok_embeddings.weight.device
@@ -183,7 +178,7 @@ class Transformer(nn.Module):
         return self.view(self.config, observer)
 
     def plan(self, mode: str, device: torch.device, dtype: torch.dtype) -> list[Backend]:
-        """Each layer's attention backend in `mode` (train, evaluate, decode: model/attention/backend.py) on
+        """Each layer's attention backend in `mode` (train, evaluate, decode: model/attention/registry.py) on
         `device` in `dtype`: chosen at the first forward of that kind, then kept (model/attention/registry.py)."""
         compiling = torch.compiler.is_compiling()
         key = (mode, device.type, dtype, self.training, compiling)

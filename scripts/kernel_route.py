@@ -10,8 +10,8 @@ scaled_dot_product_attention, or an explicit softmax); the profiler keeps the ca
 functions (calls into torch and other libraries are not followed, what they call back of ours is). The route is the
 part of that tree that carries the setting from the command line to the kernel, in stages:
 
-    config   building the model's config (model/config.py) and checking its plug-in settings (model/plugins.py),
-             with what they call
+    config   building the model's config (model/config.py), its own fields and its plug-in settings
+             (ModelConfig.check_plugins), with what they call
     model    building the model (Transformer.__init__) and what it calls: the encoding, the backend choice where
              a model makes it at build time
     choice   choosing the attention backends (model/attention/registry.py) and what it calls
@@ -37,8 +37,7 @@ from commands import command_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = {
-    "config": lambda file, name: (file, name) in (("model/config.py", "__post_init__"),
-                                                  ("model/plugins.py", "check_plugins")),
+    "config": lambda file, name: file == "model/config.py" and name in ("__post_init__", "check_plugins"),
     "model": lambda file, name: file == "model/transformer.py" and name == "__init__",
     "choice": lambda file, name: file == "model/attention/registry.py" and name in ("plan", "choose"),
     "method": lambda file, name: file == "model/attention_methods.py",

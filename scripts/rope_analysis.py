@@ -30,7 +30,7 @@ from errors import ConfigError, cli_command
 from eval.figures import save as save_figure
 from model.attention import Attention
 from model.config import ModelConfig
-from model.encodings import build_position_encoding
+from model.encodings import POSITION_ENCODINGS
 from model.rope import ROPE_SCALINGS, apply_rope, default_inv_freq, rope_cos_sin, yarn_ramp
 
 CAT, CHASES, MOUSE = "猫", "追", "老鼠"
@@ -52,7 +52,7 @@ def permutation_check(head_dim: int = 64, base: float = 1e4, seed: int = 0) -> d
         attention = Attention(config, 0).double().eval()
         for linear in (attention.q_proj, attention.k_proj):
             torch.nn.init.normal_(linear.weight, std=0.3)  # sharp enough that attention is far from uniform
-        encoding = build_position_encoding(config)
+        encoding = POSITION_ENCODINGS[config.position](config)
         words = {CAT: torch.randn(config.dim), CHASES: torch.randn(config.dim), MOUSE: torch.randn(config.dim)}
         x = torch.stack([torch.randn(config.dim) for _ in range(16)])[None].double()
         permutation = torch.randperm(16)

@@ -12,7 +12,6 @@ from hypothesis import HealthCheck, settings
 from data.sources import stdlib_files
 from model.config import ModelConfig
 from model.kv_cache import KVCache
-from model.plugins import check_plugins
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -32,10 +31,10 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 
 def micro_config(**overrides) -> ModelConfig:
     """A model small enough for exact fp32 checks in milliseconds; its plug-in settings checked and completed, as a
-    model's are (model.plugins.check_plugins)."""
+    model's are (ModelConfig.check_plugins)."""
     values = dict(vocab_size=97, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=32)
     values.update(overrides)
-    return check_plugins(ModelConfig(**values))
+    return ModelConfig(**values)
 
 
 def decode_in_steps(model, tokens: torch.Tensor, steps, cache=None) -> torch.Tensor:

@@ -12,8 +12,21 @@ import torch
 import model.attention.flex as flex
 from errors import ConfigError
 from experiments.performance.attention_paths import SITUATIONS, paths_of
-from model.attention.backend import DECODE, EVALUATE, TRAIN, Inputs, Setting
-from model.attention.registry import BACKENDS, EXPLICIT, FLEX, MERGED, SDPA, SDPA_MASK, choose, describe
+from model.attention.registry import (
+    BACKENDS,
+    DECODE,
+    EVALUATE,
+    EXPLICIT,
+    FLEX,
+    MERGED,
+    SDPA,
+    SDPA_MASK,
+    TRAIN,
+    Inputs,
+    Setting,
+    choose,
+    describe,
+)
 from model.encodings import POSITION_ENCODINGS
 from model.transformer import Transformer
 from tests.conftest import micro_config
@@ -180,8 +193,8 @@ def test_each_encodings_named_path_agrees_with_its_capabilities(name):
     before it was named): EXPLICIT for a bias that reads the scores, a value term, weights or scores of its own;
     BIAS for any other score bias; FUSED without one. FlexAttention for a separable bias, a clipped one, or a bias of
     the distance alone."""
-    from model.encodings.base import BIAS, FUSED
-    from model.encodings.base import EXPLICIT as NEEDS_EXPLICIT
+    from model.encodings import BIAS, FUSED
+    from model.encodings import EXPLICIT as NEEDS_EXPLICIT
 
     encoding = Transformer(micro_config(position=name)).position
     explicit = encoding.has_value_term or encoding.bias_needs_scores or encoding.own_weights or encoding.own_scores

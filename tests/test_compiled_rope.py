@@ -13,7 +13,7 @@ import torch
 from eval.scoring import score_incremental
 from model import Transformer, rope
 from model.compiled import Compiled
-from model.runtime import RuntimeConfig, configure_runtime, keep_freed_memory, runtime_config
+from model.runtime import RuntimeConfig, keep_freed_memory
 from tests.conftest import micro_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,27 +85,21 @@ def test_dynamic_ntk_decoding_with_the_compiled_rotation_scores_as_the_eager_one
 
 
 def test_a_model_takes_compiled_rope_when_it_is_built_and_keeps_it(compiled_calls):
-    """The choice is made when a model is built, from its runtime or the one configure_runtime put in effect, and
-    reaches every encoding that rotates (an encoding's own RoPE too), views included; no forward reads the
-    process's settings."""
-    from model.encodings.base import PositionEncoding
+    """The choice is the model's runtime, given when it is built (the defaults when none is given), and reaches every
+    encoding that rotates (an encoding's own RoPE too), views included; no forward reads a process-wide setting."""
+    from model.encodings import PositionEncoding
 
     def choices(model):
         return {module.compiled_rope for module in model.modules() if isinstance(module, PositionEncoding)}
 
-    saved = runtime_config()
-    try:
-        configure_runtime(RuntimeConfig(compiled_rope=False, keep_freed_memory=saved.keep_freed_memory))
-        eager_model = Transformer(micro_config(position="ssmax", position_args={"ssmax": {"base": "rope"}})).eval()
-        configure_runtime(saved)
-        assert choices(eager_model) == {False} and len(list(eager_model.position.modules())) > 1
-        assert choices(eager_model.with_settings(attention_methods=[{"method": "logn"}])) == {False}
-        assert choices(Transformer(micro_config(position="ssmax"))) == {True}
-        with torch.no_grad():
-            eager_model(torch.randint(0, 97, (1, 12)))
-        assert not compiled_calls
-    finally:
-        configure_runtime(saved)
+    eager_model = Transformer(micro_config(position="ssmax", position_args={"ssmax": {"base": "rope"}}),
+                              RuntimeConfig(compiled_rope=False)).eval()
+    assert choices(eager_model) == {False} and len(list(eager_model.position.modules())) > 1
+    assert choices(eager_model.with_settings(attention_methods=[{"method": "logn"}])) == {False}
+    assert choices(Transformer(micro_config(position="ssmax"))) == {True}
+    with torch.no_grad():
+        eager_model(torch.randint(0, 97, (1, 12)))
+    assert not compiled_calls
 
 
 def test_a_compiler_failure_warns_once_and_rotates_eagerly(monkeypatch):

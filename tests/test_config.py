@@ -139,10 +139,10 @@ def test_each_former_key_names_a_setting_of_an_encoding_that_has_it():
             assert setting in {field.name for field in dataclasses.fields(POSITION_ENCODINGS[name].Settings)}, old
 
 
-def test_model_config_names_no_encoding_and_imports_no_plug_in():
-    """model/config.py imports no plug-in, not even when a config is built (model.plugins.check_plugins runs where
-    a config comes in and where a model is built): it imports the field checks and the table of former keys alone,
-    and it names no registered encoding."""
+def test_model_config_names_no_encoding_and_imports_the_three_front_checks_inside_its_check():
+    """model/config.py imports the field checks and the table of former keys at its top, and the plug-ins' three
+    front checks (encodings, inference-time methods, attention backends) inside ModelConfig.check_plugins only; it
+    names no registered encoding."""
     import ast
 
     from model.encodings import POSITION_ENCODINGS
@@ -153,83 +153,60 @@ def test_model_config_names_no_encoding_and_imports_no_plug_in():
         {alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names}
     assert {name for name in top if name.startswith("model")} == {"model.fields", "model.legacy_keys"}, top
     inner = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)} - top
-    assert inner == set(), inner
+    assert inner == {"model.encodings", "model.attention_methods", "model.attention.registry"}, inner
     strings = {node.value for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Constant)
                and isinstance(node.value, str)}
     assert not [name for name in POSITION_ENCODINGS if name in strings and name != "rope"], strings
     assert strings & {"rope"} == {"rope"}  # the one default: model.position = "rope"
 
 
-def test_plug_ins_do_not_import_the_config_and_name_what_they_read_as_model_shape():
-    """The import between the config and the plug-ins runs one way, config -> plugins: no plug-in module imports
-    model/config.py, not even under TYPE_CHECKING; they name what they read as ModelShape (model/shape.py), whose
-    every member ModelConfig has. model/shape.py imports nothing of model/."""
-    import ast
-    import typing
-
-    from model.config import ModelConfig
-    from model.shape import ModelShape
-
-    plug_ins = [*sorted((ROOT / "model" / "encodings").glob("*.py")), ROOT / "model" / "attention_methods.py",
-                ROOT / "model" / "plugins.py", ROOT / "model" / "rope.py", ROOT / "model" / "shape.py"]
-    for path in plug_ins:
-        tree = ast.parse(path.read_text())
-        modules = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)} | \
-            {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-        assert "model.config" not in modules, path
-        if path.name == "shape.py":
-            assert not [name for name in modules if name and name.split(".")[0] == "model"], modules
-    members = typing.get_type_hints(ModelShape).keys() | \
-        {name for name, value in vars(ModelShape).items() if callable(value) or isinstance(value, property)}
-    members -= set(vars(typing.Protocol)) | {"__init__", "__subclasshook__", "__class_getitem__", "_is_protocol"}
-    assert {"head_dim", "original_length", "layer_encodings", "n_heads", "position_args"} <= members, members
-    config = ModelConfig()
-    assert not [name for name in members if not hasattr(config, name)], members
-
-
-def test_importing_model_config_loads_no_plug_in_nor_torch():
-    """Reading the config is cheap: `import model.config`, and building a config that names plug-ins' settings,
-    load no registry (no encoding module, RoPE scaling or attention method) and not torch. Python's import-time
-    report names what `import` statements load; the registry loads its encodings with importlib.import_module,
-    which that report leaves out, so the process's sys.modules is read too."""
-    script = ("import sys, model.config; model.config.ModelConfig(position='t5', position_args={'t5': {}}, "
-              "rope_scaling={'rope_type': 'yarn', 'factor': 2.0}); print(*sys.modules)")
+def test_importing_model_config_loads_no_plug_in_nor_torch_and_a_typo_is_refused_before_torch_loads():
+    """`import model.config` loads no registry and not torch; a config whose own fields are wrong is refused before
+    the plug-ins' checks load them. Python's import-time report names what `import` statements load; the registry
+    loads its encodings with importlib.import_module, which that report leaves out, so sys.modules is read too."""
+    script = ("import sys, model.config\n"
+              "try:\n    model.config.ModelConfig.from_dict({'n_layer': 2})\n"
+              "except Exception as error:\n    print(type(error).__name__, file=sys.stderr)\n"
+              "print(*sys.modules)")
     done = subprocess.run([sys.executable, "-X", "importtime", "-c", script], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+    assert "ConfigError" in done.stderr
     reported = [line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")]
     assert "model.config" in reported and "model.fields" in reported, reported  # the report is read
 
     def heavy(names: list[str]) -> list[str]:
         return [name for name in names if name.startswith("model.encodings") or name.split(".")[0] == "torch"
-                or name in ("model.plugins", "model.rope", "model.attention_methods")]
+                or name in ("model.rope", "model.attention_methods")]
 
     assert not heavy(reported), heavy(reported)
     assert not heavy(done.stdout.split()), heavy(done.stdout.split())
 
 
-def test_plug_in_settings_are_checked_where_a_config_comes_in_and_where_a_model_is_built(tmp_path):
-    """ModelConfig checks its own fields only; model.plugins.check_plugins checks (and completes) the plug-ins'
-    settings: in a run's config (train/config.build_run_config, before anything is written), in a checkpoint's
-    config.json (model.checkpoint.load_config) and in Transformer.__init__. Each refuses a bad setting by its key."""
+def test_plug_in_settings_are_checked_once_when_a_config_is_built(tmp_path, monkeypatch):
+    """ModelConfig checks its own fields, then the plug-ins' settings, when it is built: a run's config, a
+    checkpoint's config.json and a config built in code refuse a bad setting by its key. Neither the model nor a
+    view checks again, and a completed config built again is equal (the checks are idempotent)."""
+    import model.encodings as encodings
     from model.checkpoint import load_config
-    from model.plugins import check_plugins
     from model.transformer import Transformer
     from train.config import build_run_config
 
     bad = {"vocab_size": 32, "dim": 16, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "max_seq_len": 8,
            "position": "alibi", "position_args": {"t5": {"max_distance": 64}}}
-    config = ModelConfig(**bad)  # plain data: built without the plug-ins
-    for attempt in (lambda: check_plugins(config), lambda: Transformer(config),
-                    lambda: build_run_config({"model": bad})):
+    for attempt in (lambda: ModelConfig(**bad), lambda: build_run_config({"model": bad})):
         with pytest.raises(ConfigError, match="model.position_args: settings for"):
             attempt()
     (tmp_path / "config.json").write_text(json.dumps(bad))
     with pytest.raises(ConfigError, match="model.position_args: settings for"):
         load_config(tmp_path)
     good = ModelConfig(**{**bad, "position": "t5"})
-    assert good.position_args == {"t5": {"max_distance": 64}}  # as given
-    assert check_plugins(good) is good and good.position_args["t5"]["max_distance"] == 64
     completed = dict(good.position_args["t5"])
-    assert len(completed) > 1  # the encoding's defaults filled in
-    assert check_plugins(good).position_args["t5"] == completed  # idempotent
+    assert completed["max_distance"] == 64 and len(completed) > 1  # the encoding's defaults filled in
+    assert ModelConfig.from_dict(good.to_dict()) == good  # idempotent
+    calls = []
+    check = encodings.check_config
+    monkeypatch.setattr(encodings, "check_config", lambda config: calls.append(config) or check(config))
+    model = Transformer(good)
+    model.with_settings(attention_methods=[{"method": "window", "window": 4}])
+    assert len(calls) == 1  # the view's config, built once; the model's own was checked before

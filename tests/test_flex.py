@@ -7,10 +7,10 @@ import torch
 
 import model.attention.flex as flex
 from model import Transformer
-from model.attention.backend import Inputs
 from model.attention.masked import Masked
+from model.attention.registry import Inputs
 from model.compiled import Compiled
-from model.encodings.base import EXPLICIT
+from model.encodings import EXPLICIT
 from tests.conftest import decode_in_steps, micro_config
 
 LENGTH = 150  # not a multiple of flex's 128-row blocks

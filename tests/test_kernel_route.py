@@ -16,10 +16,32 @@ def test_the_route_of_a_training_command_reaches_the_chosen_backend(prepared_dat
     # ALiBi in training: a float mask through the masked backend, chosen once by the registry
     assert stack[-2] == "model/attention/masked.py" and "model/attention/layer.py" in stack
     found = summary(calls)
-    for needed in ("model/config.py", "model/plugins.py", "model/encodings/alibi.py", "model/attention/registry.py",
+    for needed in ("model/config.py", "model/encodings/__init__.py", "model/encodings/alibi.py", "model/attention/registry.py",
                    "model/attention/masked.py", "train/pretrain.py"):
         assert needed in found["files"], needed
     assert "data/tokenizer.py" not in found["files"]  # off the route: no stage calls it
     assert all("<import>" not in line for line in tree_lines(calls))
     assert found["hops"] and set(found["again"]) <= set(found["files"])
     assert "train/pretrain.py" not in found["again"]  # the module body calling main is not a re-entry
+
+
+# Upper bounds of the routes (issue 76), also the table of docs/internals.md ("The route to the kernel"): a change
+# that lengthens a route fails here and says by how much.
+ROUTE_BOUNDS = {"pretrain with ALiBi": {"files": 14, "hops": 20}}
+KERNEL_STACK_FILES = 6
+
+
+def test_the_training_route_stays_within_its_bounds_and_enters_no_file_twice(prepared_data, tmp_path):
+    command = ["train.pretrain", "--data", str(prepared_data), "--out", str(tmp_path / "run"),
+               "--model.position=alibi", "--model.dim=32", "--model.n_layers=1", "--model.n_heads=2",
+               "--model.n_kv_heads=1", "--model.max_seq_len=16", "--train.max_steps=1", "--train.batch_size=2",
+               "--train.eval_batches=1", "--train.warmup_steps=0"]
+    tracer, calls = follow(command, ["config", "model", "choice", "method", "kernel"])
+    found = summary(calls)
+    bound = ROUTE_BOUNDS["pretrain with ALiBi"]
+    assert len(found["files"]) <= bound["files"], found["files"]
+    assert len(found["hops"]) <= bound["hops"], found["hops"]
+    assert found["again"] == [], found["again"]
+    stack = list(dict.fromkeys(c.file for c in tracer.kernel.ancestors()
+                               if c.parent is not None and not c.file.startswith("torch.")))
+    assert len(stack) <= KERNEL_STACK_FILES, stack

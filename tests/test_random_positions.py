@@ -11,7 +11,6 @@ import torch
 from errors import ConfigError, PositionRangeError
 from model.config import ModelConfig
 from model.kv_cache import KVCache, StaticKVCache
-from model.plugins import check_plugins
 from model.random_positions import sample_positions, sorted_subset
 from model.transformer import Transformer
 from tests.conftest import decode_in_steps
@@ -100,15 +99,15 @@ def test_cached_decoding_equals_the_full_forward_at_the_same_positions(cache_typ
 @pytest.mark.parametrize("position", ["none", "fox", "stickbreaking", "cope", "path"])
 def test_encodings_that_read_no_positions_are_refused(position):
     with pytest.raises(ConfigError, match="read no position ids"):
-        check_plugins(ModelConfig(**SHAPE, position=position, random_positions=64))
+        ModelConfig(**SHAPE, position=position, random_positions=64)
 
 
 def test_bad_settings_name_the_fix():
     with pytest.raises(ConfigError, match="must be at least model.max_seq_len"):
         ModelConfig(**SHAPE, random_positions=8)
     with pytest.raises(ConfigError, match="max_positions=64"):
-        check_plugins(ModelConfig(**SHAPE, position="learned", random_positions=64))
-    check_plugins(ModelConfig(**SHAPE, position="rope", position_layers=["rope", "none"], random_positions=64))  # iRoPE
+        ModelConfig(**SHAPE, position="learned", random_positions=64)
+    ModelConfig(**SHAPE, position="rope", position_layers=["rope", "none"], random_positions=64)  # iRoPE
     with pytest.raises(PositionRangeError, match=r"\[0, 64\).*65"):
         model_with("rope")(torch.zeros(1, 65, dtype=torch.long))
 

@@ -9,7 +9,6 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from errors import ConfigError
 from model import KVCache, ModelConfig, Transformer
-from model.plugins import check_plugins
 from model.rope import (
     ROPE_SCALINGS,
     apply_rope,
@@ -96,10 +95,10 @@ def test_attention_factor_is_applied_exactly_once():
 
 
 def test_original_length_defaults_to_trained_context():
-    config = check_plugins(ModelConfig(max_seq_len=192, rope_scaling={"rope_type": "yarn", "factor": 4}))
+    config = ModelConfig(max_seq_len=192, rope_scaling={"rope_type": "yarn", "factor": 4})
     assert config.rope_scaling["original_max_position_embeddings"] == 192
     assert config.rope_scaling["factor"] == 4.0
-    legacy = check_plugins(ModelConfig(max_seq_len=192, rope_scaling={"type": "linear", "factor": 2}))
+    legacy = ModelConfig(max_seq_len=192, rope_scaling={"type": "linear", "factor": 2})
     assert legacy.rope_scaling == {"rope_type": "linear", "factor": 2.0}
 
 
@@ -114,9 +113,9 @@ def test_original_length_defaults_to_trained_context():
 )
 def test_bad_scaling_is_a_clear_config_error(scaling, message):
     with pytest.raises(ConfigError, match=message):
-        check_plugins(ModelConfig(rope_scaling=scaling))
+        ModelConfig(rope_scaling=scaling)
     with pytest.raises(ConfigError, match="applies to position = 'rope'"):
-        check_plugins(ModelConfig(position="alibi", rope_scaling={"rope_type": "linear", "factor": 2}))
+        ModelConfig(position="alibi", rope_scaling={"rope_type": "linear", "factor": 2})
 
 
 def test_dynamic_cached_decoding_equals_full_forward_of_each_prefix():
@@ -177,8 +176,8 @@ def test_an_extended_checkpoint_keeps_its_original_length_under_a_new_scaling():
 def test_transformers_default_is_no_scaling_in_pelab():
     """'default' (transformers' name for plain RoPE) normalises to None, the one spelling of no scaling in a config;
     the command line calls it 'none'."""
-    assert check_plugins(ModelConfig(rope_scaling={"rope_type": "default"})).rope_scaling is None
-    assert check_plugins(ModelConfig(rope_scaling={"type": "default"})).rope_scaling is None
+    assert ModelConfig(rope_scaling={"rope_type": "default"}).rope_scaling is None
+    assert ModelConfig(rope_scaling={"type": "default"}).rope_scaling is None
 
 
 def test_resonance_rounds_every_wavelength_of_yarn_to_whole_tokens():

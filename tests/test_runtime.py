@@ -1,19 +1,12 @@
-"""The runtime switches ([runtime] in a run config, model/runtime.py): saved with each run, put in effect by the
-trainer, refused with the key's name when not a boolean; each path they choose computes the same numbers (the
+"""The runtime switches ([runtime] in a run config, model/runtime.py): saved with each run, given by the
+trainer to its model and the process, refused with the key's name when not a boolean; each path they choose computes the same numbers (the
 compiled-rope tests compare the two sides). The switches the model's attention backend replaced are dropped from a
 saved run and refused, naming their replacement, in user input."""
 import pytest
 
 from errors import ConfigError
-from model.runtime import RuntimeConfig, configure_runtime, runtime_config
+from model.runtime import RuntimeConfig
 from train.config import load_run_config, to_toml
-
-
-@pytest.fixture
-def restore_runtime():
-    saved = dict(vars(runtime_config()))
-    yield
-    configure_runtime(RuntimeConfig(**saved))
 
 
 def test_runtime_keys_round_trip_through_run_config_toml(tmp_path):
@@ -34,19 +27,16 @@ def test_a_runtime_switch_that_is_not_a_boolean_names_the_key():
         load_run_config(None, ["--runtime.flex=false"])
 
 
-def test_the_trainer_puts_the_runs_switches_in_effect(tmp_path, prepared_data, restore_runtime):
+def test_the_trainer_gives_the_runs_switches_to_its_model(tmp_path, prepared_data):
     from data.batches import PretrainBatches
-    from model.transformer import Transformer
-    from train.loop import Trainer, Training
+    from train.loop import Trainer, Training, model_factory
 
     config = load_run_config(None, [f"--data.dir={prepared_data}", f"--out.dir={tmp_path / 'run'}",
                                     "--runtime.compiled_rope=false",
                                     "--model.vocab_size=512", "--model.dim=32", "--model.n_layers=1",
                                     "--model.n_heads=2", "--model.n_kv_heads=1", "--model.max_seq_len=16"])
-    assert runtime_config().compiled_rope
     batches = PretrainBatches(prepared_data, 16, 2, 0, 1)
-    trainer = Trainer(Training(config, lambda: Transformer(config.model), batches, tokenizer=None))
-    assert not runtime_config().compiled_rope
+    trainer = Trainer(Training(config, model_factory(config, None), batches, tokenizer=None))
     assert not trainer.model.runtime.compiled_rope and not trainer.model.position.compiled_rope  # taken when built
     assert "[runtime]\ncompiled_rope = false" in (tmp_path / "run" / "run_config.toml").read_text()
 

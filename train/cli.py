@@ -1,24 +1,14 @@
-"""What the training entry points share once their command line is checked (train/args.py): the config with a
-checkpoint's, --resume, the model factory, vocabulary checks."""
+"""What the training entry points share once their command line is checked (train/args.py): --resume and the
+vocabulary check."""
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 from pathlib import Path
-from typing import Callable
 
 from errors import ConfigError
-from model.checkpoint import has_checkpoint, load_config, load_trainer_state, load_weights_into
-from model.transformer import Transformer
-from train.config import RunConfig, build_run_config, load_run_config
-
-
-def load_config_with_init(args: argparse.Namespace, overrides: list[str]) -> RunConfig:
-    """Defaults, then the --checkpoint's model config, then the TOML file, then the overrides."""
-    model_base = load_config(args.checkpoint).to_dict() if args.checkpoint else None
-    return load_run_config(args.config, overrides, model_base)
-
+from model.checkpoint import has_checkpoint, load_trainer_state
+from train.config import RunConfig, build_run_config
 
 # What --resume may change in a run, each with what it means.
 RESUME_CHANGEABLE = {
@@ -70,13 +60,6 @@ def resolve_resume(requested: RunConfig, overrides: list[str], resume: bool) -> 
     for line in applied:
         print(f"note: --resume changes {line}", file=sys.stderr)
     return build_run_config(values, str(out)), True
-
-
-def model_factory(config: RunConfig, init: str | None) -> Callable[[], Transformer]:
-    """Fresh weights, or the weights of the --checkpoint (shapes checked against config.model)."""
-    if init is None:
-        return lambda: Transformer(config.model)
-    return lambda: load_weights_into(Transformer(config.model), init)
 
 
 def check_vocab(config: RunConfig, tokenizer_vocab: int, where: str) -> None:

@@ -17,7 +17,6 @@ from errors import ConfigError
 from model.config import ModelConfig
 from model.fields import check_field_types, check_keys, parse_override_value, set_dotted, toml_value
 from model.legacy_keys import LEGACY_KEYS
-from model.plugins import check_plugins
 from model.runtime_config import RETIRED, RuntimeConfig
 from train.trackers import TRACKERS
 
@@ -160,7 +159,6 @@ def build_run_config(values: dict[str, Any], where: str = "config", saved: bool 
             sections[name] = ModelConfig.from_saved(section) if saved else ModelConfig.from_dict(section)
         else:
             sections[name] = cls(**check_keys(cls, section, name))
-    check_plugins(sections["model"])  # before a command writes anything
     return RunConfig(**sections)
 
 

@@ -39,9 +39,9 @@ from model.data_folder import training_data_dir
 from model.rope import ROPE_SCALINGS
 from train.args import build_parser as training_parser
 from train.args import parse_args
-from train.cli import check_vocab, model_factory, resolve_resume
+from train.cli import check_vocab, resolve_resume
 from train.config import load_run_config
-from train.loop import Training, run_training
+from train.loop import Training, model_factory, run_training
 
 if TYPE_CHECKING:
     from model.config import ModelConfig

@@ -6,6 +6,7 @@ validation, one log line per interval (also appended to metrics.jsonl), atomic c
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
 import gc
@@ -28,19 +29,20 @@ from model.checkpoint import (
     WEIGHTS,
     CheckpointError,
     has_checkpoint,
+    load_config,
     load_model,
     load_trainer_state,
     load_training_state,
+    load_weights_into,
     recover,
     save_checkpoint,
 )
 from model.config import ModelConfig
 from model.data_folder import DATA_FOLDER, data_folder_record
 from model.folder_lock import FolderLock
-from model.plugins import check_plugins
 from model.runtime import autocast, autocast_dtype, configure_runtime, resolve_device
 from model.transformer import IGNORE_INDEX, Transformer
-from train.config import RunConfig, to_toml
+from train.config import RunConfig, load_run_config, to_toml
 from train.distributed import Distributed
 from train.nonfinite import NonFiniteGuard, NonFiniteLoss  # noqa: F401 (NonFiniteLoss is part of this API)
 from train.trackers import Trackers
@@ -153,7 +155,7 @@ def check_out_dir(config: RunConfig, resume: bool) -> Path:
             raise ConfigError(f"--resume: {out} holds no checkpoint to resume from")
         saved = load_trainer_state(out).get("run_config", {}).get("model")
         if saved is not None:  # through the dataclass, so settings added since the save take their defaults
-            saved = check_plugins(ModelConfig.from_saved(saved)).to_dict()
+            saved = ModelConfig.from_saved(saved).to_dict()
         if saved is not None and saved != config.model.to_dict():
             changed = sorted(key for key in saved if saved.get(key) != config.model.to_dict().get(key))
             raise ConfigError(
@@ -209,6 +211,20 @@ class MetricsLog:
         return evaluated
 
 
+def load_config_with_init(args: argparse.Namespace, overrides: list[str]) -> RunConfig:
+    """Defaults, then the --checkpoint's model config, then the TOML file, then the overrides."""
+    model_base = load_config(args.checkpoint).to_dict() if args.checkpoint else None
+    return load_run_config(args.config, overrides, model_base)
+
+
+def model_factory(config: RunConfig, init: str | None) -> Callable[[], Transformer]:
+    """Fresh weights, or the weights of the --checkpoint (shapes checked against config.model), computed as the
+    run's [runtime] says."""
+    if init is None:
+        return lambda: Transformer(config.model, config.runtime)
+    return lambda: load_weights_into(Transformer(config.model, config.runtime), init)
+
+
 @dataclass
 class Training:
     """What one training is given: its settings, how to build a fresh model, its batches and tokenizer (saved with
@@ -238,7 +254,7 @@ class Trainer:
         self.task = task
         self.extra_state = training.extra_state
         train = config.train
-        configure_runtime(config.runtime)  # before the first model is built
+        configure_runtime(config.runtime)  # the process's part of [runtime]; the model's is passed to it
         self.dist = Distributed()
         if stop_when is not None and self.dist.enabled:
             raise ConfigError("a training that stops on a validation criterion runs in one process, not under DDP")

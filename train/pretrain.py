@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(build_parser(), argv)  # names checked before torch loads (train/args.py)
     from data.batches import PretrainBatches, read_meta
     from data.tokenizer import load_tokenizer
-    from train.cli import check_vocab, load_config_with_init, model_factory, resolve_resume
-    from train.loop import Training, run_training
+    from train.cli import check_vocab, resolve_resume
+    from train.loop import Training, load_config_with_init, model_factory, run_training
 
     config, resume = resolve_resume(load_config_with_init(args, overrides), overrides, args.resume)
     meta = read_meta(config.data.dir)

@@ -31,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     require(parser, args, "checkpoint")
     from data.sft import SFTBatches, build_sft_data  # after the command line is checked (train/args.py)
     from data.tokenizer import load_tokenizer
-    from train.cli import check_vocab, load_config_with_init, model_factory, resolve_resume
-    from train.loop import Training, run_training
+    from train.cli import check_vocab, resolve_resume
+    from train.loop import Training, load_config_with_init, model_factory, run_training
 
     config, resume = resolve_resume(load_config_with_init(args, overrides), overrides, args.resume)
     tokenizer = load_tokenizer(args.checkpoint)

@@ -33,6 +33,7 @@ from experiments.jobs import FreeCores, comparable, die_with_parent, job_output,
 from model.checkpoint import WEIGHTS, has_checkpoint, load_model, load_trainer_state, trained_length
 from model.inference_methods import applies
 from model.runtime import autocast_dtype, configure_runtime, resolve_device
+from model.runtime_config import RuntimeConfig
 from model.transformer import Transformer
 from train.config import RunConfig, build_run_config
 from train.loop import SNAPSHOTS, Training, run_training
@@ -147,11 +148,11 @@ def weights_digest(checkpoint: Path) -> str:
 
 
 def evaluate_cached(checkpoint: Path, path: Path, compare: CompareConfig, methods: list[str], probe: bool,
-                    lengths: list[str] | None = None) -> str:
+                    lengths: list[str] | None = None, runtime: RuntimeConfig | None = None) -> str:
     """Evaluate `checkpoint` into `path` unless an evaluation of the same weights under the same plan is there."""
     ids = np.asarray(open_split(Path(compare.out) / "data", "val").tokens)
     device = resolve_device("auto")
-    model = load_model(checkpoint, device)
+    model = load_model(checkpoint, device, runtime)
     trained = trained_length(checkpoint)
     plan = make_plan(len(ids), trained, lengths or compare.lengths, compare.eval_tokens, compare.reference_stride,
                      probe, segment_lengths=compare.lengths)
@@ -197,7 +198,7 @@ def run_job(job: Job, log_path: Path | None = None) -> dict[str, Any]:
         try:
             compare = CompareConfig(**job.compare)
             config = build_run_config(copy.deepcopy(job.run_config), f"variant {job.name}")
-            configure_runtime(config.runtime)  # the evaluation below too, not just the training
+            configure_runtime(config.runtime)  # the process's part; the models below are given config.runtime
             print(f"=== {job.name} ===", flush=True)
             report_phase(job, "training")
             # a model another comparison trained with these settings (compare.reuse), else train it here
@@ -217,12 +218,13 @@ def run_job(job: Job, log_path: Path | None = None) -> dict[str, Any]:
                                                                 if m in compare.snapshot_methods]
                 lengths = None if step is None else extreme_lengths(compare.lengths, config.model.max_seq_len)
                 notes.append(evaluate_cached(checkpoint, eval_path(compare.out, job.encoding, job.seed, step),
-                                             compare, methods, probe=step is None, lengths=lengths))
+                                             compare, methods, probe=step is None, lengths=lengths,
+                                             runtime=config.runtime))
             result["eval"] = notes[0]
             if compare.probes:
                 report_phase(job, "probing")
                 ids = np.asarray(open_split(Path(compare.out) / "data", "val").tokens)
-                model = load_model(out, resolve_device("auto"))
+                model = load_model(out, resolve_device("auto"), config.runtime)
                 probes = run_probes(model, out, ids, config.model.max_seq_len, compare, job.encoding, job.seed,
                                     weights_digest(out))
                 result["eval"] += "; probes: " + ", ".join(probes)

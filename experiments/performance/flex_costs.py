@@ -44,10 +44,10 @@ import model.attention.flex as flex
 from commands import add_device, add_out, comma_list, command_parser, parse
 from errors import ConfigError, cli_command
 from experiments.performance.measure import COST_SHAPE, peak_rss_mib, rotating_rounds, synchronize
-from model.attention.backend import Inputs
 from model.attention.explicit import Explicit
 from model.attention.flex import distance_table
 from model.attention.masked import Masked
+from model.attention.registry import Inputs
 from model.config import ModelConfig
 from model.runtime import configure_runtime, resolve_device
 from model.transformer import Transformer

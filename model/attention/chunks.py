@@ -5,12 +5,14 @@ that the (heads x rows x keys) bias and mask stay bounded at long lengths and a 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 
-from model.attention.backend import Inputs
 from model.kv_cache import KVCache
+
+if TYPE_CHECKING:
+    from model.attention.registry import Inputs
 
 
 @dataclass

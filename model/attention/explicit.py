@@ -11,8 +11,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from model.attention.backend import Backend
 from model.attention.chunks import at_least_float32, chunks, effective_window, expand_kv_heads, span
+from model.attention.registry import Backend, register_backend
 
 # Chunks hold at most 2^20 (4 MiB) (batch x heads x rows x keys) elements: the scores, softmax and probabilities @
 # values each pass over the chunk, which then stays in cache (`python -m scripts.encoding_costs`, docs/performance.md).
@@ -26,6 +26,7 @@ MIN_ROWS_NO_GRAD = 256
 Observer = Callable[[int, slice, slice, torch.Tensor], Any]
 
 
+@register_backend
 class Explicit(Backend):
     name = "explicit"
 

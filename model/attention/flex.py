@@ -1,5 +1,5 @@
 """flex: FlexAttention (torch.nn.attention.flex_attention, compiled) for the long evaluation forwards of the encodings that
-name a `flex_kind` (model/encodings/base.py): "distance", a bias of the distance i - j alone (ALiBi, T5, KERPLE);
+name a `flex_kind` (model/encodings/__init__.py): "distance", a bias of the distance i - j alone (ALiBi, T5, KERPLE);
 "clipped", a bias and value term of the query and min(i - j, clip) (Shaw); "separable", a bias that is a term of
 the query less a term of the key (FoX's c_i - c_j).
 
@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from model.attention.backend import DECODE, FallbackBackend, Setting, first_reason
+from model.attention.registry import DECODE, TRAIN, FallbackBackend, Setting, first_reason, register_backend
 from model.compiled import Compiled
 
 MIN_LENGTH = 512  # shorter forwards keep the chunked path
@@ -208,6 +208,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, encoding: Any, 
     return _kernel(q, k, v, table, mask, k.shape[1] != q.shape[1])
 
 
+@register_backend
 class Flex(FallbackBackend):
     """FlexAttention for the forwards it serves, the backend chosen beside it (`fallback`) for the others: shorter
     than MIN_LENGTH, several sequences with a distance bias on the CPU, positions that are not consecutive, or after
@@ -235,10 +236,12 @@ class Flex(FallbackBackend):
                            f"{str(setting.dtype).removeprefix('torch.')}, and it serves float32 and bfloat16"))
         else:
             checks += [(setting.device != "cpu", f"not tried on {setting.device}"),
-                       (setting.grad, "gradients are wanted, and torch has no FlexAttention backward on the CPU"),
+                       (setting.mode == TRAIN, "gradients are wanted, and torch has no FlexAttention backward on the CPU"),
                        (setting.dtype != torch.float32,
                         f"{str(setting.dtype).removeprefix('torch.')}, and it serves float32 on the CPU")]
-        return first_reason(checks)
+        # first_reason's rule, read here: the registry asks this while it chooses, and the choice calls no helper of
+        # the registry's file back (one pass from the registry to a backend's file: scripts.kernel_route)
+        return next((reason for failed, reason in checks if failed), None)
 
     @classmethod
     def why_not_by_default(cls, encoding, setting: Setting) -> str | None:

@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from model.attention.backend import DECODE, FallbackBackend, Setting, first_reason
 from model.attention.flex import block_mask
+from model.attention.registry import DECODE, FallbackBackend, Setting, first_reason, register_backend
 from model.compiled import Compiled
-from model.encodings.base import FUSED
+from model.encodings import FUSED
 
 
 def _windowed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, scale: float,
@@ -30,6 +30,7 @@ _kernel = Compiled(_windowed, "FlexAttention (a sliding window)",
                    "this model view continues on the chunked backend (model/attention/flex_window.py)", remember=False)
 
 
+@register_backend
 class FlexWindow(FallbackBackend):
     name = "flex_window"
 

@@ -9,11 +9,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from model.attention.backend import DECODE, EVALUATE, TRAIN, Backend, Inputs, Setting
-from model.attention.registry import choose
+from model.attention.registry import DECODE, EVALUATE, TRAIN, Backend, Inputs, Setting, choose
 from model.attention_methods import MethodContext
 from model.config import ModelConfig
-from model.encodings.base import PositionEncoding
+from model.encodings import PositionEncoding
 from model.kv_cache import KVCache
 from model.layers import RMSNorm
 
@@ -58,7 +57,7 @@ class Attention(nn.Module):
 
     def setting(self, mode: str, device: torch.device, dtype: torch.dtype, methods: list = (),
                 observed: bool = False, preference: str = "auto") -> Setting:
-        """What this layer's backend is chosen from, for `mode` (model/attention/backend.py); `methods`: the view's
+        """What this layer's backend is chosen from, for `mode` (model/attention/registry.py); `methods`: the view's
         inference-time attention methods (model/attention_methods.py)."""
         return Setting(mode=mode, device=device.type, dtype=dtype, window=self.window, chunk=self.chunk,
                        sinks=self.sink_logits is not None, methods=bool(methods),

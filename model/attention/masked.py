@@ -6,15 +6,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from model.attention.backend import Backend, Setting
 from model.attention.chunks import chunks, effective_window, span
-from model.encodings.base import EXPLICIT
+from model.attention.registry import Backend, Setting, register_backend
+from model.encodings import EXPLICIT
 
 # Chunks hold at most this many (batch x heads x rows x keys) mask elements: 2^24 floats (64 MiB). Chosen by
 # `python -m scripts.encoding_costs` at the full preset's shape (docs/performance.md): larger chunks were as fast.
 CHUNK_ELEMENTS = 2**24
 
 
+@register_backend
 class Masked(Backend):
     name = "sdpa_mask"
 

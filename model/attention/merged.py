@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from model.attention.backend import Backend, Setting, first_reason
 from model.attention.chunks import chunks, effective_window, expand_kv_heads
 from model.attention.explicit import encoded_passes
-from model.encodings.base import FUSED
+from model.attention.registry import TRAIN, Backend, Setting, register_backend
+from model.encodings import FUSED
 
 KERNEL = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
@@ -41,6 +41,7 @@ def available() -> bool:
     return KERNEL is not None
 
 
+@register_backend
 class Merged(Backend):
     name = "merged"
 
@@ -51,11 +52,13 @@ class Merged(Backend):
             (setting.sinks, "learned sink logits"),
             (encoding.attention != FUSED, "the encoding adds to the scores"),
             (setting.device != "cpu", f"its kernel is the CPU's, not {setting.device}'s"),
-            (setting.grad, "gradients are wanted"),
+            (setting.mode == TRAIN, "gradients are wanted"),
             (setting.observed or setting.dropout, "a diagnostic reads the probabilities, or dropout"),
             (not available(), "this torch has no fused CPU kernel that returns the log-sum-exp"),
         ]
-        return first_reason(checks)
+        # first_reason's rule, read here: the registry asks this while it chooses, and the choice calls no helper of
+        # the registry's file back (one pass from the registry to a backend's file: scripts.kernel_route)
+        return next((reason for failed, reason in checks if failed), None)
 
     def attend(self, layer, inputs) -> torch.Tensor:
         k, v = expand_kv_heads(inputs, inputs.q.shape[1])

@@ -20,27 +20,200 @@ Transformer.attention_paths and `python -m experiments.performance.attention_pat
 
 model.attention_backend = "auto" applies the rules above (each measured: docs/performance.md); a backend's name takes
 that backend wherever it can compute the layer's attention (its `why_not`), and the rules elsewhere, saying why.
-A new backend is a file with a Backend subclass and a line in BACKENDS.
+The interface (Backend, Setting, Inputs) is defined here too. A backend computes one layer's attention from its Inputs (model/attention/chunks.py). It declares, as `why_not`,
+what it cannot compute (an encoding or a setting it does not serve: a reason, or None); the registry
+below chooses among the backends that can, once per model view and mode, and keeps the
+chosen instance, with the reason, for every later forward of that mode. A FallbackBackend serves only some forwards
+of its setting (a compiled kernel's: long enough, consecutive positions) and hands the others to the backend chosen
+beside it.
+
+A new backend is a file with a Backend subclass registered with @register_backend, and its line in BACKEND_MODULES.
 """
 from __future__ import annotations
 
+import importlib
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Protocol
+
+import torch
 
 from errors import ConfigError
-from model.attention.backend import Backend, Setting
-from model.attention.explicit import Explicit, Observer
-from model.attention.flex import Flex
-from model.attention.flex_window import FlexWindow
-from model.attention.masked import Masked
-from model.attention.merged import Merged
-from model.attention.sdpa import Sdpa
-from model.encodings.base import EXPLICIT as NEEDS_EXPLICIT
-from model.encodings.base import FUSED
+from model.encodings import EXPLICIT as NEEDS_EXPLICIT
+from model.encodings import FUSED
+from model.kv_cache import KVCache
 
-BACKENDS: dict[str, type[Backend]] = {backend.name: backend for backend in (Sdpa, Masked, Explicit, Merged, Flex,
-                                                                           FlexWindow)}
-SDPA, SDPA_MASK, EXPLICIT, MERGED, FLEX = (backend.name for backend in (Sdpa, Masked, Explicit, Merged, Flex))
+if TYPE_CHECKING:
+    from model.attention.explicit import Observer
+    from model.attention_methods import MethodContext
+    from model.encodings import PositionEncoding
+
+TRAIN, EVALUATE, DECODE = "train", "evaluate", "decode"
+
+
+def first_reason(checks: Iterable[tuple[Any, str]]) -> str | None:
+    """The reason of the first (failed, reason) check that failed, or None when none did."""
+    return next((reason for failed, reason in checks if failed), None)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What a layer's backend is chosen from: fixed for a model view (its encoding, attention methods and layer
+    windows) and mode (train: gradients; evaluate: no gradients, no KV cache; decode: a KV cache), on a device
+    and in a precision."""
+
+    mode: str
+    device: str  # "cpu", "cuda", ...
+    dtype: torch.dtype  # of the queries (bf16 under autocast)
+    window: int = 0  # the layer's sliding window (0: global)
+    chunk: int = 0  # the layer's attention chunk (0: none)
+    sinks: bool = False  # the layer has learned sink logits (gpt-oss)
+    methods: bool = False  # an inference-time attention method is in effect
+    passes: bool = False  # ... one that encodes positions per pass at score time (ReRoPE, SelfExtend, sinks)
+    visibility: bool = False  # ... one that limits which keys a query sees (window, sinks)
+    observed: bool = False  # a diagnostic reads the attention probabilities
+    dropout: float = 0.0
+    compiling: bool = False  # inside a compiled graph (training's validation)
+    preference: str = "auto"  # model.attention_backend: "auto" or a backend's name
+
+    @property
+    def grad(self) -> bool:
+        return self.mode == TRAIN
+
+
+class Layer(Protocol):
+    """What a backend reads of the attention layer it computes (model/attention/layer.py Attention)."""
+
+    layer_index: int
+    window: int  # the layer's sliding window (0: global)
+    chunk: int  # the layer's attention chunk (0: none)
+    sink_logits: torch.Tensor | None  # (heads,): learned sink logits, or None
+    score_scale: float  # 1 / sqrt(head_dim), the fused kernels' scale
+    score_root: float  # sqrt(head_dim), which the explicit steps divide by
+    training: bool
+
+    def dropout_now(self) -> float: ...
+
+
+@dataclass
+class Inputs:
+    """One layer's attention inputs for one forward: queries (batch, heads, time, dim), keys and values (batch,
+    kv_heads, keys, dim), the encoding and its state for this layer, the KV cache, and an attention method's
+    context: its passes' states and a query scale (logn) to apply per pass (q and k are then raw)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    encoding: "PositionEncoding"
+    state: Any
+    kv_cache: KVCache | None = None
+    causal: bool = True
+    methods: "MethodContext | None" = None
+    pass_states: list[Any] | None = None
+    pass_scale: torch.Tensor | None = None
+
+    @property
+    def static(self) -> bool:
+        return self.kv_cache is not None and self.kv_cache.static
+
+    @property
+    def passes(self) -> list[Any] | None:
+        return self.methods.passes if self.methods is not None and self.methods.passes else None
+
+
+class Backend:
+    """One way to compute attention. Subclasses set `name`, implement `attend`, and say in `why_not` what they
+    cannot compute; `reason` is why this instance was chosen (logged, and shown by attention_paths)."""
+
+    name: ClassVar[str]
+    # True for a backend that serves some forwards of its setting only (FlexAttention's): it is built with the
+    # backend the rules choose without it, `fallback`, which takes the others
+    needs_fallback: ClassVar[bool] = False
+
+    def __init__(self, reason: str, **options: Any) -> None:
+        self.reason = reason
+
+    @classmethod
+    def why_not(cls, encoding: "PositionEncoding", setting: Setting) -> str | None:
+        """None when this backend computes `encoding`'s attention exactly in `setting`, else why it cannot."""
+        return None
+
+    def attend(self, layer: Layer, inputs: Inputs) -> torch.Tensor:
+        """(batch, heads, queries, value dim): the attention output."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """What the latest forward took, and why."""
+        return f"{self.name}: {self.reason}"
+
+
+class FallbackBackend(Backend):
+    """A backend that serves some forwards of its setting only (a compiled FlexAttention kernel: model/attention/flex.py,
+    flex_window.py). It is built with the backend the rules choose without it, `fallback`, which takes the forwards
+    it does not serve (`why_not_now`), and every forward after compiling failed for this backend (its model view and
+    mode): the failure is kept here, and nothing else in the process changes. Subclasses implement `why_not_served`
+    (their own per-forward conditions), `compute` and `kernel`."""
+
+    needs_fallback = True
+    compiles: ClassVar[str] = "FlexAttention"  # what fails to compile, in the reason a forward takes the fallback
+
+    def __init__(self, reason: str, fallback: Backend | None = None, **options: Any) -> None:
+        super().__init__(reason)
+        if fallback is None:
+            raise ValueError(f"the {self.name} backend needs a fallback for the forwards it does not serve")
+        self.fallback = fallback
+        self.failure: str | None = None  # compiling failed for this backend: every later forward takes the fallback
+        self.latest: str | None = None  # why the latest forward took the fallback (None: it took this backend)
+
+    def why_not_now(self, inputs: Inputs) -> str | None:
+        """None when this forward is computed here, else why it takes the fallback."""
+        return first_reason([
+            (self.failure is not None, f"compiling {self.compiles} failed for this model view ({self.failure})"),
+            (not inputs.causal or inputs.kv_cache is not None, "a KV cache or a non-causal forward"),
+        ]) or self.why_not_served(inputs)
+
+    def why_not_served(self, inputs: Inputs) -> str | None:
+        """This backend's own per-forward conditions: None when it serves `inputs`, else why not."""
+        return None
+
+    def compute(self, layer: Layer, inputs: Inputs) -> torch.Tensor | None:
+        """The attention output, or None when compiling failed (the kernel's warning says why)."""
+        raise NotImplementedError
+
+    def kernel(self, inputs: Inputs) -> Any:
+        """The Compiled kernel (model/compiled.py) that `compute` ran for `inputs`: its last_failure is kept."""
+        raise NotImplementedError
+
+    def attend(self, layer: Layer, inputs: Inputs) -> torch.Tensor:
+        self.latest = self.why_not_now(inputs)
+        if self.latest is None:
+            out = self.compute(layer, inputs)
+            if out is not None:
+                return out
+            self.failure = self.kernel(inputs).last_failure or "see the warning"
+            self.latest = f"compiling {self.compiles} failed for this model view ({self.failure})"
+        return self.fallback.attend(layer, inputs)
+
+    def describe(self) -> str:
+        if self.latest is None:
+            return super().describe()
+        return f"{self.fallback.describe()}; not {self.name}: {self.latest}"
+
+
+# The backends, one file each, listed here in the order of the registry; each registers its class with
+# @register_backend when the loop at the end of this file imports it.
+BACKEND_MODULES = ("sdpa", "masked", "explicit", "merged", "flex", "flex_window")
+BACKENDS: dict[str, type[Backend]] = {}
+SDPA, SDPA_MASK, EXPLICIT, MERGED, FLEX = "sdpa", "sdpa_mask", "explicit", "merged", "flex"
+
+
+def register_backend(cls: type[Backend]) -> type[Backend]:
+    if cls.name in BACKENDS and BACKENDS[cls.name] is not cls:
+        raise ValueError(f"attention backend {cls.name!r} is registered twice")
+    BACKENDS[cls.name] = cls
+    return cls
+
+
 AUTO = "auto"
 
 log = logging.getLogger("pelab.attention")
@@ -77,33 +250,33 @@ def choose(encoding: Any, setting: Setting, observer: Observer | None = None) ->
 def by_rules(encoding: Any, setting: Setting, observer: Observer | None = None, flex: bool = True) -> Backend:
     """model.attention_backend = "auto": the fastest backend that computes this attention, by the measured rules."""
     if setting.passes:
-        blocked = Merged.why_not(encoding, setting)
+        blocked = BACKENDS[MERGED].why_not(encoding, setting)
         if blocked is None:
-            return Merged("an attention method's passes, each through the fused kernel, merged by log-sum-exp")
-        return Explicit(f"an attention method encodes positions per pass at score time; not merged: {blocked}",
+            return BACKENDS[MERGED]("an attention method's passes, each through the fused kernel, merged by log-sum-exp")
+        return BACKENDS[EXPLICIT](f"an attention method encodes positions per pass at score time; not merged: {blocked}",
                         observer=observer)
     if encoding.attention == FUSED and not (setting.window or setting.chunk or setting.sinks or setting.observed
                                             or setting.visibility):
-        return Sdpa("no score bias and no window: the fused kernel")
-    blocked = Flex.why_not_by_default(encoding, setting) if flex else None
+        return BACKENDS[SDPA]("no score bias and no window: the fused kernel")
+    blocked = BACKENDS[FLEX].why_not_by_default(encoding, setting) if flex else None
     if flex and blocked is None:
-        return Flex(f"a long no-grad forward of a {encoding.flex_kind} bias",
+        return BACKENDS[FLEX](f"a long no-grad forward of a {encoding.flex_kind} bias",
                     fallback=by_rules(encoding, setting, observer, flex=False))
     not_flex = f"; not flex: {blocked}" if blocked else ""
     if encoding.attention == NEEDS_EXPLICIT:
-        return Explicit(f"{encoding.why_explicit}{not_flex}", observer=observer)
+        return BACKENDS[EXPLICIT](f"{encoding.why_explicit}{not_flex}", observer=observer)
     if setting.observed:
-        return Explicit("a diagnostic reads the probabilities", observer=observer)
+        return BACKENDS[EXPLICIT]("a diagnostic reads the probabilities", observer=observer)
     # SDPA's fused CPU kernel takes no mask gradient, and its math fallback measured slower than the explicit steps
     # (it also guards every row against having no visible key; the encoding cost table in docs/encodings.md). Not
     # measured on CUDA, whose memory-efficient kernel has a mask gradient: a learned bias keeps SDPA there.
     if setting.device == "cpu" and setting.grad and (learned_bias(encoding) or setting.sinks):
-        return Explicit(f"{'learned sink logits' if setting.sinks else 'a learned bias'} wanting gradients on the "
+        return BACKENDS[EXPLICIT](f"{'learned sink logits' if setting.sinks else 'a learned bias'} wanting gradients on the "
                         "CPU, where SDPA's fused kernel takes no mask gradient and its fallback measured slower",
                         observer=observer)
     what = "a score bias" if encoding.attention != FUSED else "a window" if setting.window or setting.visibility \
         else "an attention chunk" if setting.chunk else "learned sink logits"
-    return Masked(f"{what} as a float mask, in chunks of query rows{not_flex}")
+    return BACKENDS[SDPA_MASK](f"{what} as a float mask, in chunks of query rows{not_flex}")
 
 
 def plan(encodings: list[Any], settings: list[Setting], observer: Observer | None = None) -> list[Backend]:
@@ -129,3 +302,7 @@ def describe(paths: dict[int, Any]) -> dict[str, str]:
             merged.append(([layer], text))
     return {(f"layer {layers[0]}" if len(layers) == 1 else f"layers {layers[0]}-{layers[-1]}"): text
             for layers, text in merged}
+
+
+for _module in BACKEND_MODULES:
+    importlib.import_module(f"model.attention.{_module}")

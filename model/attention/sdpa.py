@@ -5,11 +5,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from model.attention.backend import Backend, Setting
 from model.attention.chunks import visible_keys
-from model.encodings.base import FUSED
+from model.attention.registry import Backend, Setting, register_backend
+from model.encodings import FUSED
 
 
+@register_backend
 class Sdpa(Backend):
     name = "sdpa"
 

@@ -5,9 +5,8 @@ import math
 
 import torch
 
-from model.encodings import register_encoding
-from model.encodings.base import ALL, BIAS, PositionEncoding, Positions
-from model.shape import ModelShape
+from model.config import ModelConfig
+from model.encodings import ALL, BIAS, PositionEncoding, Positions, register_encoding
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -33,7 +32,7 @@ class ALiBi(PositionEncoding):
     attention, flex_kind = BIAS, "distance"
     exact_buffers = ("slopes",)
 
-    def __init__(self, config: ModelShape) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         self.register_buffer("slopes", alibi_slopes(config.n_heads), persistent=False)
 

@@ -1,8 +1,7 @@
 """none (NoPE): no position encoding; only the causal mask tells tokens apart by order."""
 from __future__ import annotations
 
-from model.encodings import register_encoding
-from model.encodings.base import PositionEncoding
+from model.encodings import PositionEncoding, register_encoding
 
 
 @register_encoding("none")

@@ -9,16 +9,15 @@ import torch
 from torch import nn
 
 from errors import ConfigError
-from model.encodings import register_encoding
-from model.encodings.base import ALL, EXPLICIT, EncodingSettings, PositionEncoding, Positions
-from model.shape import ModelShape
+from model.config import ModelConfig
+from model.encodings import ALL, EXPLICIT, EncodingSettings, PositionEncoding, Positions, register_encoding
 
 
 @dataclass
 class ShawSettings(EncodingSettings):
     max_distance: int = 16  # relative distances are clipped to [-max_distance, max_distance] (the paper's k)
 
-    def check(self, config: ModelShape, where: str) -> None:
+    def check(self, config: ModelConfig, where: str) -> None:
         if self.max_distance < 1:
             raise ConfigError(f"{where}.max_distance: shaw needs at least 1, got {self.max_distance}")
 
@@ -36,7 +35,7 @@ class ShawRelative(PositionEncoding):
     # Measured (docs/baselines.md): 10x without weight decay is 0.018 nats better than train.lr with decay (within noise).
     optimizer_defaults = {"lr_scale": 10.0, "weight_decay": 0.0}
 
-    def __init__(self, config: ModelShape) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         size = 2 * self.settings.max_distance + 1
         # One table per layer that uses Shaw, keyed by the layer index ("0", "1", ...: the names a ModuleList gives,

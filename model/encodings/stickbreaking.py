@@ -17,8 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from errors import ConfigError
-from model.encodings import register_encoding
-from model.encodings.base import EXPLICIT, EncodingSettings, PositionEncoding
+from model.encodings import EXPLICIT, EncodingSettings, PositionEncoding, register_encoding
 
 
 @dataclass
