@@ -17,7 +17,7 @@ with the same tokenizer and L, scores the same tokens. For each checkpoint, meth
   probe    the position-shift probe: the L-token windows of the 1x cell scored with their positions offset by
            0, L, 3L and 15L; only absolute positions change, the context does not (relative encodings must not
            move at all).
-Methods: "none" (the checkpoint as trained) plus each of --methods that applies (model/inference_methods.py): RoPE scalings
+Methods: "none" (the checkpoint as trained) plus each of --methods that applies (model/methods/): RoPE scalings
 with factor = length / L, dynamic NTK scored token by token, a learned table clamped at its last row.
 Writes OUT/results.json (a row per checkpoint, method and length: ppl, nll, tokens, penalty and its interval; the
 1x rows also the probe), OUT/table.md (the perplexity, penalty and probe tables) and OUT/plot.png (perplexity
@@ -56,7 +56,7 @@ from eval.segments import (
 from eval.stats import crossed_bootstrap
 from model.checkpoint import load_model, trained_length
 from model.data_folder import training_data_dir
-from model.inference_methods import METHODS, NONE, applies, check_methods, label, method_spec
+from model.methods import METHODS, NONE, applies, check_methods, label, method_spec
 from model.runtime import autocast_dtype, configure_runtime, resolve_device
 from model.transformer import Transformer
 
@@ -258,7 +258,7 @@ def evaluate_checkpoint(model: Transformer, ids: np.ndarray, plan: EvalPlan, met
             if method == NONE and length == trained:
                 evaluation.losses[key] = tiled_layout(at_trained[NONE], segments, length)
                 continue
-            view = spec.view(model, length, trained)
+            view = model.under(spec, length, trained)
             windows = tiled_windows(ids, segments, length)
             try:
                 if spec.incremental:
@@ -274,7 +274,7 @@ def evaluate_checkpoint(model: Transformer, ids: np.ndarray, plan: EvalPlan, met
             except PositionRangeError as error:
                 evaluation.errors[key] = str(error).split(";")[0]
         if spec.shift_probe and plan.probe_offsets:
-            view = spec.view(model, trained, trained)
+            view = model.under(spec, trained, trained)
             windows = tiled_windows(ids, segments, trained)
             for offset in plan.probe_offsets:
                 try:

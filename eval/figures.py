@@ -12,7 +12,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from model.inference_methods import METHODS
+from model.methods import METHODS
 
 # The order fixes the colours: tab10, then five lighter shades of tab20, then Dark2 (so that the frontier preset's
 # encodings, drawn beside none, alibi, rope, kerple and fire, get no lighter shade of those), and the markers.

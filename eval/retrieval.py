@@ -20,7 +20,7 @@ from errors import ConfigError, cli_command
 from eval.extrapolation import parse_lengths, resolve_length
 from eval.task_score import evaluate
 from model.checkpoint import load_model, trained_length
-from model.inference_methods import NONE, method_spec
+from model.methods import NONE, method_spec
 from model.runtime import configure_runtime, resolve_device
 from model.transformer import Transformer
 
@@ -56,13 +56,13 @@ def window_control(model: Transformer, trained: int) -> Transformer:
 def retrieval_grid(model: Transformer, task: Task, trained: int, multiples: list[int], count: int,
                    seed: int | list[int] = EVAL_SEED, method: str = NONE) -> dict[str, dict[str, dict]]:
     """Exact match and token accuracy at every (length, answer distance) of the grid, for the model (under an
-    inference-time method, set for each length: model/inference_methods.py) and for its window control:
+    inference-time method, set for each length: model/methods/) and for its window control:
     {"Mx": {label: {"distance": d, "full": metrics, "window": metrics}}}."""
     spec = method_spec(method)
     grid: dict[str, dict[str, dict]] = {}
     for key, label, distance in grid_cells(task, trained, multiples):
         length = int(key[:-1]) * trained
-        view = spec.view(model, length, trained)
+        view = model.under(spec, length, trained)
         grid.setdefault(key, {})[label] = {
             "distance": distance,
             "full": evaluate(view, task, length, count, seed, distance),

@@ -81,10 +81,9 @@ from eval.stats import (
     use_margin,
     verdict,
 )
-from model.attention_methods import ATTENTION_METHODS, normalize_methods
 from model.checkpoint import load_model, trained_length
 from model.data_folder import training_data_dir
-from model.inference_methods import NONE, applies, check_methods, method_spec
+from model.methods import ATTENTION_METHODS, NONE, applies, check_methods, method_spec, normalize_methods
 from model.runtime import autocast_dtype, configure_runtime, resolve_device
 from model.transformer import Transformer
 
@@ -363,7 +362,7 @@ def measure_use(model: Transformer, ids: np.ndarray, trained: int, length: int, 
                 per_distance: int, windows: int, seed: int = 0, methods: tuple[str, ...] = (NONE,),
                 amp: torch.dtype | None = None, ngram: int = 4, separator: int | None = None,
                 joiner: int | None = None) -> list[UseResult]:
-    """use(d) for each method (model/inference_methods.py, set for `length`) on the same windows; see the module
+    """use(d) for each method (model/methods/, set for `length`) on the same windows; see the module
     docstring. `separator`: the token that ends a document, to count the passages whose copies it parts; `joiner`:
     a token written in its place in every window (the same windows and passages with the documents joined)."""
     placements = place(length, span, distances, per_distance)
@@ -378,7 +377,7 @@ def measure_use(model: Transformer, ids: np.ndarray, trained: int, length: int, 
     for method in methods:
         started = time.perf_counter()
         spec = method_spec(method)
-        view = spec.view(model, length, trained)
+        view = model.under(spec, length, trained)
         if spec.incremental:  # dynamic NTK: each scored token under the base of its own prefix, as in decoding
             prefill = min(p.second for p in placements)
             probe_losses = score_incremental(view, probe, prefill, amp)

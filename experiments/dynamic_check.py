@@ -25,7 +25,7 @@ from eval.heldout import checkpoint_eval_tokens
 from eval.scoring import score_incremental, score_prefixes, score_windows
 from eval.segments import choose_segments, tiled_windows
 from model.checkpoint import load_model, trained_length
-from model.inference_methods import method_spec
+from model.methods import method_spec
 from model.runtime import configure_runtime
 
 
@@ -43,7 +43,7 @@ def compare_dynamic(checkpoint: str, data: str, multiples: list[int], windows: i
         plain = score_windows(model, batch)[:, trained:]
         before = score_windows(model.with_settings(rope_scaling={"rope_type": "dynamic", "factor": float(multiple)}),
                                batch)[:, trained:]
-        dynamic = method_spec("dynamic").view(model, length, trained)
+        dynamic = model.under(method_spec("dynamic"), length, trained)
         cached = score_incremental(dynamic, batch, trained)[:, trained:]
         exact = score_prefixes(dynamic, batch, trained)[:, trained:]
         rows.append({"multiple": multiple, "windows": len(batch), "tokens": int(cached.size),

@@ -11,7 +11,7 @@ with fewer than MIN_WINDOWS windows prints its values without one.
 In each window its own draw (seeded by window) of --passages passages of S tokens per distance d
 (--distances; S = L / 4 within 8..64 tokens, eval.use.default_span), taken from the text outside the window, each written twice d apart; each second copy starts at a
 random free token past L (eval.use.jittered), so no distance is measured at one fixed place in every window. For
-each (text, window, method) four forwards of the window under the method set for T (model/inference_methods.py):
+each (text, window, method) four forwards of the window under the method set for T (model/methods/):
 
     natural   the window as it is                            harm: mean NLL on [0, L) and [L, T)
     probe     the passages written twice
@@ -53,7 +53,7 @@ from eval.use import GAP, Placement, default_span, jittered, lead_tokens, reach,
 from experiments.method_grid_report import write_report
 from experiments.real_model import log_invocation, machine, peak_rss_gib
 from model.checkpoint import load_model, trained_length
-from model.inference_methods import NONE, check_methods, method_spec
+from model.methods import NONE, check_methods, method_spec
 from model.runtime import autocast_dtype, configure_runtime, resolve_device
 
 DEFAULT_METHODS = "none,linear,ntk,dynamic,yarn,selfextend,rerope,string,dca,sinks,logn"
@@ -164,7 +164,7 @@ class Grid:
         forwards = build_forwards(ids, start, length, placements, settings["span"],
                                   [settings["seed"], window, int(positive)])
         spec = method_spec(NONE if positive else method)
-        view = spec.view(self.model, length, self.trained)
+        view = self.model.under(spec, length, self.trained)
         first_scored = min(p.second for p in placements)
         losses, seconds = {}, {}
         for kind in FORWARDS if not positive else FORWARDS[1:]:

@@ -31,7 +31,7 @@ from eval.stats import (
 )
 from eval.use import MIN_WINDOWS, Placement
 from experiments.real_model import machine
-from model.inference_methods import NONE
+from model.methods import NONE
 
 COLLAPSE = 2.0  # nats above the positive control's NLL on the same kind of copies: the method predicts no text there
 PAIRED = ("rerope", "selfextend", "string", "dca")  # compared paired by window at the largest distance

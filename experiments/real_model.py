@@ -8,7 +8,7 @@
 Texts: the standard library's files concatenated (`stdlib`, documents separated by <|endoftext|>) and, with --book,
 a local text file read whole. The model never trained here, so every token is scored. Each text gives --windows
 windows of the longest length, spread evenly over it. A cell is (text, window, method, length): the method set
-for that length (model/inference_methods.py: a RoPE scaling with factor = length / L, an attention method's
+for that length (model/methods/: a RoPE scaling with factor = length / L, an attention method's
 parameters for the length) scores the window's first `length` tokens, one forward, the per-token losses chunked
 so that no (tokens x vocab) logits are held. A cell whose settings equal those of a longer cell of the same window
 (plain RoPE; a scaling at factor 1; logn, rerope, sinks and window, which do not depend on the length) is that
@@ -70,7 +70,7 @@ from eval.use import (
     self_checks,
 )
 from model.checkpoint import load_model, trained_length
-from model.inference_methods import NONE, check_methods, method_spec
+from model.methods import NONE, check_methods, method_spec
 from model.runtime import autocast, autocast_dtype, configure_runtime, resolve_device
 
 DEFAULT_METHODS = "none,linear,ntk,dynamic,yarn,selfextend,rerope,sinks,logn"
@@ -176,7 +176,7 @@ class Runner:
     def compute(self, cell: Cell) -> None:
         started = time.perf_counter()
         spec = method_spec(cell.method)
-        view = spec.view(self.model, cell.length, self.trained)
+        view = self.model.under(spec, cell.length, self.trained)
         if spec.incremental:  # the last `tail` positions before cell.length, token by token after a prefill
             losses = score_incremental(view, self.window(cell, cell.length), cell.length - self.tail,
                                        self.amp)[0, -self.tail:]
@@ -217,7 +217,7 @@ def run_passkey(model, tokenizer, out: Path, methods: list[str], lengths: list[i
                 if not path.exists():
                     if time.perf_counter() > deadline:
                         continue
-                    view = method_spec(method).view(model, length, trained)
+                    view = model.under(method_spec(method), length, trained)
                     started = time.perf_counter()
                     with autocast(next(model.parameters()).device, amp):
                         [row] = evaluate_passkey(view, tokenizer, [length], [depth], trials, seed=0)

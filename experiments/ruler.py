@@ -34,7 +34,7 @@ from commands import add_checkpoint, add_out, comma_list, command_parser, parse,
 from errors import ConfigError, cli_command
 from experiments.ruler_report import write_report
 from model.checkpoint import trained_length
-from model.inference_methods import NONE, check_methods
+from model.methods import NONE, check_methods
 from model.runtime import configure_runtime
 
 TASKS = "niah_single_1,niah_multikey_2,ruler_vt"

@@ -50,7 +50,7 @@ from experiments.seed_intervals import paired_rate_difference
 from model.checkpoint import load_model, load_trainer_state
 from model.encodings import POSITION_ENCODINGS
 from model.fields import parse_override_value
-from model.inference_methods import NONE, applies, check_methods, label
+from model.methods import NONE, applies, check_methods, label
 from model.transformer import Transformer
 from train.config import RunConfig, build_run_config
 from train.loop import Training, model_factory, run_training

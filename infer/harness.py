@@ -10,7 +10,7 @@ This module registers the model "pelab" and hands its arguments to lm-eval's own
 task name and results file is lm-eval's. Model arguments (--model_args, comma-separated key=value):
 
     pretrained   the checkpoint folder (also where RULER's tasks find the tokenizer that sizes their inputs)
-    method       an inference-time method (model/inference_methods.py; default none: as trained), set for `length`
+    method       an inference-time method (model/methods/; default none: as trained), set for `length`
     length       the length the method is set for (a RoPE scaling's factor = length / L; default: max_length)
     max_length   the longest input + generation (default: length, or L); a longer prompt is cut from the left
                  to max_length - max_gen_toks with a warning, as lm-eval's hf model does
@@ -44,7 +44,7 @@ except ImportError as error:  # an optional extra, like the real model
 from data.tokenizer import load_tokenizer
 from infer.generate import generate_tokens
 from model.checkpoint import load_model, trained_length
-from model.inference_methods import NONE, check_methods, method_spec
+from model.methods import NONE, check_methods, method_spec
 from model.runtime import autocast, autocast_dtype, resolve_device
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ class PelabLM(TemplateLM):
         [self.method] = check_methods([method])
         self.amp = autocast_dtype(self._device, dtype)
         model = load_model(pretrained, self._device).eval()
-        self.model = method_spec(self.method).view(model, self.length, self.trained)
+        self.model = model.under(method_spec(self.method), self.length, self.trained)
         self.tokenizer = load_tokenizer(pretrained)
         self.pretrained = pretrained
 

@@ -15,7 +15,7 @@ import transformers
 from errors import ConversionError
 from model.checkpoint import model_state_dict
 from model.config import ModelConfig
-from model.rope import ROPE_SCALINGS, scaling_type
+from model.methods import ROPE_SCALINGS, scaling_type
 
 RENAMES = [
     ("tok_embeddings.", "model.embed_tokens."),

@@ -2,7 +2,7 @@
 inference with them; shared by generate and the eval commands.
 
     --rope-scaling yarn --rope-factor 4 [--rope-param beta_fast=16 --rope-param truncate=false]
-    --attention-method logn --attention-method rerope:window=64      (model/attention_methods.py)
+    --attention-method logn --attention-method rerope:window=64      (model/methods/)
 
 `original_max_position_embeddings` defaults to the context the checkpoint was trained at; an attention method's
 parameters left out take their defaults from it.
@@ -17,10 +17,9 @@ from transformers import PreTrainedTokenizerFast
 
 from data.tokenizer import load_tokenizer
 from errors import ConfigError
-from model.attention_methods import ATTENTION_METHODS
 from model.checkpoint import load_model
 from model.fields import parse_override_value
-from model.rope import ROPE_SCALINGS
+from model.methods import ATTENTION_METHODS, ROPE_SCALINGS
 from model.runtime import resolve_device
 from model.transformer import Transformer
 

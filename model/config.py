@@ -73,7 +73,7 @@ class ModelConfig(PerLayerReadings):
     # Learned attention-sink logits (gpt-oss), per layer like qk_norm: one logit per head joins every query's softmax
     # as a key with no value, so a head can attend to nothing.
     sink_logits: list = dataclasses.field(default_factory=list)
-    # Inference-time attention methods (model/attention_methods.py), e.g. [{method = "logn"}, {method = "rerope",
+    # Inference-time attention methods (model/methods/), e.g. [{method = "logn"}, {method = "rerope",
     # window = 64}]; a parameter given as 0 is derived from the trained length. [] = attention as trained.
     attention_methods: list = dataclasses.field(default_factory=list)
     # How attention is computed, not what: "auto" (each layer's fastest backend by the measured rules) or a backend's
@@ -130,7 +130,7 @@ class ModelConfig(PerLayerReadings):
 
         check_encodings(self)
         if self.rope_scaling is not None or self.attention_methods:
-            from model.attention_methods import check_config as check_methods
+            from model.methods import check_config as check_methods
 
             check_methods(self)
         check_name(self.attention_backend)

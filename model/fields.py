@@ -107,6 +107,12 @@ def toml_value(value: Any) -> str:
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
 
 
+def original_length_of(rope_scaling: dict | None, max_seq_len: int) -> int:
+    """The context length a model's RoPE frequencies were set for: its scaling's original_max_position_embeddings,
+    else max_seq_len (ModelConfig.original_length; the methods read it from a saved config's dict)."""
+    return int((rope_scaling or {}).get("original_max_position_embeddings", max_seq_len))
+
+
 class PerLayerReadings:
     """What ModelConfig's fields say layer by layer, and the lengths derived from them: a per-layer list repeats over
     the layers, [] meaning the default in every layer. A base of ModelConfig (model/config.py, where each field is
@@ -174,5 +180,4 @@ class PerLayerReadings:
     def original_length(self) -> int:
         """The context length the RoPE frequencies were set for: a scaling's original_max_position_embeddings
         (for an extended checkpoint, the length before extension), else max_seq_len. The one accessor for it."""
-        scaling = self.rope_scaling or {}
-        return int(scaling.get("original_max_position_embeddings", self.max_seq_len))
+        return original_length_of(self.rope_scaling, self.max_seq_len)

@@ -138,7 +138,7 @@ RECIPES: dict[str, Callable[[Shape], dict]] = {
     "gated": gated,
 }
 
-# What each model applies at inference, as the lab's inference-time methods (model/inference_methods.py); the
+# What each model applies at inference, as the lab's inference-time methods (model/methods/); the
 # comparison scores every model under each of compare.methods that applies, and these are the recipes' own.
 INFERENCE: dict[str, tuple[str, ...]] = {
     "llama4": ("temperature",), "gemma3": ("linear",), "qwen3": ("yarn", "dca"), "smollm3": ("yarn",),

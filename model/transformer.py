@@ -15,14 +15,13 @@ from model.attention import Attention
 from model.attention.explicit import Observer
 from model.attention.layer import mode_of
 from model.attention.registry import Backend, describe, plan
-from model.attention_methods import MethodContext, build_methods, method_context
 from model.config import ModelConfig
 from model.encodings import POSITION_ENCODINGS, PositionEncoding
 from model.kv_cache import KVCache
 from model.layers import RMSNorm, SwiGLU
 from model.loss import linear_cross_entropy, token_cross_entropy
+from model.methods import ROPE_SCALINGS, Method, MethodContext, build_methods, method_context, scaling_type
 from model.random_positions import sample_positions
-from model.rope import ROPE_SCALINGS, scaling_type
 from model.runtime_config import DEFAULTS, RuntimeConfig
 
 
@@ -109,7 +108,7 @@ class Transformer(nn.Module):
         checkpoints of single-encoding models are unchanged); `layer_positions`: the other encodings of a
         per-layer pattern (model.position_layers), by name; absent when there are none."""
         self.position = POSITION_ENCODINGS[config.position](config)
-        # inference-time methods (model/attention_methods.py), entered only by a model that sets one
+        # inference-time methods (model/methods/), entered only by a model that sets one
         self.attention_methods = build_methods(config) if config.attention_methods else []
         # The attention backend of each layer, chosen once per mode, device, precision and compile state (plan()),
         # and the key of the latest forward's.
@@ -147,6 +146,12 @@ class Transformer(nn.Module):
         if name in ROPE_SCALINGS and ROPE_SCALINGS[name].needs_original_length:
             scaling = {"original_max_position_embeddings": self.config.original_length, **scaling}
         return self.with_settings(rope_scaling=scaling)
+
+    def under(self, method: Method, length: int, trained: int) -> "Transformer":
+        """This model under an inference-time method (model/methods/) set for evaluating `length` tokens of a model
+        trained at `trained`: a view sharing its weights (with_settings); this model itself when the method changes
+        nothing."""
+        return self.with_settings(**method.changes(self.config.to_dict(), length, trained))
 
     def with_settings(self, **changes: Any) -> "Transformer":
         """A view of this model under other inference-time settings (rope_scaling, position_args such as the

@@ -47,7 +47,7 @@ from experiments.performance.measure import SHAPES, hf_trainer, our_trainer, pea
 from infer.generate import generate_tokens
 from infer.hf_convert import llama_model_from
 from model.config import ModelConfig
-from model.inference_methods import method_spec
+from model.methods import method_spec
 from model.runtime import autocast_dtype, configure_runtime, resolve_device
 from model.transformer import Transformer
 
@@ -281,7 +281,7 @@ def bench_long_forward(args: argparse.Namespace, peaks: dict[str, float], device
     precision = "bf16" if amp == torch.bfloat16 else "fp32"
     tokens = args.forward_tokens
     ids = np.random.default_rng(0).integers(4, values["vocab_size"], (1, tokens + 1))
-    views = {method: method_spec(method).view(model, tokens, values["max_seq_len"]) for method in args.forward_methods}
+    views = {method: model.under(method_spec(method), tokens, values["max_seq_len"]) for method in args.forward_methods}
     for view in views.values():
         score_windows(view, ids[:, : min(tokens, 512) + 1], amp)  # warm-up
     samples: dict[str, list[float]] = {method: [] for method in views}

@@ -15,7 +15,8 @@ part of that tree that carries the setting from the command line to the kernel, 
     model    building the model (Transformer.__init__) and what it calls: the encoding, the backend choice where
              a model makes it at build time
     choice   choosing the attention backends (model/attention/registry.py) and what it calls
-    method   an attention method's own code (model/attention_methods.py: its record, its settings, its passes)
+    method   an attention method's own code (model/methods/: its record, its settings, its passes, its rules;
+             not how an evaluation sets it up, EVALUATION_SETUP)
     kernel   the calls on the stack when the kernel runs
 
 with every caller of each, up to the command's entry. Printed: each stage's call tree as files, the files of the
@@ -36,11 +37,17 @@ from typing import Any
 from commands import command_parser
 
 ROOT = Path(__file__).resolve().parents[1]
+# The front file of model/methods/ also holds how an evaluation sets a method up (the Method record: the settings it
+# changes for a length, which encodings it applies to): the caller's side, which no stage follows; the attention
+# methods' own code (their records, settings, passes and rules) is the "method" stage.
+EVALUATION_SETUP = {"view", "changes", "method_spec", "applies", "check_methods", "check_composition", "label",
+                    "encodings", "as_trained", "_original", "_never"}
 STAGES = {
     "config": lambda file, name: file == "model/config.py" and name in ("__post_init__", "check_plugins"),
     "model": lambda file, name: file == "model/transformer.py" and name == "__init__",
     "choice": lambda file, name: file == "model/attention/registry.py" and name in ("plan", "choose"),
-    "method": lambda file, name: file == "model/attention_methods.py",
+    "method": lambda file, name: file.startswith("model/methods/") and not (file == "model/methods/__init__.py"
+                                                                             and name in EVALUATION_SETUP),
 }
 
 

@@ -31,7 +31,9 @@ from eval.figures import save as save_figure
 from model.attention import Attention
 from model.config import ModelConfig
 from model.encodings import POSITION_ENCODINGS
-from model.rope import ROPE_SCALINGS, apply_rope, default_inv_freq, rope_cos_sin, yarn_ramp
+from model.methods import ROPE_SCALINGS
+from model.methods.yarn import yarn_ramp
+from model.rope import apply_rope, default_inv_freq, rope_cos_sin
 
 CAT, CHASES, MOUSE = "猫", "追", "老鼠"
 

@@ -1,4 +1,4 @@
-"""Inference-time attention methods (model/attention_methods.py) against explicit loops of their formulas."""
+"""Inference-time attention methods (model/methods/) against explicit loops of their formulas."""
 
 import math
 
@@ -7,8 +7,8 @@ import torch
 
 from errors import ConfigError
 from model import KVCache, StaticKVCache, Transformer
-from model.attention_methods import ATTENTION_METHODS, method_context
 from model.encodings.rotary import RoPE
+from model.methods import ATTENTION_METHODS, method_context
 from tests.conftest import decode_in_steps, micro_config
 
 
@@ -168,9 +168,26 @@ def test_sinks_score_sinks_from_the_querys_cache_slot():
 
 
 @torch.no_grad()
+def test_lm_infinite_caps_the_distance_of_its_global_tokens_and_hides_the_middle():
+    """LM-Infinite (Han et al. 2023) as a loop: the first `globals` tokens at distance min(i - j, cap) (the query
+    read at min(i, cap)), the last `window` keys exact, nothing between."""
+    globals_, window, cap = 2, 5, 6
+    model = one_layer([{"method": "lm_infinite", "globals": globals_, "window": window, "cap": cap}])
+    x = torch.randn(1, 16, 64)
+    expected = layer_by_loop(model, x, lambda i, j: (min(i, cap), j) if j < globals_ else (i, j),
+                             visible=lambda i, j: j < globals_ or i - j < window)
+    assert (layer_output(model, x) - expected).abs().max() < 1e-5
+    with pytest.raises(ConfigError, match="cap = 3 must be at least window - 1 = 4"):
+        one_layer([{"method": "lm_infinite", "window": 5, "cap": 3}])
+    defaults = one_layer([{"method": "lm_infinite"}]).config.attention_methods[0]
+    assert defaults == {"method": "lm_infinite", "globals": 10, "window": 8, "cap": 7}  # from L = 8
+
+
+@torch.no_grad()
 @pytest.mark.parametrize("method, outside, inside", [
     ({"method": "window", "window": 4}, [0, 5, 7], [8, 9]),  # the last token (11) sees 8..11
     ({"method": "sinks", "sinks": 2, "window": 4}, [2, 5, 7], [0, 1, 8]),
+    ({"method": "lm_infinite", "globals": 2, "window": 4}, [2, 5, 7], [0, 1, 8]),
 ])
 def test_edits_outside_the_visible_set_change_nothing(method, outside, inside):
     model = Transformer(micro_config(n_layers=1, attention_methods=[method])).eval()
@@ -190,6 +207,7 @@ def test_edits_outside_the_visible_set_change_nothing(method, outside, inside):
     [{"method": "leaky_rerope", "window": 5}], [{"method": "selfextend", "neighbors": 6, "group": 3}],
     [{"method": "string", "shift": 5, "local": 2}], [{"method": "dca", "chunk": 6, "local": 2}],
     [{"method": "sinks", "sinks": 2, "window": 6}], [{"method": "window", "window": 6}],
+    [{"method": "lm_infinite", "globals": 2, "window": 6}],
     [{"method": "selfextend", "neighbors": 6, "group": 3}, {"method": "logn"}],
 ], ids=lambda methods: "+".join(m["method"] for m in methods))
 @pytest.mark.parametrize("position", ["rope", "alibi"])

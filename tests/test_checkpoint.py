@@ -120,7 +120,7 @@ def test_a_checkpoint_with_the_flat_encoding_settings_loads_with_identical_logit
     without AVX-512), so the check allows float rounding."""
     import numpy as np
 
-    from model.inference_methods import METHODS
+    from model.methods import METHODS
     from tests.conftest import ROOT
 
     folder = ROOT / "tests" / "fixtures" / "checkpoint_5d4370c" / name
@@ -132,7 +132,7 @@ def test_a_checkpoint_with_the_flat_encoding_settings_loads_with_identical_logit
     torch.testing.assert_close(logits, torch.from_numpy(np.load(folder / "logits.npy")), rtol=0, atol=ROUNDING)
     for extra, method, evaluated in (("yarn", "yarn", 64), ("clamp", "clamp", 40)):
         if (folder / f"extra_{extra}.npy").exists():
-            view = METHODS[method].view(model, evaluated, 16)
+            view = model.under(METHODS[method], evaluated, 16)
             with torch.no_grad():
                 logits = view(ids)[0]
             torch.testing.assert_close(logits, torch.from_numpy(np.load(folder / f"extra_{extra}.npy")), rtol=0,

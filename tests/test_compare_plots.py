@@ -6,7 +6,7 @@ import pytest
 from eval import figures
 from experiments.compare import plots as compare_plots
 from experiments.compare.results import Variant
-from model.inference_methods import METHODS
+from model.methods import METHODS
 
 LENGTHS = [64, 128, 256]
 

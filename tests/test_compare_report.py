@@ -95,7 +95,7 @@ def test_every_papers_claim_names_what_a_comparison_can_train():
 
     from experiments.compare.findings import NEWER_CLAIMS
     from model.encodings import POSITION_ENCODINGS
-    from model.inference_methods import METHODS
+    from model.methods import METHODS
 
     variants = tomllib.loads((ROOT / "configs/compare.toml").read_text())["compare"]["variants"]
     for claim in NEWER_CLAIMS:

@@ -153,7 +153,7 @@ def test_model_config_names_no_encoding_and_imports_the_three_front_checks_insid
         {alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names}
     assert {name for name in top if name.startswith("model")} == {"model.fields", "model.legacy_keys"}, top
     inner = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)} - top
-    assert inner == {"model.encodings", "model.attention_methods", "model.attention.registry"}, inner
+    assert inner == {"model.encodings", "model.methods", "model.attention.registry"}, inner
     strings = {node.value for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Constant)
                and isinstance(node.value, str)}
     assert not [name for name in POSITION_ENCODINGS if name in strings and name != "rope"], strings
@@ -177,7 +177,7 @@ def test_importing_model_config_loads_no_plug_in_nor_torch_and_a_typo_is_refused
 
     def heavy(names: list[str]) -> list[str]:
         return [name for name in names if name.startswith("model.encodings") or name.split(".")[0] == "torch"
-                or name in ("model.rope", "model.attention_methods")]
+                or name in ("model.rope", "model.methods")]
 
     assert not heavy(reported), heavy(reported)
     assert not heavy(done.stdout.split()), heavy(done.stdout.split())

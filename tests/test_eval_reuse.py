@@ -16,7 +16,7 @@ from eval.segments import (
     tiled_layout,
     tiled_windows,
 )
-from model.inference_methods import METHODS, NONE, applies, method_spec
+from model.methods import METHODS, NONE, applies, method_spec
 from model.transformer import Transformer
 from tests.conftest import micro_config
 
@@ -87,8 +87,8 @@ def test_a_method_that_claims_to_score_as_trained_does(position):
         assert 16 not in lengths  # past L every method changes something
         spec = method_spec(name)
         for length in lengths:
-            as_trained = score_windows(METHODS[NONE].view(model, length, 8), windows[length])
-            view = spec.view(model, length, 8)
+            as_trained = score_windows(model.under(METHODS[NONE], length, 8), windows[length])
+            view = model.under(spec, length, 8)
             scored = score_incremental(view, windows[length], 8) if spec.incremental else \
                 score_windows(view, windows[length])
             assert np.abs(scored - as_trained).max() < 1e-5, (name, length)
@@ -122,7 +122,7 @@ def test_an_evaluation_equals_scoring_every_cell_directly(position):
     for method in chosen:
         spec = method_spec(method)
         for length in plan.lengths:
-            view = spec.view(model, length, 8)
+            view = model.under(spec, length, 8)
             windows = tiled_windows(ids, plan.segments, length)
             try:
                 losses = score_incremental(view, windows, 8) if spec.incremental else score_windows(view, windows)
@@ -132,7 +132,7 @@ def test_an_evaluation_equals_scoring_every_cell_directly(position):
             direct = tiled_layout(losses, plan.segments, length)
             assert np.allclose(evaluation.losses[key_for(method, length)], direct, atol=1e-5, equal_nan=True)
         if spec.shift_probe:
-            view = spec.view(model, 8, 8)
+            view = model.under(spec, 8, 8)
             for multiple in PROBE_MULTIPLES:
                 try:
                     probe = score_windows(view, tiled_windows(ids, plan.segments, 8), position_offset=8 * multiple)

@@ -22,7 +22,7 @@ from eval.segments import (
     tiled_windows,
     window_positions,
 )
-from model.inference_methods import METHODS, applies, check_methods, label
+from model.methods import METHODS, applies, check_methods, label
 from model.transformer import Transformer
 from tests.conftest import micro_config
 
@@ -176,12 +176,12 @@ def test_evaluation_round_trips_through_its_cache_file(tmp_path):
 def test_methods_give_a_view_of_the_model_as_used_and_apply_only_where_they_can():
     model = sharp_model(position="rope", max_seq_len=8)
     own = model.config.to_dict()
-    yarn = METHODS["yarn"].view(model, 32, 8)
+    yarn = model.under(METHODS["yarn"], 32, 8)
     assert yarn.config.rope_scaling["factor"] == 4.0 and yarn.config.rope_scaling["original_max_position_embeddings"] == 8
-    assert METHODS["ntk"].view(model, 16, 8).config.rope_scaling == {"rope_type": "ntk", "factor": 2.0}
-    dynamic = METHODS["dynamic"].view(model, 128, 8)
+    assert model.under(METHODS["ntk"], 16, 8).config.rope_scaling == {"rope_type": "ntk", "factor": 2.0}
+    dynamic = model.under(METHODS["dynamic"], 128, 8)
     assert dynamic.config.rope_scaling["factor"] == 1.0 and METHODS["dynamic"].incremental
-    assert METHODS["none"].view(model, 128, 8) is model
+    assert model.under(METHODS["none"], 128, 8) is model
     assert model.config.to_dict() == own  # each method gave a view; the model itself never changed
     assert applies("clamp", "learned") and not applies("clamp", "rope") and not applies("yarn", "alibi")
     assert label("rope", "none") == "rope" and label("learned", "clamp") == "learned+clamp"
@@ -192,19 +192,19 @@ def test_methods_give_a_view_of_the_model_as_used_and_apply_only_where_they_can(
 def test_attention_methods_are_set_for_the_length_and_compose():
     """selfextend's group is the smallest that keeps every position below L; leaky ReRoPE's k maps the longest
     distance below L; yarn+logn sets both; the next method starts again from the checkpoint's own settings."""
-    from model.inference_methods import method_spec
+    from model.methods import method_spec
 
     model = sharp_model(position="rope", max_seq_len=8)
-    (selfextend,) = method_spec("selfextend").view(model, 128, 8).config.attention_methods
+    (selfextend,) = model.under(method_spec("selfextend"), 128, 8).config.attention_methods
     group = selfextend["group"]
     assert selfextend["neighbors"] == 4 and 127 // group + 4 - 4 // group <= 7  # every distance below L
     assert 127 // (group - 1) + 4 - 4 // (group - 1) > 7  # and the smallest such group
-    (leaky,) = method_spec("leaky_rerope").view(model, 128, 8).config.attention_methods
+    (leaky,) = model.under(method_spec("leaky_rerope"), 128, 8).config.attention_methods
     assert leaky["window"] == 4 and leaky["window"] + (128 - 1 - leaky["window"]) / leaky["k"] < 8
-    both = method_spec("yarn+logn").view(model, 32, 8)
+    both = model.under(method_spec("yarn+logn"), 32, 8)
     assert both.config.rope_scaling["factor"] == 4.0
     assert both.config.attention_methods == [{"method": "logn", "base_length": 8}]
-    assert method_spec("yarn").view(model, 32, 8).config.attention_methods == []
+    assert model.under(method_spec("yarn"), 32, 8).config.attention_methods == []
     assert applies("sinks", "alibi") and not applies("sinks", "shaw") and not applies("rerope", "alibi")
     assert not applies("temperature", "rope") and applies("temperature", "rope", ["rope", "none"])
     assert not applies("sinks", "fire") and applies("yarn+logn", "rope", ["rope", "none"])
@@ -231,7 +231,7 @@ def test_evaluation_with_attention_methods_scores_every_length():
 
 def test_clamp_gives_a_view_that_shares_the_learned_table():
     model = sharp_model(position="learned", max_seq_len=8)
-    view = METHODS["clamp"].view(model, 32, 8)
+    view = model.under(METHODS["clamp"], 32, 8)
     assert view.config.position_args["learned"]["clamp"] and not model.config.position_args["learned"]["clamp"]
     assert view.position.table.weight is model.position.table.weight  # the same tensor, not a copy
     assert all(a is b for a, b in zip(view.layers.parameters(), model.layers.parameters()))

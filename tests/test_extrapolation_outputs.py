@@ -75,7 +75,7 @@ def test_line_styles_give_each_line_its_own_colour_even_when_names_share_one():
     """Two checkpoints of one encoding, or a method whose colour is an encoding's (which method's is whose follows the
     methods' registry, which tests extend): every line gets a colour of its own, and the lines as trained keep their
     encoding's colour, wherever the method's line comes in the figure."""
-    from model.inference_methods import METHODS
+    from model.methods import METHODS
 
     encodings = ["alibi", "none", "rope", "learned", "sinusoidal"]
     own = [figures.colour(encoding) for encoding in encodings]

@@ -18,7 +18,7 @@ from data.sft import check_conversation
 from errors import UserError
 from eval.extrapolation import parse_lengths, resolve_length
 from model.config import ModelConfig
-from model.rope import ROPE_SCALINGS, normalize_rope_scaling
+from model.methods import ROPE_SCALINGS, normalize_rope_scaling
 from train.pretrain import main as pretrain
 
 pytestmark = pytest.mark.fuzz  # the integration tier selects these again, at their full example count

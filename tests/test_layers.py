@@ -213,19 +213,51 @@ def project_sources() -> dict[str, str]:
     return {name: path.read_text() for name, path in project_modules().items()}
 
 
-def test_each_rope_scaling_is_defined_once_in_the_registry():
-    """A scaling name is defined by one @scaling("name", ...) in model/rope.py; the rest derive from the registry
-    (its keys, defaults, the CLI choices, the evaluation methods, transformers' supported set)."""
-    from model.rope import ROPE_SCALINGS
+def test_each_plug_in_kind_is_one_registry_whose_every_key_is_defined_in_one_file_of_its_package():
+    """Three kinds, three registries (issue 76): POSITION_ENCODINGS (model/encodings/), BACKENDS
+    (model/attention/registry.py) and METHODS (model/methods/). Each key is defined in exactly one file of its package
+    (the file of the class or function that computes it), each item's file defines one key (rope and xpos share
+    rotary.py), and the tables by kind (ROPE_SCALINGS, ATTENTION_METHODS) are views of METHODS, not registries."""
+    from model.attention.registry import BACKEND_MODULES, BACKENDS
+    from model.encodings import ENCODING_MODULES, POSITION_ENCODINGS
+    from model.methods import ATTENTION_METHODS, METHOD_MODULES, METHODS, NONE, ROPE_SCALINGS
 
+    def module_of(method) -> str:
+        if method.scaling is not None:
+            return method.scaling.function.__module__
+        if method.attention is not None:
+            return method.attention.__module__
+        return method.changes.__module__
+
+    tables = {"model.encodings": ({name: cls.__module__ for name, cls in POSITION_ENCODINGS.items()}, ENCODING_MODULES),
+              "model.attention": ({name: cls.__module__ for name, cls in BACKENDS.items()}, BACKEND_MODULES),
+              "model.methods": ({name: module_of(method) for name, method in METHODS.items()}, METHOD_MODULES)}
     sources = project_sources()
-    assert set(ROPE_SCALINGS) >= {"default", "linear", "ntk", "dynamic", "yarn", "llama3"}
-    for name in ROPE_SCALINGS:
-        places = [module for module, text in sources.items() if f'@scaling("{name}"' in text]
-        assert places == ["model.rope"], (name, places)
-    from infer.rope_args import add_rope_scaling_args
-    from model.inference_methods import METHODS
+    for package, (defined, modules) in tables.items():
+        assert defined, package
+        files = {f"{package}.{module}" for module in modules}
+        for name, module in defined.items():
+            assert module in files or (package, name) == ("model.methods", NONE), (package, name, module)
+            assert f'"{name}"' in sources[module], (package, name, module)  # named where it is defined
+        per_file = {}
+        for name, module in defined.items():
+            per_file.setdefault(module, []).append(name)
+        shared = {module: names for module, names in per_file.items() if len(names) > 1}
+        assert shared == ({"model.encodings.rotary": ["rope", "xpos"]} if package == "model.encodings" else {}), shared
+    assert ROPE_SCALINGS == {"default": ROPE_SCALINGS["default"],
+                             **{name: m.scaling for name, m in METHODS.items() if m.scaling is not None}}
+    assert ATTENTION_METHODS == {name: m.attention for name, m in METHODS.items() if m.attention is not None}
+    registries = [module for module, text in sources.items() if module.startswith("model")
+                  and any(f"{table}: dict[str, " in text and f"{table}[" in text
+                          for table in ("POSITION_ENCODINGS", "BACKENDS", "METHODS", "ROPE_SCALINGS", "ATTENTION_METHODS"))]
+    assert sorted(registries) == ["model.attention.registry", "model.encodings", "model.methods"], registries
 
+
+def test_the_rope_scalings_reach_the_command_line_and_the_methods_from_the_registry():
+    from infer.rope_args import add_rope_scaling_args
+    from model.methods import METHODS, ROPE_SCALINGS
+
+    assert set(ROPE_SCALINGS) >= {"default", "linear", "ntk", "dynamic", "yarn", "llama3"}
     assert set(ROPE_SCALINGS) - {"default"} <= set(METHODS)
     import argparse
 

@@ -158,7 +158,7 @@ def test_fope_coefficients_are_fixed_unless_learnable_and_stay_float32():
 def test_a_query_scale_multiplies_popes_logits_not_its_magnitudes():
     """logn (an inference-time query scale) multiplies the logits q.k; the attention applies it to the encoded
     query, so PoPE's softplus never sees it."""
-    from model.attention_methods import build_methods, method_context
+    from model.methods import build_methods, method_context
 
     model = Transformer(micro_config(position="pope", n_layers=1, n_kv_heads=4, init_std=0.2,
                                      attention_methods=[{"method": "logn", "base_length": 4}])).eval()

@@ -10,7 +10,7 @@ from errors import ConfigError
 from experiments.compare.config import CompareConfig
 from model import KVCache, Transformer
 from model.config import ModelConfig
-from model.inference_methods import METHODS, applies
+from model.methods import METHODS, applies
 from model.recipes import (
     INFERENCE,
     MIN_SPAN,
@@ -104,7 +104,7 @@ def test_each_recipe_inference_method_applies_to_it():
 
 def test_gemma3_scales_its_global_layers_only():
     model = build("gemma3").eval()
-    view = METHODS["linear"].view(model, 256, 64)
+    view = model.under(METHODS["linear"], 256, 64)
     assert view.config.rope_scaling["factor"] == 4.0
     assert view.config.layer_rope_scaled() == [False] * 5 + [True]
 

@@ -3,7 +3,7 @@ import math
 
 import torch
 
-from model.rope import yarn_correction_range
+from model.methods.yarn import yarn_correction_range
 from scripts.rope_analysis import (
     abel_bound,
     equivalences,

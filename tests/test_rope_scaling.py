@@ -9,14 +9,9 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from errors import ConfigError
 from model import KVCache, ModelConfig, Transformer
-from model.rope import (
-    ROPE_SCALINGS,
-    apply_rope,
-    default_inv_freq,
-    rope_cos_sin,
-    yarn_attention_factor,
-    yarn_correction_range,
-)
+from model.methods import ROPE_SCALINGS
+from model.methods.yarn import yarn_attention_factor, yarn_correction_range
+from model.rope import apply_rope, default_inv_freq, rope_cos_sin
 from tests.conftest import micro_config
 
 GRID = list(itertools.product([32, 64, 128], [1e4, 1e6], [2.0, 4.0, 8.0, 16.0], [128, 256, 2048, 4096], [True, False]))
@@ -154,7 +149,7 @@ def test_an_extended_checkpoint_keeps_its_original_length_under_a_new_scaling():
     """A model extended from 16 to 64 tokens with YaRN x4: config.original_length is 16 (not the extended 64), an
     inference-time scaling given without an original length refers to 16, and the evaluation's yarn method at the
     extended length reproduces the model as trained (factor 64 / 16 = 4 over the same original)."""
-    from model.inference_methods import METHODS
+    from model.methods import METHODS
 
     extended = micro_config(max_seq_len=64, rope_theta=500.0,
                             rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16})
@@ -163,10 +158,10 @@ def test_an_extended_checkpoint_keeps_its_original_length_under_a_new_scaling():
     idx = torch.randint(0, extended.vocab_size, (1, 64))
     with torch.no_grad():
         as_trained = model(idx)[0]
-        at_64 = METHODS["yarn"].view(model, 64, 64)
+        at_64 = model.under(METHODS["yarn"], 64, 64)
         assert at_64.config.rope_scaling == extended.rope_scaling
         assert torch.allclose(at_64(idx)[0], as_trained, atol=1e-6)
-        at_256 = METHODS["yarn"].view(model, 256, 64)
+        at_256 = model.under(METHODS["yarn"], 256, 64)
         assert at_256.config.rope_scaling["factor"] == 16.0
         assert at_256.config.rope_scaling["original_max_position_embeddings"] == 16
     assert model.with_rope_scaling({"rope_type": "yarn", "factor": 8.0}).config.rope_scaling[
@@ -217,13 +212,13 @@ def test_resonance_repeats_each_pair_exactly_after_its_wavelength():
 def test_resonance_is_an_inference_method_that_never_reuses_the_plain_cell():
     """Registered once, it is a --rope-scaling choice and an evaluation method (factor = length / L), and since it
     differs from RoPE at factor 1 the evaluation scores it at L too."""
-    from model.inference_methods import METHODS
+    from model.methods import METHODS
 
     own = micro_config(max_seq_len=16).to_dict()
     assert not any(METHODS["resonance"].as_trained_at(own, length, 16) for length in (8, 16))
     assert METHODS["yarn"].as_trained_at(own, 16, 16)
     model = Transformer(micro_config(max_seq_len=16)).eval()
-    view = METHODS["resonance"].view(model, 64, 16)
+    view = model.under(METHODS["resonance"], 64, 16)
     assert view.config.rope_scaling == {"rope_type": "resonance", "factor": 4.0,
                                         "original_max_position_embeddings": 16}
     trained = Transformer(micro_config(max_seq_len=16, rope_scaling={"rope_type": "resonance", "factor": 1.0}))

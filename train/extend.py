@@ -36,7 +36,7 @@ from data.tokenizer import load_tokenizer
 from errors import ConfigError, DataError, cli_command
 from model.checkpoint import load_config, load_trainer_state, trained_length
 from model.data_folder import training_data_dir
-from model.rope import ROPE_SCALINGS
+from model.methods import ROPE_SCALINGS
 from train.args import build_parser as training_parser
 from train.args import parse_args
 from train.cli import check_vocab, resolve_resume

@@ -8,7 +8,7 @@
 Every variant shares the data, token budget, shape and context length L; for each seed in compare.seeds it also
 shares the initialisation seed and the data order; only the position settings differ (model.position, or
 the model settings of a variant in compare.variants, e.g. a RoPE/NoPE layer hybrid). Each trained model is evaluated
-as trained and under each inference-time method in compare.methods that applies to it (model/inference_methods.py), on the
+as trained and under each inference-time method in compare.methods that applies to it (model/methods/), on the
 same held-out tokens at every length, with the L-window reference and the position-shift probe
 (eval/extrapolation.py); compare.snapshots also evaluates the models kept at those fractions of training.
 Jobs (one per encoding and seed) run in compare.workers processes; each writes OUT/logs/ENCODING-seedS.log.

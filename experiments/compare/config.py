@@ -16,7 +16,7 @@ from errors import ConfigError
 from eval.extrapolation import parse_lengths
 from model.encodings import POSITION_ENCODINGS
 from model.fields import check_field_types, check_keys
-from model.inference_methods import check_methods
+from model.methods import check_methods
 from model.recipes import RECIPES, expand
 from train.config import RunConfig, build_run_config, parse_override_value, set_dotted
 

@@ -33,7 +33,7 @@ from experiments.compare.findings import FLAT, penalty_side
 from experiments.compare.layout import task_path
 from experiments.compare.results import ComparisonResults
 from experiments.compare.use import UseSummary, positive_control, reads_back_words
-from model.inference_methods import NONE
+from model.methods import NONE
 
 USE_LENGTH, USE_DISTANCE = "8x", "4L"  # the lookup panels' grid cell: answers 4L back in inputs of 8L
 TEXT_USE_DISTANCE = 4  # the text panel's y: use of passages 4L apart, in multiples of L

@@ -13,7 +13,7 @@ from eval.stats import Estimate
 from experiments.compare.results import Snapshots, Variant
 from experiments.seed_intervals import excludes_zero, perplexity_ratio_interval, separated
 from model.encodings import POSITION_ENCODINGS
-from model.inference_methods import NONE, label
+from model.methods import NONE, label
 
 PAPER = "the ALiBi paper (Press et al. 2022; WikiText-103, 247M parameters, L = 512)"
 

@@ -19,7 +19,7 @@ from eval import figures
 from eval.figures import colour
 from eval.stats import Estimate
 from experiments.compare.results import ComparisonResults, Snapshots, Variant
-from model.inference_methods import NONE
+from model.methods import NONE
 
 COLUMNS = 4  # panels per row of small multiples
 AS_TRAINED = "every encoding as trained"

@@ -29,7 +29,7 @@ from experiments.compare.layout import eval_path, invocations
 from experiments.compare.plots import write_figures
 from experiments.compare.probes import report_sections, text_use
 from experiments.compare.results import ComparisonResults
-from model.inference_methods import NONE, method_spec
+from model.methods import NONE, method_spec
 from model.transformer import Transformer
 from train.loop import position_group_settings
 

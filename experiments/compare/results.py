@@ -22,7 +22,7 @@ from experiments.compare.config import CompareConfig, RunConfigs
 from experiments.compare.layout import eval_path
 from experiments.seed_intervals import perplexity_interval, perplexity_ratio_interval, seeds_and_windows
 from model.checkpoint import has_checkpoint, load_trainer_state
-from model.inference_methods import NONE, applies, label
+from model.methods import NONE, applies, label
 from model.transformer import Transformer
 from train.config import RunConfig
 from train.loop import METRICS

@@ -31,7 +31,7 @@ from experiments.compare.probes import run_probes
 from experiments.compare.reuse import reuse_trained
 from experiments.jobs import FreeCores, comparable, die_with_parent, job_output, saved_run_config, usable_cores
 from model.checkpoint import WEIGHTS, has_checkpoint, load_model, load_trainer_state, trained_length
-from model.inference_methods import applies
+from model.methods import applies
 from model.runtime import autocast_dtype, configure_runtime, resolve_device
 from model.runtime_config import RuntimeConfig
 from model.transformer import Transformer

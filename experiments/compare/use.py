@@ -29,7 +29,7 @@ from eval.use import default_span, measure_checkpoint
 from experiments.compare.cells import cell
 from experiments.compare.config import CompareConfig
 from experiments.seed_intervals import spread_interval
-from model.inference_methods import NONE, applies, label
+from model.methods import NONE, applies, label
 from model.transformer import Transformer
 
 PER_DISTANCE = 4  # passages per distance in each window

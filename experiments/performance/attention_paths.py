@@ -29,8 +29,8 @@ from errors import ConfigError, PositionRangeError, cli_command
 from eval.scoring import score_windows
 from model.config import ModelConfig
 from model.encodings import POSITION_ENCODINGS
-from model.inference_methods import METHODS
 from model.kv_cache import KVCache
+from model.methods import METHODS
 from model.runtime import autocast, autocast_dtype, configure_runtime, resolve_device
 from model.transformer import Transformer
 
@@ -58,7 +58,7 @@ def paths_of(settings: dict, device: torch.device, batch: int, shape: dict | Non
         score_windows(model, windows)
         found["16x evaluation"] = model.attention_paths()
     except PositionRangeError:  # a learned table: the evaluation scores it past its end under the clamp method
-        clamped = METHODS["clamp"].view(model, 16 * length, length)
+        clamped = model.under(METHODS["clamp"], 16 * length, length)
         score_windows(clamped, windows)
         found["16x evaluation"] = {layers: f"{path} (under the clamp method)"
                                    for layers, path in clamped.attention_paths().items()}

@@ -10,11 +10,11 @@ import torch
 from torch import nn
 
 from model.attention.registry import DECODE, EVALUATE, TRAIN, Backend, Inputs, Setting, choose
-from model.attention_methods import MethodContext
 from model.config import ModelConfig
 from model.encodings import PositionEncoding
 from model.kv_cache import KVCache
 from model.layers import RMSNorm
+from model.methods import MethodContext
 
 
 def mode_of(kv_cache: KVCache | None) -> str:
@@ -58,7 +58,7 @@ class Attention(nn.Module):
     def setting(self, mode: str, device: torch.device, dtype: torch.dtype, methods: list = (),
                 observed: bool = False, preference: str = "auto") -> Setting:
         """What this layer's backend is chosen from, for `mode` (model/attention/registry.py); `methods`: the view's
-        inference-time attention methods (model/attention_methods.py)."""
+        inference-time attention methods (model/methods/)."""
         return Setting(mode=mode, device=device.type, dtype=dtype, window=self.window, chunk=self.chunk,
                        sinks=self.sink_logits is not None, methods=bool(methods),
                        passes=any(method.sets_positions for method in methods),

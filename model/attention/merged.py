@@ -2,7 +2,7 @@
 their log-sum-exps.
 
 A method that encodes positions per pass gives each (query, key) pair the score of one pass: the last pass whose
-select(i, j) holds, else the first (model/attention_methods.py). The explicit steps compute every pass's scores for
+select(i, j) holds, else the first (model/methods/). The explicit steps compute every pass's scores for
 every pair and pick among them, which at 16-32k tokens costs minutes per layer. The same attention is a softmax
 over disjoint key sets, one per pass: pass p's output o_p and log-sum-exp s_p over the pairs it owns, merged as
 split-key attention merges partial softmaxes,

@@ -45,8 +45,8 @@ from model.kv_cache import KVCache
 
 if TYPE_CHECKING:
     from model.attention.explicit import Observer
-    from model.attention_methods import MethodContext
     from model.encodings import PositionEncoding
+    from model.methods import MethodContext
 
 TRAIN, EVALUATE, DECODE = "train", "evaluate", "decode"
 

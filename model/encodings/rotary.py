@@ -1,6 +1,6 @@
 """Rotary encodings: rope (with partial rotary and p-RoPE) and xpos.
 
-    rope   Su et al. 2021, with an optional scaling from model.rope.ROPE_SCALINGS (model.rope_scaling).
+    rope   Su et al. 2021, with an optional scaling from model.methods.ROPE_SCALINGS (model.rope_scaling).
            Settings (model.position_args.rope): fraction < 1: partial rotary (GPT-NeoX `rotary_pct`, transformers' `partial_rotary_factor`):
            only the first round(fraction * head_dim) dimensions of each head rotate, with frequencies over that
            many dimensions; the rest carry no position.
@@ -21,7 +21,8 @@ import torch
 from errors import ConfigError, PositionRangeError
 from model.config import ModelConfig
 from model.encodings import EncodingSettings, PositionEncoding, register_encoding
-from model.rope import ROPE_SCALINGS, apply_rope, rope_cos_sin
+from model.methods import ROPE_SCALINGS
+from model.rope import apply_rope, rope_cos_sin
 
 
 @dataclass
@@ -73,7 +74,7 @@ def keep_highest_frequencies(inv_freq: torch.Tensor, p: float) -> torch.Tensor:
 
 @register_encoding("rope")
 class RoPE(PositionEncoding):
-    """Rotary embedding (Su et al. 2021) with an optional scaling from model.rope.ROPE_SCALINGS, partial rotary
+    """Rotary embedding (Su et al. 2021) with an optional scaling from model.methods.ROPE_SCALINGS, partial rotary
     (the `fraction` setting) and p-RoPE (`p`). It reads the model-level rope_theta, rope_layout and rope_scaling
     (transformers' names, shared with the Hugging Face mapping and the scaling methods).
 
