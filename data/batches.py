@@ -87,7 +87,7 @@ class PretrainBatches:
 
     def __init__(self, data_dir: str | Path, seq_len: int, batch_size: int, seed: int, val_batches: int) -> None:
         meta = read_meta(data_dir)
-        self.data_dir = Path(data_dir)  # recorded with each checkpoint (model/data_folder.py)
+        self.data_dir = Path(data_dir)  # recorded with each checkpoint (model/checkpoint.py)
         self.train = open_split(data_dir, "train", meta)
         self.val = open_split(data_dir, "val", meta)
         for split in (self.train, self.val):

@@ -33,8 +33,7 @@ from errors import ConfigError, DataError, cli_command
 from eval import figures
 from eval.extrapolation import parse_lengths, resolve_length
 from eval.heldout import checkpoint_eval_tokens
-from model.checkpoint import load_model, trained_length
-from model.data_folder import training_data_dir
+from model.checkpoint import load_model, trained_length, training_data_dir
 from model.runtime import configure_runtime, resolve_device
 from model.transformer import Transformer
 

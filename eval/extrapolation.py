@@ -54,8 +54,7 @@ from eval.segments import (
     tiled_windows,
 )
 from eval.stats import crossed_bootstrap
-from model.checkpoint import load_model, trained_length
-from model.data_folder import training_data_dir
+from model.checkpoint import load_model, trained_length, training_data_dir
 from model.methods import METHODS, NONE, applies, check_methods, label, method_spec
 from model.runtime import autocast_dtype, configure_runtime, resolve_device
 from model.transformer import Transformer

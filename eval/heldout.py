@@ -19,8 +19,7 @@ from data.prepare import DEFAULT_VAL_FRACTION, encode_documents, is_validation, 
 from data.sources import SOURCE_NAMES, load_source
 from data.tokenizer import ENDOFTEXT
 from errors import CheckpointError, DataError
-from model.checkpoint import load_trainer_state
-from model.data_folder import training_data_dir
+from model.checkpoint import load_trainer_state, training_data_dir
 
 
 def is_prepared(data: str | Path) -> bool:

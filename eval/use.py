@@ -81,8 +81,7 @@ from eval.stats import (
     use_margin,
     verdict,
 )
-from model.checkpoint import load_model, trained_length
-from model.data_folder import training_data_dir
+from model.checkpoint import load_model, trained_length, training_data_dir
 from model.methods import ATTENTION_METHODS, NONE, applies, check_methods, method_spec, normalize_methods
 from model.runtime import autocast_dtype, configure_runtime, resolve_device
 from model.transformer import Transformer

@@ -1,4 +1,4 @@
-"""A checkpoint finds its training data folder from any working directory (model/data_folder.py): the absolute
+"""A checkpoint finds its training data folder from any working directory (model/checkpoint.py): the absolute
 path recorded at save time, then the path relative to the checkpoint folder, then the run's data.dir as given."""
 import json
 import shutil
@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from errors import DataError
-from model.data_folder import DATA_FOLDER, data_folder_record, training_data_dir
+from model.checkpoint import DATA_FOLDER, data_folder_record, training_data_dir
 from tests.conftest import train_micro_run
 
 

@@ -268,11 +268,17 @@ def test_the_rope_scalings_reach_the_command_line_and_the_methods_from_the_regis
 
 
 def test_a_checkpoints_data_folder_is_found_through_one_function():
-    """Only model.data_folder reads where a checkpoint's data folder is (the record, or the run's data.dir); every
-    command that defaults to it calls model.data_folder.training_data_dir."""
+    """Only model.checkpoint reads where a checkpoint's data folder is (the record, or the run's data.dir); every
+    command that defaults to it calls model.checkpoint.training_data_dir."""
     readers = [module for module, text in project_sources().items()
                if '"data_folder"' in text or '.get("data", {}).get("dir"' in text]
-    assert readers == ["model.data_folder"], readers
+    assert readers == ["model.checkpoint"], readers
+
+
+def test_model_has_at_most_16_top_level_files():
+    """model/ keeps its top level small (issue 76: at most 16 files); the plug-in kinds are packages."""
+    top = sorted(path.name for path in (ROOT / "model").glob("*.py"))
+    assert len(top) <= 16, top
 
 
 def test_the_trained_length_is_read_through_one_accessor():

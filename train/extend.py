@@ -34,8 +34,7 @@ from commands import renamed, require
 from data.batches import PoseBatches, PretrainBatches, read_meta
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, DataError, cli_command
-from model.checkpoint import load_config, load_trainer_state, trained_length
-from model.data_folder import training_data_dir
+from model.checkpoint import load_config, load_trainer_state, trained_length, training_data_dir
 from model.methods import ROPE_SCALINGS
 from train.args import build_parser as training_parser
 from train.args import parse_args

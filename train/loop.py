@@ -24,10 +24,12 @@ import torch
 from errors import CommandStopped, ConfigError
 from model.checkpoint import (
     CONFIG,
+    DATA_FOLDER,
     TRAINER_STATE,
     TRAINING_STATE,
     WEIGHTS,
     CheckpointError,
+    data_folder_record,
     has_checkpoint,
     load_config,
     load_model,
@@ -38,7 +40,6 @@ from model.checkpoint import (
     save_checkpoint,
 )
 from model.config import ModelConfig
-from model.data_folder import DATA_FOLDER, data_folder_record
 from model.folder_lock import FolderLock
 from model.runtime import autocast, autocast_dtype, configure_runtime, resolve_device
 from model.transformer import IGNORE_INDEX, Transformer

@@ -16,8 +16,16 @@ from pathlib import Path
 from errors import DataError
 from experiments.compare.layout import run_dir
 from experiments.jobs import comparable, saved_run_config
-from model.checkpoint import READY, STAGING, TRAINER_STATE, has_checkpoint, load_trainer_state
-from model.data_folder import DATA_FOLDER, data_folder_record, training_data_dir
+from model.checkpoint import (
+    DATA_FOLDER,
+    READY,
+    STAGING,
+    TRAINER_STATE,
+    data_folder_record,
+    has_checkpoint,
+    load_trainer_state,
+    training_data_dir,
+)
 from train.config import RunConfig, to_toml
 from train.loop import RUN_CONFIG, SNAPSHOTS
 
