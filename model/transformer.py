@@ -79,7 +79,7 @@ class Transformer(nn.Module):
         self.runtime = DEFAULTS if runtime is None else runtime
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
         self.observer: Observer | None = None  # a diagnostic's view (with_observer): reads the probabilities
-        self.build_positions(config)
+        self.build_view_parts(config)
         self.layers = nn.ModuleList(Block(config, index) for index in range(config.n_layers))
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
@@ -103,8 +103,11 @@ class Transformer(nn.Module):
         for encoding in self.position_encodings():
             encoding.reset_parameters()
 
-    def build_positions(self, config: ModelConfig) -> None:
-        """`position`: the encoding named by model.position (its parameters keep the names `position.*`, so
+    def build_view_parts(self, config: ModelConfig) -> None:
+        """What a model and each of its views build of their own from `config` (the layers and weights are shared):
+        the position encodings, the inference-time attention methods and the table of chosen backends.
+
+        `position`: the encoding named by model.position (its parameters keep the names `position.*`, so
         checkpoints of single-encoding models are unchanged); `layer_positions`: the other encodings of a
         per-layer pattern (model.position_layers), by name; absent when there are none."""
         self.position = POSITION_ENCODINGS[config.position](config)
@@ -171,7 +174,7 @@ class Transformer(nn.Module):
             dict(self._buffers)
         view.config = config
         view.observer = observer
-        view.build_positions(config)
+        view.build_view_parts(config)
         device = self.tok_embeddings.weight.device
         for name in dict.fromkeys(config.layer_encodings()):
             share_parameters(view.encoding_of(name), self.encoding_of(name), device)
@@ -190,9 +193,9 @@ class Transformer(nn.Module):
         if key not in self.backends:
             preference = self.config.attention_backend
             names = self.config.layer_encodings()
-            settings = [layer.attention.setting(mode, device, dtype, self.attention_methods, self.observer is not None,
-                                                preference) for layer in self.layers]
-            self.backends[key] = plan([self.encoding_of(name) for name in names], settings, self.observer)
+            workloads = [layer.attention.workload(mode, device, dtype, self.attention_methods, self.observer is not None,
+                                                  preference) for layer in self.layers]
+            self.backends[key] = plan([self.encoding_of(name) for name in names], workloads, self.observer)
         self.latest_backends = key
         return self.backends[key]
 

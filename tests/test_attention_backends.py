@@ -23,7 +23,7 @@ from model.attention.registry import (
     SDPA_MASK,
     TRAIN,
     Inputs,
-    Setting,
+    Workload,
     choose,
     describe,
 )
@@ -69,8 +69,8 @@ def test_every_encoding_takes_its_path_in_training_evaluation_and_decoding(name)
         assert only.split(":")[0] == expected, (situation, only)
 
 
-def setting(**changes) -> Setting:
-    return Setting(**{**dict(mode=EVALUATE, device="cpu", dtype=torch.float32), **changes})
+def workload(**changes) -> Workload:
+    return Workload(**{**dict(mode=EVALUATE, device="cpu", dtype=torch.float32), **changes})
 
 
 def inputs(batch=1, length=1024, consecutive=True, kv_cache=None) -> Inputs:
@@ -86,26 +86,26 @@ def test_each_rule_decides_and_says_why():
     alibi = Transformer(micro_config(position="alibi")).position
     t5 = Transformer(micro_config(position="t5")).position
     rope = Transformer(micro_config(position="rope")).position
-    flex = choose(alibi, setting())
+    flex = choose(alibi, workload())
     assert flex.name == FLEX and flex.fallback.name == SDPA_MASK
     # per forward, FlexAttention's conditions send a forward to the fallback chosen beside it, saying why
     assert flex.why_not_now(inputs()) is None
     assert flex.why_not_now(inputs(consecutive=False)) == "positions that are not consecutive"
     assert "several sequences" in flex.why_not_now(inputs(batch=2))
     assert "shorter than 512" in flex.why_not_now(inputs(length=256))
-    assert "bfloat16" in choose(alibi, setting(dtype=torch.bfloat16)).reason
-    assert choose(alibi, setting(device="cuda")).name == SDPA_MASK
-    assert choose(alibi, setting(observed=True)).name == EXPLICIT
-    assert choose(rope, setting(passes=True, methods=True)).name == MERGED
-    assert choose(rope, setting(passes=True, methods=True, mode=TRAIN)).reason.endswith("gradients are wanted")
-    assert choose(rope, setting(passes=True, methods=True, device="cuda")).name == EXPLICIT
-    assert choose(rope, setting(passes=True, methods=True, observed=True)).name == EXPLICIT
-    assert choose(rope, setting(window=8)).name == SDPA_MASK  # a window: chunks, even without a bias
-    assert choose(rope, setting(visibility=True, methods=True)).name == SDPA_MASK
-    assert choose(rope, setting()).name == SDPA
-    assert choose(t5, setting(mode=TRAIN)).name == EXPLICIT
-    assert choose(t5, setting(mode=TRAIN, device="cuda")).name == SDPA_MASK
-    assert choose(alibi, setting(mode=DECODE)).reason.endswith("a KV cache")
+    assert "bfloat16" in choose(alibi, workload(dtype=torch.bfloat16)).reason
+    assert choose(alibi, workload(device="cuda")).name == SDPA_MASK
+    assert choose(alibi, workload(observed=True)).name == EXPLICIT
+    assert choose(rope, workload(passes=True, methods=True)).name == MERGED
+    assert choose(rope, workload(passes=True, methods=True, mode=TRAIN)).reason.endswith("gradients are wanted")
+    assert choose(rope, workload(passes=True, methods=True, device="cuda")).name == EXPLICIT
+    assert choose(rope, workload(passes=True, methods=True, observed=True)).name == EXPLICIT
+    assert choose(rope, workload(window=8)).name == SDPA_MASK  # a window: chunks, even without a bias
+    assert choose(rope, workload(visibility=True, methods=True)).name == SDPA_MASK
+    assert choose(rope, workload()).name == SDPA
+    assert choose(t5, workload(mode=TRAIN)).name == EXPLICIT
+    assert choose(t5, workload(mode=TRAIN, device="cuda")).name == SDPA_MASK
+    assert choose(alibi, workload(mode=DECODE)).reason.endswith("a KV cache")
 
 
 def test_whether_positions_are_consecutive_is_computed_once_per_state(monkeypatch):
@@ -125,13 +125,13 @@ def test_a_named_backend_is_taken_where_it_serves_and_the_rules_elsewhere_say_wh
     alibi = Transformer(micro_config(position="alibi")).position
     cope = Transformer(micro_config(position="cope")).position
     rope = Transformer(micro_config(position="rope")).position
-    chosen = choose(alibi, setting(preference="explicit"))
+    chosen = choose(alibi, workload(preference="explicit"))
     assert chosen.name == EXPLICIT and chosen.reason == "model.attention_backend = 'explicit'"
-    assert choose(alibi, setting(preference="sdpa_mask")).name == SDPA_MASK  # off FlexAttention
-    refused = choose(cope, setting(preference="sdpa_mask"))  # CoPE's bias reads the scores: a mask cannot hold it
+    assert choose(alibi, workload(preference="sdpa_mask")).name == SDPA_MASK  # off FlexAttention
+    refused = choose(cope, workload(preference="sdpa_mask"))  # CoPE's bias reads the scores: a mask cannot hold it
     assert refused.name == EXPLICIT and "sdpa_mask cannot serve it: a bias that reads the scores" in refused.reason
-    assert choose(rope, setting(preference="flex")).name == SDPA  # no bias for FlexAttention to compute
-    assert choose(rope, setting(preference="merged")).name == SDPA  # no passes to merge
+    assert choose(rope, workload(preference="flex")).name == SDPA  # no bias for FlexAttention to compute
+    assert choose(rope, workload(preference="merged")).name == SDPA  # no passes to merge
     with pytest.raises(ConfigError, match="unknown attention backend 'fast'.*'sdpa_mask'"):
         Transformer(micro_config(position="rope", attention_backend="fast"))
     for name in BACKENDS:  # every backend computes what it says it can: the same logits as the rules' choice
@@ -149,23 +149,23 @@ def test_on_cuda_flex_waits_to_be_named_then_serves_training_bf16_batches_and_wi
     by_name = {name: Transformer(micro_config(position=name)).position
                for name in ("alibi", "t5", "kerple", "shaw", "fox", "fire", "rope")}
     training = dict(device="cuda", mode=TRAIN, dtype=torch.bfloat16)
-    off = choose(by_name["t5"], setting(**training))
+    off = choose(by_name["t5"], workload(**training))
     assert off.name == SDPA_MASK and 'model.attention_backend = \"flex\"' in off.reason
     for name in ("alibi", "t5", "kerple", "shaw", "fox"):
-        assert choose(by_name[name], setting(**training, preference="flex")).name == FLEX, name
-        assert choose(by_name[name], setting(device="cuda", preference="flex")).name == FLEX, name
+        assert choose(by_name[name], workload(**training, preference="flex")).name == FLEX, name
+        assert choose(by_name[name], workload(device="cuda", preference="flex")).name == FLEX, name
     on = dict(training, preference="flex")
-    assert choose(by_name["alibi"], setting(**on, window=32)).name == FLEX
-    assert "window with a clipped bias" in choose(by_name["shaw"], setting(**on, window=32)).reason
+    assert choose(by_name["alibi"], workload(**on, window=32)).name == FLEX
+    assert "window with a clipped bias" in choose(by_name["shaw"], workload(**on, window=32)).reason
     for changes, why in (({"mode": DECODE}, "KV cache"), ({"compiling": True}, "compiled graph"),
                          ({"dtype": torch.float16}, "float16"), ({"methods": True}, "attention method")):
-        chosen = choose(by_name["alibi"], setting(**{**on, **changes}))
+        chosen = choose(by_name["alibi"], workload(**{**on, **changes}))
         assert chosen.name != FLEX and why in chosen.reason, (changes, chosen.reason)
-    assert "distance alone" in choose(by_name["fire"], setting(**on)).reason  # FIRE's bias reads the query position
-    assert choose(by_name["rope"], setting(**on)).name == SDPA
+    assert "distance alone" in choose(by_name["fire"], workload(**on)).reason  # FIRE's bias reads the query position
+    assert choose(by_name["rope"], workload(**on)).name == SDPA
     # on the CPU, naming it changes nothing where "auto" takes it, and cannot make it train (no CPU backward)
-    assert choose(by_name["alibi"], setting(preference="flex")).name == FLEX == choose(by_name["alibi"], setting()).name
-    trained = choose(by_name["t5"], setting(mode=TRAIN, preference="flex"))
+    assert choose(by_name["alibi"], workload(preference="flex")).name == FLEX == choose(by_name["alibi"], workload()).name
+    trained = choose(by_name["t5"], workload(mode=TRAIN, preference="flex"))
     assert trained.name == EXPLICIT and "no FlexAttention backward on the CPU" in trained.reason
 
 

@@ -7,8 +7,8 @@ import torch
 
 import model.attention.flex as flex
 from model import Transformer
-from model.attention.masked import Masked
 from model.attention.registry import Inputs
+from model.attention.sdpa_mask import Masked
 from model.compiled import Compiled
 from model.encodings import EXPLICIT
 from tests.conftest import decode_in_steps, micro_config

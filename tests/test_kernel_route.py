@@ -14,10 +14,10 @@ def test_the_route_of_a_training_command_reaches_the_chosen_backend(prepared_dat
     assert tracer.kernel is not None and tracer.kernel.file == "torch.scaled_dot_product_attention"
     stack = [c.file for c in tracer.kernel.ancestors()]
     # ALiBi in training: a float mask through the masked backend, chosen once by the registry
-    assert stack[-2] == "model/attention/masked.py" and "model/attention/layer.py" in stack
+    assert stack[-2] == "model/attention/sdpa_mask.py" and "model/attention/layer.py" in stack
     found = summary(calls)
     for needed in ("model/config.py", "model/encodings/__init__.py", "model/encodings/alibi.py", "model/attention/registry.py",
-                   "model/attention/masked.py", "train/pretrain.py"):
+                   "model/attention/sdpa_mask.py", "train/pretrain.py"):
         assert needed in found["files"], needed
     assert "data/tokenizer.py" not in found["files"]  # off the route: no stage calls it
     assert all("<import>" not in line for line in tree_lines(calls))

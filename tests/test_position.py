@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import model.attention.explicit as explicit_backend
-import model.attention.masked as masked_backend
+import model.attention.sdpa_mask as masked_backend
 from errors import ConfigError, PositionRangeError
 from model import KVCache, StaticKVCache, Transformer
 from model.attention import Attention

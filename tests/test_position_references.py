@@ -517,7 +517,7 @@ def test_window_decoding_through_a_cache_equals_the_full_forward(cache_type):
 
 def test_windowed_attention_computes_only_the_band(monkeypatch):
     """Each chunk of rows sees at most window + rows - 1 keys: the work is O(time x window)."""
-    import model.attention.masked as attention_module
+    import model.attention.sdpa_mask as attention_module
 
     seen = []
     original = attention_module.F.scaled_dot_product_attention

@@ -42,7 +42,7 @@ def test_a_learned_bias_trains_through_explicit_attention_with_the_same_logits_a
     speed): the logits and every parameter's gradient equal those of the SDPA route, with chunks smaller than the
     sequence so that their stitching is covered too."""
     import model.attention.explicit as explicit_backend
-    import model.attention.masked as masked_backend
+    import model.attention.sdpa_mask as masked_backend
 
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16,

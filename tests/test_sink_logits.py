@@ -37,7 +37,7 @@ def test_the_sinks_match_gpt_oss_attention():
         causal = torch.full((time, time), float("-inf")).triu(1)[None, None]
         expected = reference(x, rotary(x, positions), attention_mask=causal)[0]
         for preference, taken in (("auto", "sdpa_mask"), ("explicit", "explicit")):
-            backend = choose(model.position, ours.setting("evaluate", x.device, x.dtype, preference=preference))
+            backend = choose(model.position, ours.workload("evaluate", x.device, x.dtype, preference=preference))
             assert backend.name == taken
             got = ours(x, model.position, model.position.prepare(positions, positions), None, backend=backend)
             assert (got - expected).abs().max() < 1e-5, preference

@@ -46,8 +46,8 @@ from errors import ConfigError, cli_command
 from experiments.performance.measure import COST_SHAPE, peak_rss_mib, rotating_rounds, synchronize
 from model.attention.explicit import Explicit
 from model.attention.flex import distance_table
-from model.attention.masked import Masked
 from model.attention.registry import Inputs
+from model.attention.sdpa_mask import Masked
 from model.config import ModelConfig
 from model.runtime import configure_runtime, resolve_device
 from model.transformer import Transformer

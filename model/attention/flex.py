@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from model.attention.registry import DECODE, TRAIN, FallbackBackend, Setting, first_reason, register_backend
+from model.attention.registry import DECODE, TRAIN, FallbackBackend, Workload, first_reason, register_backend
 from model.compiled import Compiled
 
 MIN_LENGTH = 512  # shorter forwards keep the chunked path
@@ -217,43 +217,43 @@ class Flex(FallbackBackend):
     name = "flex"
 
     @classmethod
-    def why_not(cls, encoding, setting: Setting) -> str | None:
+    def why_not(cls, encoding, workload: Workload) -> str | None:
         """What FlexAttention cannot compute here: on the CPU (which has no FlexAttention backward) no-grad float32
         forwards; on CUDA, training and bf16 too (why_not_on_cuda)."""
         if encoding.flex_kind is None:
             return "no bias that is a function of the distance alone (or a query's term less a key's)"
         checks = [
-            (setting.mode == DECODE, "a KV cache"),
-            (setting.methods or setting.observed or setting.dropout, "an attention method, a diagnostic or dropout"),
-            (setting.compiling, "inside a compiled graph"),
-            (setting.chunk, "an attention chunk, which its block masks do not draw"),
-            (setting.sinks, "learned sink logits"),
-            (setting.window and encoding.flex_kind == "clipped",
+            (workload.mode == DECODE, "a KV cache"),
+            (workload.methods or workload.observed or workload.dropout, "an attention method, a diagnostic or dropout"),
+            (workload.compiling, "inside a compiled graph"),
+            (workload.chunk, "an attention chunk, which its block masks do not draw"),
+            (workload.sinks, "learned sink logits"),
+            (workload.window and encoding.flex_kind == "clipped",
              "a window with a clipped bias, whose near band is computed without one"),
         ]
-        if setting.device == "cuda":
-            checks.append((setting.dtype not in (torch.float32, torch.bfloat16),
-                           f"{str(setting.dtype).removeprefix('torch.')}, and it serves float32 and bfloat16"))
+        if workload.device == "cuda":
+            checks.append((workload.dtype not in (torch.float32, torch.bfloat16),
+                           f"{str(workload.dtype).removeprefix('torch.')}, and it serves float32 and bfloat16"))
         else:
-            checks += [(setting.device != "cpu", f"not tried on {setting.device}"),
-                       (setting.mode == TRAIN, "gradients are wanted, and torch has no FlexAttention backward on the CPU"),
-                       (setting.dtype != torch.float32,
-                        f"{str(setting.dtype).removeprefix('torch.')}, and it serves float32 on the CPU")]
+            checks += [(workload.device != "cpu", f"not tried on {workload.device}"),
+                       (workload.mode == TRAIN, "gradients are wanted, and torch has no FlexAttention backward on the CPU"),
+                       (workload.dtype != torch.float32,
+                        f"{str(workload.dtype).removeprefix('torch.')}, and it serves float32 on the CPU")]
         # first_reason's rule, read here: the registry asks this while it chooses, and the choice calls no helper of
         # the registry's file back (one pass from the registry to a backend's file: scripts.kernel_route)
         return next((reason for failed, reason in checks if failed), None)
 
     @classmethod
-    def why_not_by_default(cls, encoding, setting: Setting) -> str | None:
+    def why_not_by_default(cls, encoding, workload: Workload) -> str | None:
         """What keeps "auto" from choosing it where it could serve: it was measured faster on the CPU only, and
         there not with a window (python -m experiments.performance.flex_costs, docs/performance.md)."""
-        blocked = cls.why_not(encoding, setting)
+        blocked = cls.why_not(encoding, workload)
         if blocked is not None:
             return blocked
-        if setting.device != "cpu":
-            return (f"measured on the CPU only, not on {setting.device} (model.attention_backend = \"flex\" takes "
+        if workload.device != "cpu":
+            return (f"measured on the CPU only, not on {workload.device} (model.attention_backend = \"flex\" takes "
                     "it there, to measure it)")
-        if setting.window:
+        if workload.window:
             return "a window, which it serves slower than the chunked path on the CPU"
         return None
 

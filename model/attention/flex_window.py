@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from model.attention.flex import block_mask
-from model.attention.registry import DECODE, FallbackBackend, Setting, first_reason, register_backend
+from model.attention.registry import DECODE, FallbackBackend, Workload, first_reason, register_backend
 from model.compiled import Compiled
 from model.encodings import FUSED
 
@@ -35,18 +35,18 @@ class FlexWindow(FallbackBackend):
     name = "flex_window"
 
     @classmethod
-    def why_not(cls, encoding, setting: Setting) -> str | None:
+    def why_not(cls, encoding, workload: Workload) -> str | None:
         return first_reason([
             (encoding.attention != FUSED, "the encoding adds to the scores (the flex backend serves biases)"),
-            (not setting.window, "no sliding window in this layer"),
-            (setting.chunk, "an attention chunk, not a window"),
-            (setting.sinks, "learned sink logits"),
-            (setting.methods or setting.observed or setting.dropout, "an attention method, a diagnostic or dropout"),
-            (setting.mode == DECODE, "a KV cache"),
-            (setting.compiling, "inside a compiled graph"),
-            (setting.device == "cpu" and setting.grad,
+            (not workload.window, "no sliding window in this layer"),
+            (workload.chunk, "an attention chunk, not a window"),
+            (workload.sinks, "learned sink logits"),
+            (workload.methods or workload.observed or workload.dropout, "an attention method, a diagnostic or dropout"),
+            (workload.mode == DECODE, "a KV cache"),
+            (workload.compiling, "inside a compiled graph"),
+            (workload.device == "cpu" and workload.grad,
              "gradients are wanted, and torch has no FlexAttention backward on the CPU"),
-            (setting.dtype != torch.float32, f"{str(setting.dtype).removeprefix('torch.')}; it serves float32"),
+            (workload.dtype != torch.float32, f"{str(workload.dtype).removeprefix('torch.')}; it serves float32"),
         ])
 
     def why_not_served(self, inputs) -> str | None:

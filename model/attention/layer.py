@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from model.attention.registry import DECODE, EVALUATE, TRAIN, Backend, Inputs, Setting, choose
+from model.attention.registry import DECODE, EVALUATE, TRAIN, Backend, Inputs, Workload, choose
 from model.config import ModelConfig
 from model.encodings import PositionEncoding
 from model.kv_cache import KVCache
@@ -55,15 +55,22 @@ class Attention(nn.Module):
     def dropout_now(self) -> float:
         return self.dropout if self.training else 0.0
 
-    def setting(self, mode: str, device: torch.device, dtype: torch.dtype, methods: list = (),
-                observed: bool = False, preference: str = "auto") -> Setting:
+    def workload(self, mode: str, device: torch.device, dtype: torch.dtype, methods: list = (),
+                observed: bool = False, preference: str = "auto") -> Workload:
         """What this layer's backend is chosen from, for `mode` (model/attention/registry.py); `methods`: the view's
-        inference-time attention methods (model/methods/)."""
-        return Setting(mode=mode, device=device.type, dtype=dtype, window=self.window, chunk=self.chunk,
-                       sinks=self.sink_logits is not None, methods=bool(methods),
-                       passes=any(method.sets_positions for method in methods),
-                       visibility=any(method.sets_visibility for method in methods), observed=observed,
-                       dropout=self.dropout_now(), compiling=torch.compiler.is_compiling(), preference=preference)
+        inference-time attention methods (model/methods/): any, any that sets positions, any that sets visibility."""
+        return self.workload_of(mode, device.type, dtype, (bool(methods), any(m.sets_positions for m in methods),
+                                                          any(m.sets_visibility for m in methods)),
+                               observed, preference)
+
+    def workload_of(self, mode: str, device: str, dtype: torch.dtype, methods: tuple[bool, bool, bool],
+                   observed: bool = False, preference: str = "auto") -> Workload:
+        """The one place a Workload is built: `methods` = (any method, one that sets positions, one that sets
+        visibility)."""
+        return Workload(mode=mode, device=device, dtype=dtype, window=self.window, chunk=self.chunk,
+                       sinks=self.sink_logits is not None, methods=methods[0], passes=methods[1],
+                       visibility=methods[2], observed=observed, dropout=self.dropout_now(),
+                       compiling=torch.compiler.is_compiling(), preference=preference)
 
     def forward(
         self,
@@ -106,12 +113,11 @@ class Attention(nn.Module):
             if not encoding.caches_encoded_keys:
                 k = encoding.encode_keys(k, encoding_state)
         if backend is None:
-            setting = Setting(mode=mode_of(kv_cache), device=q.device.type, dtype=q.dtype, window=self.window,
-                              chunk=self.chunk, sinks=self.sink_logits is not None, methods=methods is not None,
-                              passes=passes,
-                              visibility=methods is not None and methods.visible is not None,
-                              dropout=self.dropout_now(), compiling=torch.compiler.is_compiling())
-            backend = choose(encoding, setting)
+            # a layer called alone, outside a model (which chooses once per view and mode): chosen here, with the
+            # defaults of a model (no diagnostic, model.attention_backend "auto")
+            workload = self.workload_of(mode_of(kv_cache), q.device.type, q.dtype,
+                                      (methods is not None, bool(passes), methods is not None and methods.visible is not None))
+            backend = choose(encoding, workload)
         y = backend.attend(self, Inputs(q, k, v, encoding, encoding_state, kv_cache, causal, methods, pass_states,
                                         scale if passes else None))
         # (batch, heads, time, head_dim) -> (batch, time, heads * head_dim)

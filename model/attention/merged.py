@@ -26,7 +26,7 @@ import torch
 
 from model.attention.chunks import chunks, effective_window, expand_kv_heads
 from model.attention.explicit import encoded_passes
-from model.attention.registry import TRAIN, Backend, Setting, register_backend
+from model.attention.registry import TRAIN, Backend, Workload, register_backend
 from model.encodings import FUSED
 
 KERNEL = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
@@ -46,14 +46,14 @@ class Merged(Backend):
     name = "merged"
 
     @classmethod
-    def why_not(cls, encoding, setting: Setting) -> str | None:
+    def why_not(cls, encoding, workload: Workload) -> str | None:
         checks = [
-            (not setting.passes, "no attention method that encodes positions per pass"),
-            (setting.sinks, "learned sink logits"),
+            (not workload.passes, "no attention method that encodes positions per pass"),
+            (workload.sinks, "learned sink logits"),
             (encoding.attention != FUSED, "the encoding adds to the scores"),
-            (setting.device != "cpu", f"its kernel is the CPU's, not {setting.device}'s"),
-            (setting.mode == TRAIN, "gradients are wanted"),
-            (setting.observed or setting.dropout, "a diagnostic reads the probabilities, or dropout"),
+            (workload.device != "cpu", f"its kernel is the CPU's, not {workload.device}'s"),
+            (workload.mode == TRAIN, "gradients are wanted"),
+            (workload.observed or workload.dropout, "a diagnostic reads the probabilities, or dropout"),
             (not available(), "this torch has no fused CPU kernel that returns the log-sum-exp"),
         ]
         # first_reason's rule, read here: the registry asks this while it chooses, and the choice calls no helper of

@@ -1,4 +1,4 @@
-"""The attention backends, by name, and the choice among them: made once per model view and mode (Setting), from
+"""The attention backends, by name, and the choice among them: made once per model view and mode (Workload), from
 what the encoding and the attention method declare and from model.attention_backend, and kept for every forward of
 that mode (model/transformer.py). The choice and its reason are logged ("pelab.attention") and shown by
 Transformer.attention_paths and `python -m experiments.performance.attention_paths`.
@@ -20,11 +20,12 @@ Transformer.attention_paths and `python -m experiments.performance.attention_pat
 
 model.attention_backend = "auto" applies the rules above (each measured: docs/performance.md); a backend's name takes
 that backend wherever it can compute the layer's attention (its `why_not`), and the rules elsewhere, saying why.
-The interface (Backend, Setting, Inputs) is defined here too. A backend computes one layer's attention from its Inputs (model/attention/chunks.py). It declares, as `why_not`,
-what it cannot compute (an encoding or a setting it does not serve: a reason, or None); the registry
+The interface (Backend, Workload, Inputs) is defined here too. A backend computes one layer's attention from its
+Inputs (model/attention/chunks.py). It declares, as `why_not`,
+what it cannot compute (an encoding or a workload it does not serve: a reason, or None); the registry
 below chooses among the backends that can, once per model view and mode, and keeps the
 chosen instance, with the reason, for every later forward of that mode. A FallbackBackend serves only some forwards
-of its setting (a compiled kernel's: long enough, consecutive positions) and hands the others to the backend chosen
+of its workload (a compiled kernel's: long enough, consecutive positions) and hands the others to the backend chosen
 beside it.
 
 A new backend is a file with a Backend subclass registered with @register_backend, and its line in BACKEND_MODULES.
@@ -57,10 +58,10 @@ def first_reason(checks: Iterable[tuple[Any, str]]) -> str | None:
 
 
 @dataclass(frozen=True)
-class Setting:
-    """What a layer's backend is chosen from: fixed for a model view (its encoding, attention methods and layer
-    windows) and mode (train: gradients; evaluate: no gradients, no KV cache; decode: a KV cache), on a device
-    and in a precision."""
+class Workload:
+    """What a layer's backend computes, and is chosen from: fixed for a model view (its encoding, attention methods
+    and layer windows) and mode (train: gradients; evaluate: no gradients, no KV cache; decode: a KV cache), on a
+    device and in a precision. (An encoding's own `Settings` and a view's `with_settings` are other things.)"""
 
     mode: str
     device: str  # "cpu", "cuda", ...
@@ -81,7 +82,7 @@ class Setting:
         return self.mode == TRAIN
 
 
-class Layer(Protocol):
+class AttentionLayer(Protocol):
     """What a backend reads of the attention layer it computes (model/attention/layer.py Attention)."""
 
     layer_index: int
@@ -126,7 +127,7 @@ class Backend:
     cannot compute; `reason` is why this instance was chosen (logged, and shown by attention_paths)."""
 
     name: ClassVar[str]
-    # True for a backend that serves some forwards of its setting only (FlexAttention's): it is built with the
+    # True for a backend that serves some forwards of its workload only (FlexAttention's): it is built with the
     # backend the rules choose without it, `fallback`, which takes the others
     needs_fallback: ClassVar[bool] = False
 
@@ -134,11 +135,11 @@ class Backend:
         self.reason = reason
 
     @classmethod
-    def why_not(cls, encoding: "PositionEncoding", setting: Setting) -> str | None:
-        """None when this backend computes `encoding`'s attention exactly in `setting`, else why it cannot."""
+    def why_not(cls, encoding: "PositionEncoding", workload: Workload) -> str | None:
+        """None when this backend computes `encoding`'s attention exactly in `workload`, else why it cannot."""
         return None
 
-    def attend(self, layer: Layer, inputs: Inputs) -> torch.Tensor:
+    def attend(self, layer: AttentionLayer, inputs: Inputs) -> torch.Tensor:
         """(batch, heads, queries, value dim): the attention output."""
         raise NotImplementedError
 
@@ -148,7 +149,7 @@ class Backend:
 
 
 class FallbackBackend(Backend):
-    """A backend that serves some forwards of its setting only (a compiled FlexAttention kernel: model/attention/flex.py,
+    """A backend that serves some forwards of its workload only (a compiled FlexAttention kernel: model/attention/flex.py,
     flex_window.py). It is built with the backend the rules choose without it, `fallback`, which takes the forwards
     it does not serve (`why_not_now`), and every forward after compiling failed for this backend (its model view and
     mode): the failure is kept here, and nothing else in the process changes. Subclasses implement `why_not_served`
@@ -176,7 +177,7 @@ class FallbackBackend(Backend):
         """This backend's own per-forward conditions: None when it serves `inputs`, else why not."""
         return None
 
-    def compute(self, layer: Layer, inputs: Inputs) -> torch.Tensor | None:
+    def compute(self, layer: AttentionLayer, inputs: Inputs) -> torch.Tensor | None:
         """The attention output, or None when compiling failed (the kernel's warning says why)."""
         raise NotImplementedError
 
@@ -184,7 +185,7 @@ class FallbackBackend(Backend):
         """The Compiled kernel (model/compiled.py) that `compute` ran for `inputs`: its last_failure is kept."""
         raise NotImplementedError
 
-    def attend(self, layer: Layer, inputs: Inputs) -> torch.Tensor:
+    def attend(self, layer: AttentionLayer, inputs: Inputs) -> torch.Tensor:
         self.latest = self.why_not_now(inputs)
         if self.latest is None:
             out = self.compute(layer, inputs)
@@ -202,7 +203,7 @@ class FallbackBackend(Backend):
 
 # The backends, one file each, listed here in the order of the registry; each registers its class with
 # @register_backend when the loop at the end of this file imports it.
-BACKEND_MODULES = ("sdpa", "masked", "explicit", "merged", "flex", "flex_window")
+BACKEND_MODULES = ("sdpa", "sdpa_mask", "explicit", "merged", "flex", "flex_window")
 BACKENDS: dict[str, type[Backend]] = {}
 SDPA, SDPA_MASK, EXPLICIT, MERGED, FLEX = "sdpa", "sdpa_mask", "explicit", "merged", "flex"
 
@@ -228,62 +229,62 @@ def learned_bias(encoding: Any) -> bool:
     return encoding.has_score_bias and any(parameter.requires_grad for parameter in encoding.parameters())
 
 
-def choose(encoding: Any, setting: Setting, observer: Observer | None = None) -> Backend:
-    """The backend of one layer with `encoding` in `setting`, with the reason; `observer` goes to the explicit
+def choose(encoding: Any, workload: Workload, observer: Observer | None = None) -> Backend:
+    """The backend of one layer with `encoding` in `workload`, with the reason; `observer` goes to the explicit
     backend a diagnostic's view takes."""
-    preference = setting.preference
+    preference = workload.preference
     if preference != AUTO:
         check_name(preference)
         wanted = BACKENDS[preference]
-        blocked = wanted.why_not(encoding, setting)
+        blocked = wanted.why_not(encoding, workload)
         if blocked is None:
             reason = f"model.attention_backend = {preference!r}"
             if wanted.needs_fallback:
-                return wanted(reason, fallback=by_rules(encoding, setting, observer, flex=False))
+                return wanted(reason, fallback=by_rules(encoding, workload, observer, flex=False))
             return wanted(reason, observer=observer)
-        chosen = by_rules(encoding, setting, observer)
+        chosen = by_rules(encoding, workload, observer)
         chosen.reason += f" ({preference} cannot serve it: {blocked})"
         return chosen
-    return by_rules(encoding, setting, observer)
+    return by_rules(encoding, workload, observer)
 
 
-def by_rules(encoding: Any, setting: Setting, observer: Observer | None = None, flex: bool = True) -> Backend:
+def by_rules(encoding: Any, workload: Workload, observer: Observer | None = None, flex: bool = True) -> Backend:
     """model.attention_backend = "auto": the fastest backend that computes this attention, by the measured rules."""
-    if setting.passes:
-        blocked = BACKENDS[MERGED].why_not(encoding, setting)
+    if workload.passes:
+        blocked = BACKENDS[MERGED].why_not(encoding, workload)
         if blocked is None:
             return BACKENDS[MERGED]("an attention method's passes, each through the fused kernel, merged by log-sum-exp")
         return BACKENDS[EXPLICIT](f"an attention method encodes positions per pass at score time; not merged: {blocked}",
                         observer=observer)
-    if encoding.attention == FUSED and not (setting.window or setting.chunk or setting.sinks or setting.observed
-                                            or setting.visibility):
+    if encoding.attention == FUSED and not (workload.window or workload.chunk or workload.sinks or workload.observed
+                                            or workload.visibility):
         return BACKENDS[SDPA]("no score bias and no window: the fused kernel")
-    blocked = BACKENDS[FLEX].why_not_by_default(encoding, setting) if flex else None
+    blocked = BACKENDS[FLEX].why_not_by_default(encoding, workload) if flex else None
     if flex and blocked is None:
         return BACKENDS[FLEX](f"a long no-grad forward of a {encoding.flex_kind} bias",
-                    fallback=by_rules(encoding, setting, observer, flex=False))
+                    fallback=by_rules(encoding, workload, observer, flex=False))
     not_flex = f"; not flex: {blocked}" if blocked else ""
     if encoding.attention == NEEDS_EXPLICIT:
         return BACKENDS[EXPLICIT](f"{encoding.why_explicit}{not_flex}", observer=observer)
-    if setting.observed:
+    if workload.observed:
         return BACKENDS[EXPLICIT]("a diagnostic reads the probabilities", observer=observer)
     # SDPA's fused CPU kernel takes no mask gradient, and its math fallback measured slower than the explicit steps
     # (it also guards every row against having no visible key; the encoding cost table in docs/encodings.md). Not
     # measured on CUDA, whose memory-efficient kernel has a mask gradient: a learned bias keeps SDPA there.
-    if setting.device == "cpu" and setting.grad and (learned_bias(encoding) or setting.sinks):
-        return BACKENDS[EXPLICIT](f"{'learned sink logits' if setting.sinks else 'a learned bias'} wanting gradients on the "
+    if workload.device == "cpu" and workload.grad and (learned_bias(encoding) or workload.sinks):
+        return BACKENDS[EXPLICIT](f"{'learned sink logits' if workload.sinks else 'a learned bias'} wanting gradients on the "
                         "CPU, where SDPA's fused kernel takes no mask gradient and its fallback measured slower",
                         observer=observer)
-    what = "a score bias" if encoding.attention != FUSED else "a window" if setting.window or setting.visibility \
-        else "an attention chunk" if setting.chunk else "learned sink logits"
+    what = "a score bias" if encoding.attention != FUSED else "a window" if workload.window or workload.visibility \
+        else "an attention chunk" if workload.chunk else "learned sink logits"
     return BACKENDS[SDPA_MASK](f"{what} as a float mask, in chunks of query rows{not_flex}")
 
 
-def plan(encodings: list[Any], settings: list[Setting], observer: Observer | None = None) -> list[Backend]:
+def plan(encodings: list[Any], workloads: list[Workload], observer: Observer | None = None) -> list[Backend]:
     """One backend per layer, logged with its reason."""
-    chosen = [choose(encoding, setting, observer) for encoding, setting in zip(encodings, settings)]
-    if settings and not settings[0].compiling and log.isEnabledFor(logging.INFO):  # (no logging in a graph)
-        first = settings[0]
+    chosen = [choose(encoding, workload, observer) for encoding, workload in zip(encodings, workloads)]
+    if workloads and not workloads[0].compiling and log.isEnabledFor(logging.INFO):  # (no logging in a graph)
+        first = workloads[0]
         for layers, text in describe(dict(enumerate(backend.describe() for backend in chosen))).items():
             log.info("attention (%s, %s, %s): %s: %s", first.mode, first.device,
                      str(first.dtype).removeprefix("torch."), layers, text)

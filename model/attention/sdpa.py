@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from model.attention.chunks import visible_keys
-from model.attention.registry import Backend, Setting, register_backend
+from model.attention.registry import Backend, Workload, register_backend
 from model.encodings import FUSED
 
 
@@ -15,16 +15,16 @@ class Sdpa(Backend):
     name = "sdpa"
 
     @classmethod
-    def why_not(cls, encoding, setting: Setting) -> str | None:
+    def why_not(cls, encoding, workload: Workload) -> str | None:
         if encoding.attention != FUSED:
             return "the encoding adds to the scores"
-        if setting.window or setting.chunk or setting.visibility:
+        if workload.window or workload.chunk or workload.visibility:
             return "a window or a chunk limits the keys"
-        if setting.passes:
+        if workload.passes:
             return "an attention method encodes positions per pass"
-        if setting.observed:
+        if workload.observed:
             return "a diagnostic reads the probabilities"
-        if setting.sinks:
+        if workload.sinks:
             return "learned sink logits, which join the softmax through a mask column"
         return None
 

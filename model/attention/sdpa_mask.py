@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from model.attention.chunks import chunks, effective_window, span
-from model.attention.registry import Backend, Setting, register_backend
+from model.attention.registry import Backend, Workload, register_backend
 from model.encodings import EXPLICIT
 
 # Chunks hold at most this many (batch x heads x rows x keys) mask elements: 2^24 floats (64 MiB). Chosen by
@@ -20,12 +20,12 @@ class Masked(Backend):
     name = "sdpa_mask"
 
     @classmethod
-    def why_not(cls, encoding, setting: Setting) -> str | None:
+    def why_not(cls, encoding, workload: Workload) -> str | None:
         if encoding.attention == EXPLICIT:
             return encoding.why_explicit
-        if setting.passes:
+        if workload.passes:
             return "an attention method encodes positions per pass"
-        if setting.observed:
+        if workload.observed:
             return "a diagnostic reads the probabilities"
         return None
 
