@@ -1,7 +1,6 @@
 """The decoder: token embedding, pre-norm blocks (RMSNorm, GQA attention, SwiGLU), final norm, tied LM head."""
 from __future__ import annotations
 
-import copy
 import math
 from typing import Any
 
@@ -36,7 +35,7 @@ def share_parameters(target: nn.Module, source: nn.Module, device: torch.device)
                           "different model, not an inference-time change")
     for name, parameter in theirs.items():
         owner, _, leaf = name.rpartition(".")
-        target.get_submodule(owner)._parameters[leaf] = parameter
+        target.get_submodule(owner).register_parameter(leaf, parameter)
 
 
 def forward_dtype(x: torch.Tensor) -> torch.dtype:
@@ -71,15 +70,28 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, config: ModelConfig, runtime: RuntimeConfig | None = None) -> None:
+    def __init__(self, config: ModelConfig, runtime: RuntimeConfig | None = None, trunk: "Transformer | None" = None,
+                 observer: Observer | None = None) -> None:
         """`runtime`: how, not what, this model computes (whether long RoPE rotations run compiled), given by the
-        caller (a run's [runtime]); None: the defaults. Chosen here, kept by the model and its views."""
+        caller (a run's [runtime]); None: the defaults (a view: its trunk's). Chosen here, kept by the model and its
+        views.
+
+        `trunk`: build a view of that model (view()): its embeddings, layers, norm and head, the very modules, with
+        position encodings (sharing the trunk's position parameters), attention methods and backends built here
+        from `config`; None: a model of its own, initialised. `observer`: a diagnostic's view (with_observer)."""
         super().__init__()
         self.config = config  # checked, and completed, when it was built (ModelConfig.check_plugins)
-        self.runtime = DEFAULTS if runtime is None else runtime
-        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
-        self.observer: Observer | None = None  # a diagnostic's view (with_observer): reads the probabilities
+        self.runtime = (trunk.runtime if trunk is not None else DEFAULTS) if runtime is None else runtime
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim) if trunk is None else trunk.tok_embeddings
+        self.observer = observer  # with one, the attention is computed explicitly and the probabilities read
         self.build_view_parts(config)
+        if trunk is not None:
+            self.layers, self.norm, self.lm_head = trunk.layers, trunk.norm, trunk.lm_head
+            device = trunk.tok_embeddings.weight.device
+            for name in dict.fromkeys(config.layer_encodings()):
+                share_parameters(self.encoding_of(name), trunk.encoding_of(name), device)
+            self.train(trunk.training)
+            return
         self.layers = nn.ModuleList(Block(config, index) for index in range(config.n_layers))
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
@@ -120,8 +132,6 @@ class Transformer(nn.Module):
         others = [name for name in dict.fromkeys(config.position_layers) if name != config.position]  # the pattern's
         if others:
             self.layer_positions = nn.ModuleDict({name: POSITION_ENCODINGS[name](config) for name in others})
-        elif "layer_positions" in self._modules:
-            del self.layer_positions
         for encoding in self.position_encodings():
             for module in encoding.modules():  # with the encodings an encoding holds (SSMax's RoPE, DAPE's base)
                 if isinstance(module, PositionEncoding):
@@ -129,7 +139,7 @@ class Transformer(nn.Module):
 
     def position_encodings(self) -> list[PositionEncoding]:
         """Every distinct encoding the model uses, model.position's first."""
-        others = self._modules.get("layer_positions")
+        others = getattr(self, "layer_positions", None)  # a per-layer pattern's other encodings, if any
         return [self.position, *(others.values() if others is not None else [])]
 
     def encoding_of(self, name: str) -> PositionEncoding:
@@ -168,17 +178,8 @@ class Transformer(nn.Module):
 
     def view(self, config: ModelConfig, observer: Observer | None = None) -> "Transformer":
         """The same layers and weights under `config`'s inference-time settings, with position encodings, attention
-        methods and attention backends of its own."""
-        view = copy.copy(self)  # the same attributes; the module tables below are the view's own
-        view._modules, view._parameters, view._buffers = dict(self._modules), dict(self._parameters), \
-            dict(self._buffers)
-        view.config = config
-        view.observer = observer
-        view.build_view_parts(config)
-        device = self.tok_embeddings.weight.device
-        for name in dict.fromkeys(config.layer_encodings()):
-            share_parameters(view.encoding_of(name), self.encoding_of(name), device)
-        return view
+        methods and attention backends of its own: a model built from `config` around this one's trunk."""
+        return Transformer(config, trunk=self, observer=observer)
 
     def with_observer(self, observer: Observer) -> "Transformer":
         """A view of this model whose attention is computed explicitly, observer(layer, rows, keys, probs) seeing

@@ -128,3 +128,21 @@ def test_a_view_under_other_settings_shares_the_weights_and_leaves_the_model_as_
     assert model.with_settings(position_args=before["position_args"]) is model  # nothing changes: the model itself
     with pytest.raises(ConfigError, match="change the shape of its parameters"):
         model.with_settings(position_args={"t5": {"num_buckets": 16}})
+
+
+def test_a_view_is_built_around_its_models_trunk_and_shares_every_parameter():
+    """A view (another method, length or backend over the same weights) is a model built from its config around
+    the trunk of the model it views: the very modules and parameters, learned position parameters included, with
+    no copy of the model and no edit of its module tables."""
+    import inspect
+
+    import model.transformer as transformer
+
+    model = Transformer(micro_config(position="t5")).eval()
+    view = model.with_settings(attention_methods=[{"method": "window", "window": 4}])
+    assert view is not model and view.layers is model.layers and view.lm_head is model.lm_head
+    ours, theirs = dict(model.named_parameters()), dict(view.named_parameters())
+    assert ours.keys() == theirs.keys() and all(ours[name] is theirs[name] for name in ours)
+    assert view.position is not model.position and not view.training
+    source = inspect.getsource(transformer)
+    assert "copy.copy" not in source and "._modules" not in source and "._parameters" not in source
