@@ -76,14 +76,13 @@ Hooks (each has a do-nothing default):
   constrain_()                              projects the encoding's parameters back onto their domain; the
                                             training loop calls it after every optimizer step (KERPLE's r1, r2 > 0)
 
-The choice of attention backend (model/attention/registry.py) reads two names an encoding declares: `attention`,
-what its attention needs (FUSED: nothing beyond its queries and keys, so the fused kernel; BIAS: an additive score
-bias, which SDPA takes as a mask; EXPLICIT: the explicit steps, with `why_explicit`), and `flex_kind`, the
+The choice of attention backend (model/attention/registry.py) reads two names derived from the capabilities an
+encoding declares (`has_score_bias`, `bias_needs_scores`, `bias_from_content`, `separable_bias`, `has_value_term`,
+`own_weights`, `own_scores`, `relative_only`, `clipped_distance`): `attention`, what its attention needs (FUSED:
+nothing beyond its queries and keys, so the fused kernel; BIAS: an additive score bias, which SDPA takes as a mask;
+EXPLICIT: the explicit steps, whose reason the encoding gives as `why_explicit`), and `flex_kind`, the
 FlexAttention kernel that serves its long evaluation forwards ("distance", "clipped", "separable" or None:
-model/attention/flex.py). Both agree with the
-capabilities below (tests/test_attention_backends.py checks it): `has_score_bias`, `bias_needs_scores`,
-`bias_from_content`, `separable_bias`, `has_value_term`, `own_weights`, `own_scores`, `relative_only`,
-`clipped_distance`; `caches_encoded_keys` is read by the attention itself, `reads_positions` by
+model/attention/flex.py). `caches_encoded_keys` is read by the attention itself, `reads_positions` by
 model.random_positions' check.
 `per_layer` is False for encodings that act on the whole model (absolute ones, through `embed`): those cannot be
 mixed with others layer by layer.
@@ -168,9 +167,7 @@ class PositionEncoding(nn.Module):
     model_settings: ClassVar[tuple[str, ...]] = ()
     per_layer_rope: ClassVar[bool] = False  # it reads model.rope_theta_layers and rope_scaling_layers (rope, xpos)
 
-    attention: ClassVar[str] = FUSED  # FUSED, BIAS or EXPLICIT (above)
     why_explicit: ClassVar[str] = ""  # for EXPLICIT: what needs the explicit steps, as the path's reason says it
-    flex_kind: ClassVar[str | None] = None  # the FlexAttention kernel of its long evaluations (model/attention/flex.py)
     has_score_bias = False
     bias_needs_scores = False
     has_value_term = False
@@ -193,6 +190,28 @@ class PositionEncoding(nn.Module):
     # "lr_scale" multiplies train.lr, "weight_decay" replaces train.weight_decay. Chosen by measurement (docs/baselines.md)
     # where docs/baselines.md says so, else the reference implementation's.
     optimizer_defaults: dict[str, float] = {}
+
+    @property
+    def attention(self) -> str:
+        """What its attention needs (which names its backend), from its capabilities: EXPLICIT for a bias that reads
+        the scores, a value term, or weights or scores of its own; BIAS for any other score bias; FUSED without one."""
+        if self.has_value_term or self.bias_needs_scores or self.own_weights or self.own_scores:
+            return EXPLICIT
+        return BIAS if self.has_score_bias else FUSED
+
+    @property
+    def flex_kind(self) -> str | None:
+        """The FlexAttention kernel of its long evaluations (model/attention/flex.py), from its capabilities: a
+        separable bias; none for a bias that depends on more than the distance (an absolute position, the content,
+        weights or scores of its own); a clipped one (with its value term); a bias of the distance alone."""
+        explicit = self.attention == EXPLICIT
+        if self.separable_bias and not explicit:
+            return "separable"
+        if not self.relative_only or self.bias_from_content or self.own_weights or self.own_scores:
+            return None
+        if self.clipped_distance:
+            return "clipped"
+        return "distance" if self.has_score_bias and not explicit else None
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()

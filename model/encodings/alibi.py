@@ -6,7 +6,7 @@ import math
 import torch
 
 from model.config import ModelConfig
-from model.encodings import ALL, BIAS, PositionEncoding, Positions, register_encoding
+from model.encodings import ALL, PositionEncoding, Positions, register_encoding
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -29,7 +29,6 @@ class ALiBi(PositionEncoding):
     """Attention with linear biases (Press et al. 2022): logit bias -m_h * (i - j) for key j <= query i."""
 
     has_score_bias = True
-    attention, flex_kind = BIAS, "distance"
     exact_buffers = ("slopes",)
 
     def __init__(self, config: ModelConfig) -> None:

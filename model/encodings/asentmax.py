@@ -23,7 +23,7 @@ from torch import nn
 
 from errors import ConfigError
 from model.config import ModelConfig
-from model.encodings import ALL, EXPLICIT, EncodingSettings, PositionEncoding, Positions, register_encoding
+from model.encodings import ALL, EncodingSettings, PositionEncoding, Positions, register_encoding
 from model.encodings.ssmax import keys_seen, refuse_chunks
 
 BASES = ("none", "nape")
@@ -161,7 +161,7 @@ class ASEntmax(PositionEncoding):
     Settings = ASEntmaxSettings
     own_weights = True
     has_score_bias = True  # NAPE's ALiBi heads (none with base "none")
-    attention, why_explicit = EXPLICIT, "weights of its own instead of softmax"
+    why_explicit = "weights of its own instead of softmax"
     exact_buffers = ("slopes",)
 
     @classmethod

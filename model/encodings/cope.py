@@ -19,7 +19,7 @@ from torch import nn
 
 from errors import ConfigError
 from model.config import ModelConfig
-from model.encodings import ALL, EXPLICIT, EncodingSettings, PositionEncoding, Positions, register_encoding
+from model.encodings import ALL, EncodingSettings, PositionEncoding, Positions, register_encoding
 
 
 def cope_positions(gates: torch.Tensor, limit: int) -> torch.Tensor:
@@ -45,7 +45,7 @@ class CoPE(PositionEncoding):
     has_score_bias = True
     reads_positions = False
     bias_needs_scores = True
-    attention, why_explicit = EXPLICIT, "a bias that reads the scores"
+    why_explicit = "a bias that reads the scores"
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}
 
     def __init__(self, config: ModelConfig) -> None:

@@ -26,7 +26,6 @@ from errors import ConfigError
 from model.config import ModelConfig
 from model.encodings import (
     ALL,
-    EXPLICIT,
     POSITION_ENCODINGS,
     EncodingSettings,
     PositionEncoding,
@@ -60,7 +59,7 @@ class DAPE(PositionEncoding):
     Settings = DAPESettings
     has_score_bias = True
     bias_needs_scores = True
-    attention, why_explicit = EXPLICIT, "a bias that reads the scores"
+    why_explicit = "a bias that reads the scores"
     # The model's learning rate, no weight decay (the base's own parameters, KERPLE's, are vectors). Measured: 10x the
     # learning rate and decay 0.1 are within seed noise of this (docs/baselines.md).
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}

@@ -15,7 +15,7 @@ from torch import nn
 
 from errors import ConfigError
 from model.config import ModelConfig
-from model.encodings import ALL, BIAS, EncodingSettings, PositionEncoding, Positions, register_encoding
+from model.encodings import ALL, EncodingSettings, PositionEncoding, Positions, register_encoding
 
 
 @dataclass
@@ -38,7 +38,6 @@ class Fire(PositionEncoding):
 
     Settings = FireSettings
     has_score_bias = True
-    attention = BIAS
     relative_only = False  # a query past T is normalised by its own position
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}
     eps = 1e-6  # as the reference: keeps the normaliser away from zero

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.config import ModelConfig
-from model.encodings import ALL, BIAS, PositionEncoding, Positions, register_encoding
+from model.encodings import ALL, PositionEncoding, Positions, register_encoding
 
 
 @dataclass
@@ -36,7 +36,6 @@ class ForgettingAttention(PositionEncoding):
     """A data-dependent forget gate per layer and head, its cumulative log added to the logits."""
 
     has_score_bias = True
-    attention, flex_kind = BIAS, "separable"
     bias_from_content = True
     reads_positions = False
     separable_bias = True  # c_i - c_j: a long no-grad forward takes FlexAttention (model/attention/flex.py)

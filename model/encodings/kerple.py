@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from model.config import ModelConfig
-from model.encodings import ALL, BIAS, PositionEncoding, Positions, register_encoding
+from model.encodings import ALL, PositionEncoding, Positions, register_encoding
 
 
 @register_encoding("kerple")
@@ -16,7 +16,6 @@ class Kerple(PositionEncoding):
     """KERPLE-log: -r1 * log(1 + r2 * |i - j|), learned r1, r2 per head, shared by the layers."""
 
     has_score_bias = True
-    attention, flex_kind = BIAS, "distance"
     # The reference trains them with the model's optimizer settings; they are vectors, so no weight decay.
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}
     minimum = 1e-2  # the reference's eps: r1 and r2 are clamped to at least this

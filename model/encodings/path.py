@@ -29,7 +29,7 @@ from torch import nn
 
 from errors import ConfigError
 from model.config import ModelConfig
-from model.encodings import EXPLICIT, EncodingSettings, PositionEncoding, Positions, register_encoding
+from model.encodings import EncodingSettings, PositionEncoding, Positions, register_encoding
 
 BLOCK = 64  # query rows per block of the chunked form (the reference's chunk size)
 EPS = 1e-6  # in w's normalisation, as the reference's l2_norm
@@ -98,7 +98,7 @@ class PaTH(PositionEncoding):
 
     Settings = PathSettings
     own_scores = True
-    attention, why_explicit = EXPLICIT, "scores of its own (each key transformed on its way to each query)"
+    why_explicit = "scores of its own (each key transformed on its way to each query)"
     reads_positions = False
     # No settings of its own for the optimizer: the model's learning rate and weight decay, as for the reference's
     # projections, which are ordinary linear layers of its model.

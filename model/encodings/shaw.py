@@ -10,7 +10,7 @@ from torch import nn
 
 from errors import ConfigError
 from model.config import ModelConfig
-from model.encodings import ALL, EXPLICIT, EncodingSettings, PositionEncoding, Positions, register_encoding
+from model.encodings import ALL, EncodingSettings, PositionEncoding, Positions, register_encoding
 
 
 @dataclass
@@ -30,7 +30,6 @@ class ShawRelative(PositionEncoding):
     Settings = ShawSettings
     has_score_bias = True
     has_value_term = True
-    attention, flex_kind = EXPLICIT, "clipped"
     why_explicit = "a value term added to the output"
     # Measured (docs/baselines.md): 10x without weight decay is 0.018 nats better than train.lr with decay (within noise).
     optimizer_defaults = {"lr_scale": 10.0, "weight_decay": 0.0}

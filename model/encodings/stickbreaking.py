@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from errors import ConfigError
-from model.encodings import EXPLICIT, EncodingSettings, PositionEncoding, register_encoding
+from model.encodings import EncodingSettings, PositionEncoding, register_encoding
 
 
 @dataclass
@@ -49,7 +49,7 @@ class StickBreaking(PositionEncoding):
 
     Settings = StickBreakingSettings
     own_weights = True
-    attention, why_explicit = EXPLICIT, "weights of its own instead of softmax"
+    why_explicit = "weights of its own instead of softmax"
     reads_positions = False
 
     def attention_weights(self, scores: torch.Tensor, state: Any, layer: int,

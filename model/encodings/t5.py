@@ -10,7 +10,7 @@ from torch import nn
 
 from errors import ConfigError
 from model.config import ModelConfig
-from model.encodings import ALL, BIAS, EncodingSettings, PositionEncoding, Positions, register_encoding
+from model.encodings import ALL, EncodingSettings, PositionEncoding, Positions, register_encoding
 
 
 def t5_bucket(relative_position: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Tensor:
@@ -67,7 +67,6 @@ class T5Bias(PositionEncoding):
 
     Settings = T5Settings
     has_score_bias = True
-    attention, flex_kind = BIAS, "distance"
     # Measured (docs/baselines.md, "Learned position parameters"): at train.lr Adam moves a bias by about one nat over the whole
     # schedule; 10x without weight decay lowers the full preset's validation loss by 0.26 nats (30x: by 0.23).
     optimizer_defaults = {"lr_scale": 10.0, "weight_decay": 0.0}
