@@ -55,8 +55,9 @@ def method_colour(method: str) -> str:
     if method == "none":
         return "#000000"
     # The most distinct hues first (a method panel holds one encoding, so they may repeat the encodings' colours);
-    # Dark2 without its grey for the rest and for compositions.
-    palette = list(matplotlib.colormaps["tab10"].colors) + list(matplotlib.colormaps["Dark2"].colors)[:7]
+    # Dark2 without its grey, then five lighter shades of tab20, for the rest and for compositions.
+    palette = (list(matplotlib.colormaps["tab10"].colors) + list(matplotlib.colormaps["Dark2"].colors)[:7]
+               + list(matplotlib.colormaps["tab20"].colors[1:10:2]))
     names = list(METHODS)[1:]  # the registry's methods take the first colours; compositions share the rest
     if method in names:
         index = names.index(method)

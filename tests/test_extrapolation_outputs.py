@@ -46,7 +46,7 @@ def test_the_probe_the_help_promises_is_in_the_results_and_the_table(extrapolate
     assert promised
     trained = rows[0]["trained_length"]
     probed = {row["label"]: row["probe"] for row in rows if row.get("probe")}
-    assert set(probed) == {"rope"}  # yarn and ntk set their factor by length: no probe (inference_methods.py)
+    assert set(probed) == {"rope"}  # yarn and ntk set their factor by length: no probe (model/methods/)
     assert [entry["offset"] for entry in probed["rope"]] == [0, trained, 3 * trained, 15 * trained]
     one_x = next(row for row in rows if row["label"] == "rope" and row["multiple"] == 1)
     ppl = [entry["ppl"] for entry in probed["rope"]]
