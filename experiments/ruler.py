@@ -72,6 +72,55 @@ def run_cell(lm, checkpoint: str, task: str, length: int, samples: int, cache: P
     return [{"seconds": seconds, "from_cache": cached, "samples": rows}]
 
 
+def needle_distances(checkpoint: str, task: str, length: int, samples: int) -> dict[int, int]:
+    """doc_id -> tokens from the needle (the first place its answer appears) to the end of the prompt, for the first
+    `samples` samples of a needle task: the samples generated again as lm_eval.simple_evaluate generates them (its
+    seeds, then the task built from the checkpoint's tokenizer), to read where each needle stands."""
+    import random
+
+    import numpy as np
+    import torch
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    from data.tokenizer import load_tokenizer
+
+    random.seed(0), np.random.seed(1234), torch.manual_seed(1234)  # simple_evaluate's seeds
+    built = get_task_dict([task], TaskManager(metadata={"pretrained": checkpoint, "max_seq_lengths": [length]}))[task]
+    docs = built.test_docs() if built.has_test_docs() else built.validation_docs()
+    tokenizer = load_tokenizer(checkpoint)
+    found = {}
+    for doc_id, doc in enumerate(docs):
+        if doc_id >= samples:
+            break
+        text, answer = built.doc_to_text(doc), doc["outputs"][0]
+        where = text.find(answer)
+        if where >= 0:
+            found[doc_id] = {"answer": answer, "needle_back": len(tokenizer.encode(text[where:]))}
+    return found
+
+
+def annotate_needles(out: Path, checkpoint: str) -> None:
+    """Add to each needle cell's samples how far back its needle stands (needle_distances), once: the samples are
+    the same for every method, so each (task, length) is generated once, and a sample whose answer differs from the
+    cell's target is refused rather than annotated."""
+    cells = sorted((out / "cells").glob("*/niah_*@*.json"))
+    generated: dict[tuple[str, int], dict] = {}
+    for path in cells:
+        cell = json.loads(path.read_text())
+        if all("needle_back" in sample for sample in cell["samples"]):
+            continue
+        key = (cell["task"], cell["length"])
+        if key not in generated:
+            generated[key] = needle_distances(checkpoint, *key, max(s["doc_id"] for s in cell["samples"]) + 1)
+        for sample in cell["samples"]:
+            found = generated[key].get(sample["doc_id"])
+            if found is None or found["answer"] != sample["target"][0]:
+                raise ConfigError(f"{path}: sample {sample['doc_id']}'s needle could not be found again (answer "
+                                  f"{sample['target'][0]!r}); the samples were generated otherwise")
+            sample["needle_back"] = found["needle_back"]
+        path.write_text(results_json(cell))
+
+
 def hf_model(folder: str, max_length: int, dtype: str):
     from lm_eval.models.huggingface import HFLM
     return HFLM(pretrained=folder, max_length=max_length, dtype=dtype, device="cpu", batch_size=1)
@@ -120,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     configure_runtime()
     args = parse(build_parser(), argv, "checkpoint", "out")
     if args.report_only:
-        write_report(args.out, args.use_results)
+        annotate_needles(args.out, args.checkpoint)
+        write_report(args.out, args.use_results, trained=trained_length(args.checkpoint))
         return 0
     from infer.harness import PelabLM  # an optional extra: make ruler-deps
 
@@ -160,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
                 path.write_text(results_json(cell))
                 print(f"{name} {task}@{length}: {sum(s['score'] == 1 for s in cell['samples'])} of "
                       f"{len(cell['samples'])} ({cell['seconds']:.0f} s)", flush=True)
-    write_report(args.out, args.use_results)
+    annotate_needles(args.out, args.checkpoint)
+    write_report(args.out, args.use_results, trained=trained)
     return 0
 
 

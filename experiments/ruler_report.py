@@ -91,7 +91,31 @@ def use_by_method(use_results: Path | None) -> dict[str, dict[str, float]]:
     return found
 
 
-def write_report(out: Path, use_results: Path | None = None, length: int | None = None) -> dict[str, Any]:
+def by_distance(cells: list[dict], trained: int) -> list[str]:
+    """Lines of a table: each needle cell's samples answered in full, k of n, by how far back their needle stands,
+    in bins of L / 2 (where same-weights use sees reach; a bin with no sample is left empty)."""
+    cells = [c for c in cells if all("needle_back" in sample for sample in c["samples"]) and c["samples"]]
+    if not cells or trained <= 0:
+        return []
+    half = max(1, trained // 2)
+    top = max(sample["needle_back"] for c in cells for sample in c["samples"]) // half + 1
+    bins = [(b * half, (b + 1) * half) for b in range(top)]
+    lines = ["## By how far back the needle stands", "",
+             "Each sample's needle (where its answer stands in the prompt), in tokens before the prompt's end; samples "
+             "answered in full, k of n, in bins of L / 2 = " + f"{half:,} tokens.", "",
+             "| method | task @ length | " + " | ".join(f"{lo:,}-{hi:,} back" for lo, hi in bins) + " |",
+             "|---|---|" + "---:|" * len(bins)]
+    for cell in sorted(cells, key=lambda c: (c["task"], c["length"])):
+        counts = []
+        for lo, hi in bins:
+            inside = [s for s in cell["samples"] if lo <= s["needle_back"] < hi]
+            counts.append(f"{sum(s['score'] == 1 for s in inside)}/{len(inside)}" if inside else "")
+        lines.append(f"| {name(cell['method'])} | {cell['task']} @ {cell['length']:,} | " + " | ".join(counts) + " |")
+    return lines + [""]
+
+
+def write_report(out: Path, use_results: Path | None = None, length: int | None = None,
+                 trained: int = 0) -> dict[str, Any]:
     cells = [c for c in load_cells(out) if c["method"] not in PARITY]
     parity = parity_rows(load_cells(out))
     lines = ["# RULER through lm-evaluation-harness (experiments.ruler)", ""]
@@ -109,6 +133,7 @@ def write_report(out: Path, use_results: Path | None = None, length: int | None 
                 f"{score_text(by[(method, *col)])} ({seconds_text(by[(method, *col)])})" if (method, *col) in by
                 else "" for col in columns) + " |")
         lines.append("")
+        lines += by_distance(cells, trained)
     if parity:
         lines += ["## Parity with lm-eval's hf model on the same weights", "",
                   "| method | task | length | samples compared | identical responses | pelab | hf | seconds pelab / hf |",

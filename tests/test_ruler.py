@@ -74,9 +74,12 @@ def test_ruler_niah_single_1_runs_on_a_tiny_checkpoint_and_resumes(checkpoint, t
     cell = json.loads((out / "cells" / "yarn" / "niah_single_1@512.json").read_text())
     assert cell["length"] == 512 and cell["set_for"] == 512 and len(cell["samples"]) == 2
     assert all(0.0 <= s["score"] <= 1.0 and s["prompt_tokens"] <= 512 for s in cell["samples"])
+    # where each needle stands, read from the samples generated again as lm-eval generated them
+    assert all(0 < s["needle_back"] <= s["prompt_tokens"] for s in cell["samples"])
     assert list((out / "cache" / "none").glob("niah_single_1@512*.db"))  # lm-eval's response cache, per sample
     report = (out / "report.md").read_text()
     assert "niah_single_1 @ 512" in report and "| YaRN |" in report and "/2 [" in report
+    assert "## By how far back the needle stands" in report
     stamp = (out / "cells" / "none" / "niah_single_1@512.json").stat().st_mtime_ns
     assert main(argv) == 0  # a finished cell is not run again
     assert (out / "cells" / "none" / "niah_single_1@512.json").stat().st_mtime_ns == stamp
