@@ -88,7 +88,7 @@ class Transformer(nn.Module):
         if trunk is not None:
             self.layers, self.norm, self.lm_head = trunk.layers, trunk.norm, trunk.lm_head
             device = trunk.tok_embeddings.weight.device
-            for name in dict.fromkeys(config.layer_encodings()):
+            for name in dict.fromkeys([config.position, *config.position_layers]):  # every encoding it uses
                 share_parameters(self.encoding_of(name), trunk.encoding_of(name), device)
             self.train(trunk.training)
             return

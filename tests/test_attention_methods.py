@@ -82,8 +82,8 @@ def test_temperature_is_llama4s_formula_on_nope_layers_only():
     positions = torch.arange(12)[None]
     context = method_context(model.attention_methods, positions, positions)
     factor = 1 + 0.5 * torch.log(torch.floor((positions[0].float() + 1) / 3) + 1)
-    assert context.scale_for(encodes_positions=True) is None
-    assert torch.allclose(context.scale_for(encodes_positions=False)[0, 0, :, 0], factor)
+    assert context.scales[True] is None
+    assert torch.allclose(context.scales[False][0, 0, :, 0], factor)
     nope, rope = model.layer_positions["none"], model.position
     for index, encoding in ((0, rope), (1, nope)):
         layer = model.layers[index].attention

@@ -95,7 +95,7 @@ class Attention(nn.Module):
         encoding_state = encoding.for_layer(x, encoding_state, self.layer_index, kv_cache)
         if pass_states is not None:
             pass_states = [encoding.for_layer(x, state, self.layer_index, kv_cache) for state in pass_states]
-        scale = methods.scale_for(encoding.encodes_positions) if methods is not None else None
+        scale = methods.scales[encoding.encodes_positions] if methods is not None else None
         passes = methods is not None and bool(methods.passes)
         # logn / temperature: a factor per query position, on the encoded query (here, or per pass in the backend),
         # so that it scales the logits whatever the encoding does to the query (PoPE's softplus)

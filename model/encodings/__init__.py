@@ -191,27 +191,27 @@ class PositionEncoding(nn.Module):
     # where docs/baselines.md says so, else the reference implementation's.
     optimizer_defaults: dict[str, float] = {}
 
-    @property
-    def attention(self) -> str:
-        """What its attention needs (which names its backend), from its capabilities: EXPLICIT for a bias that reads
-        the scores, a value term, or weights or scores of its own; BIAS for any other score bias; FUSED without one."""
-        if self.has_value_term or self.bias_needs_scores or self.own_weights or self.own_scores:
-            return EXPLICIT
-        return BIAS if self.has_score_bias else FUSED
+    # What its attention needs (which names its backend) and the FlexAttention kernel of its long evaluations
+    # (model/attention/flex.py), derived from the capabilities above when the class is defined (__init_subclass__).
+    attention: ClassVar[str] = FUSED
+    flex_kind: ClassVar[str | None] = None
 
-    @property
-    def flex_kind(self) -> str | None:
-        """The FlexAttention kernel of its long evaluations (model/attention/flex.py), from its capabilities: a
-        separable bias; none for a bias that depends on more than the distance (an absolute position, the content,
-        weights or scores of its own); a clipped one (with its value term); a bias of the distance alone."""
-        explicit = self.attention == EXPLICIT
-        if self.separable_bias and not explicit:
-            return "separable"
-        if not self.relative_only or self.bias_from_content or self.own_weights or self.own_scores:
-            return None
-        if self.clipped_distance:
-            return "clipped"
-        return "distance" if self.has_score_bias and not explicit else None
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Derive `attention`: EXPLICIT for a bias that reads the scores, a value term, or weights or scores of its
+        own; BIAS for any other score bias; FUSED without one. And `flex_kind`: a separable bias; none for a bias
+        that depends on more than the distance (an absolute position, the content, weights or scores of its own);
+        a clipped one (with its value term); a bias of the distance alone."""
+        super().__init_subclass__(**kwargs)
+        explicit = cls.has_value_term or cls.bias_needs_scores or cls.own_weights or cls.own_scores
+        cls.attention = EXPLICIT if explicit else BIAS if cls.has_score_bias else FUSED
+        if cls.separable_bias and not explicit:
+            cls.flex_kind = "separable"
+        elif not cls.relative_only or cls.bias_from_content or cls.own_weights or cls.own_scores:
+            cls.flex_kind = None
+        elif cls.clipped_distance:
+            cls.flex_kind = "clipped"
+        else:
+            cls.flex_kind = "distance" if cls.has_score_bias and not explicit else None
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()

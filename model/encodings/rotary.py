@@ -22,7 +22,7 @@ from errors import ConfigError, PositionRangeError
 from model.config import ModelConfig
 from model.encodings import EncodingSettings, PositionEncoding, register_encoding
 from model.methods import ROPE_SCALINGS
-from model.rope import apply_rope, rope_cos_sin
+from model.rope import apply_rope, default_inv_freq, rope_cos_sin
 
 
 @dataclass
@@ -112,10 +112,10 @@ class RoPE(PositionEncoding):
     def variant_frequencies(self, variant: tuple[float, bool], seq_len: int | None) -> tuple[torch.Tensor, float]:
         """inv_freq and the attention factor of one (theta, scaled) variant: the scaling where it applies."""
         theta, scaled = variant
-        if scaled:
+        if scaled and self.scaling_name != "default":
             inv_freq, attention_factor = self.init_fn(self.rotary_dim, theta, self.scaling, seq_len)
-        else:
-            inv_freq, attention_factor = ROPE_SCALINGS["default"](self.rotary_dim, theta, {}, seq_len)
+        else:  # plain RoPE
+            inv_freq, attention_factor = default_inv_freq(self.rotary_dim, theta), 1.0
         return keep_highest_frequencies(inv_freq, self.settings.p), attention_factor
 
     @classmethod

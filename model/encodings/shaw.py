@@ -30,6 +30,7 @@ class ShawRelative(PositionEncoding):
     Settings = ShawSettings
     has_score_bias = True
     has_value_term = True
+    clipped_distance = 1  # > 0: a clipped bias; each instance sets its distance from its settings (below)
     why_explicit = "a value term added to the output"
     # Measured (docs/baselines.md): 10x without weight decay is 0.018 nats better than train.lr with decay (within noise).
     optimizer_defaults = {"lr_scale": 10.0, "weight_decay": 0.0}

@@ -530,8 +530,9 @@ def label(name: str, method: str) -> str:
 class MethodContext:
     """What the attention needs from the methods for one forward."""
 
-    query_scale: torch.Tensor | None  # (batch|1, 1, q_time, 1): for every layer
-    unpositioned_scale: torch.Tensor | None  # (batch|1, 1, q_time, 1): also, for layers without positions (NoPE)
+    # the query factor (batch|1, 1, q_time, 1) of a layer whose encoding encodes positions (True) or does not
+    # (False, NoPE: the scales of every layer times those of layers without positions); None: 1
+    scales: dict[bool, torch.Tensor | None]
     passes: list[Pass] | None
     visible: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
     window: int
@@ -539,13 +540,6 @@ class MethodContext:
     k_positions: torch.Tensor
     # what a backend derives from the methods once per forward for every layer (the merged path's chunk plan)
     memo: dict = field(default_factory=dict, repr=False)
-
-    def scale_for(self, encodes_positions: bool) -> torch.Tensor | None:
-        """The query factor for a layer whose encoding does (or, NoPE, does not) encode positions."""
-        extra = None if encodes_positions else self.unpositioned_scale
-        if self.query_scale is None or extra is None:
-            return self.query_scale if extra is None else extra
-        return self.query_scale * extra
 
 
 def build_methods(config: ModelConfig) -> list[AttentionMethod]:
@@ -564,9 +558,10 @@ def method_context(methods: list[AttentionMethod], q_positions: torch.Tensor,
             scales[kind] = factor if scales[kind] is None else scales[kind] * factor
     positions = next((m for m in methods if m.sets_positions), None)
     visibility = next((m for m in methods if m.sets_visibility), None)
+    every, unpositioned = (None if scale is None else scale[:, None, :, None] for scale in (scales[False], scales[True]))
     return MethodContext(
-        query_scale=None if scales[False] is None else scales[False][:, None, :, None],
-        unpositioned_scale=None if scales[True] is None else scales[True][:, None, :, None],
+        scales={True: every, False: every if unpositioned is None else unpositioned if every is None
+                else every * unpositioned},
         passes=positions.passes(q_positions, k_positions) if positions is not None else None,
         visible=visibility.visible if visibility is not None else None,
         window=visibility.window if visibility is not None and not visibility.sets_positions else 0,
