@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from commands import add_checkpoint, add_out, comma_list, command_parser, parse, results_json
+from data.tokenizer import load_tokenizer
 from errors import ConfigError, cli_command
 from experiments.ruler_report import write_report
 from model.checkpoint import trained_length
@@ -81,8 +82,6 @@ def needle_distances(checkpoint: str, task: str, length: int, samples: int) -> d
     import numpy as np
     import torch
     from lm_eval.tasks import TaskManager, get_task_dict
-
-    from data.tokenizer import load_tokenizer
 
     random.seed(0), np.random.seed(1234), torch.manual_seed(1234)  # simple_evaluate's seeds
     built = get_task_dict([task], TaskManager(metadata={"pretrained": checkpoint, "max_seq_lengths": [length]}))[task]
