@@ -231,7 +231,7 @@ def markdown(summary: dict, meta: dict) -> str:
         lines += ["## Paired by window: the methods said to read the whole window", "",
                   "A minus B, each window's difference, mean [95% t over windows]: use at the largest distance, and "
                   "the NLL at L-2L of the natural windows (negative: A predicts the text better).", "",
-                  "| text | A - B | distance | windows | use | NLL L-2L |", "|---|---|---:|---:|---:|---:|"]
+                  "| text | A - B | distance | windows | use, A minus B | NLL L-2L, A minus B |", "|---|---|---:|---:|---:|---:|"]
         for row in summary["pairs"]:
             lines.append(f"| {row['text']} | {name(row['a'])} - {name(row['b'])} | {row['distance']:,} | "
                          f"{row['windows']} | {shown(row['use'])} | {shown(row['past'])} |")
