@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from errors import ConfigError
-from model.fields import PerLayerReadings, check_field_types, check_keys
+from model.fields import ModelFields, check_field_types, check_keys
 from model.legacy_keys import migrate_saved, refuse_legacy_keys
 
 
 @dataclass
-class ModelConfig(PerLayerReadings):
+class ModelConfig(ModelFields):
     vocab_size: int = 4096
     dim: int = 256
     n_layers: int = 4

@@ -1,6 +1,6 @@
 """Typed dataclass fields from user input: the checks every config (ModelConfig, the run config, an encoding's own
-settings, the comparison's) shares, how a command-line value gets its type, and how ModelConfig's per-layer fields
-read (PerLayerReadings)."""
+settings, the comparison's) shares, how a command-line value gets its type, and ModelConfig's fields as the
+plug-ins read them (ModelFields)."""
 from __future__ import annotations
 
 import dataclasses
@@ -113,27 +113,41 @@ def original_length_of(rope_scaling: dict | None, max_seq_len: int) -> int:
     return int((rope_scaling or {}).get("original_max_position_embeddings", max_seq_len))
 
 
-class PerLayerReadings:
-    """What ModelConfig's fields say layer by layer, and the lengths derived from them: a per-layer list repeats over
-    the layers, [] meaning the default in every layer. A base of ModelConfig (model/config.py, where each field is
-    described), kept apart from it so that the plug-ins' checks, which ModelConfig runs, read the config without
-    calling back into model/config.py."""
+class ModelFields:
+    """A model config's fields (ModelConfig, model/config.py, where each is described, is this class's dataclass) and
+    what they say layer by layer: a per-layer list repeats over the layers, [] meaning the default in every layer.
+    The plug-ins (encodings, methods, the attention layer) name the config they read by this type, so that none
+    imports model/config.py, which runs their checks; and reading it from their checks calls nothing in
+    model/config.py."""
 
-    n_layers: int
+    vocab_size: int
     dim: int
+    n_layers: int
     n_heads: int
+    n_kv_heads: int
+    ffn_dim: int
     max_seq_len: int
+    norm_eps: float
+    init_std: float
+    tie_word_embeddings: bool
+    dropout: float
     position: str
-    position_layers: list
-    qk_norm: list
-    attention_gate: list
+    position_args: dict
     rope_theta: float
+    rope_layout: str
+    rope_scaling: dict | None
     rope_theta_layers: list
     rope_scaling_layers: list
-    rope_scaling: dict | None
-    sink_logits: list
+    position_layers: list
     attention_window: list
     attention_chunk: list
+    qk_norm: list
+    attention_gate: list
+    sink_logits: list
+    attention_methods: list
+    attention_backend: str
+    random_positions: int
+    random_positions_draw: int
 
     def per_layer(self, values: list, default: Any) -> list:
         """A per-layer list repeated over the layers, or `default` in every layer when it is []."""

@@ -11,9 +11,8 @@ from torch import nn
 from data.batches import IGNORE_INDEX
 from errors import ConfigError
 from model.attention import Attention
-from model.attention.explicit import Observer
 from model.attention.layer import mode_of
-from model.attention.registry import Backend, describe, plan
+from model.attention.registry import Backend, Observer, describe, plan
 from model.config import ModelConfig
 from model.encodings import POSITION_ENCODINGS, PositionEncoding
 from model.kv_cache import KVCache

@@ -6,13 +6,13 @@ learned bias wanting gradients on the CPU. It computes every encoding's attentio
 are tested against."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from model.attention.chunks import at_least_float32, chunks, effective_window, expand_kv_heads, span
-from model.attention.registry import Backend, register_backend
+from model.attention.registry import Backend, Observer, register_backend
 
 # Chunks hold at most 2^20 (4 MiB) (batch x heads x rows x keys) elements: the scores, softmax and probabilities @
 # values each pass over the chunk, which then stays in cache (`python -m scripts.encoding_costs`, docs/performance.md).
@@ -22,8 +22,6 @@ CHUNK_ELEMENTS = 2**20
 # 4); at 32k keys it would give 3 rows. Without gradients a chunk's scores are freed at once.
 MIN_ROWS_NO_GRAD = 256
 
-# observer(layer, rows, keys, probs): sees each chunk's probabilities (batch, heads, rows, keys)
-Observer = Callable[[int, slice, slice, torch.Tensor], Any]
 
 
 @register_backend

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from model.attention.registry import DECODE, EVALUATE, TRAIN, Backend, Inputs, Workload, choose
-from model.config import ModelConfig
 from model.encodings import PositionEncoding
+from model.fields import ModelFields
 from model.kv_cache import KVCache
 from model.layers import RMSNorm
 from model.methods import MethodContext
@@ -23,7 +23,7 @@ def mode_of(kv_cache: KVCache | None) -> str:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+    def __init__(self, config: ModelFields, layer_index: int) -> None:
         super().__init__()
         self.layer_index = layer_index
         self.n_heads = config.n_heads

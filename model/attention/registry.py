@@ -35,7 +35,7 @@ from __future__ import annotations
 import importlib
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Protocol
 
 import torch
 
@@ -45,11 +45,14 @@ from model.encodings import FUSED
 from model.kv_cache import KVCache
 
 if TYPE_CHECKING:
-    from model.attention.explicit import Observer
     from model.encodings import PositionEncoding
     from model.methods import MethodContext
 
 TRAIN, EVALUATE, DECODE = "train", "evaluate", "decode"
+
+# observer(layer, rows, keys, probs): a diagnostic's view of each chunk's probabilities (batch, heads, rows, keys),
+# computed explicitly (model/attention/explicit.py)
+Observer = Callable[[int, slice, slice, torch.Tensor], Any]
 
 
 def first_reason(checks: Iterable[tuple[Any, str]]) -> str | None:

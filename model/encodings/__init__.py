@@ -89,10 +89,10 @@ mixed with others layer by layer.
 
 Settings: an encoding with settings of its own declares them as a dataclass `Settings` (subclass of
 EncodingSettings); a model gives them as `model.position_args.NAME` (e.g. `--model.position_args.t5.max_distance=64`),
-ModelConfig has them checked and completed by the class (check_config below), and the encoding reads them as
+ModelFields has them checked and completed by the class (check_config below), and the encoding reads them as
 `self.settings`. `check_config(config)` refuses model shapes the encoding cannot work with. New encodings live in a
 file of their own under model/encodings/, register with `@register_encoding("name")` and add their line to
-ENCODING_MODULES; nothing else in the model names them. ModelConfig imports this package only when it checks
+ENCODING_MODULES; nothing else in the model names them. ModelFields imports this package only when it checks
 itself, after its own fields (a typo is refused before torch loads).
 """
 from __future__ import annotations
@@ -109,7 +109,7 @@ from errors import ConfigError
 from model.fields import check_field_types
 
 if TYPE_CHECKING:
-    from model.config import ModelConfig
+    from model.fields import ModelFields
 
 ALL = slice(None)
 # What an encoding's attention needs (PositionEncoding.attention), which names its path (model/attention/registry.py).
@@ -135,14 +135,14 @@ class EncodingSettings:
     max_seq_len, say) in `complete`, so that a saved config holds numbers that a later change of the model (an
     extension) cannot move."""
 
-    def check(self, config: ModelConfig, where: str) -> None:
+    def check(self, config: ModelFields, where: str) -> None:
         """Raise ConfigError naming `where`.FIELD for a value this encoding cannot take."""
 
-    def complete(self, config: ModelConfig) -> None:
+    def complete(self, config: ModelFields) -> None:
         """Replace derived defaults by their values for `config`."""
 
 
-def settings_from(cls: type[EncodingSettings], values: Any, config: ModelConfig, where: str) -> EncodingSettings:
+def settings_from(cls: type[EncodingSettings], values: Any, config: ModelFields, where: str) -> EncodingSettings:
     """`values` (a table of model.position_args) as `cls`, type-checked, checked and completed."""
     if not isinstance(values, dict):
         raise ConfigError(f"{where} must be a table of settings, got {values!r}")
@@ -162,7 +162,7 @@ class PositionEncoding(nn.Module):
 
     name: ClassVar[str] = ""  # the registered name (model/encodings/__init__.py sets it)
     Settings: ClassVar[type[EncodingSettings] | None] = None  # this encoding's own settings, if it has any
-    # ModelConfig fields beyond the shape that this encoding reads (RoPE: rope_theta, rope_layout, rope_scaling);
+    # ModelFields fields beyond the shape that this encoding reads (RoPE: rope_theta, rope_layout, rope_scaling);
     # model.rope_scaling is refused for a model whose model.position does not read it.
     model_settings: ClassVar[tuple[str, ...]] = ()
     per_layer_rope: ClassVar[bool] = False  # it reads model.rope_theta_layers and rope_scaling_layers (rope, xpos)
@@ -213,10 +213,10 @@ class PositionEncoding(nn.Module):
         else:
             cls.flex_kind = "distance" if cls.has_score_bias and not explicit else None
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelFields) -> None:
         super().__init__()
         self.config = config
-        # ModelConfig has checked and completed those of the encodings it uses: building them again only gives
+        # ModelFields has checked and completed those of the encodings it uses: building them again only gives
         # them their type. An encoding built for a config that does not list it (an analysis) takes its defaults.
         self.settings: Any = None
         if self.Settings is not None:
@@ -238,7 +238,7 @@ class PositionEncoding(nn.Module):
         return module
 
     @classmethod
-    def check_config(cls, config: ModelConfig) -> None:
+    def check_config(cls, config: ModelFields) -> None:
         """Raise ConfigError for a model (shape, model-level settings) this encoding cannot work with; its own
         settings, checked already, are config.position_args[cls.name]."""
 
@@ -324,10 +324,10 @@ def register_encoding(name: str) -> Callable[[type[PositionEncoding]], type[Posi
     return decorator
 
 
-def check_config(config: "ModelConfig") -> None:
+def check_config(config: "ModelFields") -> None:
     """Check (and complete, in place) what of `config` belongs to the encodings: the names, the layer pattern, each
     encoding's demands on the model and its own settings (model.position_args); raise ConfigError naming the key.
-    Run by ModelConfig once, when it is built."""
+    Run by ModelFields once, when it is built."""
     valid = sorted(POSITION_ENCODINGS)
     if config.position not in POSITION_ENCODINGS:
         raise ConfigError(f"model.position: unknown encoding {config.position!r}; valid names are {valid}")

@@ -5,8 +5,8 @@ import math
 
 import torch
 
-from model.config import ModelConfig
 from model.encodings import ALL, PositionEncoding, Positions, register_encoding
+from model.fields import ModelFields
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -31,7 +31,7 @@ class ALiBi(PositionEncoding):
     has_score_bias = True
     exact_buffers = ("slopes",)
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelFields) -> None:
         super().__init__(config)
         self.register_buffer("slopes", alibi_slopes(config.n_heads), persistent=False)
 

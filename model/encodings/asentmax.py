@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from errors import ConfigError
-from model.config import ModelConfig
 from model.encodings import ALL, EncodingSettings, PositionEncoding, Positions, register_encoding
 from model.encodings.ssmax import keys_seen, refuse_chunks
+from model.fields import ModelFields
 
 BASES = ("none", "nape")
 
@@ -125,7 +125,7 @@ class ASEntmaxSettings(EncodingSettings):
     gamma_range: float = 2.0  # the exponent gamma lies in (-gamma_range, gamma_range)
     base: str = "none"  # "none": every head NoPE and scaled; "nape": ALiBi on the first half of the heads
 
-    def check(self, config: ModelConfig, where: str) -> None:
+    def check(self, config: ModelFields, where: str) -> None:
         if not 1.0 < self.alpha <= 2.0:
             raise ConfigError(f"{where}.alpha must be in (1, 2] (1 would be softmax, 2 sparsemax), got {self.alpha}")
         if self.delta < 0:
@@ -165,10 +165,10 @@ class ASEntmax(PositionEncoding):
     exact_buffers = ("slopes",)
 
     @classmethod
-    def check_config(cls, config: ModelConfig) -> None:
+    def check_config(cls, config: ModelFields) -> None:
         refuse_chunks("asentmax", config)
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelFields) -> None:
         super().__init__(config)
         heads = config.n_heads
         self.register_buffer("slopes", nape_slopes(heads) if self.settings.base == "nape" else torch.zeros(heads),

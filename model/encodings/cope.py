@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from errors import ConfigError
-from model.config import ModelConfig
 from model.encodings import ALL, EncodingSettings, PositionEncoding, Positions, register_encoding
+from model.fields import ModelFields
 
 
 def cope_positions(gates: torch.Tensor, limit: int) -> torch.Tensor:
@@ -31,11 +31,11 @@ def cope_positions(gates: torch.Tensor, limit: int) -> torch.Tensor:
 class CoPESettings(EncodingSettings):
     positions: int = 0  # the number of position embeddings npos (0 = max_seq_len + 1, the reference's default)
 
-    def check(self, config: ModelConfig, where: str) -> None:
+    def check(self, config: ModelFields, where: str) -> None:
         if self.positions < 0 or self.positions == 1:
             raise ConfigError(f"{where}.positions: cope needs at least 2 (0 = max_seq_len + 1), got {self.positions}")
 
-    def complete(self, config: ModelConfig) -> None:
+    def complete(self, config: ModelFields) -> None:
         self.positions = self.positions or config.max_seq_len + 1  # a number, so that an extension cannot move it
 
 
@@ -48,7 +48,7 @@ class CoPE(PositionEncoding):
     why_explicit = "a bias that reads the scores"
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelFields) -> None:
         super().__init__(config)
         self.npos = self.settings.positions  # 0 completed to L + 1
         self.embeddings = nn.Parameter(torch.zeros(config.n_layers, config.head_dim, self.npos))

@@ -23,7 +23,6 @@ import torch
 from torch import nn
 
 from errors import ConfigError
-from model.config import ModelConfig
 from model.encodings import (
     ALL,
     POSITION_ENCODINGS,
@@ -32,6 +31,7 @@ from model.encodings import (
     Positions,
     register_encoding,
 )
+from model.fields import ModelFields
 
 BASES = ("alibi", "kerple")  # the reference's bias encodings
 
@@ -42,7 +42,7 @@ class DAPESettings(EncodingSettings):
     mlp_width: int = 32  # the MLP's hidden width (the reference's default)
     mlp_bias_clip: int = 0  # 0: off; else the MLP reads the base's bias at distance min(|i - j|, this)
 
-    def check(self, config: ModelConfig, where: str) -> None:
+    def check(self, config: ModelFields, where: str) -> None:
         if self.base not in BASES:
             raise ConfigError(f"{where}.base must be one of {list(BASES)}, got {self.base!r}")
         if self.mlp_width < 1:
@@ -64,7 +64,7 @@ class DAPE(PositionEncoding):
     # learning rate and decay 0.1 are within seed noise of this (docs/baselines.md).
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelFields) -> None:
         super().__init__(config)
         self.base = POSITION_ENCODINGS[self.settings.base](config)
         heads, width = config.n_heads, self.settings.mlp_width

@@ -43,8 +43,8 @@ import torch
 from torch import nn
 
 from errors import ConfigError
-from model.config import ModelConfig
 from model.encodings import EncodingSettings, PositionEncoding, Positions, register_encoding
+from model.fields import ModelFields
 from model.rope import apply_rope, default_inv_freq, rope_cos_sin
 
 LAYOUT = "half"  # rotate-half (transformers' rotate_half); see the module docstring for the interleaved layout
@@ -61,13 +61,13 @@ class DecoupledSettings(EncodingSettings):
     # 0 = head_dim // 2, written into the saved config.
     rope_dim: int = 0
 
-    def check(self, config: ModelConfig, where: str) -> None:
+    def check(self, config: ModelFields, where: str) -> None:
         rope_dim = derived_rope_dim(self.rope_dim, config.head_dim)
         if self.rope_dim < 0 or rope_dim < 2 or rope_dim % 2:
             raise ConfigError(f"{where}.rope_dim = {self.rope_dim} gives {rope_dim} rotary dimensions (0: head_dim "
                               f"// 2 = {config.head_dim // 2}); it must give an even number >= 2")
 
-    def complete(self, config: ModelConfig) -> None:
+    def complete(self, config: ModelFields) -> None:
         self.rope_dim = derived_rope_dim(self.rope_dim, config.head_dim)
 
 
@@ -98,7 +98,7 @@ class DecoupledRoPE(PositionEncoding):
     # W_qr and W_kr are weight matrices like q_proj and k_proj: the model's learning rate and weight decay.
     optimizer_defaults: dict[str, float] = {}
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelFields) -> None:
         super().__init__(config)
         self.rope_dim = self.settings.rope_dim
         # DeepSeek's softmax_scale is 1 / sqrt(head_dim + d_r); the attention divides by sqrt(head_dim) on every

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from errors import ConfigError
-from model.config import ModelConfig
 from model.encodings import ALL, EncodingSettings, PositionEncoding, Positions, register_encoding
+from model.fields import ModelFields
 
 
 @dataclass
@@ -23,12 +23,12 @@ class FireSettings(EncodingSettings):
     mlp_width: int = 32  # the MLP's hidden width
     threshold: int = 0  # T's initial value T0 (0 = max_seq_len; the public code uses 512)
 
-    def check(self, config: ModelConfig, where: str) -> None:
+    def check(self, config: ModelFields, where: str) -> None:
         if self.mlp_width < 1 or self.threshold < 0:
             raise ConfigError(f"{where}: fire needs mlp_width >= 1 and threshold >= 0 (0 = max_seq_len), got "
                               f"{self.mlp_width} and {self.threshold}")
 
-    def complete(self, config: ModelConfig) -> None:
+    def complete(self, config: ModelFields) -> None:
         self.threshold = self.threshold or config.max_seq_len  # a number, so that an extension cannot move it
 
 
@@ -42,7 +42,7 @@ class Fire(PositionEncoding):
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}
     eps = 1e-6  # as the reference: keeps the normaliser away from zero
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelFields) -> None:
         super().__init__(config)
         width = self.settings.mlp_width
         # One MLP per layer that uses FIRE, keyed by layer index (a hybrid's other layers get none).

@@ -31,8 +31,8 @@ import torch
 from torch import nn
 
 from errors import ConfigError
-from model.config import ModelConfig
 from model.encodings import EncodingSettings, PositionEncoding, register_encoding
+from model.fields import ModelFields
 from model.rope import apply_rope, default_inv_freq
 
 
@@ -44,7 +44,7 @@ class FourierSettings(EncodingSettings):
     init_gain: float = 0.3  # the Xavier-normal gain of the coefficients' noise around the identity
     learnable: bool = False  # the authors' code keeps the coefficients fixed at their random initial values
 
-    def check(self, config: ModelConfig, where: str) -> None:
+    def check(self, config: ModelFields, where: str) -> None:
         if self.floor_length < 0 or self.init_gain < 0:
             raise ConfigError(f"{where}: floor_length must be >= 0 (0: model.max_seq_len) and init_gain >= 0, got "
                               f"{self.floor_length} and {self.init_gain}")
@@ -54,7 +54,7 @@ class FourierSettings(EncodingSettings):
                               f"dimensional head completes a period (2 pi / {length} is above them all); use a "
                               "longer model.max_seq_len or floor_length")
 
-    def complete(self, config: ModelConfig) -> None:
+    def complete(self, config: ModelFields) -> None:
         self.floor_length = self.floor_length or config.max_seq_len
 
 
@@ -107,7 +107,7 @@ class FoPE(PositionEncoding):
     # them, being fixed).
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelFields) -> None:
         super().__init__(config)
         inv_freq = kept_frequencies(config.head_dim, config.rope_theta, self.settings.floor_length)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
@@ -125,7 +125,7 @@ class FoPE(PositionEncoding):
         self.reset_parameters()
 
     @classmethod
-    def check_config(cls, config: ModelConfig) -> None:
+    def check_config(cls, config: ModelFields) -> None:
         if config.head_dim % 2 or config.head_dim < 4:
             raise ConfigError(f"fope needs an even head_dim of at least 4 (its Fourier pairs are d / 4 at most), got "
                               f"{config.head_dim}")

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.config import ModelConfig
 from model.encodings import ALL, PositionEncoding, Positions, register_encoding
+from model.fields import ModelFields
 
 
 @dataclass
@@ -44,7 +44,7 @@ class ForgettingAttention(PositionEncoding):
     # free. Measured: 10x the learning rate and decay 0.1 are within seed noise of this (docs/baselines.md).
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelFields) -> None:
         super().__init__(config)
         # One gate per layer that uses FoX, keyed by layer index (a hybrid's other layers get none).
         self.gates = nn.ModuleDict({str(index): nn.Linear(config.dim, config.n_heads, bias=True)

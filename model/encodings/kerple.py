@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model.config import ModelConfig
 from model.encodings import ALL, PositionEncoding, Positions, register_encoding
+from model.fields import ModelFields
 
 
 @register_encoding("kerple")
@@ -20,7 +20,7 @@ class Kerple(PositionEncoding):
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}
     minimum = 1e-2  # the reference's eps: r1 and r2 are clamped to at least this
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelFields) -> None:
         super().__init__(config)
         self.r1 = nn.Parameter(torch.rand(config.n_heads) * 2.0)
         self.r2 = nn.Parameter(torch.rand(config.n_heads) * 1.0)

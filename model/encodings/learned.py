@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from errors import ConfigError, PositionRangeError
-from model.config import ModelConfig
 from model.encodings import EncodingSettings, PositionEncoding, register_encoding
+from model.fields import ModelFields
 
 
 @dataclass
@@ -17,7 +17,7 @@ class LearnedSettings(EncodingSettings):
     # Positions past the table are an error unless clamp reuses its last row (the `clamp` inference-time method).
     clamp: bool = False
 
-    def check(self, config: ModelConfig, where: str) -> None:
+    def check(self, config: ModelFields, where: str) -> None:
         if self.max_positions < 0:
             raise ConfigError(f"{where}.max_positions must be >= 0 (0 = max_seq_len), got {self.max_positions}")
         if self.max_positions and self.max_positions < config.max_seq_len:
@@ -40,7 +40,7 @@ class LearnedAbsolute(PositionEncoding):
     # Measured (docs/baselines.md): weight decay changes nothing (0.0015 nats); 10x the learning rate is 0.48 nats worse.
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelFields) -> None:
         super().__init__(config)
         self.size = self.settings.max_positions or config.max_seq_len
         self.table = nn.Embedding(self.size, config.dim)

@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from errors import ConfigError
-from model.config import ModelConfig
 from model.encodings import EncodingSettings, PositionEncoding, Positions, register_encoding
+from model.fields import ModelFields
 
 BLOCK = 64  # query rows per block of the chunked form (the reference's chunk size)
 EPS = 1e-6  # in w's normalisation, as the reference's l2_norm
@@ -40,7 +40,7 @@ class PathSettings(EncodingSettings):
     rank: int = 32  # w's projection passes through this many dimensions (0: one full matrix), the reference's 32
     conv: int = 3  # the width of the causal convolution of w over the tokens (0: none, and no silu)
 
-    def check(self, config: ModelConfig, where: str) -> None:
+    def check(self, config: ModelFields, where: str) -> None:
         if self.rank < 0:
             raise ConfigError(f"{where}.rank must be >= 0 (0: a full projection), got {self.rank}")
         if self.conv < 0:
@@ -63,7 +63,7 @@ class PathState(Positions):
 class Transforms(nn.Module):
     """One layer's projections of the input to w (through a rank, then a causal convolution) and to beta."""
 
-    def __init__(self, config: ModelConfig, settings: PathSettings) -> None:
+    def __init__(self, config: ModelFields, settings: PathSettings) -> None:
         super().__init__()
         channels = config.n_kv_heads * config.head_dim
         self.w_down = nn.Linear(config.dim, settings.rank, bias=False) if settings.rank else None
@@ -103,7 +103,7 @@ class PaTH(PositionEncoding):
     # No settings of its own for the optimizer: the model's learning rate and weight decay, as for the reference's
     # projections, which are ordinary linear layers of its model.
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelFields) -> None:
         super().__init__(config)
         self.transforms = nn.ModuleDict({str(index): Transforms(config, self.settings)
                                          for index in self.layers_using()})

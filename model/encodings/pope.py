@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.config import ModelConfig
 from model.encodings import PositionEncoding, register_encoding
+from model.fields import ModelFields
 
 
 def pope_frequencies(head_dim: int, theta: float) -> torch.Tensor:
@@ -66,7 +66,7 @@ class PoPE(PositionEncoding):
     # The model's learning rate and no weight decay, as for the other vectors (norms, FoX's gates' biases).
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelFields) -> None:
         super().__init__(config)
         self.register_buffer("inv_freq", pope_frequencies(config.head_dim, config.rope_theta), persistent=False)
         # delta, one per layer that uses PoPE (a hybrid's other layers get none), per query head and component.

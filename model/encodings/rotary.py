@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from errors import ConfigError, PositionRangeError
-from model.config import ModelConfig
 from model.encodings import EncodingSettings, PositionEncoding, register_encoding
+from model.fields import ModelFields
 from model.methods import ROPE_SCALINGS
 from model.rope import apply_rope, default_inv_freq, rope_cos_sin
 
@@ -56,7 +56,7 @@ class RotarySettings(EncodingSettings):
     # p-RoPE (Barbero et al., ICLR 2025): the lowest-frequency fraction 1 - p of the frequencies is set to zero.
     p: float = 1.0
 
-    def check(self, config: ModelConfig, where: str) -> None:
+    def check(self, config: ModelFields, where: str) -> None:
         if not 0 < self.fraction <= 1 or not 0 <= self.p <= 1:
             raise ConfigError(f"{where}: fraction must be in (0, 1] and p in [0, 1], got {self.fraction} and {self.p}")
         rotated = rotary_dim(self.fraction, config.head_dim)
@@ -88,7 +88,7 @@ class RoPE(PositionEncoding):
     key_tables_differ = False  # keys use the queries' tables at the same positions
     exact_buffers = ("inv_freq", "variant_inv_freq")
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelFields) -> None:
         super().__init__(config)
         self.scaling = config.rope_scaling or {"rope_type": "default"}
         self.scaling_name = self.scaling["rope_type"]
@@ -119,7 +119,7 @@ class RoPE(PositionEncoding):
         return keep_highest_frequencies(inv_freq, self.settings.p), attention_factor
 
     @classmethod
-    def check_config(cls, config: ModelConfig) -> None:
+    def check_config(cls, config: ModelFields) -> None:
         if config.head_dim % 2:
             raise ConfigError(f"{cls.name} needs an even head_dim, got {config.head_dim} (dim / n_heads)")
 
@@ -193,7 +193,7 @@ def xpos_position_limit(scale_base: float, rotated: int) -> int:
 class XPosSettings(RotarySettings):
     scale_base: float = 512.0  # the decay's scale base gamma (torchscale's scale_base)
 
-    def check(self, config: ModelConfig, where: str) -> None:
+    def check(self, config: ModelFields, where: str) -> None:
         super().check(config, where)
         if self.scale_base <= 0:
             raise ConfigError(f"{where}.scale_base must be positive, got {self.scale_base}")
@@ -214,7 +214,7 @@ class XPos(RoPE):
     key_tables_differ = True
     exact_buffers = ("inv_freq", "log_zeta")
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelFields) -> None:
         super().__init__(config)
         self.register_buffer("log_zeta", torch.log(xpos_zeta(self.rotary_dim)), persistent=False)
         self.position_limit = xpos_position_limit(self.settings.scale_base, self.rotary_dim)

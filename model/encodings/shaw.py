@@ -9,15 +9,15 @@ import torch
 from torch import nn
 
 from errors import ConfigError
-from model.config import ModelConfig
 from model.encodings import ALL, EncodingSettings, PositionEncoding, Positions, register_encoding
+from model.fields import ModelFields
 
 
 @dataclass
 class ShawSettings(EncodingSettings):
     max_distance: int = 16  # relative distances are clipped to [-max_distance, max_distance] (the paper's k)
 
-    def check(self, config: ModelConfig, where: str) -> None:
+    def check(self, config: ModelFields, where: str) -> None:
         if self.max_distance < 1:
             raise ConfigError(f"{where}.max_distance: shaw needs at least 1, got {self.max_distance}")
 
@@ -35,7 +35,7 @@ class ShawRelative(PositionEncoding):
     # Measured (docs/baselines.md): 10x without weight decay is 0.018 nats better than train.lr with decay (within noise).
     optimizer_defaults = {"lr_scale": 10.0, "weight_decay": 0.0}
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelFields) -> None:
         super().__init__(config)
         size = 2 * self.settings.max_distance + 1
         # One table per layer that uses Shaw, keyed by the layer index ("0", "1", ...: the names a ModuleList gives,

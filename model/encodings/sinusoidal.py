@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from errors import ConfigError
-from model.config import ModelConfig
 from model.encodings import EncodingSettings, PositionEncoding, register_encoding
+from model.fields import ModelFields
 
 
 def sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:
@@ -33,7 +33,7 @@ class SinusoidalSettings(EncodingSettings):
     # init_std, so the sinusoid dominates the input (docs/baselines.md).
     embedding: str = "fairseq"
 
-    def check(self, config: ModelConfig, where: str) -> None:
+    def check(self, config: ModelFields, where: str) -> None:
         if self.embedding not in SINUSOIDAL_RECIPES:
             raise ConfigError(f"{where}.embedding must be one of {sorted(SINUSOIDAL_RECIPES)}, "
                               f"got {self.embedding!r}")
@@ -48,7 +48,7 @@ class Sinusoidal(PositionEncoding):
     per_layer = False
 
     @classmethod
-    def check_config(cls, config: ModelConfig) -> None:
+    def check_config(cls, config: ModelFields) -> None:
         if config.dim % 2:
             raise ConfigError(f"sinusoidal needs an even model.dim, got {config.dim}")
 

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from errors import ConfigError
-from model.config import ModelConfig
 from model.encodings import POSITION_ENCODINGS, EncodingSettings, PositionEncoding, Positions, register_encoding
+from model.fields import ModelFields
 
 BASES = ("none", "rope")
 
@@ -29,7 +29,7 @@ BASES = ("none", "rope")
 class SSMaxSettings(EncodingSettings):
     base: str = "none"  # the position encoding under the scaling: none (NoPE) or rope
 
-    def check(self, config: ModelConfig, where: str) -> None:
+    def check(self, config: ModelFields, where: str) -> None:
         if self.base not in BASES:
             raise ConfigError(f"{where}.base must be one of {list(BASES)}, got {self.base!r}")
 
@@ -43,7 +43,7 @@ class ScaledPositions(Positions):
     base: Any = None
 
 
-def refuse_chunks(name: str, config: ModelConfig) -> None:
+def refuse_chunks(name: str, config: ModelFields) -> None:
     """A scale of the count of keys a query sees is computed for causal and windowed layers, not for chunked ones."""
     if any(config.layer_chunks()):
         raise ConfigError(f"{name} scales each query by the log of the keys it sees, counted for causal and windowed "
@@ -67,7 +67,7 @@ class SSMax(PositionEncoding):
     # the learning rate is within seed noise of this (docs/baselines.md).
     optimizer_defaults = {"lr_scale": 1.0, "weight_decay": 0.0}
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelFields) -> None:
         super().__init__(config)
         self.s = nn.Parameter(torch.empty(config.n_layers, config.n_heads))
         self.windows = config.layer_windows()
@@ -75,7 +75,7 @@ class SSMax(PositionEncoding):
         self.reset_parameters()
 
     @classmethod
-    def check_config(cls, config: ModelConfig) -> None:
+    def check_config(cls, config: ModelFields) -> None:
         refuse_chunks("ssmax", config)
         settings = config.position_args.get("ssmax", {})
         if settings.get("base") == "rope":

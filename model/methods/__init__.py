@@ -62,7 +62,7 @@ from model.fields import original_length_of
 from model.rope import default_inv_freq
 
 if TYPE_CHECKING:
-    from model.config import ModelConfig
+    from model.fields import ModelFields
 
 NONE = "none"
 
@@ -418,16 +418,16 @@ def applicable_encodings(cls: type[AttentionMethod]) -> tuple[str, ...] | None:
     return None if len(names) == len(POSITION_ENCODINGS) else tuple(names)
 
 
-def check_applies(cls: type[AttentionMethod], config: ModelConfig) -> None:
+def check_applies(cls: type[AttentionMethod], config: ModelFields) -> None:
     """Refuse, naming why, a method that does not apply to this model's encodings or scaling."""
     reason = refusal(cls, sorted(set(config.layer_encodings())), (config.rope_scaling or {}).get("rope_type"))
     if reason is not None:
         raise ConfigError(reason)
 
 
-def check_config(config: ModelConfig) -> None:
+def check_config(config: ModelFields) -> None:
     """Check (and complete, in place) the inference-time settings of `config`: its RoPE scaling and its attention
-    methods; raise ConfigError naming the key. Run by ModelConfig once, when it is built, if it sets either."""
+    methods; raise ConfigError naming the key. Run by ModelFields once, when it is built, if it sets either."""
     from model.encodings import POSITION_ENCODINGS
 
     if config.rope_scaling is not None:
@@ -542,7 +542,7 @@ class MethodContext:
     memo: dict = field(default_factory=dict, repr=False)
 
 
-def build_methods(config: ModelConfig) -> list[AttentionMethod]:
+def build_methods(config: ModelFields) -> list[AttentionMethod]:
     return [ATTENTION_METHODS[entry["method"]](entry, config.original_length) for entry in config.attention_methods]
 
 
