@@ -63,3 +63,16 @@ def test_the_selfextend_evaluation_route_stays_within_its_bounds_and_enters_no_f
     assert len(found["files"]) <= bound["files"], found["files"]
     assert len(found["hops"]) <= bound["hops"], found["hops"]
     assert found["again"] == [], found["again"]
+
+
+def test_the_internals_route_table_states_the_bounds():
+    """docs/internals.md's route table gives each route's files and hops as ROUTE_BOUNDS does (one set of numbers)."""
+    from pathlib import Path
+
+    rows = {"pretrain with ALiBi": "| `train.pretrain --model.position=alibi` (training) |",
+            "extrapolation with SelfExtend": "| `eval.extrapolation --methods selfextend` (`--through model/attention/merged.py`) |"}
+    text = (Path(__file__).resolve().parents[1] / "docs" / "internals.md").read_text()
+    for route, start in rows.items():
+        [line] = [line for line in text.splitlines() if line.startswith(start)]
+        files, hops = (int(cell) for cell in line[len(start):].split("|")[:2])
+        assert (files, hops) == (ROUTE_BOUNDS[route]["files"], ROUTE_BOUNDS[route]["hops"]), (route, files, hops)
