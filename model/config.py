@@ -121,19 +121,21 @@ class ModelConfig(ModelFields):
     def check_plugins(self) -> None:
         """The plug-ins' checks, each in its kind's front file, once, when the config is built: the encodings'
         (model/encodings/), the inference-time methods' (a RoPE scaling, attention methods: only where set) and the
-        attention backend's name (model/attention/registry.py). They complete the config in place (each encoding's
-        settings with their defaults, the methods' derived parameters), so a saved config lists every setting, and
-        building it again changes nothing. Imported here, after the fields above: a typo is refused before torch
+        attention backend's name (model/attention/registry.py). Each returns its part of the config completed (each
+        encoding's settings with their defaults, the methods' derived parameters), set here, so a saved config lists
+        every setting and building it again changes nothing. Imported here, after the fields above: a typo is refused before torch
         loads."""
-        from model.attention.registry import check_name
+        from model.attention.registry import AUTO, check_name
         from model.encodings import check_config as check_encodings
 
-        check_encodings(self)
+        self.position_args = check_encodings(self)
         if self.rope_scaling is not None or self.attention_methods:
-            from model.methods import check_config as check_methods
+            from model.methods import check_attention_methods, check_scaling
 
-            check_methods(self)
-        check_name(self.attention_backend)
+            self.rope_scaling = check_scaling(self)
+            self.attention_methods = check_attention_methods(self, self.original_length)
+        if self.attention_backend != AUTO:  # "auto" is always valid
+            check_name(self.attention_backend)
 
     # The per-layer lists: each repeats over the layers (its length must divide n_layers); [] means the default.
     LAYER_LISTS = ("position_layers", "attention_window", "attention_chunk", "qk_norm", "attention_gate", "sink_logits",
@@ -153,7 +155,7 @@ class ModelConfig(ModelFields):
         for name in ("attention_window", "attention_chunk"):
             if any(not isinstance(w, int) or isinstance(w, bool) or w < 0 for w in getattr(self, name)):
                 raise ConfigError(f"model.{name} must hold integers >= 0 (0 = global), got {getattr(self, name)}")
-        both = [index for index, (window, chunk) in enumerate(zip(self.layer_windows(), self.layer_chunks()))
+        both = [index for index, (window, chunk) in enumerate(zip(self.layer_windows, self.layer_chunks))
                 if window and chunk]
         if both:
             raise ConfigError(f"model.attention_window and model.attention_chunk both limit layer(s) {both}; give each "

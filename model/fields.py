@@ -149,49 +149,57 @@ class ModelFields:
     random_positions: int
     random_positions_draw: int
 
-    def per_layer(self, values: list, default: Any) -> list:
-        """A per-layer list repeated over the layers, or `default` in every layer when it is []."""
-        pattern = values or [default]
-        return [pattern[index % len(pattern)] for index in range(self.n_layers)]
+    # What the fields say layer by layer, and two sizes read from them: plain attributes, computed from the fields on
+    # first read and again after a field they depend on changes, so that reading one calls nothing.
+    layer_encodings: list[str]  # model.position_layers repeated over the layers, or model.position
+    layer_qk_norms: list[bool]  # whether each layer normalises its queries and keys (QK-norm)
+    layer_gates: list[bool]  # whether each layer gates its attention output (gated attention)
+    layer_rope_thetas: list[float]  # each layer's RoPE theta (model.rope_theta where rope_theta_layers is [])
+    layer_rope_scaled: list[bool]  # whether model.rope_scaling applies (every layer where rope_scaling_layers is [])
+    layer_sinks: list[bool]  # whether each layer has learned sink logits (gpt-oss)
+    layer_windows: list[int]  # the sliding window of every layer (0 = global attention)
+    layer_chunks: list[int]  # the attention chunk of every layer (0 = none)
+    head_dim: int
+    # The context length the RoPE frequencies were set for: a scaling's original_max_position_embeddings (for an
+    # extended checkpoint, the length before extension), else max_seq_len. The one accessor for it.
+    original_length: int
 
-    def layer_encodings(self) -> list[str]:
-        """The encoding of every layer: model.position_layers repeated over the layers, or model.position."""
-        return self.per_layer(self.position_layers, self.position)
+    def derived(self) -> dict[str, Any]:
+        """The values above, from the fields as they stand."""
+        def per_layer(values: list, default: Any) -> list:
+            pattern = values or [default]
+            return [pattern[index % len(pattern)] for index in range(self.n_layers)]
 
-    def layer_qk_norms(self) -> list[bool]:
-        """Whether each layer normalises its queries and keys (QK-norm)."""
-        return self.per_layer(self.qk_norm, False)
+        return {"layer_encodings": per_layer(self.position_layers, self.position),
+                "layer_qk_norms": per_layer(self.qk_norm, False),
+                "layer_gates": per_layer(self.attention_gate, False),
+                "layer_rope_thetas": per_layer(self.rope_theta_layers, self.rope_theta),
+                "layer_rope_scaled": per_layer(self.rope_scaling_layers, True),
+                "layer_sinks": per_layer(self.sink_logits, False),
+                "layer_windows": per_layer(self.attention_window, 0),
+                "layer_chunks": per_layer(self.attention_chunk, 0),
+                "head_dim": self.dim // self.n_heads,
+                "original_length": original_length_of(self.rope_scaling, self.max_seq_len)}
 
-    def layer_gates(self) -> list[bool]:
-        """Whether each layer gates its attention output (gated attention)."""
-        return self.per_layer(self.attention_gate, False)
+    def __getattr__(self, name: str) -> Any:
+        # reached only when `name` is not set: a derived value not computed yet (or dropped by a change below)
+        if name not in DERIVED:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        self.__dict__.update(self.derived())
+        return self.__dict__[name]
 
-    def layer_rope_thetas(self) -> list[float]:
-        """Each layer's RoPE theta (model.rope_theta where rope_theta_layers is [])."""
-        return self.per_layer(self.rope_theta_layers, self.rope_theta)
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in DERIVED:
+            raise AttributeError(f"{name} is derived from the model's fields: set those instead")
+        changed = name in DERIVED_FROM and self.__dict__.get(name, value) != value
+        object.__setattr__(self, name, value)
+        if changed:
+            for derived in DERIVED:
+                self.__dict__.pop(derived, None)
 
-    def layer_rope_scaled(self) -> list[bool]:
-        """Whether model.rope_scaling applies to each layer (every layer where rope_scaling_layers is [])."""
-        return self.per_layer(self.rope_scaling_layers, True)
 
-    def layer_sinks(self) -> list[bool]:
-        """Whether each layer has learned sink logits (gpt-oss)."""
-        return self.per_layer(self.sink_logits, False)
-
-    def layer_windows(self) -> list[int]:
-        """The sliding window of every layer (0 = global attention)."""
-        return self.per_layer(self.attention_window, 0)
-
-    def layer_chunks(self) -> list[int]:
-        """The attention chunk of every layer (0 = none)."""
-        return self.per_layer(self.attention_chunk, 0)
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
-    @property
-    def original_length(self) -> int:
-        """The context length the RoPE frequencies were set for: a scaling's original_max_position_embeddings
-        (for an extended checkpoint, the length before extension), else max_seq_len. The one accessor for it."""
-        return original_length_of(self.rope_scaling, self.max_seq_len)
+DERIVED = ("layer_encodings", "layer_qk_norms", "layer_gates", "layer_rope_thetas", "layer_rope_scaled", "layer_sinks",
+           "layer_windows", "layer_chunks", "head_dim", "original_length")
+DERIVED_FROM = {"n_layers", "position", "position_layers", "qk_norm", "attention_gate", "rope_theta",
+                "rope_theta_layers", "rope_scaling_layers", "sink_logits", "attention_window", "attention_chunk", "dim",
+                "n_heads", "rope_scaling", "max_seq_len"}

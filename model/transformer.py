@@ -192,7 +192,7 @@ class Transformer(nn.Module):
         key = (mode, device.type, dtype, self.training, compiling)
         if key not in self.backends:
             preference = self.config.attention_backend
-            names = self.config.layer_encodings()
+            names = self.config.layer_encodings
             workloads = [layer.attention.workload(mode, device, dtype, self.attention_methods, self.observer is not None,
                                                   preference) for layer in self.layers]
             self.backends[key] = plan([self.encoding_of(name) for name in names], workloads, self.observer)
@@ -263,7 +263,7 @@ class Transformer(nn.Module):
         backends = self.plan(mode_of(kv_cache), x.device, forward_dtype(x))
         states: dict[str, Any] = {}  # each encoding prepares once per forward, for all its layers
         last = len(self.layers) - 1
-        for index, (layer, name) in enumerate(zip(self.layers, self.config.layer_encodings())):
+        for index, (layer, name) in enumerate(zip(self.layers, self.config.layer_encodings)):
             encoding = self.encoding_of(name)
             if name not in states:
                 states[name] = (encoding.prepare(positions, key_positions), None if passes is None else

@@ -212,6 +212,26 @@ def follow(command: list[str], stages: list[str], through: str | None = None) ->
         sys.argv = saved
     return tracer, route_calls(tracer)
 
+# Upper bounds of two routes (issue 76), measured on tiny models by tests/test_kernel_route.py; docs/internals.md's
+# route table is route_table() (`python -m scripts.kernel_route --table`), and the test holds it to these numbers.
+ROUTE_BOUNDS = {
+    "pretrain with ALiBi": {"command": "`train.pretrain --model.position=alibi` (training)",
+                            "files": 14, "hops": 17},
+    "extrapolation with SelfExtend": {
+        "command": "`eval.extrapolation --methods selfextend` (`--through model/attention/merged.py`)",
+        "files": 16, "hops": 28},
+}
+KERNEL_STACK_FILES = 6  # the project's files on the kernel's own stack, at most
+
+
+def route_table() -> str:
+    """docs/internals.md's table of the routes' bounds, from ROUTE_BOUNDS."""
+    rows = ["| command | files, at most | hops, at most | entered again | the kernel's own stack, at most |",
+            "|---|---:|---:|---|---:|"]
+    rows += [f"| {bound['command']} | {bound['files']} | {bound['hops']} | none | {KERNEL_STACK_FILES} files |"
+             for bound in ROUTE_BOUNDS.values()]
+    return "\n".join(rows)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = command_parser("scripts.kernel_route", __doc__)
@@ -220,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--through", metavar="FILE",
                         help="follow the first kernel call whose stack passes through FILE (e.g. "
                              "model/attention/merged.py: a method's kernel rather than the reference's)")
+    parser.add_argument("--table", action="store_true",
+                        help="print the routes' bounds as docs/internals.md's table (ROUTE_BOUNDS) and exit")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- MODULE ARGS...: the command to follow")
     return parser
 
@@ -227,6 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.table:
+        print(route_table())
+        return 0
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     unknown = [s for s in stages if s not in (*STAGES, "kernel")]

@@ -17,7 +17,7 @@ from tests.conftest import micro_config
 def attention_logits(model, layer_index, x, positions):
     """The (heads, time, time) pre-softmax logits of one layer, from its projections and encoding hooks."""
     layer = model.layers[layer_index].attention
-    encoding = model.encoding_of(model.config.layer_encodings()[layer_index])
+    encoding = model.encoding_of(model.config.layer_encodings[layer_index])
     state = encoding.prepare(positions, positions)
     time = x.shape[1]
     q = layer.q_proj(x).view(1, time, layer.n_heads, layer.head_dim).transpose(1, 2)
@@ -538,7 +538,7 @@ def test_hybrid_keeps_the_primary_encodings_parameter_names():
     names = {name.split(".")[0] + "." + name.split(".")[1] for name, _ in model.named_parameters()
              if name.startswith(("position.", "layer_positions."))}
     assert names == {"position.relative_attention_bias", "layer_positions.fire"}
-    assert model.config.layer_encodings() == ["t5", "fire"]
+    assert model.config.layer_encodings == ["t5", "fire"]
 
 
 @pytest.mark.parametrize("overrides, message", [

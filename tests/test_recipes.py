@@ -99,14 +99,14 @@ def test_each_recipe_inference_method_applies_to_it():
         model = build(name)
         for method in methods:
             assert method in METHODS
-            assert applies(method, model.config.position, model.config.layer_encodings()), (name, method)
+            assert applies(method, model.config.position, model.config.layer_encodings), (name, method)
 
 
 def test_gemma3_scales_its_global_layers_only():
     model = build("gemma3").eval()
     view = model.under(METHODS["linear"], 256, 64)
     assert view.config.rope_scaling["factor"] == 4.0
-    assert view.config.layer_rope_scaled() == [False] * 5 + [True]
+    assert view.config.layer_rope_scaled == [False] * 5 + [True]
 
 
 def test_a_variant_names_a_recipe_and_is_expanded_for_the_comparison_shape():

@@ -92,5 +92,5 @@ def test_the_layers_of_a_scaling_may_wait_for_an_inference_time_one():
     everywhere = model.with_settings(rope_scaling=YARN, rope_scaling_layers=[])
     with torch.no_grad():
         assert torch.equal(again(idx)[0], model(idx)[0])
-        assert scaled.config.layer_rope_scaled() == [False, True]
+        assert scaled.config.layer_rope_scaled == [False, True]
         assert (scaled(idx)[0] - everywhere(idx)[0]).abs().max() > 1e-4  # layer 0 keeps plain RoPE

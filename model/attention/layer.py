@@ -33,23 +33,23 @@ class Attention(nn.Module):
         self.score_scale = 1.0 / math.sqrt(self.head_dim)
         self.score_root = math.sqrt(self.head_dim)  # the explicit steps divide by it (bitwise as they always have)
         self.dropout = config.dropout
-        self.window = config.layer_windows()[layer_index]
-        self.chunk = config.layer_chunks()[layer_index]
+        self.window = config.layer_windows[layer_index]
+        self.chunk = config.layer_chunks[layer_index]
         self.q_proj = nn.Linear(config.dim, config.n_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(config.dim, config.n_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.dim, config.n_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(config.n_heads * self.head_dim, config.dim, bias=False)
         # QK-norm (model.qk_norm): RMSNorm of each head's queries and keys, a gain over head_dim shared by the heads,
         # before the position encoding.
-        qk_norm = config.layer_qk_norms()[layer_index]
+        qk_norm = config.layer_qk_norms[layer_index]
         self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if qk_norm else None
         # Gated attention (model.attention_gate): sigmoid(x W_g), one gate per head and output dimension (Qiu et al.
         # 2025's G1 form, as Qwen3-Next computes it beside the queries), on the attention output.
-        gated = config.layer_gates()[layer_index]
+        gated = config.layer_gates[layer_index]
         self.gate_proj = nn.Linear(config.dim, config.n_heads * self.head_dim, bias=False) if gated else None
         # Learned sink logits (model.sink_logits, gpt-oss): one per head, a key with no value in every softmax.
-        sinks = config.layer_sinks()[layer_index]
+        sinks = config.layer_sinks[layer_index]
         self.sink_logits = nn.Parameter(torch.zeros(config.n_heads)) if sinks else None
 
     def dropout_now(self) -> float:

@@ -226,7 +226,7 @@ class PositionEncoding(nn.Module):
 
     def layers_using(self) -> list[int]:
         """The indices of the layers that use this encoding (all layers, unless model.position_layers mixes)."""
-        return [index for index, name in enumerate(self.config.layer_encodings()) if name == self.name]
+        return [index for index, name in enumerate(self.config.layer_encodings) if name == self.name]
 
     def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 (torch's signature)
         """Moving or casting the model moves these buffers but keeps them float32: a bf16 inv_freq is a phase error
@@ -324,10 +324,10 @@ def register_encoding(name: str) -> Callable[[type[PositionEncoding]], type[Posi
     return decorator
 
 
-def check_config(config: "ModelFields") -> None:
-    """Check (and complete, in place) what of `config` belongs to the encodings: the names, the layer pattern, each
-    encoding's demands on the model and its own settings (model.position_args); raise ConfigError naming the key.
-    Run by ModelFields once, when it is built."""
+def check_config(config: "ModelFields") -> dict[str, dict]:
+    """Check what of `config` belongs to the encodings (the names, the layer pattern, each encoding's demands on the
+    model and its own settings) and return model.position_args completed with every setting's default; raise
+    ConfigError naming the key. Run by ModelConfig once, when it is built."""
     valid = sorted(POSITION_ENCODINGS)
     if config.position not in POSITION_ENCODINGS:
         raise ConfigError(f"model.position: unknown encoding {config.position!r}; valid names are {valid}")
@@ -338,7 +338,7 @@ def check_config(config: "ModelFields") -> None:
     if whole_model:
         raise ConfigError(f"model.position_layers: {whole_model} act on the token embeddings of the whole model and "
                           "cannot be chosen per layer; use relative or rotary encodings")
-    used = list(dict.fromkeys(config.layer_encodings()))
+    used = list(dict.fromkeys(config.layer_encodings))
     given = config.position_args
     if not isinstance(given, dict) or any(not isinstance(values, dict) for values in given.values()):
         raise ConfigError(f"model.position_args holds a table of settings per encoding, e.g. "
@@ -351,7 +351,7 @@ def check_config(config: "ModelFields") -> None:
         raise ConfigError(f"model.random_positions: {used} read no position ids (their attention depends on the "
                           "content alone), so randomized positions would change nothing; use it with an encoding "
                           "that reads positions, such as rope, sinusoidal, learned or alibi")
-    own = sorted({name for name, sinks in zip(config.layer_encodings(), config.layer_sinks())
+    own = sorted({name for name, sinks in zip(config.layer_encodings, config.layer_sinks)
                   if sinks and POSITION_ENCODINGS[name].own_weights})
     if own:
         raise ConfigError(f"model.sink_logits: {own} compute weights of their own instead of a softmax, which a sink "
@@ -367,13 +367,13 @@ def check_config(config: "ModelFields") -> None:
             continue
         settings = settings_from(cls.Settings, given.get(name, {}), config, f"model.position_args.{name}")
         completed[name] = dataclasses.asdict(settings)
-    config.position_args = completed
     if config.rope_theta_layers or config.rope_scaling_layers:
         readers = [name for name in used if "rope_theta" in POSITION_ENCODINGS[name].model_settings]
         unable = [name for name in readers if not POSITION_ENCODINGS[name].per_layer_rope]
         if not readers or unable:
             raise ConfigError(f"model.rope_theta_layers and model.rope_scaling_layers set RoPE per layer for rope and "
                               f"xpos; this model's RoPE-like encodings are {readers or 'none'}")
+    return completed
 
 
 # The encodings register themselves when their files load (each imports this package, defined above by then).

@@ -178,7 +178,7 @@ class ASEntmax(PositionEncoding):
             str(index): nn.ModuleDict({"beta": nn.Linear(config.dim, self.scaled, bias=False),
                                        "gamma": nn.Linear(config.dim, self.scaled, bias=False)})
             for index in self.layers_using()})
-        self.windows = config.layer_windows()
+        self.windows = config.layer_windows
 
     def for_layer(self, x: torch.Tensor, state: Positions, layer: int, kv_cache: Any = None) -> ScaledQueries:
         maps = self.temperatures[str(layer)]

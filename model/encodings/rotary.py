@@ -98,7 +98,7 @@ class RoPE(PositionEncoding):
         self.caches_encoded_keys = not self.init_fn.length_dependent
         # The variants of the layers using it (model.rope_theta_layers, rope_scaling_layers): (theta, scaled) each;
         # one, (rope_theta, True), unless those lists set RoPE per layer.
-        thetas, scaled = config.layer_rope_thetas(), config.layer_rope_scaled()
+        thetas, scaled = config.layer_rope_thetas, config.layer_rope_scaled
         layers = self.layers_using() or range(config.n_layers)  # none: a rotation another encoding holds (SSMax's)
         self.variants = list(dict.fromkeys((thetas[layer], scaled[layer]) for layer in layers))
         self.variant_of = {layer: self.variants.index((thetas[layer], scaled[layer])) for layer in layers}

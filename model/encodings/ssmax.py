@@ -45,7 +45,7 @@ class ScaledPositions(Positions):
 
 def refuse_chunks(name: str, config: ModelFields) -> None:
     """A scale of the count of keys a query sees is computed for causal and windowed layers, not for chunked ones."""
-    if any(config.layer_chunks()):
+    if any(config.layer_chunks):
         raise ConfigError(f"{name} scales each query by the log of the keys it sees, counted for causal and windowed "
                           "layers; model.attention_chunk is not supported with it (give [] or 0 per layer)")
 
@@ -70,7 +70,7 @@ class SSMax(PositionEncoding):
     def __init__(self, config: ModelFields) -> None:
         super().__init__(config)
         self.s = nn.Parameter(torch.empty(config.n_layers, config.n_heads))
-        self.windows = config.layer_windows()
+        self.windows = config.layer_windows
         self.base = POSITION_ENCODINGS["rope"](config) if self.settings.base == "rope" else None
         self.reset_parameters()
 

@@ -420,28 +420,35 @@ def applicable_encodings(cls: type[AttentionMethod]) -> tuple[str, ...] | None:
 
 def check_applies(cls: type[AttentionMethod], config: ModelFields) -> None:
     """Refuse, naming why, a method that does not apply to this model's encodings or scaling."""
-    reason = refusal(cls, sorted(set(config.layer_encodings())), (config.rope_scaling or {}).get("rope_type"))
+    reason = refusal(cls, sorted(set(config.layer_encodings)), (config.rope_scaling or {}).get("rope_type"))
     if reason is not None:
         raise ConfigError(reason)
 
 
-def check_config(config: ModelFields) -> None:
-    """Check (and complete, in place) the inference-time settings of `config`: its RoPE scaling and its attention
-    methods; raise ConfigError naming the key. Run by ModelFields once, when it is built, if it sets either."""
+def check_scaling(config: ModelFields) -> dict | None:
+    """`config`'s RoPE scaling checked and completed (None: none); raise ConfigError naming the key. ModelConfig
+    runs it once, when it is built, and sets model.rope_scaling to the result before check_attention_methods."""
     from model.encodings import POSITION_ENCODINGS
 
-    if config.rope_scaling is not None:
-        if "rope_scaling" not in POSITION_ENCODINGS[config.position].model_settings:
-            readers = " or ".join(repr(name) for name, cls in POSITION_ENCODINGS.items()
-                                  if "rope_scaling" in cls.model_settings)
-            raise ConfigError(f"model.rope_scaling applies to position = {readers}, not {config.position!r}")
-        try:
-            config.rope_scaling = normalize_rope_scaling(config.rope_scaling, config.max_seq_len)
-        except ConfigError as error:
-            raise ConfigError(f"model.rope_scaling: {error}") from error
-    config.attention_methods = normalize_methods(config.attention_methods, config.original_length)
-    for entry in config.attention_methods:
+    if config.rope_scaling is None:
+        return None
+    if "rope_scaling" not in POSITION_ENCODINGS[config.position].model_settings:
+        readers = " or ".join(repr(name) for name, cls in POSITION_ENCODINGS.items()
+                              if "rope_scaling" in cls.model_settings)
+        raise ConfigError(f"model.rope_scaling applies to position = {readers}, not {config.position!r}")
+    try:
+        return normalize_rope_scaling(config.rope_scaling, config.max_seq_len)
+    except ConfigError as error:
+        raise ConfigError(f"model.rope_scaling: {error}") from error
+
+
+def check_attention_methods(config: ModelFields, original_length: int) -> list[dict]:
+    """`config`'s attention methods checked against the model and completed with their parameters, derived from
+    `original_length` (the config's, once its scaling is complete); raise ConfigError naming the entry."""
+    methods = normalize_methods(config.attention_methods, original_length)
+    for entry in methods:
         check_applies(ATTENTION_METHODS[entry["method"]], config)
+    return methods
 
 
 def method_spec(name: str) -> Method:
