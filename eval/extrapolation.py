@@ -243,7 +243,7 @@ def evaluate_checkpoint(model: Transformer, ids: np.ndarray, plan: EvalPlan, met
     if NONE in at_trained:
         evaluation.paths[key_for(NONE, trained)] = paths
     chosen = [NONE] + [method for method in methods if method != NONE and applies(method, model.config.position,
-                                                                                  model.config.layer_encodings())]
+                                                                                  model.config.layer_encodings)]
     for method in chosen:
         spec = method_spec(method)
         for length in plan.lengths:

@@ -655,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
                                              all_documents=args.all_documents)
         lengths = sorted({resolve_length(item, trained) for item in parse_lengths(args.lengths)})
         span = args.span or default_span(trained)
-        chosen = [m for m in methods if applies(m, model.config.position, model.config.layer_encodings())]
+        chosen = [m for m in methods if applies(m, model.config.position, model.config.layer_encodings)]
         found, errors = measure_checkpoint(model, ids, trained, lengths, comma_list(args.distances), span,
                                            args.per_distance, args.windows, args.seed, chosen, amp, args.ngram,
                                            tokenizer.convert_tokens_to_ids(ENDOFTEXT))

@@ -162,7 +162,7 @@ def run_task_job(job: TaskJob, log_path: Path | None = None) -> dict[str, Any]:
                               for multiple in job.multiples}
             if task.make_at is not None:  # a retrieval task: length x answer distance, and the window control
                 methods = [NONE] + [m for m in job.methods if m not in (NONE, CONTROL) and applies(
-                    m, model.config.position, model.config.layer_encodings())]
+                    m, model.config.position, model.config.layer_encodings)]
                 count = min(job.count, GRID_COUNT)
                 result["grids"] = {method: retrieval_grid(model, task, job.length, list(job.multiples), count,
                                                           method=method) for method in methods}

@@ -94,9 +94,9 @@ def check_method(parser: argparse.ArgumentParser, args: argparse.Namespace, base
                  if value is not None]
         if given:
             raise ConfigError(f"--method drope removes RoPE, so {' and '.join(given)} cannot apply; leave them out")
-        if base.position != "rope" or any(name not in ("rope", "none") for name in base.layer_encodings()):
+        if base.position != "rope" or any(name not in ("rope", "none") for name in base.layer_encodings):
             raise ConfigError(f"--method drope drops RoPE from RoPE checkpoints (NoPE layers may be mixed in); "
-                              f"{args.checkpoint} uses {sorted(set(base.layer_encodings()))}")
+                              f"{args.checkpoint} uses {sorted(set(base.layer_encodings))}")
         if args.recalibration is not None and not 0 < args.recalibration <= 1:
             raise ConfigError(f"--recalibration is a share of the pretraining tokens in (0, 1], got "
                               f"{args.recalibration}")

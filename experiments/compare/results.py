@@ -103,7 +103,7 @@ def collect(compare: CompareConfig, configs: RunConfigs, lengths: list[int]) -> 
     variants: dict[str, Variant] = {}
     longest = max(lengths)
     for encoding in compare.encodings:
-        layers = configs[(encoding, compare.seeds[0])].model.layer_encodings()
+        layers = configs[(encoding, compare.seeds[0])].model.layer_encodings
         methods = [NONE] + [m for m in compare.methods
                             if m != NONE and applies(m, compare.position_of(encoding), layers)]
         for method in methods:
@@ -145,7 +145,7 @@ def collect_snapshots(compare: CompareConfig, configs: RunConfigs, lengths: list
     longest, shortest = max(lengths), min(lengths)
     table: Snapshots = {}
     for encoding in compare.encodings:
-        layers = configs[(encoding, compare.seeds[0])].model.layer_encodings()
+        layers = configs[(encoding, compare.seeds[0])].model.layer_encodings
         methods = [NONE] + [m for m in compare.snapshot_methods
                             if m != NONE and m in compare.methods and applies(m, compare.position_of(encoding), layers)]
         for method in methods:

@@ -250,7 +250,7 @@ def largest_first(jobs: list[Job], configs: RunConfigs) -> list[Job]:
     configured order. Each job is independent: the order changes the wall time only, not a number."""
     def models_evaluated(job: Job) -> int:
         model = configs[(job.encoding, job.seed)].model
-        return 1 + sum(applies(method, model.position, model.layer_encodings()) for method in job.compare["methods"])
+        return 1 + sum(applies(method, model.position, model.layer_encodings) for method in job.compare["methods"])
 
     return sorted(jobs, key=lambda job: -models_evaluated(job))
 

@@ -47,7 +47,7 @@ def probe_use(model: Transformer, ids: np.ndarray, trained: int, compare: Compar
     windows = probe_windows(compare, trained, len(ids))
     # the window control is always probed: the negative control (no use past its window)
     methods = [m for m in dict.fromkeys([*compare.methods, NEGATIVE_CONTROL])
-               if applies(m, model.config.position, model.config.layer_encodings())]
+               if applies(m, model.config.position, model.config.layer_encodings)]
     span = default_span(trained)
     found, errors = measure_checkpoint(model, ids, trained, sorted(windows), list(compare.use_distances), span,
                                        PER_DISTANCE, windows, 0, methods, None, NGRAM, separator)

@@ -70,7 +70,7 @@ def layer_inputs(settings: dict, length: int, seed: int = 0, device: torch.devic
     config = ModelConfig(**{**COST_SHAPE, **settings, "max_seq_len": COST_SHAPE["max_seq_len"]})
     model = Transformer(config).eval().to(device)
     attention = model.layers[0].attention
-    encoding = model.encoding_of(config.layer_encodings()[0])
+    encoding = model.encoding_of(config.layer_encodings[0])
     positions = torch.arange(length, device=device)[None, :]
     state = encoding.prepare(positions, positions)
     tokens = torch.randint(0, config.vocab_size, (1, length)).to(device)
