@@ -605,3 +605,42 @@ def test_a_comparison_copies_the_models_another_trained_with_the_same_settings_a
     statuses = json.loads((other / "results.json").read_text())["status"]
     assert statuses["alibi-seed1"]["status"] == f"reused (trained in {first})"
     assert statuses["rope-seed1"]["status"] == "trained"
+
+
+def test_use_against_the_tokens_trained_probes_every_kept_model(small_text_file, tmp_path):
+    """compare.snapshot_probes = ["use"]: the use probe on each kept model as on the final one, cached per step, and
+    the report's table and figure of use against the tokens trained (issue 75)."""
+    out = tmp_path / "cmp"
+    args = arguments(small_text_file, out, '--compare.encodings=["none", "rope"]', "--compare.seeds=[1, 2]",
+                     "--compare.snapshots=[0.5]", '--compare.probes=["use"]', '--compare.snapshot_probes=["use"]',
+                     '--compare.methods=["yarn"]', '--compare.use_distances=["0.5x", "2x", "max"]',
+                     "--compare.use_windows=3", "--model.max_seq_len=32", "--compare.workers=1")
+    assert main(args) == 0
+    for encoding in ("none", "rope"):
+        for seed in (1, 2):
+            kept = json.loads((out / "probes" / encoding / f"seed{seed}-step3-use.json").read_text())["rows"]
+            final = json.loads((out / "probes" / encoding / f"seed{seed}-use.json").read_text())["rows"]
+            assert kept["results"] and kept["results"] != final["results"]  # other weights, the same windows
+            assert [r["distances"] for r in kept["results"]] == [r["distances"] for r in final["results"]]
+    report = (out / "report.md").read_text()
+    section = report[report.index("### Use against the tokens trained"):]
+    for label in ("none", "rope", "rope+yarn"):
+        rows = [line for line in section.splitlines() if line.startswith(f"| {label} |")]
+        assert [row.split("|")[2].strip() for row in rows] == ["384", "768"], rows  # 3 and 6 steps of 4 x 32
+        assert all(row.split("|")[3].strip() != "n/a" for row in rows), rows  # the positive control, within L
+    assert (out / "use_budget.png").stat().st_size > 0
+    rows = json.loads((out / "results.json").read_text())["use_by_step"]
+    assert {(r["label"], r["step"], r["column"]) for r in rows} >= {("rope", 3, "within L"), ("rope", 6, "2L back")}
+    assert all(r["use"] is None or r["use"]["low"] is None or r["use"]["low"] <= r["use"]["mean"] <= r["use"]["high"]
+               for r in rows)
+
+
+def test_snapshot_probes_need_snapshots_and_name_the_use_probe():
+    from errors import ConfigError
+    from experiments.compare.config import CompareConfig
+
+    with pytest.raises(ConfigError, match="compare.snapshot_probes"):
+        CompareConfig(snapshot_probes=["use"])
+    with pytest.raises(ConfigError, match="compare.snapshot_probes"):
+        CompareConfig(snapshots=[0.5], snapshot_probes=["passkey"])
+    assert CompareConfig(snapshots=[0.5], snapshot_probes=["use"]).snapshot_probes == ["use"]

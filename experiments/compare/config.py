@@ -48,6 +48,8 @@ class CompareConfig:
     # inference-time methods the snapshots are evaluated under too, where they are among compare.methods and apply
     snapshot_methods: list = field(default_factory=lambda: ["clamp"])
     probes: list = field(default_factory=list)  # of PROBE_NAMES (experiments/compare/probes.py)
+    # probes also run on every snapshot (compare.snapshots): "use", for use against the tokens trained
+    snapshot_probes: list = field(default_factory=list)
     probe_lengths: list = field(default_factory=lambda: ["1x", "4x"])
     probe_tokens: int = 16384  # held-out tokens per length for the attention diagnostics
     passkey_trials: int = 50  # per (length, depth) and seed
@@ -105,6 +107,10 @@ class CompareConfig:
         if unknown:
             raise ConfigError(f"compare.probes / compare.tasks: unknown {unknown}; probes are {sorted(PROBE_NAMES)}, "
                               f"tasks are {sorted(TASKS)}")
+        if any(name not in ("use",) for name in self.snapshot_probes) or \
+                (self.snapshot_probes and not self.snapshots):
+            raise ConfigError(f"compare.snapshot_probes: [\"use\"] runs the use probe on every model that "
+                              f"compare.snapshots keeps (set those too); got {self.snapshot_probes}")
         parse_lengths(",".join(self.probe_lengths))
         if self.task_cycle < 0:
             raise ConfigError(f"compare.task_cycle is a number of steps >= 0 (0: the default cycle), got "

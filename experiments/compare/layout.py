@@ -1,9 +1,12 @@
 """Where a comparison keeps what it makes, under its output folder OUT (compare.out)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
+
+from model.checkpoint import WEIGHTS
 
 
 def run_dir(out: str | Path, encoding: str, seed: int) -> Path:
@@ -17,9 +20,15 @@ def eval_path(out: str | Path, encoding: str, seed: int, step: int | None = None
     return Path(out) / "evals" / encoding / f"seed{seed}{suffix}.npz"
 
 
-def probe_path(out: str | Path, encoding: str, seed: int, probe: str) -> Path:
-    """OUT/probes/ENCODING/seedS-PROBE.json: one probe's results on one trained model."""
-    return Path(out) / "probes" / encoding / f"seed{seed}-{probe}.json"
+def probe_path(out: str | Path, encoding: str, seed: int, probe: str, step: int | None = None) -> Path:
+    """OUT/probes/ENCODING/seedS[-stepN]-PROBE.json: one probe's results on one trained model (or its snapshot)."""
+    suffix = "" if step is None else f"-step{step}"
+    return Path(out) / "probes" / encoding / f"seed{seed}{suffix}-{probe}.json"
+
+
+def weights_digest(checkpoint: Path) -> str:
+    """The first 16 hex digits of the SHA-256 of a checkpoint's weights: what a cached evaluation or probe keys on."""
+    return hashlib.sha256((checkpoint / WEIGHTS).read_bytes()).hexdigest()[:16]
 
 
 def task_path(out: str | Path, task: str) -> Path:

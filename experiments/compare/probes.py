@@ -31,9 +31,17 @@ from eval.stats import Estimate, seeds_and_trials, t_interval
 from eval.use import default_span
 from experiments.compare.cells import cell, header
 from experiments.compare.config import CompareConfig
-from experiments.compare.layout import probe_path, task_path
+from experiments.compare.layout import probe_path, task_path, weights_digest
 from experiments.compare.results import ComparisonResults
-from experiments.compare.use import PER_DISTANCE, probe_use, probe_windows, summarise_use, use_section
+from experiments.compare.use import (
+    PER_DISTANCE,
+    UseSummary,
+    budget_section,
+    probe_use,
+    probe_windows,
+    summarise_use,
+    use_section,
+)
 from experiments.tasks import (
     CONTROL,
     DEFAULT_LENGTH,
@@ -100,11 +108,12 @@ PROBES: dict[str, Callable[..., dict]] = {"attention": _attention, "induction": 
 
 
 def run_probes(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: int, compare: CompareConfig,
-               encoding: str, seed: int, digest: str) -> list[str]:
-    """Run compare.probes on one trained model, each unless cached for the same weights and settings."""
-    notes = []
-    for probe in compare.probes:
-        path = probe_path(compare.out, encoding, seed, probe)
+               encoding: str, seed: int, step: int | None = None) -> list[str]:
+    """Run compare.probes on one trained model (compare.snapshot_probes on its snapshot at `step`), each unless
+    cached for the same weights and settings."""
+    notes, digest = [], weights_digest(checkpoint)
+    for probe in compare.probes if step is None else compare.snapshot_probes:
+        path = probe_path(compare.out, encoding, seed, probe, step)
         key = {"weights": digest, "lengths": compare.probe_lengths, "tokens": compare.probe_tokens,
                "trials": compare.passkey_trials}
         if probe == "use":
@@ -183,12 +192,12 @@ def run_tasks(compare: CompareConfig, out: Path, shared_model: dict) -> None:
     write_suite(out / "tasks", TASK_LENGTH, compare.seeds, chosen, settings)
 
 
-def _load(out: Path, compare: CompareConfig, probe: str) -> dict[str, dict[int, dict]]:
-    """encoding -> seed -> rows of one probe, for what exists."""
+def _load(out: Path, compare: CompareConfig, probe: str, step: int | None = None) -> dict[str, dict[int, dict]]:
+    """encoding -> seed -> rows of one probe (on the snapshots at `step`), for what exists."""
     found: dict[str, dict[int, dict]] = {}
     for encoding in compare.encodings:
         for seed in compare.seeds:
-            path = probe_path(out, encoding, seed, probe)
+            path = probe_path(out, encoding, seed, probe, step)
             if path.exists():
                 found.setdefault(encoding, {})[seed] = json.loads(path.read_text())["rows"]
     return found
@@ -374,7 +383,20 @@ def text_use(results: ComparisonResults) -> dict:
 
 def text_use_section(results: ComparisonResults) -> list[str]:
     return use_section(text_use(results), results.trained, results.longest, results.compare.use_margin,
-                       results.most_layers())
+                       results.most_layers()) + budget_section(use_by_step(results), results.tokens_per_step,
+                                                               results.trained)
+
+
+def use_by_step(results: ComparisonResults) -> dict[int, dict[str, UseSummary]]:
+    """Training step -> variant label -> use summary: the models kept during training (compare.snapshot_probes)
+    and the final ones (at the last step); empty when the snapshots were not probed."""
+    if "use" not in results.compare.snapshot_probes:
+        return {}
+    first = next(iter(results.configs.values())).train
+    by_step = {step: summarise_use(_load(results.out, results.compare, "use", step), results.compare.use_margin)
+               for step in first.keep_steps}
+    by_step[results.max_steps] = text_use(results)
+    return {step: summaries for step, summaries in by_step.items() if summaries}
 
 
 def report_sections(results: ComparisonResults) -> list[str]:

@@ -27,8 +27,9 @@ from experiments.compare.extrapolation_map import map_findings, map_points, map_
 from experiments.compare.findings import findings, snapshot_findings
 from experiments.compare.layout import eval_path, invocations
 from experiments.compare.plots import write_figures
-from experiments.compare.probes import report_sections, text_use
+from experiments.compare.probes import report_sections, text_use, use_by_step
 from experiments.compare.results import ComparisonResults
+from experiments.compare.use import BUDGET_MULTIPLES, budget_columns, plot_use_budget
 from model.methods import NONE, method_spec
 from model.transformer import Transformer
 from train.loop import position_group_settings
@@ -85,6 +86,19 @@ def probe_table(results: ComparisonResults) -> list[str]:
                  lambda v, o: cell(v.probe_estimate(o)))
 
 
+def use_budget_rows(results: ComparisonResults) -> list[dict]:
+    """results.json's rows of use against the tokens trained (compare.snapshot_probes): one per variant, kept model
+    and column (within L, 2L, 4L, 8L back)."""
+    rows = []
+    for step, summaries in sorted(use_by_step(results).items()):
+        for name, summary in summaries.items():
+            for title, index in budget_columns(summary, results.trained, BUDGET_MULTIPLES):
+                rows.append({"label": name, "step": step, "tokens": step * results.tokens_per_step, "column": title,
+                             "distance": summary.distances[index], "window": summary.lengths[index] if summary.lengths else None, "use": estimate_dict(summary.estimates[index]),
+                             "verdict": summary.verdicts[index]})
+    return rows
+
+
 def results_record(results: ComparisonResults) -> dict:
     """results.json: the settings, every job's status, the training summaries and every number of the report."""
     compare, lengths, trained = results.compare, results.lengths, results.trained
@@ -116,7 +130,7 @@ def results_record(results: ComparisonResults) -> dict:
         "status": dict(results.statuses),
         "training": {e: {str(s): t for s, t in by_seed.items()} for e, by_seed in results.training.items()},
         "attention_paths": attention_paths(results),
-        "cells": cells, "probe": probes, "snapshots": snapshot_rows,
+        "cells": cells, "probe": probes, "snapshots": snapshot_rows, "use_by_step": use_budget_rows(results),
         "map": [{"label": point.label, "harm": estimate_dict(point.harm),
                  "text_window": estimate_dict(point.text_window), "verdict": point.verdict,
                  **{key: {task: estimate_dict(value) for task, value in getattr(point, key).items()}
@@ -146,6 +160,9 @@ def write_outputs(results: ComparisonResults) -> None:
     out = results.out
     (out / "table.md").write_text(tables_markdown(results))
     write_figures(results)
+    by_step = use_by_step(results)
+    if len(by_step) > 1:
+        plot_use_budget(by_step, results.tokens_per_step, results.trained, out / "use_budget.png")
     (out / "report.md").write_text(report_markdown(results))
     (out / "results.json").write_text(results_json(results_record(results)))
 

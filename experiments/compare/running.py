@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
-import hashlib
 import multiprocessing
 import os
 import statistics
@@ -26,7 +25,7 @@ from data.tokenizer import load_tokenizer
 from errors import ConfigError
 from eval.extrapolation import CheckpointEvaluation, evaluate_checkpoint, make_plan, resolve_length
 from experiments.compare.config import CompareConfig, RunConfigs, run_model
-from experiments.compare.layout import eval_path, record_invocation, run_dir
+from experiments.compare.layout import eval_path, record_invocation, run_dir, weights_digest
 from experiments.compare.probes import run_probes
 from experiments.compare.reuse import reuse_trained
 from experiments.jobs import FreeCores, comparable, die_with_parent, job_output, saved_run_config, usable_cores
@@ -143,10 +142,6 @@ def extreme_lengths(items: list[str], trained: int) -> list[str]:
     return [by_length[0], by_length[-1]]
 
 
-def weights_digest(checkpoint: Path) -> str:
-    return hashlib.sha256((checkpoint / WEIGHTS).read_bytes()).hexdigest()[:16]
-
-
 def evaluate_cached(checkpoint: Path, path: Path, compare: CompareConfig, methods: list[str], probe: bool,
                     lengths: list[str] | None = None, runtime: RuntimeConfig | None = None) -> str:
     """Evaluate `checkpoint` into `path` unless an evaluation of the same weights under the same plan is there."""
@@ -225,9 +220,16 @@ def run_job(job: Job, log_path: Path | None = None) -> dict[str, Any]:
                 report_phase(job, "probing")
                 ids = np.asarray(open_split(Path(compare.out) / "data", "val").tokens)
                 model = load_model(out, resolve_device("auto"), config.runtime)
-                probes = run_probes(model, out, ids, config.model.max_seq_len, compare, job.encoding, job.seed,
-                                    weights_digest(out))
+                probes = run_probes(model, out, ids, config.model.max_seq_len, compare, job.encoding, job.seed)
                 result["eval"] += "; probes: " + ", ".join(probes)
+            if compare.snapshot_probes:  # the same probe on every kept model: use against the tokens trained
+                report_phase(job, "probing snapshots")
+                ids = np.asarray(open_split(Path(compare.out) / "data", "val").tokens)
+                for step in config.train.keep_steps:
+                    kept = out / SNAPSHOTS / f"step-{step:06d}"
+                    model = load_model(kept, resolve_device("auto"), config.runtime)
+                    run_probes(model, kept, ids, config.model.max_seq_len, compare, job.encoding, job.seed, step)
+                result["eval"] += f"; snapshot probes at steps {config.train.keep_steps}"
         except Exception as error:  # a failed variant is reported, not fatal to the others
             traceback.print_exc()
             result["status"] = f"failed: {type(error).__name__}: {error}".replace("|", "/")[:300]

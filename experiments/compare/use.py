@@ -19,11 +19,14 @@ of eval.stats.verdict ("uses" by a one-sided test, "none" by an equivalence test
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from eval import figures
 from eval.extrapolation import resolve_length
+from eval.figures import colour
 from eval.stats import Estimate, calibrated_verdicts, reach_of, spread, use_margin, verdict
 from eval.use import default_span, measure_checkpoint
 from experiments.compare.cells import cell
@@ -236,3 +239,83 @@ def use_section(summaries: dict[str, UseSummary], trained: int, length: int, mar
                           + (", ".join(f"d = {d:,} {v}" for d, v in beyond) or "no distance measured")
                           + f" ({negative_word(v for _, v in beyond)}).")
     return lines + [""] + [f"- {c}" for c in checks] + [""]
+
+
+def budget_columns(summary: UseSummary, trained: int, multiples: tuple[int, ...]) -> list[tuple[str, int]]:
+    """The columns of use against the tokens trained: the positive control's farthest distance within L (windows of
+    L), then each multiple of L back at the longest length: (title, column index); a distance not probed is left
+    out."""
+    lengths = summary.lengths or [0] * len(summary.distances)
+    shortest, longest = min(lengths), max(lengths)
+    within = [i for i, n in enumerate(lengths) if n == shortest < longest and summary.distances[i] < trained]
+    columns = [] if not within else [("within L", max(within, key=lambda i: summary.distances[i]))]
+    for multiple in multiples:
+        found = [i for i, n in enumerate(lengths) if n == longest and summary.distances[i] == multiple * trained]
+        columns += [(f"{multiple}L back", found[0])] if found else []
+    return columns
+
+
+BUDGET_MULTIPLES = (2, 4, 8)  # the distances, in multiples of L, of use against the tokens trained
+
+
+def budget_section(by_step: dict[int, dict[str, UseSummary]], tokens_per_step: int, trained: int) -> list[str]:
+    """Use against the tokens trained: each variant's use within L and at 2L, 4L and 8L back, for every model kept
+    during training (compare.snapshot_probes) and the final one, with verdicts as in the use table (each model's
+    cells one family)."""
+    if len(by_step) < 2:
+        return []
+    labels = list(dict.fromkeys(name for summaries in by_step.values() for name in summaries))
+    titles = ["within L", *(f"{m}L back" for m in BUDGET_MULTIPLES)]
+    lines = ["### Use against the tokens trained", "",
+             "The use probe above on every model kept during training (compare.snapshots) and on the final one, on "
+             "the same held-out windows: use within L (the positive control, its farthest distance within L) and "
+             "2L, 4L and 8L back at the longest length, nats, mean [95% t over seeds and windows], with the "
+             "calibrated verdict (Holm over each model's cells, margin a tenth of its own use within L).", "",
+             "| variant | tokens trained | " + " | ".join(titles) + " |", "|---|---:|" + "---:|" * len(titles)]
+    for name in labels:
+        for step in sorted(by_step):
+            summary = by_step[step].get(name)
+            if summary is None:
+                continue
+            found = dict(budget_columns(summary, trained, BUDGET_MULTIPLES))
+            cells = [f"{cell(summary.estimates[found[t]], 3, signed=True)} {summary.verdicts[found[t]]}"
+                     if t in found else "n/a" for t in titles]
+            lines.append(f"| {name} | {step * tokens_per_step:,} | " + " | ".join(cells) + " |")
+    return lines + ["", "![use against the tokens trained](use_budget.png)", ""]
+
+
+def plot_use_budget(by_step: dict[int, dict[str, UseSummary]], tokens_per_step: int, trained: int,
+                    path: Path) -> None:
+    """use_budget.png: use within L, 2L and 4L back against the tokens trained, a line per variant (not the window
+    controls), bars the 95% t interval over seeds and windows."""
+    titles = ["within L", "2L back", "4L back"]
+    figure, axes = figures.new(len(titles), width=15, height=4.2)
+    # the window controls stay in the table (a negative control), not in the figure
+    labels = list(dict.fromkeys(name for summaries in by_step.values() for name in summaries
+                                if not name.endswith(f"+{NEGATIVE_CONTROL}")))
+    for axis, title in zip(axes, titles):
+        for name in labels:
+            points = []
+            for step in sorted(by_step):
+                summary = by_step[step].get(name)
+                found = dict(budget_columns(summary, trained, BUDGET_MULTIPLES)) if summary else {}
+                estimate = summary.estimates[found[title]] if title in found else None
+                if estimate is not None:
+                    points.append((step * tokens_per_step / 1e6, estimate))
+            if points:
+                xs = [x for x, _ in points]
+                means = [e.mean for _, e in points]
+                below = [e.mean - (e.low if e.has_interval else e.mean) for _, e in points]
+                above = [(e.high if e.has_interval else e.mean) - e.mean for _, e in points]
+                encoding = name.split("+")[0]
+                axis.errorbar(xs, means, yerr=[below, above], marker=figures.marker(encoding), markersize=4,
+                              capsize=3, color=colour(encoding), linestyle=figures.method_style(
+                                  name.split("+", 1)[1] if "+" in name else NONE), linewidth=1.2, label=name)
+        axis.axhline(0, color="black", linewidth=0.8)
+        axis.set_xscale("log")
+        axis.set_title(f"use {title} (L = {trained})", fontsize=10)
+        axis.set_xlabel("training tokens (millions)")
+        axis.grid(True, alpha=0.3)
+    axes[0].set_ylabel("use (nats, 95% t over seeds and windows)")
+    figure.suptitle("Use of a repeated passage against the tokens trained (models kept during training)")
+    figures.save(figure, path, axes[0], below=True)
