@@ -216,15 +216,15 @@ def run_job(job: Job, log_path: Path | None = None) -> dict[str, Any]:
                                              compare, methods, probe=step is None, lengths=lengths,
                                              runtime=config.runtime))
             result["eval"] = notes[0]
+            ids = np.asarray(open_split(Path(compare.out) / "data", "val").tokens) \
+                if compare.probes or compare.snapshot_probes else None
             if compare.probes:
                 report_phase(job, "probing")
-                ids = np.asarray(open_split(Path(compare.out) / "data", "val").tokens)
                 model = load_model(out, resolve_device("auto"), config.runtime)
                 probes = run_probes(model, out, ids, config.model.max_seq_len, compare, job.encoding, job.seed)
                 result["eval"] += "; probes: " + ", ".join(probes)
             if compare.snapshot_probes:  # the same probe on every kept model: use against the tokens trained
                 report_phase(job, "probing snapshots")
-                ids = np.asarray(open_split(Path(compare.out) / "data", "val").tokens)
                 for step in config.train.keep_steps:
                     kept = out / SNAPSHOTS / f"step-{step:06d}"
                     model = load_model(kept, resolve_device("auto"), config.runtime)
