@@ -12,6 +12,7 @@ baseline commit); run it on a quiet machine: the race needs idle cores to show.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -40,13 +41,17 @@ def one_run(data: Path, out: Path, root: Path) -> dict:
             "stderr_tail": finished.stderr[-600:] if finished.returncode else ""}
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = command_parser("experiments.ddp_exits", __doc__)
     parser.add_argument("--data", required=True, help="a prepared data folder (python -m data.prepare)")
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--checkout", default=".", help="the checkout whose code runs (default: this one)")
     parser.add_argument("--out", required=True, help="the JSON record to write (rewritten after every run)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     root = Path(args.checkout).resolve()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
                             text=True).stdout.strip()
