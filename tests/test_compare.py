@@ -628,11 +628,14 @@ def test_use_against_the_tokens_trained_probes_every_kept_model(small_text_file,
         rows = [line for line in section.splitlines() if line.startswith(f"| {label} |")]
         assert [row.split("|")[2].strip() for row in rows] == ["384", "768"], rows  # 3 and 6 steps of 4 x 32
         assert all(row.split("|")[3].strip() != "n/a" for row in rows), rows  # the positive control, within L
+        # the longest length's penalty beside use: scored for the kept models as trained (snapshot_methods: clamp)
+        assert all((row.split("|")[-2].strip() == "n/a") == (label == "rope+yarn") for row in rows), rows
     assert (out / "use_budget.png").stat().st_size > 0
     rows = json.loads((out / "results.json").read_text())["use_by_step"]
     assert {(r["label"], r["step"], r["column"]) for r in rows} >= {("rope", 3, "within L"), ("rope", 6, "2L back")}
     assert all(r["use"] is None or r["use"]["low"] is None or r["use"]["low"] <= r["use"]["mean"] <= r["use"]["high"]
                for r in rows)
+    assert all((r["penalty"] is None) == (r["label"] != "rope" and r["label"] != "none") for r in rows)
 
 
 def test_snapshot_probes_need_snapshots_and_name_the_use_probe():

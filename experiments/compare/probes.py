@@ -384,7 +384,15 @@ def text_use(results: ComparisonResults) -> dict:
 def text_use_section(results: ComparisonResults) -> list[str]:
     return use_section(text_use(results), results.trained, results.longest, results.compare.use_margin,
                        results.most_layers()) + budget_section(use_by_step(results), results.tokens_per_step,
-                                                               results.trained)
+                                                               results.trained, snapshot_penalties(results),
+                                                               results.longest)
+
+
+def snapshot_penalties(results: ComparisonResults) -> dict[str, dict[int, Estimate]]:
+    """Variant label -> training step -> its penalty at the longest length, for the kept models and the final one
+    (results.snapshots: where compare.snapshots kept models)."""
+    return {name: {round(fraction * results.max_steps): penalty for fraction, penalty, _, _ in rows}
+            for name, rows in results.snapshots.items()}
 
 
 def use_by_step(results: ComparisonResults) -> dict[int, dict[str, UseSummary]]:

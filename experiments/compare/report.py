@@ -27,7 +27,7 @@ from experiments.compare.extrapolation_map import map_findings, map_points, map_
 from experiments.compare.findings import findings, snapshot_findings
 from experiments.compare.layout import eval_path, invocations
 from experiments.compare.plots import write_figures
-from experiments.compare.probes import report_sections, text_use, use_by_step
+from experiments.compare.probes import report_sections, snapshot_penalties, text_use, use_by_step
 from experiments.compare.results import ComparisonResults
 from experiments.compare.use import BUDGET_MULTIPLES, budget_columns, plot_use_budget
 from model.methods import NONE, method_spec
@@ -90,12 +90,16 @@ def use_budget_rows(results: ComparisonResults) -> list[dict]:
     """results.json's rows of use against the tokens trained (compare.snapshot_probes): one per variant, kept model
     and column (within L, 2L, 4L, 8L back)."""
     rows = []
+    penalties = snapshot_penalties(results)
     for step, summaries in sorted(use_by_step(results).items()):
         for name, summary in summaries.items():
+            penalty = penalties.get(name, {}).get(step)
             for title, index in budget_columns(summary, results.trained, BUDGET_MULTIPLES):
                 rows.append({"label": name, "step": step, "tokens": step * results.tokens_per_step, "column": title,
-                             "distance": summary.distances[index], "window": summary.lengths[index] if summary.lengths else None, "use": estimate_dict(summary.estimates[index]),
-                             "verdict": summary.verdicts[index]})
+                             "distance": summary.distances[index],
+                             "window": summary.lengths[index] if summary.lengths else None,
+                             "use": estimate_dict(summary.estimates[index]), "verdict": summary.verdicts[index],
+                             "penalty": None if penalty is None else estimate_dict(penalty)})
     return rows
 
 

@@ -258,20 +258,26 @@ def budget_columns(summary: UseSummary, trained: int, multiples: tuple[int, ...]
 BUDGET_MULTIPLES = (2, 4, 8)  # the distances, in multiples of L, of use against the tokens trained
 
 
-def budget_section(by_step: dict[int, dict[str, UseSummary]], tokens_per_step: int, trained: int) -> list[str]:
+def budget_section(by_step: dict[int, dict[str, UseSummary]], tokens_per_step: int, trained: int,
+                   penalties: dict[str, dict[int, Estimate]], longest: int) -> list[str]:
     """Use against the tokens trained: each variant's use within L and at 2L, 4L and 8L back, for every model kept
     during training (compare.snapshot_probes) and the final one, with verdicts as in the use table (each model's
-    cells one family)."""
+    cells one family), beside its penalty at the longest length (`penalties`: label -> step -> estimate, where the
+    kept models were scored)."""
     if len(by_step) < 2:
         return []
     labels = list(dict.fromkeys(name for summaries in by_step.values() for name in summaries))
     titles = ["within L", *(f"{m}L back" for m in BUDGET_MULTIPLES)]
+    multiple = f"{longest // trained}x"
     lines = ["### Use against the tokens trained", "",
              "The use probe above on every model kept during training (compare.snapshots) and on the final one, on "
              "the same held-out windows: use within L (the positive control, its farthest distance within L) and "
              "2L, 4L and 8L back at the longest length, nats, mean [95% t over seeds and windows], with the "
-             "calibrated verdict (Holm over each model's cells, margin a tenth of its own use within L).", "",
-             "| variant | tokens trained | " + " | ".join(titles) + " |", "|---|---:|" + "---:|" * len(titles)]
+             "calibrated verdict (Holm over each model's cells, margin a tenth of its own use within L); beside "
+             f"them the same model's {multiple} penalty (nats over its L-window reference, 95% t over seeds and "
+             "windows; n/a: a window control, or a variant compare.snapshot_methods leaves out).", "",
+             "| variant | tokens trained | " + " | ".join(titles) + f" | {multiple} penalty |",
+             "|---|---:|" + "---:|" * (len(titles) + 1)]
     for name in labels:
         for step in sorted(by_step):
             summary = by_step[step].get(name)
@@ -280,6 +286,8 @@ def budget_section(by_step: dict[int, dict[str, UseSummary]], tokens_per_step: i
             found = dict(budget_columns(summary, trained, BUDGET_MULTIPLES))
             cells = [f"{cell(summary.estimates[found[t]], 3, signed=True)} {summary.verdicts[found[t]]}"
                      if t in found else "n/a" for t in titles]
+            penalty = penalties.get(name, {}).get(step)
+            cells.append("n/a" if penalty is None else cell(penalty, 3, signed=True))
             lines.append(f"| {name} | {step * tokens_per_step:,} | " + " | ".join(cells) + " |")
     return lines + ["", "![use against the tokens trained](use_budget.png)", ""]
 
