@@ -241,12 +241,15 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "cache").mkdir(parents=True, exist_ok=True)
     grid = Grid(model, trained, length, args.out, amp, args.dynamic_step)
     deadline = started + 60 * args.minutes
+    computed = 0
+    log_invocation(args.out, "experiments.method_grid", argv, started, computed)
     for window in range(args.windows):  # window by window: an interrupted run has every method on its first windows
         for name, ids in texts.items():
             for method in [POSITIVE, *methods]:
                 if not grid.path(name, window, method).exists() and time.perf_counter() < deadline:
                     grid.compute(name, ids, layouts[name], window, method)
-    log_invocation(args.out, argv, started)
+                    computed += 1
+                    log_invocation(args.out, "experiments.method_grid", argv, started, computed)
     print(f"{machine()}; {(time.perf_counter() - started) / 60:.1f} min")
     write_report(args.out, args.checkpoint)
     return 0

@@ -345,8 +345,10 @@ def write_report(out: Path, checkpoint: str | Path) -> dict:
                       "shuffled (experiments/method_grid.py). Intervals: Student's t 95% over windows; verdicts "
                       "calibrated (experiments/method_grid_report.py)."),
             "cost": (f"Machine: {machine()}. Invocations on this cache (each text in its own single-thread process):"
-                     "\n\n" + "\n".join(f"- `{portable_command(item['command'])}`: ended {item['ended']}, "
-                                        f"{item['minutes']:.1f} min" for item in invocations))}
+                     "\n\n" + "\n".join(f"- `{portable_command(item['command'])}`: "
+                                        + (f"{item['cells']} cells, " if "cells" in item else "")
+                                        + f"{item['minutes']:.1f} min, last recorded at {item['ended']}"
+                                        for item in invocations))}
     results = {"meta": meta, "summary": summary}
     (out / "results.json").write_text(results_json(results))
     (out / "report.md").write_text(markdown(summary, meta))

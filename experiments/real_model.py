@@ -26,6 +26,7 @@ OUT/nll_by_position.png; --report-only rewrites report.md from results.json and 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import platform
@@ -597,20 +598,31 @@ def main(argv: list[str] | None = None) -> int:
                   sorted({resolve_length(item, trained) for item in parse_lengths(args.use_lengths)}),
                   comma_list(args.use_distances), args.use_windows, args.use_passages, amp, deadline,
                   tokenizer.convert_tokens_to_ids(ENDOFTEXT), newline_token(tokenizer) if args.join_documents else None)
-    log_invocation(args.out, argv, started)
+    log_invocation(args.out, "experiments.real_model", argv, started)
     write_outputs(runner, passkey, args, texts, use)
     return 0
 
 
-def log_invocation(out: Path, argv: list[str] | None, started: float) -> None:
-    """Append this invocation (command, wall time, load averages at its end) to OUT/cache/invocations.json."""
+def log_invocation(out: Path, module: str, argv: list[str] | None, started: float, cells: int | None = None) -> None:
+    """Write this invocation's record (`python -m MODULE` and its arguments, wall time so far, the time of writing,
+    load averages, cells computed when given) to OUT/cache/invocations.json, replacing the record it wrote before.
+    Called at the start and after each cell, it leaves a killed run its record up to its last finished cell; the file
+    is locked, so processes sharing a cache (one per text) do not lose each other's records."""
     path = out / "cache" / "invocations.json"
-    log = json.loads(path.read_text()) if path.exists() else []
-    module = Path(sys.argv[0]).parent.name + "." + Path(sys.argv[0]).stem if argv is None else "experiments.real_model"
-    log.append({"command": portable_command(f"python -m {module} " + shlex.join(sys.argv[1:] if argv is None else argv)),
-                "ended": time.strftime("%H:%M:%S"), "minutes": (time.perf_counter() - started) / 60,
-                "load_average": [round(value, 2) for value in os.getloadavg()]})
-    path.write_text(json.dumps(log, indent=1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"command": portable_command(f"python -m {module} " + shlex.join(sys.argv[1:] if argv is None else argv)),
+              "ended": time.strftime("%Y-%m-%d %H:%M"), "minutes": (time.perf_counter() - started) / 60,
+              "load_average": [round(value, 2) for value in os.getloadavg()],
+              "key": f"{platform.node()}:{os.getpid()}:{started:.6f}"}
+    if cells is not None:
+        record["cells"] = cells
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        log = json.loads(path.read_text()) if path.exists() else []
+        log = [item for item in log if item.get("key") != record["key"]] + [record]
+        staging = path.with_name(path.name + ".tmp")
+        staging.write_text(json.dumps(log, indent=1))
+        staging.replace(path)
 
 
 def cell_costs(runner: Runner) -> tuple[float, float, str]:

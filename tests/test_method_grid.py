@@ -45,9 +45,12 @@ def test_cells_are_cached_by_window_resumed_and_reported(checkpoint, small_text_
     layout = json.loads((cache / "layout.json").read_text())
     assert layout["starts"][0] > 0  # no window at the text's first token
     assert all(p[2] >= 64 for window in layout["placements"] for p in window)  # second copies past L
+    first = json.loads((out / "cache" / "invocations.json").read_text())
+    assert [item["cells"] for item in first] == [12]  # 3 windows x (positive control + 3 methods)
     capsys.readouterr()
     assert run(checkpoint, small_text_file, out, "--methods", "none,dynamic,sinks") == 0
     assert "/w0/" not in capsys.readouterr().out  # every cell came from the cache
+    assert [item["cells"] for item in json.loads((out / "cache" / "invocations.json").read_text())] == [12, 0]
     results = json.loads((out / "results.json").read_text())["summary"]["texts"]["code"]
     sinks = results["methods"]["sinks"]
     assert sinks["windows"] == 3 and sinks["attention_reach"] == 60  # sinks + window: L - 4 keys
@@ -57,6 +60,28 @@ def test_cells_are_cached_by_window_resumed_and_reported(checkpoint, small_text_
     from experiments.method_grid import Layout
     with pytest.raises(ConfigError, match="other settings"):  # another layout on the same cache is refused
         Layout(out, "code", np.zeros(10**6, dtype=np.int64), 256, 64, 4, [32, 80, 128], [32], 1, 0)
+
+
+def test_a_killed_run_keeps_its_record_up_to_its_last_cell(checkpoint, small_text_file, tmp_path, monkeypatch):
+    from experiments import method_grid
+    compute, calls = method_grid.Grid.compute, []
+
+    def killed_on_the_third_cell(self, *args):
+        calls.append(args)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        compute(self, *args)
+
+    monkeypatch.setattr(method_grid.Grid, "compute", killed_on_the_third_cell)
+    out = tmp_path / "grid"
+    with pytest.raises(KeyboardInterrupt):
+        run(checkpoint, small_text_file, out, "--methods", "none,sinks")
+    log = json.loads((out / "cache" / "invocations.json").read_text())
+    assert len(log) == 1 and log[0]["cells"] == 2 and "experiments.method_grid" in log[0]["command"]
+    monkeypatch.undo()
+    assert run(checkpoint, small_text_file, out, "--methods", "none,sinks") == 0  # resumes: a second record
+    log = json.loads((out / "cache" / "invocations.json").read_text())
+    assert [item["cells"] for item in log] == [2, 7] and "2 cells" in (out / "report.md").read_text()
 
 
 def test_windows_leave_equal_gaps_and_refuse_a_short_text():
