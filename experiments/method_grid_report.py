@@ -34,7 +34,8 @@ from experiments.real_model import machine
 from model.methods import NONE
 
 COLLAPSE = 2.0  # nats above the positive control's NLL on the same kind of copies: the method predicts no text there
-PAIRED = ("rerope", "selfextend", "string", "dca")  # compared paired by window at the largest distance
+# compared paired by window past L: the four said to read the whole window, YaRN, and the window baseline
+PAIRED = ("rerope", "selfextend", "string", "dca", "yarn", "sinks")
 KINDS = ("use", "presence", "order")
 NAMES = {"none": "plain RoPE", "linear": "PI (linear)", "ntk": "NTK", "dynamic": "dynamic NTK", "yarn": "YaRN",
          "selfextend": "SelfExtend", "rerope": "ReRoPE", "string": "STRING", "dca": "DCA", "sinks": "sinks + window",
@@ -182,17 +183,18 @@ def calibration(summary: dict) -> list[dict]:
 
 
 def paired(texts: dict[str, dict], summary: dict) -> list[dict]:
-    """PAIRED methods against each other at the largest distance (use) and past L (NLL), paired by window."""
+    """PAIRED methods against each other, paired by window: use at every distance past L, and the NLL past L."""
     rows = []
     for text, found in texts.items():
-        d = max(found["layout"]["settings"]["distances"])
+        settings = found["layout"]["settings"]
+        past = [d for d in settings["distances"] if d > settings["trained"]]
         cells = found["methods"]
         present = [m for m in PAIRED if m in cells]
         for i, a in enumerate(present):
             for b in present[i + 1:]:
                 both = [(x, y) for x, y in zip(cells[a], cells[b]) if x and y]
-                rows.append({"text": text, "a": a, "b": b, "distance": d, "windows": len(both),
-                             "use": estimate([x[d]["use"] - y[d]["use"] for x, y in both]),
+                rows.append({"text": text, "a": a, "b": b, "windows": len(both),
+                             "use": {d: estimate([x[d]["use"] - y[d]["use"] for x, y in both]) for d in past},
                              "past": estimate([x["past"] - y["past"] for x, y in both if "past" in x and "past" in y])})
     return rows
 
@@ -228,13 +230,18 @@ def markdown(summary: dict, meta: dict) -> str:
                              f"{shown(entry[d]['order'])} |")
         lines.append("")
     if summary["pairs"]:
-        lines += ["## Paired by window: the methods said to read the whole window", "",
-                  "A minus B, each window's difference, mean [95% t over windows]: use at the largest distance, and "
-                  "the NLL at L-2L of the natural windows (negative: A predicts the text better).", "",
-                  "| text | A - B | distance | windows | use, A minus B | NLL L-2L, A minus B |", "|---|---|---:|---:|---:|---:|"]
+        distances = list(summary["pairs"][0]["use"])
+        settings = next(iter(summary["texts"].values()))["settings"]
+        lines += ["## Paired by window", "",
+                  "A minus B, each window's difference, then the mean [95% t over windows]: use at each distance past "
+                  f"L, and the NLL at L-{settings['length'] / settings['trained']:g}L of the natural windows (negative: "
+                  "A predicts the text better). The four methods said to read the whole window, YaRN, and sinks + "
+                  "window (the baseline that reads nothing past its window).", "",
+                  "| text | A - B | windows | " + " | ".join(f"use d = {d:,}, A minus B" for d in distances)
+                  + " | NLL past L, A minus B |", "|---|---|---:|" + "---:|" * (len(distances) + 1)]
         for row in summary["pairs"]:
-            lines.append(f"| {row['text']} | {name(row['a'])} - {name(row['b'])} | {row['distance']:,} | "
-                         f"{row['windows']} | {shown(row['use'])} | {shown(row['past'])} |")
+            lines.append(f"| {row['text']} | {name(row['a'])} - {name(row['b'])} | {row['windows']} | "
+                         + " | ".join(shown(row["use"][d]) for d in distances) + f" | {shown(row['past'])} |")
         lines.append("")
     lines += calibration_markdown(summary)
     lines += ranking_markdown(summary)

@@ -94,7 +94,7 @@ def test_windows_leave_equal_gaps_and_refuse_a_short_text():
 def planted(tmp_path, windows=4):
     """A cache of one text: L = 16, T = 32, passages of 4 tokens at d = 20; the probe's scored tokens 1 nat below the
     control's (use 1), the shuffled control's 0.25 below (presence 0.25, order 0.75); plain RoPE's natural window
-    at 2 nats within L and 3 past it, the method's at 2.1 and 2.5."""
+    at 2 nats within L and 3 past it, YaRN's at 2.1 and 2.5; sinks + window reads nothing (use 0), at 2.0 and 2.4."""
     out = tmp_path / "planted"
     folder = out / "cache" / "text"
     placements = [[20, 5, 25]]
@@ -110,12 +110,12 @@ def planted(tmp_path, windows=4):
               "incremental": False, "step": 1, "reach": None}
     for window in range(windows):
         (folder / f"w{window}").mkdir()
-        for method, within, past in (("none", 2.0, 3.0), ("yarn", 2.1, 2.5)):
+        for method, within, past, use in (("none", 2.0, 3.0, 1.0), ("yarn", 2.1, 2.5, 1.0), ("sinks", 2.0, 2.4, 0.0)):
             natural = np.r_[np.full(16, within), np.full(16, past)].astype(np.float32)
             control = np.full(32, 4.0, dtype=np.float32) + rng.normal(0, 0.01)
             probe, shuffled = control.copy(), control.copy()
-            probe[25:28] -= 1.0  # tokens 2..4 of the second copy at 25: loss columns 25, 26, 27
-            shuffled[25:28] -= 0.25
+            probe[25:28] -= use  # tokens 2..4 of the second copy at 25: loss columns 25, 26, 27
+            shuffled[25:28] -= 0.25 * use
             probe[28:] -= 9.0  # past the copy: never scored
             record = cell_record({"natural": natural, "probe": probe, "control": control, "shuffled": shuffled},
                                  [Placement(20, 5, 25)], 4, 16)
@@ -140,6 +140,10 @@ def test_the_report_reads_use_presence_order_and_harm_from_the_right_tokens(tmp_
     yarn = text["methods"]["yarn"]
     assert yarn["cost_within"]["mean"] == pytest.approx(0.1) and yarn["penalty"]["mean"] == pytest.approx(0.5)
     assert yarn[20]["use"]["verdict"] == "uses" and yarn["reach"] == 20
+    pair, = summary["pairs"]  # YaRN against sinks + window, paired by window at the distance past L
+    assert (pair["a"], pair["b"], pair["windows"]) == ("yarn", "sinks", 4)
+    assert pair["use"][20]["mean"] == pytest.approx(1.0) and pair["past"]["mean"] == pytest.approx(0.1)
+    assert pair["past"]["low"] == pytest.approx(0.1) == pair["past"]["high"]  # the same difference in every window
 
 
 def test_a_cell_of_two_windows_prints_its_values_and_no_interval(tmp_path):
