@@ -100,6 +100,8 @@ def shown(entry: dict, signed: bool = True, digits: int = 3) -> str:
     sign = "+" if signed else ""
     if "low" not in entry:
         return ", ".join(f"{v:{sign}.{digits}f}" for v in entry["values"]) + f" ({entry['n']} window{'s' * (entry['n'] > 1)}: no interval)"
+    if len(set(entry["values"])) == 1:  # the same value in every window (plain RoPE against itself): no spread
+        return f"{entry['values'][0]:{sign}.{digits}f} in every window"
     return Estimate(entry["mean"], entry["low"], entry["high"], entry["n"]).format(digits, signed)
 
 
@@ -244,9 +246,39 @@ def markdown(summary: dict, meta: dict) -> str:
                          + " | ".join(shown(row["use"][d]) for d in distances) + f" | {shown(row['past'])} |")
         lines.append("")
     lines += calibration_markdown(summary)
+    lines += texts_side_by_side(summary)
     lines += ranking_markdown(summary)
     lines += ["## Cost", "", meta["cost"], "", *cost_table(summary)]
     return "\n".join(lines)
+
+
+def texts_side_by_side(summary: dict) -> list[str]:
+    """One row per method: each quantity on every text, "first / second", mean [95% t over windows] (for more than
+    one text)."""
+    texts = summary["texts"]
+    if len(texts) < 2:
+        return []
+    first = next(iter(texts.values()))["settings"]
+    past = [d for d in first["distances"] if d > first["trained"]]
+    methods = list(dict.fromkeys(m for found in texts.values() for m in found["methods"]))
+    ratio = f"{first['length'] / first['trained']:g}x"
+
+    def across(method: str, pick) -> str:
+        return " / ".join(shown(pick(found["methods"][method])) if method in found["methods"] else "n/a"
+                          for found in texts.values())
+
+    lines = [f"## The texts side by side: {' / '.join(texts)}", "",
+             "Each cell: the texts in this order, mean [95% t over windows]; use in nats, NLL differences in nats.", "",
+             "| method | windows | " + " | ".join(f"use {d:,} back" for d in past) + f" | cost within L | {ratio} penalty |",
+             "|---|---|" + "---:|" * (len(past) + 2)]
+    for method in methods:
+        windows = " / ".join(str(found["methods"][method]["windows"]) if method in found["methods"] else "0"
+                             for found in texts.values())
+        lines.append(f"| {name(method)} | {windows} | "
+                     + " | ".join(across(method, lambda entry, d=d: entry[d]["use"]) for d in past)
+                     + f" | {across(method, lambda entry: entry['cost_within'])}"
+                     + f" | {across(method, lambda entry: entry['penalty'])} |")
+    return lines + [""]
 
 
 def ranking(summary: dict) -> list[dict]:

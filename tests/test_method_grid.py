@@ -152,3 +152,20 @@ def test_a_cell_of_two_windows_prints_its_values_and_no_interval(tmp_path):
     use = summary["texts"]["text"]["methods"]["yarn"][20]["use"]
     assert "low" not in use and use["verdict"] == "cannot tell"
     assert shown(use).endswith("(2 windows: no interval)")
+
+
+def test_two_texts_side_by_side_and_a_value_the_same_in_every_window(tmp_path):
+    import shutil
+
+    from experiments.method_grid_report import texts_side_by_side
+    cache = planted(tmp_path) / "cache"
+    shutil.copytree(cache / "text", cache / "other")
+    summary = summarise(load_cells(tmp_path / "planted"))
+    lines = texts_side_by_side(summary)
+    assert lines[0] == "## The texts side by side: other / text"
+    plain = next(line for line in lines if line.startswith("| plain RoPE |"))
+    # plain RoPE against itself: the same 0 in every window, not a zero-width interval
+    assert "| +0.000 in every window / +0.000 in every window |" in plain
+    yarn = next(line for line in lines if line.startswith("| YaRN | 4 / 4 |")).split(" | ")
+    assert yarn[2] == "+1.000 in every window / +1.000 in every window"  # use d = 20 on each text
+    assert yarn[3] == "+0.100 in every window / +0.100 in every window"  # cost within L
