@@ -387,6 +387,7 @@ def write_report(out: Path, checkpoint: str | Path) -> dict:
                      "\n\n" + "\n".join(f"- `{portable_command(item['command'])}`: "
                                         + (f"{item['cells']} cells, " if "cells" in item else "")
                                         + f"{item['minutes']:.1f} min, last recorded at {item['ended']}"
+                                        + (f" ({item['machine']})" if "machine" in item else "")
                                         for item in invocations))}
     results = {"meta": meta, "summary": summary}
     (out / "results.json").write_text(results_json(results))

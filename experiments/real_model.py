@@ -605,14 +605,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def log_invocation(out: Path, module: str, argv: list[str] | None, started: float, cells: int | None = None) -> None:
     """Write this invocation's record (`python -m MODULE` and its arguments, wall time so far, the time of writing,
-    load averages, cells computed when given) to OUT/cache/invocations.json, replacing the record it wrote before.
+    load averages, the machine, cells computed when given) to OUT/cache/invocations.json, replacing the record it wrote before.
     Called at the start and after each cell, it leaves a killed run its record up to its last finished cell; the file
     is locked, so processes sharing a cache (one per text) do not lose each other's records."""
     path = out / "cache" / "invocations.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"command": portable_command(f"python -m {module} " + shlex.join(sys.argv[1:] if argv is None else argv)),
               "ended": time.strftime("%Y-%m-%d %H:%M"), "minutes": (time.perf_counter() - started) / 60,
-              "load_average": [round(value, 2) for value in os.getloadavg()],
+              "load_average": [round(value, 2) for value in os.getloadavg()], "machine": machine(),
               "key": f"{platform.node()}:{os.getpid()}:{started:.6f}"}
     if cells is not None:
         record["cells"] = cells

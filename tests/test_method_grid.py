@@ -12,6 +12,7 @@ from errors import ConfigError
 from eval.use import Placement
 from experiments.method_grid import FORWARDS, cell_record, main, window_starts
 from experiments.method_grid_report import load_cells, summarise, window_entry
+from experiments.real_model import machine
 from model import Transformer
 from model.checkpoint import save_checkpoint
 from tests.conftest import micro_config
@@ -78,6 +79,7 @@ def test_a_killed_run_keeps_its_record_up_to_its_last_cell(checkpoint, small_tex
         run(checkpoint, small_text_file, out, "--methods", "none,sinks")
     log = json.loads((out / "cache" / "invocations.json").read_text())
     assert len(log) == 1 and log[0]["cells"] == 2 and "experiments.method_grid" in log[0]["command"]
+    assert log[0]["machine"] == machine()
     monkeypatch.undo()
     assert run(checkpoint, small_text_file, out, "--methods", "none,sinks") == 0  # resumes: a second record
     log = json.loads((out / "cache" / "invocations.json").read_text())
