@@ -27,19 +27,24 @@ and on tokens 2..S of every second copy (a window's value the mean over its pass
 The positive control: in each window's first L + 1 tokens the checkpoint as trained (every position one it trained
 at) with passages at the distances within L; its use sets the verdicts' margin (eval.stats.use_margin). Dynamic NTK
 runs through the KV cache in chunks of --dynamic-step tokens after a prefill to the first scored token (a chunked
-prefill: each chunk under the base of its end). Every forward is cached (OUT/cache/TEXT/wN/METHOD.npz) as soon as it
-is done (OUT/cache/TEXT/wN/METHOD.json: per passage its losses, per window its harm: small enough to commit as the
-record); a rerun continues where the last stopped, and two processes may share OUT when they score different texts.
+prefill: each chunk under the base of its end). Every cell is cached as soon as its four forwards are
+done (OUT/cache/TEXT/wN/METHOD.json: per passage its losses, per window its harm: small enough to commit as the
+record); a rerun continues where the last stopped, and processes may share OUT, on different texts or on the same
+one: each takes a cell under a lock (OUT/cache/TEXT/wN/METHOD.lock, released when its process ends), and skips
+cells another live process holds, so one process per core fills the grid.
 Writes OUT/results.json and OUT/report.md (experiments/method_grid_report.py); --report-only rewrites them from the
 cache.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -150,6 +155,24 @@ class Grid:
     def path(self, text: str, window: int, method: str) -> Path:
         return self.out / "cache" / text / f"w{window}" / f"{method}.json"
 
+    @contextlib.contextmanager
+    def claim(self, text: str, window: int, method: str) -> Iterator[bool]:
+        """True when this process holds the cell's lock and the cell is still to compute; False when it is cached or
+        another live process holds it. The lock is the kernel's (flock), so a killed process leaves none behind."""
+        path = self.path(text, window, method)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock_path = path.with_suffix(".lock")
+        with open(lock_path, "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield not path.exists()  # checked under the lock: another process may have just written it
+            finally:
+                lock_path.unlink(missing_ok=True)  # before releasing: a later opener re-checks the cell, written
+
     def score(self, view, windows: np.ndarray, incremental: bool, prefill: int) -> np.ndarray:
         if incremental:
             return score_incremental(view, windows, prefill, self.amp, step=self.step)[0]
@@ -246,10 +269,13 @@ def main(argv: list[str] | None = None) -> int:
     for window in range(args.windows):  # window by window: an interrupted run has every method on its first windows
         for name, ids in texts.items():
             for method in [POSITIVE, *methods]:
-                if not grid.path(name, window, method).exists() and time.perf_counter() < deadline:
-                    grid.compute(name, ids, layouts[name], window, method)
-                    computed += 1
-                    log_invocation(args.out, "experiments.method_grid", argv, started, computed)
+                if grid.path(name, window, method).exists() or time.perf_counter() >= deadline:
+                    continue
+                with grid.claim(name, window, method) as mine:
+                    if mine:
+                        grid.compute(name, ids, layouts[name], window, method)
+                        computed += 1
+                        log_invocation(args.out, "experiments.method_grid", argv, started, computed)
     print(f"{machine()}; {(time.perf_counter() - started) / 60:.1f} min")
     write_report(args.out, args.checkpoint)
     return 0

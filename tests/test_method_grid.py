@@ -171,3 +171,19 @@ def test_two_texts_side_by_side_and_a_value_the_same_in_every_window(tmp_path):
     yarn = next(line for line in lines if line.startswith("| YaRN | 4 / 4 |")).split(" | ")
     assert yarn[2] == "+1.000 in every window / +1.000 in every window"  # use d = 20 on each text
     assert yarn[3] == "+0.100 in every window / +0.100 in every window"  # cost within L
+
+
+def test_a_cell_another_process_holds_is_skipped_and_taken_once_it_is_free(checkpoint, small_text_file, tmp_path):
+    import fcntl
+    out = tmp_path / "grid"
+    held = out / "cache" / "code" / "w0" / "none.lock"
+    held.parent.mkdir(parents=True)
+    with open(held, "w") as lock:  # another process computing plain RoPE's first window
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert run(checkpoint, small_text_file, out, "--methods", "none,sinks") == 0
+        assert not (out / "cache" / "code" / "w0" / "none.json").exists()  # left to its holder
+        assert (out / "cache" / "code" / "w0" / "sinks.json").exists() and (out / "cache" / "code" / "w2" / "none.json").exists()
+    assert run(checkpoint, small_text_file, out, "--methods", "none,sinks") == 0  # released: taken now
+    assert (out / "cache" / "code" / "w0" / "none.json").exists() and not held.exists()
+    log = json.loads((out / "cache" / "invocations.json").read_text())
+    assert [item["cells"] for item in log] == [8, 1]
