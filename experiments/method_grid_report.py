@@ -138,6 +138,7 @@ def summarise(texts: dict[str, dict]) -> dict[str, Any]:
             entry["attention_reach"] = max(reaches) if reaches else None
             entry["seconds_all"] = {kind: [w["seconds"][kind] for w in windows if w and kind in w["seconds"]]
                                     for kind in ("natural", "probe", "control", "shuffled")}
+            entry["cell_minutes"] = {i: sum(w["seconds"].values()) / 60 for i, w in enumerate(windows) if w}
             entry["dtype"] = sorted({w["dtype"] for w in windows if w})
             methods[method] = entry
         summary["texts"][text] = {"settings": settings, "starts": found["layout"]["starts"], "margin": margin,
@@ -320,7 +321,17 @@ def cost_table(summary: dict) -> list[str]:
         medians = [float(np.median(by_kind[k])) if by_kind.get(k) else None for k in kinds]
         lines.append(f"| {name(method)} | " + " | ".join("" if m is None else f"{m:.0f}" for m in medians)
                      + f" | {sum(m for m in medians if m is not None):.0f} | {len(by_kind.get('probe', []))} |")
-    return lines + [""]
+    lines.append("")
+    for text, found in summary["texts"].items():
+        count = found["settings"]["windows"]
+        lines += [f"Minutes per cell (its four forwards), {text}, by window:", "",
+                  "| method | " + " | ".join(f"w{w}" for w in range(count)) + " |", "|---|" + "---:|" * count]
+        for method, entry in found["methods"].items():
+            minutes = entry["cell_minutes"]
+            lines.append(f"| {name(method)} | " + " | ".join(f"{minutes[w]:.1f}" if w in minutes else ""
+                                                               for w in range(count)) + " |")
+        lines.append("")
+    return lines
 
 
 def calibration_markdown(summary: dict) -> list[str]:

@@ -58,6 +58,9 @@ def test_cells_are_cached_by_window_resumed_and_reported(checkpoint, small_text_
     assert "low" in sinks["128"]["use"]  # three windows: an interval
     report = (out / "report.md").read_text()
     assert "Calibration: cells where use is impossible" in report and "past its attention's reach" in report
+    minutes = report[report.index("Minutes per cell (its four forwards), code, by window"):]
+    row = next(line for line in minutes.splitlines() if line.startswith("| sinks + window |"))
+    assert len([cell for cell in row.split("|")[2:-1] if cell.strip()]) == 3  # the wall time of each of its cells
     from experiments.method_grid import Layout
     with pytest.raises(ConfigError, match="other settings"):  # another layout on the same cache is refused
         Layout(out, "code", np.zeros(10**6, dtype=np.int64), 256, 64, 4, [32, 80, 128], [32], 1, 0)
