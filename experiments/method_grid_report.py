@@ -59,7 +59,8 @@ def window_entry(record: dict, placements: list[Placement], distances: list[int]
         probe, control, shuffled = (found[k][chosen] for k in ("probe", "control", "shuffled"))
         entry[d] = {"use": float((control - probe).mean()), "presence": float((control - shuffled).mean()),
                     "order": float((shuffled - probe).mean()), "control_nll": float(control.mean()),
-                    "probe_nll": float(probe.mean())}
+                    "probe_nll": float(probe.mean()), "passage_use": (control - probe).tolist(),
+                    "second": [placements[i].second for i in chosen]}
     return entry
 
 
@@ -161,7 +162,37 @@ def summarise(texts: dict[str, dict]) -> dict[str, Any]:
     summary["family"] = len(family)
     summary["calibration"] = calibration(summary)
     summary["pairs"] = paired(texts, summary)
+    summary["position"] = position_split(texts)
     return summary
+
+
+def position_split(texts: dict[str, dict]) -> dict[str, Any]:
+    """Distance or position? The largest distance is measured only where its second copies can lie, near the window's
+    end: use at every distance split by where the second copy lies, before or from the first place a second copy of
+    the largest distance lies (each window's mean over its passages in that part; intervals over the windows of
+    every text together)."""
+    cut = min((p[2] for found in texts.values() for window in found["layout"]["placements"] for p in window
+               if p[0] == max(found["layout"]["settings"]["distances"])), default=None)
+    if cut is None:
+        return {}
+    rows = {}
+    for found in texts.values():
+        for method, windows in found["methods"].items():
+            if method == "positive":
+                continue
+            for w in windows:
+                for d in found["layout"]["settings"]["distances"]:
+                    if w is None:
+                        continue
+                    use, second = np.asarray(w[d]["passage_use"]), np.asarray(w[d]["second"])
+                    parts = rows.setdefault(method, {}).setdefault(d, {"before": [], "from": []})
+                    for part, chosen in (("before", second < cut), ("from", second >= cut)):
+                        if chosen.any():
+                            parts[part].append(float(use[chosen].mean()))
+    order = [m for m in NAMES if m in rows] + sorted(m for m in rows if m not in NAMES)
+    return {"cut": cut, "methods": {method: {d: {part: estimate(values) for part, values in rows[method][d].items()}
+                                             for d in sorted(rows[method])}
+                                    for method in order}}
 
 
 def calibration(summary: dict) -> list[dict]:
@@ -247,10 +278,34 @@ def markdown(summary: dict, meta: dict) -> str:
                          + " | ".join(shown(row["use"][d]) for d in distances) + f" | {shown(row['past'])} |")
         lines.append("")
     lines += calibration_markdown(summary)
+    lines += position_markdown(summary)
     lines += texts_side_by_side(summary)
     lines += ranking_markdown(summary)
     lines += ["## Cost", "", meta["cost"], "", *cost_table(summary)]
     return "\n".join(lines)
+
+
+def position_markdown(summary: dict) -> list[str]:
+    found = summary.get("position")
+    if not found:
+        return []
+    cut, methods = found["cut"], found["methods"]
+    distances = sorted({d for by_distance in methods.values() for d in by_distance})
+    lines = ["## Distance or position?", "",
+             f"The largest distance's second copies can only lie from token {cut:,} on, so a method that fails there may "
+             "fail at the distance or at the place. Use at each distance, its passages split by where the second copy "
+             f"lies: before token {cut:,} | from it (each window's mean over its passages in that part, mean [95% t "
+             "over the windows of every text together]; empty where no window has such passages).", "",
+             "| method | " + " | ".join(f"d = {d:,}: before \\| from" for d in distances) + " |",
+             "|---|" + "---:|" * len(distances)]
+    for method, by_distance in methods.items():
+        cells = []
+        for d in distances:
+            parts = by_distance.get(d, {})
+            cells.append(" \\| ".join(shown(parts[part], digits=2) if parts.get(part, {}).get("n") else "-"
+                                        for part in ("before", "from")))
+        lines.append(f"| {name(method)} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def texts_side_by_side(summary: dict) -> list[str]:

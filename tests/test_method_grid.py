@@ -145,6 +145,9 @@ def test_the_report_reads_use_presence_order_and_harm_from_the_right_tokens(tmp_
     yarn = text["methods"]["yarn"]
     assert yarn["cost_within"]["mean"] == pytest.approx(0.1) and yarn["penalty"]["mean"] == pytest.approx(0.5)
     assert yarn[20]["use"]["verdict"] == "uses" and yarn["reach"] == 20
+    split = summary["position"]  # the one passage's second copy at 25: the largest distance's first place
+    assert split["cut"] == 25 and split["methods"]["yarn"][20]["from"]["mean"] == pytest.approx(1.0)
+    assert split["methods"]["yarn"][20]["before"] == {"n": 0, "values": []} and list(split["methods"])[0] == "none"
     pair, = summary["pairs"]  # YaRN against sinks + window, paired by window at the distance past L
     assert (pair["a"], pair["b"], pair["windows"]) == ("yarn", "sinks", 4)
     assert pair["use"][20]["mean"] == pytest.approx(1.0) and pair["past"]["mean"] == pytest.approx(0.1)
