@@ -152,6 +152,7 @@ def test_the_report_reads_use_presence_order_and_harm_from_the_right_tokens(tmp_
     assert (pair["a"], pair["b"], pair["windows"]) == ("yarn", "sinks", 4)
     assert pair["use"][20]["mean"] == pytest.approx(1.0) and pair["past"]["mean"] == pytest.approx(0.1)
     assert pair["past"]["low"] == pytest.approx(0.1) == pair["past"]["high"]  # the same difference in every window
+    assert pair["past"]["holm"] is False  # no spread over windows: no t test, so never called separated
 
 
 def test_a_cell_of_two_windows_prints_its_values_and_no_interval(tmp_path):
@@ -193,3 +194,16 @@ def test_a_cell_another_process_holds_is_skipped_and_taken_once_it_is_free(check
     assert (out / "cache" / "code" / "w0" / "none.json").exists() and not held.exists()
     log = json.loads((out / "cache" / "invocations.json").read_text())
     assert [item["cells"] for item in log] == [8, 1]
+
+
+def test_paired_differences_are_called_separated_only_after_holm_over_the_table(tmp_path):
+    from experiments.method_grid_report import paired
+    rng = np.random.default_rng(1)
+    texts = {"t": {"layout": {"settings": {"distances": [20], "trained": 16}},
+                   "methods": {m: [{"past": 3.0 + shift + rng.normal(0, 0.01), 20: {"use": 1.0 + rng.normal(0, 0.5)}}
+                                   for _ in range(8)]
+                               for m, shift in (("rerope", 0.0), ("selfextend", -0.05), ("string", -0.05))}}}
+    rows = {(row["a"], row["b"]): row for row in paired(texts, {})}
+    # 0.05 nats apart in every window with a spread of 0.01: separated; the same means: not
+    assert rows[("rerope", "selfextend")]["past"]["holm"] and not rows[("selfextend", "string")]["past"]["holm"]
+    assert not any(row["use"][20]["holm"] for row in rows.values())  # use: noise only
