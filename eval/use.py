@@ -33,6 +33,10 @@ positions it trained at, a distance within L must read "uses" for a model that r
 not copy within L cannot show use past it) and the negative control (a method whose
 attention cannot reach a distance, sinks or a sliding window, must read "none" there).
 
+--priming adds a third forward, the priming control: each first copy holds its passage's tokens shuffled (the same
+tokens in context, not in order). presence = NLL(control) - NLL(shuffled) and order = NLL(shuffled) - NLL(probe) =
+use - presence, each with its interval over windows: a use that is presence is priming, not reading.
+
 The second view, from the same forwards: the control's loss on natural tokens by how far back the n-gram before them
 (--ngram tokens) last occurred, beside tokens whose n-gram never occurred earlier in the window.
 
@@ -331,6 +335,8 @@ class UseResult:
     recurrence: list[dict[str, Any]]
     seconds: float
     apart: np.ndarray | None = None  # (windows, distances, passages): copies in different documents; None: not known
+    # (windows, distances, passages): NLL(control) - NLL(shuffled), the priming control's gain; None: not measured
+    presence: np.ndarray | None = None
 
     @property
     def use(self) -> np.ndarray:
@@ -352,24 +358,37 @@ class UseResult:
                 "se": float(values.std(ddof=1) / np.sqrt(values.size)) if values.size > 1 else None,
                 "verdict": verdict(spread(values[None, :]), margin) if values.size >= MIN_WINDOWS else "cannot tell",
                 "past_reach": self.reach is not None and self.distances[index] > self.reach,
+                **({} if self.presence is None else self.priming_row(index)),
                 **({} if self.apart is None else {"across_documents": int(self.apart[:, index, :].sum()),
                                                   "passages_scored": int(self.apart[:, index, :].size)})}
+
+
+    def priming_row(self, index: int) -> dict[str, Any]:
+        """presence (the shuffled first copy's gain) and order (what reading it in order adds: use - presence) at one
+        distance, each window's mean over its passages, with their intervals over windows."""
+        presence = self.presence[:, index, :].mean(axis=1)
+        order = self.use[:, index] - presence
+        return {"presence": draws_interval(presence).__dict__, "presence_values": presence.tolist(),
+                "order": draws_interval(order).__dict__, "order_values": order.tolist()}
 
 
 @torch.inference_mode()
 def measure_use(model: Transformer, ids: np.ndarray, trained: int, length: int, distances: list[int], span: int,
                 per_distance: int, windows: int, seed: int = 0, methods: tuple[str, ...] = (NONE,),
                 amp: torch.dtype | None = None, ngram: int = 4, separator: int | None = None,
-                joiner: int | None = None) -> list[UseResult]:
+                joiner: int | None = None, priming: bool = False) -> list[UseResult]:
     """use(d) for each method (model/methods/, set for `length`) on the same windows; see the module
     docstring. `separator`: the token that ends a document, to count the passages whose copies it parts; `joiner`:
-    a token written in its place in every window (the same windows and passages with the documents joined)."""
+    a token written in its place in every window (the same windows and passages with the documents joined);
+    `priming`: also score the priming control (each first copy its passage's tokens shuffled), a third forward."""
     placements = place(length, span, distances, per_distance)
     probe, control = build_windows(ids, length, placements, span, windows, seed)
     apart = None if separator is None else across_documents(probe, placements, span, distances, separator)
     if joiner is not None and separator is not None:
         probe[probe == separator] = joiner
         control[control == separator] = joiner
+    shuffled = shuffled_first_copies(control, probe, placements, span, np.random.default_rng([seed, length])) \
+        if priming else None
     edges = sorted({1, *[e for e in (trained // 4, trained // 2, trained, 2 * trained, 4 * trained, 8 * trained,
                                      16 * trained) if 1 < e < length], length + 1})
     results = []
@@ -377,19 +396,22 @@ def measure_use(model: Transformer, ids: np.ndarray, trained: int, length: int, 
         started = time.perf_counter()
         spec = method_spec(method)
         view = model.under(spec, length, trained)
-        if spec.incremental:  # dynamic NTK: each scored token under the base of its own prefix, as in decoding
-            prefill = min(p.second for p in placements)
-            probe_losses = score_incremental(view, probe, prefill, amp)
-            control_losses = score_incremental(view, control, prefill, amp)
-        else:
-            probe_losses = score_windows(view, probe, amp)
-            control_losses = score_windows(view, control, amp)
+        prefill = min(p.second for p in placements)
+
+        def score(windows_: np.ndarray) -> np.ndarray:
+            if spec.incremental:  # dynamic NTK: each scored token under the base of its own prefix, as in decoding
+                return score_incremental(view, windows_, prefill, amp)
+            return score_windows(view, windows_, amp)
+
+        probe_losses, control_losses = score(probe), score(control)
         on_probe = per_passage_losses(probe_losses, placements, span, distances)
         on_control = per_passage_losses(control_losses, placements, span, distances)
+        presence = None if shuffled is None else \
+            on_control - per_passage_losses(score(shuffled), placements, span, distances)
         results.append(UseResult(method, length, list(distances), on_control - on_probe, on_probe.mean(axis=2),
                                  on_control.mean(axis=2), reach(view, trained),
                                  recurrence_view(control, control_losses, ngram, edges), time.perf_counter() - started,
-                                 apart))
+                                 apart, presence))
         print(f"use @ {length:,} {method}: " + ", ".join(f"d={d:,} {u:+.3f}" for d, u in
                                                         zip(distances, results[-1].use.mean(axis=0)))
               + f" ({results[-1].seconds:.0f} s)", flush=True)
@@ -454,10 +476,13 @@ def rows_table(rows: list[dict[str, Any]], trained: int) -> list[str]:
     documents and the seconds, in last columns)."""
     timed = all("seconds" in r for r in rows)
     apart = any(r.get("across_documents") for r in rows) and all("across_documents" in r for r in rows)
+    primed = all("presence" in r for r in rows)
     lines = ["| window | method | distance (tokens) | distance / L | use, nats [95% t] | over | verdict | "
-             "NLL probe | NLL control |" + (" copies in two documents |" if apart else "")
-             + (" seconds (probe + control) |" if timed else ""),
-             "|---:|---|---:|---:|---:|---|---|---:|---:|" + ("---:|" if apart else "") + ("---:|" if timed else "")]
+             "NLL probe | NLL control |" + (" presence | order |" if primed else "")
+             + (" copies in two documents |" if apart else "")
+             + ((" seconds (three forwards) |" if primed else " seconds (probe + control) |") if timed else ""),
+             "|---:|---|---:|---:|---:|---|---|---:|---:|" + ("---:|---:|" if primed else "") + ("---:|" if apart else "")
+             + ("---:|" if timed else "")]
     for r in rows:
         flag = " (past reach)" if r["past_reach"] else ""
         lines.append(f"| {r['length']:,} ({r['length'] / trained:g}L) | {r['method']} | {r['distance']:,} | "
@@ -465,6 +490,8 @@ def rows_table(rows: list[dict[str, Any]], trained: int) -> list[str]:
                      + (f"{r['n']} {r['unit']}" if r["use"].get("low") is not None else
                         f"{r['n']} window{'s' * (r['n'] > 1)}: no interval") + " | "
                      f"{r['verdict']}{flag} | {r['probe_nll']:.3f} | {r['control_nll']:.3f} |"
+                     + (f" {Estimate(**r['presence']).format(3, signed=True)} | "
+                        f"{Estimate(**r['order']).format(3, signed=True)} |" if primed else "")
                      + (f" {r['across_documents']} of {r['passages_scored']} |" if apart else "")
                      + (f" {r['seconds']:.0f} |" if timed else ""))
     return lines
@@ -586,6 +613,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--all-documents", action="store_true",
                         help="--data that may be the checkpoint's training source: score every document")
     parser.add_argument("--seed", type=int, default=0, help="seed of the passages drawn")
+    parser.add_argument("--priming", action="store_true",
+                        help="also score the priming control (each first copy holds its passage's tokens shuffled): "
+                             "presence and order beside use, a third forward per window")
     add_device(parser)
     parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | auto")
     parser.add_argument("--report-only", action="store_true",
@@ -611,8 +641,8 @@ def distances_at(items: list[str], trained: int, length: int, longest: int, span
 
 def measure_checkpoint(model: Transformer, ids: np.ndarray, trained: int, lengths: list[int], items: list[str],
                        span: int, per_distance: int, windows: int | dict[int, int], seed: int, methods: list[str],
-                       amp: torch.dtype | None, ngram: int,
-                       separator: int | None = None) -> tuple[list[UseResult], list[str]]:
+                       amp: torch.dtype | None, ngram: int, separator: int | None = None,
+                       priming: bool = False) -> tuple[list[UseResult], list[str]]:
     """measure_use at every length (`windows` of it, or windows[length]): at a length of at most L the model as
     trained, past L every method. Returns the results and, for a (method, length) the model cannot run (a learned
     table's end), why (not raised)."""
@@ -626,7 +656,7 @@ def measure_checkpoint(model: Transformer, ids: np.ndarray, trained: int, length
             try:
                 found += measure_use(model, ids, trained, length, distances, span, count,
                                      windows if isinstance(windows, int) else windows[length], seed, (method,),
-                                     amp, ngram, separator)
+                                     amp, ngram, separator, priming=priming)
             except PositionRangeError as error:
                 errors.append(f"{method} @ {length}: {error}")
     return found, errors
@@ -658,7 +688,7 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [m for m in methods if applies(m, model.config.position, model.config.layer_encodings)]
         found, errors = measure_checkpoint(model, ids, trained, lengths, comma_list(args.distances), span,
                                            args.per_distance, args.windows, args.seed, chosen, amp, args.ngram,
-                                           tokenizer.convert_tokens_to_ids(ENDOFTEXT))
+                                           tokenizer.convert_tokens_to_ids(ENDOFTEXT), priming=args.priming)
         for error in errors:
             print(f"not measured: {error}")
         rows = [result.row(i, trained, args.margin) for result in found for i in range(len(result.distances))]
@@ -672,7 +702,8 @@ def main(argv: list[str] | None = None) -> int:
             f"copy; intervals over windows (none below {MIN_WINDOWS} windows); verdicts calibrated: 'uses' needs the "
             "one-sided t test Holm-corrected over the rows past the positive control and a mean of at least the "
             f"margin, {margin:.3f} nats (a tenth of the positive control's use, at least {args.margin:g}); "
-            f"{args.dtype}. Seconds per (length, method), probe + control: "
+            f"{args.dtype}. Seconds per (length, method), probe + control"
+            + (" + the priming control" if args.priming else "") + ": "
             + ", ".join(f"{r.length:,} {r.method} {r.seconds:.0f}" for r in found) + ".")}
         results[name] = {"checkpoint": str(checkpoint), "trained": trained, "lengths": lengths, "span": span,
                          "per_distance": args.per_distance, "windows": args.windows, "margin": args.margin,

@@ -22,6 +22,7 @@ from eval.use import (
     measure_use,
     place,
     recurrence_distances,
+    rows_table,
     self_checks,
 )
 from model.config import ModelConfig
@@ -289,3 +290,38 @@ def test_eval_use_end_to_end_and_its_report_again_from_the_results_file(prepared
     assert "Verdicts re-derived by `python -m eval.use --report-only`" in again
     assert [line for line in again.splitlines() if line.startswith("| ")] == \
         [line for line in first.splitlines() if line.startswith("| ")]  # the same rows and verdicts
+
+
+class CacheOracle(CopyOracle):
+    """A planted priming pattern: the next token is one of the tokens of the last `reach` (probability 0.9 spread
+    over them), in whatever order they came; otherwise uniform. It gains from a passage's tokens, not their order."""
+
+    def forward(self, inputs, targets, positions=None, loss_reduction="none", logits_to_keep=0, return_logits=True):
+        rows, time = inputs.shape
+        vocab = self.config.vocab_size
+        probs = torch.full((rows, time, vocab), 0.1 / vocab)
+        for r in range(rows):
+            for i in range(time):
+                recent = torch.unique(inputs[r, max(0, i - self.reach + 1): i + 1])
+                probs[r, i, recent] += 0.9 / len(recent)
+        loss = F.nll_loss(probs.log().transpose(1, 2), targets, reduction="none")
+        return None, loss
+
+
+def test_the_priming_control_splits_use_into_presence_and_order():
+    # a copier reads in order: presence at most 0 (the shuffled copy misleads it), order all of the use and more
+    [copied] = measure_use(CopyOracle(512, reach=64), text(), trained=64, length=256, distances=[24], span=8,
+                           per_distance=2, windows=4, priming=True)
+    row = copied.row(0, 64, 0.05)
+    assert row["use"]["mean"] > 2.0 and row["presence"]["mean"] <= 0.0 < row["use"]["mean"] <= row["order"]["mean"]
+    assert np.allclose(np.add(row["presence_values"], row["order_values"]), copied.use[:, 0])
+    # a cache of recent tokens is primed: presence is its use, order nothing
+    [cached] = measure_use(CacheOracle(512, reach=64), text(), trained=64, length=256, distances=[24], span=8,
+                           per_distance=2, windows=4, priming=True)
+    row = cached.row(0, 64, 0.05)
+    assert row["use"]["mean"] > 0.5 and abs(row["order"]["mean"]) < 0.05 * row["use"]["mean"]
+    assert row["presence"]["mean"] == pytest.approx(row["use"]["mean"], rel=0.05)
+    assert "presence | order |" in rows_table([row], 64)[0]
+    [plain] = measure_use(CopyOracle(512, reach=64), text(), trained=64, length=256, distances=[24], span=8,
+                          per_distance=2, windows=4)
+    assert "presence" not in plain.row(0, 64, 0.05)  # measured only when asked: a third forward
