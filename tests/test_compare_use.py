@@ -1,4 +1,6 @@
-"""The comparison's use probe: how many windows each length gets."""
+"""The comparison's use probe: how many windows each length gets, and the priming control over seeds and windows."""
+import pytest
+
 from experiments.compare.config import CompareConfig
 from experiments.compare.use import probe_windows
 
@@ -49,3 +51,30 @@ def test_recalibrate_rereads_a_committed_use_table_under_the_calibrated_rule(tmp
     report = (folder / "report.md").read_text()
     assert "Holm-corrected" in report and "reads back to about 32 tokens" in report
     assert "which its layers can relay about 252 tokens back): past that, d = 512 none (passes)" in report
+
+
+def test_the_priming_control_splits_a_variants_use_over_seeds_and_windows():
+    import numpy as np
+
+    from experiments.compare.use import summarise_use, use_section
+    rng = np.random.default_rng(0)
+
+    def entry(length, distances, use, presence):
+        shape = (8, len(distances), 4)  # windows, distances, passages
+        return {"method": "none", "length": length, "distances": distances, "reach": None, "recurrence": [],
+                "passages": (np.asarray(use)[None, :, None] + rng.normal(0, 0.05, shape)).tolist(),
+                "presence": (np.asarray(presence)[None, :, None] + rng.normal(0, 0.05, shape)).tolist()}
+
+    # within L copying (all order); 2L back a use that is all presence: priming
+    found = {"rope": {seed: {"results": [entry(64, [32], [1.0], [0.0]), entry(256, [32, 128], [1.0, 0.3], [0.0, 0.3])]}
+                      for seed in (1, 2, 3)}}
+    summary = summarise_use(found, 0.05)["rope"]
+    at = dict(zip(zip(summary.lengths, summary.distances), zip(summary.presence, summary.order)))
+    presence, order = at[(256, 128)]
+    assert presence.mean == pytest.approx(0.3, abs=0.03) and abs(order.mean) < 0.03
+    presence, order = at[(256, 32)]
+    assert abs(presence.mean) < 0.03 and order.mean == pytest.approx(1.0, abs=0.03)
+    lines = use_section({"rope": summary}, 64, 256, 0.05)
+    table = lines[lines.index("| variant | distance | use | presence | order |"):]
+    assert len([line for line in table if line.startswith("| rope | 128 (2L)")]) == 1
+    assert not any(line.startswith("| rope | 32 ") for line in table)  # within L: the positive control, not here

@@ -59,6 +59,9 @@ class CompareConfig:
     use_distances: list = field(default_factory=lambda: ["0.5x", "2x", "4x", "8x", "max"])
     use_windows: int = 64
     use_margin: float = 0.05
+    # the priming control (eval/use.py --priming): a third forward per window whose first copies hold the passages'
+    # tokens shuffled, so the table splits use into presence (the tokens in context) and order (reading them in order)
+    use_priming: bool = False
     tasks: list = field(default_factory=list)  # synthetic tasks trained per encoding (data/tasks.py)
     task_steps: int = 12000  # the cap on each task model's training steps (experiments.tasks default)
     task_until: float = 0.95  # stop a task model's training at this validation exact match at L (0: train to the cap)

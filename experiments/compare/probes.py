@@ -119,7 +119,7 @@ def run_probes(model: Transformer, checkpoint: Path, ids: np.ndarray, trained: i
         if probe == "use":
             key = {"weights": digest, "lengths": compare.lengths, "distances": compare.use_distances,
                    "windows": [list(item) for item in sorted(probe_windows(compare, trained, len(ids)).items())], "methods": compare.methods, "span": default_span(trained),
-                   "per_distance": PER_DISTANCE}
+                   "per_distance": PER_DISTANCE, **({"priming": True} if compare.use_priming else {})}
         if path.exists():
             try:
                 if json.loads(path.read_text()).get("key") == key:

@@ -15,6 +15,8 @@ first copies. Over seeds and windows: the mean use with the interval of experime
 of eval.stats.verdict ("uses" by a one-sided test, "none" by an equivalence test with compare.use_margin,
 "negligible" where both hold, else "cannot tell"), and how far back use holds ("reads back to about N tokens": the farthest distance whose verdict is
 "uses"). A variant whose positive control fails (no use at the distance within L) says nothing about use past L.
+With compare.use_priming, a third forward per window (the first copies' tokens shuffled) splits each use past L into
+presence and order: a use that is presence is priming, not reading.
 """
 from __future__ import annotations
 
@@ -53,11 +55,13 @@ def probe_use(model: Transformer, ids: np.ndarray, trained: int, compare: Compar
                if applies(m, model.config.position, model.config.layer_encodings)]
     span = default_span(trained)
     found, errors = measure_checkpoint(model, ids, trained, sorted(windows), list(compare.use_distances), span,
-                                       PER_DISTANCE, windows, 0, methods, None, NGRAM, separator)
+                                       PER_DISTANCE, windows, 0, methods, None, NGRAM, separator,
+                                       priming=compare.use_priming)
     return {"span": span, "per_distance": PER_DISTANCE, "errors": errors,
             "results": [{"method": r.method, "length": r.length, "distances": r.distances,
                          "passages": r.passages.tolist(), "reach": r.reach, "recurrence": r.recurrence,
-                         **({} if r.apart is None else {"across_documents": r.apart.sum(axis=(0, 2)).tolist()})}
+                         **({} if r.apart is None else {"across_documents": r.apart.sum(axis=(0, 2)).tolist()}),
+                         **({} if r.presence is None else {"presence": r.presence.tolist()})}
                         for r in found]}
 
 
@@ -83,6 +87,9 @@ class UseSummary:
     # per column: (passages whose copies lie in different documents, passages) in one seed's windows; None: not counted
     across: list[tuple[int, int] | None] = field(default_factory=list)
     spreads: list = field(default_factory=list)  # per column: eval.stats.Spread (mean, se, df), what the tests read
+    # per column, with the priming control (compare.use_priming): presence and order over seeds and windows
+    presence: list = field(default_factory=list)
+    order: list = field(default_factory=list)
 
     def longest_columns(self) -> list[int]:
         """The columns measured at the longest length."""
@@ -120,6 +127,7 @@ def summarise_use(found: dict[str, dict[int, dict]], margin: float) -> dict[str,
         for method in dict.fromkeys(m for m, length in entries if length == longest):
             columns: list[tuple[int, int, np.ndarray]] = []  # (length, distance, (seeds, windows or passages))
             across: list[tuple[int, int] | None] = []
+            primed: list[tuple[Estimate, Estimate] | None] = []  # per column: (presence, order)
             for key in [*short, (method, longest)]:
                 per_seed = entries[key]
                 distances = per_seed[0]["distances"]
@@ -127,15 +135,21 @@ def summarise_use(found: dict[str, dict[int, dict]], margin: float) -> dict[str,
                     continue  # probed with other settings: not comparable
                 passages = np.stack([np.asarray(entry["passages"]) for entry in per_seed])  # (seeds, w, d, k)
                 counts = per_seed[0].get("across_documents")  # the same windows in every seed and method
+                presence = np.stack([np.asarray(entry["presence"]) for entry in per_seed]) \
+                    if all("presence" in entry for entry in per_seed) else None
                 for i, distance in enumerate(distances):
                     columns.append((key[1], distance, unit_values(passages[:, :, i, :])))
                     across.append(None if counts is None else (counts[i], passages[0, :, i, :].size))
+                    primed.append(None if presence is None else (
+                        spread_interval(unit_values(presence[:, :, i, :])),
+                        spread_interval(unit_values(passages[:, :, i, :] - presence[:, :, i, :]))))
             summaries[label(encoding, method)] = UseSummary(
                 label(encoding, method), [d for _, d, _ in columns],
                 [spread_interval(m) for _, _, m in columns],
                 [verdict(spread(m), margin) for _, _, m in columns],
                 entries[(method, longest)][0]["reach"], [n for n, _, _ in columns], across,
-                [spread(m) for _, _, m in columns])
+                [spread(m) for _, _, m in columns],
+                [None if p is None else p[0] for p in primed], [None if p is None else p[1] for p in primed])
     calibrate_summaries(summaries, margin)
     return summaries
 
@@ -238,7 +252,24 @@ def use_section(summaries: dict[str, UseSummary], trained: int, length: int, mar
                           f"layers can relay about {relay:,} tokens back): past that, "
                           + (", ".join(f"d = {d:,} {v}" for d, v in beyond) or "no distance measured")
                           + f" ({negative_word(v for _, v in beyond)}).")
-    return lines + [""] + [f"- {c}" for c in checks] + [""]
+    return lines + [""] + [f"- {c}" for c in checks] + [""] + priming_table(summaries, trained, length)
+
+
+def priming_table(summaries: dict[str, UseSummary], trained: int, length: int) -> list[str]:
+    """Use beside presence and order (compare.use_priming) at every distance past L at the longest length."""
+    rows = []
+    for name, summary in summaries.items():
+        for i in summary.longest_columns():
+            if summary.distances[i] >= trained and i < len(summary.presence) and summary.presence[i] is not None:
+                rows.append(f"| {name} | {summary.distances[i]:,} ({summary.distances[i] / trained:.3g}L) | "
+                            f"{cell(summary.estimates[i], 3, signed=True)} {summary.verdicts[i]} | "
+                            f"{cell(summary.presence[i], 3, signed=True)} | {cell(summary.order[i], 3, signed=True)} |")
+    if not rows:
+        return []
+    return ["In order or merely present (the priming control: each first copy holds its passage's tokens shuffled; "
+            "presence = NLL(control) - NLL(shuffled), order = NLL(shuffled) - NLL(probe) = use - presence; windows of "
+            f"{length:,} tokens, mean [95% t over seeds and windows]). A use that is presence is priming, not reading.",
+            "", "| variant | distance | use | presence | order |", "|---|---:|---:|---:|---:|", *rows, ""]
 
 
 def budget_columns(summary: UseSummary, trained: int, multiples: tuple[int, ...]) -> list[tuple[str, int]]:
