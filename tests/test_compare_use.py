@@ -76,5 +76,7 @@ def test_the_priming_control_splits_a_variants_use_over_seeds_and_windows():
     assert abs(presence.mean) < 0.03 and order.mean == pytest.approx(1.0, abs=0.03)
     lines = use_section({"rope": summary}, 64, 256, 0.05)
     table = lines[lines.index("| variant | distance | use | presence | order |"):]
-    assert len([line for line in table if line.startswith("| rope | 128 (2L)")]) == 1
-    assert not any(line.startswith("| rope | 32 ") for line in table)  # within L: the positive control, not here
+    assert len([line for line in table if line.startswith("| rope | 128 (2L) in 256 |")]) == 1
+    # within L, the positive control (windows of L) and the same distance in the long windows: all order
+    assert [line.split(" | ")[1] for line in table if line.startswith("| rope | 32 ")] == ["32 (0.5L) in 64",
+                                                                                           "32 (0.5L) in 256"]

@@ -256,19 +256,22 @@ def use_section(summaries: dict[str, UseSummary], trained: int, length: int, mar
 
 
 def priming_table(summaries: dict[str, UseSummary], trained: int, length: int) -> list[str]:
-    """Use beside presence and order (compare.use_priming) at every distance past L at the longest length."""
+    """Use beside presence and order (compare.use_priming) in every column: the positive control's (windows of L)
+    and every distance at the longest length."""
     rows = []
     for name, summary in summaries.items():
-        for i in summary.longest_columns():
-            if summary.distances[i] >= trained and i < len(summary.presence) and summary.presence[i] is not None:
-                rows.append(f"| {name} | {summary.distances[i]:,} ({summary.distances[i] / trained:.3g}L) | "
+        lengths = summary.lengths or [length] * len(summary.distances)
+        for i, window in enumerate(lengths):
+            if i < len(summary.presence) and summary.presence[i] is not None:
+                rows.append(f"| {name} | {summary.distances[i]:,} ({summary.distances[i] / trained:.3g}L) in {window:,} | "
                             f"{cell(summary.estimates[i], 3, signed=True)} {summary.verdicts[i]} | "
                             f"{cell(summary.presence[i], 3, signed=True)} | {cell(summary.order[i], 3, signed=True)} |")
     if not rows:
         return []
     return ["In order or merely present (the priming control: each first copy holds its passage's tokens shuffled; "
-            "presence = NLL(control) - NLL(shuffled), order = NLL(shuffled) - NLL(probe) = use - presence; windows of "
-            f"{length:,} tokens, mean [95% t over seeds and windows]). A use that is presence is priming, not reading.",
+            "presence = NLL(control) - NLL(shuffled), order = NLL(shuffled) - NLL(probe) = use - presence; mean "
+            "[95% t over seeds and windows]). A use that is presence is priming, not reading; within L (windows of L) "
+            "it says how much of the positive control is copying in order.",
             "", "| variant | distance | use | presence | order |", "|---|---:|---:|---:|---:|", *rows, ""]
 
 
