@@ -80,3 +80,27 @@ def test_the_priming_control_splits_a_variants_use_over_seeds_and_windows():
     # within L, the positive control (windows of L) and the same distance in the long windows: all order
     assert [line.split(" | ")[1] for line in table if line.startswith("| rope | 32 ")] == ["32 (0.5L) in 64",
                                                                                            "32 (0.5L) in 256"]
+
+
+def test_use_against_the_tokens_trained_carries_the_order_within_l():
+    import numpy as np
+
+    from eval.stats import Estimate
+    from experiments.compare.use import budget_section, summarise_use
+    rng = np.random.default_rng(1)
+
+    def found(order):  # within L a use of 1.0, of which `order` is reading in order
+        def entry(length, distances):
+            shape = (8, len(distances), 4)
+            return {"method": "none", "length": length, "distances": distances, "reach": None, "recurrence": [],
+                    "passages": (1.0 + rng.normal(0, 0.05, shape)).tolist(),
+                    "presence": (1.0 - order + rng.normal(0, 0.05, shape)).tolist()}
+        return {"rope": {seed: {"results": [entry(64, [32]), entry(256, [32, 128])]} for seed in (1, 2, 3)}}
+
+    by_step = {100: summarise_use(found(0.0), 0.05), 200: summarise_use(found(0.8), 0.05)}
+    lines = budget_section(by_step, 2048, 64, {"rope": {200: Estimate(0.1, 0.0, 0.2, 3)}}, 256)
+    header = next(line for line in lines if line.startswith("| variant | tokens trained"))
+    assert "order within L" in header
+    rows = [line.split(" | ") for line in lines if line.startswith("| rope | ")]
+    column = header.split(" | ").index("order within L")
+    assert [float(row[column].split()[0]) for row in rows] == pytest.approx([0.0, 0.8], abs=0.05)

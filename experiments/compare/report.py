@@ -99,7 +99,10 @@ def use_budget_rows(results: ComparisonResults) -> list[dict]:
                              "distance": summary.distances[index],
                              "window": summary.lengths[index] if summary.lengths else None,
                              "use": estimate_dict(summary.estimates[index]), "verdict": summary.verdicts[index],
-                             "penalty": None if penalty is None else estimate_dict(penalty)})
+                             "penalty": None if penalty is None else estimate_dict(penalty),
+                             **({} if index >= len(summary.presence) or summary.presence[index] is None else
+                                {"presence": estimate_dict(summary.presence[index]),
+                                 "order": estimate_dict(summary.order[index])})})
     return rows
 
 

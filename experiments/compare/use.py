@@ -303,6 +303,8 @@ def budget_section(by_step: dict[int, dict[str, UseSummary]], tokens_per_step: i
     labels = list(dict.fromkeys(name for summaries in by_step.values() for name in summaries))
     titles = ["within L", *(f"{m}L back" for m in BUDGET_MULTIPLES)]
     multiple = f"{longest // trained}x"
+    primed = any(any(p is not None for p in summary.presence) for summaries in by_step.values()
+                 for summary in summaries.values())
     lines = ["### Use against the tokens trained", "",
              "The use probe above on every model kept during training (compare.snapshots) and on the final one, on "
              "the same held-out windows: use within L (the positive control, its farthest distance within L) and "
@@ -310,8 +312,10 @@ def budget_section(by_step: dict[int, dict[str, UseSummary]], tokens_per_step: i
              "calibrated verdict (Holm over each model's cells, margin a tenth of its own use within L); beside "
              f"them the same model's {multiple} penalty (nats over its L-window reference, 95% t over seeds and "
              "windows; n/a: a window control, or a variant compare.snapshot_methods leaves out).", "",
-             "| variant | tokens trained | " + " | ".join(titles) + f" | {multiple} penalty |",
-             "|---|---:|" + "---:|" * (len(titles) + 1)]
+             *(["Order within L: the part of the within-L use that reading the copy in order adds over its shuffled "
+                "tokens (the priming control), the same windows.", ""] if primed else []),
+             "| variant | tokens trained | " + " | ".join(titles) + (" | order within L" if primed else "")
+             + f" | {multiple} penalty |", "|---|---:|" + "---:|" * (len(titles) + 1 + primed)]
     for name in labels:
         for step in sorted(by_step):
             summary = by_step[step].get(name)
@@ -320,6 +324,10 @@ def budget_section(by_step: dict[int, dict[str, UseSummary]], tokens_per_step: i
             found = dict(budget_columns(summary, trained, BUDGET_MULTIPLES))
             cells = [f"{cell(summary.estimates[found[t]], 3, signed=True)} {summary.verdicts[found[t]]}"
                      if t in found else "n/a" for t in titles]
+            if primed:
+                index = found.get("within L")
+                order = summary.order[index] if index is not None and index < len(summary.order) else None
+                cells.append("n/a" if order is None else cell(order, 3, signed=True))
             penalty = penalties.get(name, {}).get(step)
             cells.append("n/a" if penalty is None else cell(penalty, 3, signed=True))
             lines.append(f"| {name} | {step * tokens_per_step:,} | " + " | ".join(cells) + " |")
