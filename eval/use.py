@@ -18,7 +18,8 @@ fewer than 3 windows has none (the passages of one window share its text and its
 independent draws). One probe and one control forward measure every distance at once: the second copies are packed
 at the end of the window, distances interleaved, so each distance is scored at about the same positions (the longest
 distance's first copy then lies just after the window's lead in every window: that column also measures the
-layout; experiments.method_grid draws each window's places instead, eval.use.jittered). Verdicts (calibrate): the
+layout, so a "max" column is shown and not counted in the reach; experiments.method_grid draws each window's places
+instead, eval.use.jittered). Verdicts (calibrate): the
 rows past the positive control are one family; "uses" where the one-sided t test, Holm-corrected over the family,
 shows use above 0 and its mean is at least the margin, a tenth of the positive control's use (at least --margin);
 "negligible" where it is shown above 0 but below the margin; "none" where the 95% interval lies within +-margin;
@@ -433,7 +434,8 @@ def calibrate(rows: list[dict[str, Any]], trained: int, floor: float = DEFAULT_M
         r["verdict"], r["margin"] = word, margin
     for key in dict.fromkeys((r["length"], r["method"]) for r in family):
         chosen = [r for r in family if (r["length"], r["method"]) == key]
-        farthest = reach_of([r["distance"] for r in chosen], [r["verdict"] for r in chosen])
+        counted = [r for r in chosen if not r.get("pinned")]  # a "max" column's first copies sit at the window start
+        farthest = reach_of([r["distance"] for r in counted], [r["verdict"] for r in counted])
         for r in chosen:
             r["reach"] = farthest
     return margin
@@ -484,7 +486,7 @@ def rows_table(rows: list[dict[str, Any]], trained: int) -> list[str]:
              "|---:|---|---:|---:|---:|---|---|---:|---:|" + ("---:|---:|" if primed else "") + ("---:|" if apart else "")
              + ("---:|" if timed else "")]
     for r in rows:
-        flag = " (past reach)" if r["past_reach"] else ""
+        flag = (" (past reach)" if r["past_reach"] else "") + (" (window start: not a reach)" if r.get("pinned") else "")
         lines.append(f"| {r['length']:,} ({r['length'] / trained:g}L) | {r['method']} | {r['distance']:,} | "
                      f"{r['multiple']:.2f} | {Estimate(**r['use']).format(3, signed=True)} | "
                      + (f"{r['n']} {r['unit']}" if r["use"].get("low") is not None else
@@ -692,6 +694,10 @@ def main(argv: list[str] | None = None) -> int:
         for error in errors:
             print(f"not measured: {error}")
         rows = [result.row(i, trained, args.margin) for result in found for i in range(len(result.distances))]
+        if "max" in comma_list(args.distances):  # its first copies lie at the window's start in every window
+            farthest = max(r["distance"] for r in rows if r["length"] == lengths[-1])
+            for r in rows:
+                r["pinned"] = r["length"] == lengths[-1] and r["distance"] == farthest
         margin = calibrate(rows, trained, args.margin)
         longest = [r for r in found if r.length == lengths[-1]]
         name = str(checkpoint)  # the whole path: a comparison names its runs seed1, seed2, ... in each folder

@@ -104,3 +104,21 @@ def test_use_against_the_tokens_trained_carries_the_order_within_l():
     rows = [line.split(" | ") for line in lines if line.startswith("| rope | ")]
     column = header.split(" | ").index("order within L")
     assert [float(row[column].split()[0]) for row in rows] == pytest.approx([0.0, 0.8], abs=0.05)
+
+
+def test_the_max_column_is_shown_but_not_counted_in_how_far_back():
+    import numpy as np
+
+    from experiments.compare.use import summarise_use
+    rng = np.random.default_rng(2)
+
+    def entry(length, distances):
+        shape = (8, len(distances), 4)
+        return {"method": "none", "length": length, "distances": distances, "reach": None, "recurrence": [],
+                "passages": (1.0 + rng.normal(0, 0.05, shape)).tolist()}
+
+    found = {"rope": {seed: {"results": [entry(64, [32]), entry(256, [32, 128, 223])]} for seed in (1, 2, 3)}}
+    assert summarise_use(found, 0.05)["rope"].reads_back() == 223  # every column reads "uses"
+    summary = summarise_use(found, 0.05, pinned=True)["rope"]
+    assert summary.pinned == 223 and summary.reads_back() == 128  # the window-start column is not a reach
+    assert summary.at(223)[1] == "uses"  # still shown, with its verdict

@@ -325,3 +325,18 @@ def test_the_priming_control_splits_use_into_presence_and_order():
     [plain] = measure_use(CopyOracle(512, reach=64), text(), trained=64, length=256, distances=[24], span=8,
                           per_distance=2, windows=4)
     assert "presence" not in plain.row(0, 64, 0.05)  # measured only when asked: a third forward
+
+
+def test_a_max_column_keeps_its_verdict_but_is_not_a_reach():
+    from eval.use import calibrate
+
+    def row(length, distance, mean, pinned=False):
+        return {"method": "none", "length": length, "distance": distance, "multiple": distance / 64, "n": 64,
+                "use": {"mean": mean, "low": mean - 0.02, "high": mean + 0.02, "n": 64}, "se": 0.01, "unit": "windows",
+                "past_reach": False, "probe_nll": 3.0, "control_nll": 3.0 + mean, **({"pinned": True} if pinned else {})}
+
+    rows = [row(64, 32, 1.0), row(256, 32, 0.9), row(256, 128, 0.8), row(256, 223, 0.7, pinned=True)]
+    calibrate(rows, 64)
+    assert [r["verdict"] for r in rows[1:]] == ["uses", "uses", "uses"]
+    assert {r["reach"] for r in rows[1:]} == {128}  # 223, the window-start column, is shown and not counted
+    assert "(window start: not a reach)" in rows_table(rows[1:], 64)[-1]

@@ -378,7 +378,8 @@ def tasks_section(results: ComparisonResults) -> list[str]:
 
 def text_use(results: ComparisonResults) -> dict:
     """Variant label -> its use summary (experiments/compare/use.py), for what the use probe has measured."""
-    return summarise_use(_load(results.out, results.compare, "use"), results.compare.use_margin)
+    return summarise_use(_load(results.out, results.compare, "use"), results.compare.use_margin,
+                         "max" in results.compare.use_distances)
 
 
 def text_use_section(results: ComparisonResults) -> list[str]:
@@ -401,7 +402,8 @@ def use_by_step(results: ComparisonResults) -> dict[int, dict[str, UseSummary]]:
     if "use" not in results.compare.snapshot_probes:
         return {}
     first = next(iter(results.configs.values())).train
-    by_step = {step: summarise_use(_load(results.out, results.compare, "use", step), results.compare.use_margin)
+    by_step = {step: summarise_use(_load(results.out, results.compare, "use", step), results.compare.use_margin,
+                                   "max" in results.compare.use_distances)
                for step in first.keep_steps}
     by_step[results.max_steps] = text_use(results)
     return {step: summaries for step, summaries in by_step.items() if summaries}

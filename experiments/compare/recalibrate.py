@@ -96,9 +96,11 @@ def recalibrate(folder: Path) -> dict:
         if c.length <= trained:  # the positive control: use shown at all (the former per-cell test)
             c.verdict = interval_verdict(c.estimate.low, c.estimate.high, 0.05)
     longest = max(length for _, length in columns)
+    # the "max" distance's first copies lie at the window's start in every window: shown, not counted in the reach
+    pinned = max(d for d, n in columns if n == longest) if "max" in settings["compare"].get("use_distances", []) else None
     reaches = {}
     for variant in rows:
-        chosen = [c for c in family if c.variant == variant and c.length == longest]
+        chosen = [c for c in family if c.variant == variant and c.length == longest and c.distance != pinned]
         reaches[variant] = reach_of([c.distance for c in chosen], [c.verdict for c in chosen])
     for index in range(header + 2, end):
         cells = cells_of(lines[index])
@@ -140,6 +142,10 @@ def rewrite_caption(lines: list[str], header: int, seeds: int) -> list[str]:
                 "but below it; 'none': the interval within +-margin; else 'cannot tell'. How far back: the largest "
                 "distance at which it and every nearer one read 'uses'. The last column's first copies lie at "
                 "the window's start in every window (the longest distance it holds).", lines[index])
+            lines[index] = lines[index].replace(
+                "at the window's start in every window (the longest distance it holds).",
+                "at the window's start in every window (the longest distance it holds): it is shown, and not "
+                "counted in how far back.")
     return lines
 
 

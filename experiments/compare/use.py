@@ -87,6 +87,9 @@ class UseSummary:
     # per column: (passages whose copies lie in different documents, passages) in one seed's windows; None: not counted
     across: list[tuple[int, int] | None] = field(default_factory=list)
     spreads: list = field(default_factory=list)  # per column: eval.stats.Spread (mean, se, df), what the tests read
+    # the longest length's "max" distance, whose first copies lie at the window's start in every window: shown, not
+    # counted in how far back (None: no such column)
+    pinned: int | None = None
     # per column, with the priming control (compare.use_priming): presence and order over seeds and windows
     presence: list = field(default_factory=list)
     order: list = field(default_factory=list)
@@ -100,7 +103,7 @@ class UseSummary:
     def reads_back(self) -> int | None:
         """The largest distance at the longest length at which it and every nearer one read 'uses' (None: not even
         the nearest)."""
-        columns = self.longest_columns()
+        columns = [i for i in self.longest_columns() if self.distances[i] != self.pinned]
         return reach_of([self.distances[i] for i in columns], [self.verdicts[i] for i in columns])
 
     def at(self, distance: int) -> tuple[Estimate | None, str] | None:
@@ -111,9 +114,10 @@ class UseSummary:
         return None
 
 
-def summarise_use(found: dict[str, dict[int, dict]], margin: float) -> dict[str, UseSummary]:
+def summarise_use(found: dict[str, dict[int, dict]], margin: float, pinned: bool = False) -> dict[str, UseSummary]:
     """encoding -> seed -> probe rows  =>  variant label -> its summary over seeds and windows. A method's variant
-    takes its encoding's windows of at most L (measured as trained) as its own: its positive control."""
+    takes its encoding's windows of at most L (measured as trained) as its own: its positive control. `pinned`: the
+    distances hold "max", whose column (the longest distance at the longest length) is not counted in the reach."""
     summaries: dict[str, UseSummary] = {}
     for encoding, by_seed in found.items():
         entries: dict[tuple[str, int], list[dict]] = {}
@@ -148,8 +152,11 @@ def summarise_use(found: dict[str, dict[int, dict]], margin: float) -> dict[str,
                 [spread_interval(m) for _, _, m in columns],
                 [verdict(spread(m), margin) for _, _, m in columns],
                 entries[(method, longest)][0]["reach"], [n for n, _, _ in columns], across,
-                [spread(m) for _, _, m in columns],
-                [None if p is None else p[0] for p in primed], [None if p is None else p[1] for p in primed])
+                [spread(m) for _, _, m in columns], presence=[None if p is None else p[0] for p in primed],
+                order=[None if p is None else p[1] for p in primed])
+    if pinned:
+        for summary in summaries.values():
+            summary.pinned = max(summary.distances[i] for i in summary.longest_columns())
     calibrate_summaries(summaries, margin)
     return summaries
 
@@ -223,7 +230,8 @@ def use_section(summaries: dict[str, UseSummary], trained: int, length: int, mar
              f"tenth of its positive control's use, at least {margin:g} nats); 'negligible': shown above 0 but below "
              "it; 'none': the interval within +-margin; else 'cannot tell'. How far back: the largest distance at "
              "which it and every nearer one read 'uses'. The longest distance's first copies lie at the window's "
-             "start in every window. "
+             "start in every window: where the distances hold \"max\" that column is shown and not counted in how "
+             "far back. "
              f"Windows of L = {trained} tokens (the model as trained, every position one it trained at) give the "
              f"positive control; windows of {length:,} tokens give use past L, as trained and under each method.", "",
              "| variant | " + " | ".join(f"d = {d:,} ({d / trained:.3g}L) in {n:,}" for n, d in columns)
