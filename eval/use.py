@@ -514,29 +514,46 @@ def markdown(name: str, rows: list[dict[str, Any]], recurrence: dict[str, list[d
     return "\n".join(lines + [""])
 
 
+def seed_group(checkpoint: str) -> str | None:
+    """The variant a checkpoint is a seed of: VARIANT for OUT/VARIANT/seedS, and "VARIANT @ step-N" for a model kept
+    during training, OUT/VARIANT/seedS/snapshots/step-N (None: neither)."""
+    path = Path(checkpoint)
+    if path.name.startswith("seed"):
+        return path.parent.name
+    if path.parent.name == "snapshots" and path.parent.parent.name.startswith("seed"):
+        return f"{path.parent.parent.parent.name} @ {path.name}"
+    return None
+
+
 def across_seeds(results: dict[str, dict[str, Any]]) -> list[str]:
-    """Checkpoints OUT/VARIANT/seedS of one variant, measured on the same windows: each cell's use over seeds and
-    windows (eval.stats.spread: the between-seed and the between-window variance, t with seeds - 1 degrees of
-    freedom) and its verdict, as a markdown table; [] when no variant has two seeds."""
+    """Checkpoints OUT/VARIANT/seedS of one variant (and its kept models, OUT/VARIANT/seedS/snapshots/step-N),
+    measured on the same windows: each cell's use over seeds and windows (eval.stats.spread: the between-seed and the
+    between-window variance, t with seeds - 1 degrees of freedom) and its verdict, with presence and order where
+    --priming measured them, as a markdown table; [] when no variant has two seeds."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for name, entry in results.items():
-        path = Path(entry["checkpoint"])
-        if path.name.startswith("seed"):
-            groups.setdefault(path.parent.name, []).append(entry)
+        group = seed_group(entry["checkpoint"])
+        if group is not None:
+            groups.setdefault(group, []).append(entry)
     found = []  # (variant, seeds, method, length, distance, trained, spread, margin)
+    primed: dict[tuple, tuple] = {}  # (variant, method, length, distance) -> (presence, order) spreads
     for variant, entries in groups.items():
         if len(entries) < 2:
             continue
         cells: dict[tuple, list] = {}
         for entry in entries:
             for r in entry["rows"]:
-                cells.setdefault((r["method"], r["length"], r["distance"]), []).append(r.get("use_values"))
+                cells.setdefault((r["method"], r["length"], r["distance"]), []).append(r)
         trained, floor = entries[0]["trained"], entries[0]["margin"]
         estimates = {}
-        for key, values in cells.items():
+        for key, rows in cells.items():
+            values = [r.get("use_values") for r in rows]
             if len(values) != len(entries) or any(v is None or len(v) != len(values[0]) for v in values):
                 continue  # not the same windows in every seed
             estimates[key] = spread(np.asarray(values, dtype=np.float64))
+            if all("presence_values" in r for r in rows):
+                primed[(variant, *key)] = tuple(spread(np.asarray([r[k] for r in rows], dtype=np.float64))
+                                                for k in ("presence_values", "order_values"))
         positive = [e.mean for (method, length, distance), e in estimates.items()
                     if e is not None and method == NONE and length <= trained and distance < trained]
         margin = use_margin(float(np.mean(positive)) if positive else None, floor)
@@ -545,17 +562,25 @@ def across_seeds(results: dict[str, dict[str, Any]]) -> list[str]:
         return []
     family = [i for i, f in enumerate(found) if f[3] > f[5]]  # past the positive control: one family
     words = dict(zip(family, calibrated_verdicts([found[i][6] for i in family], [found[i][7] for i in family])))
+    def shown(estimate) -> str:
+        low, high = estimate.bounds()
+        return f"{estimate.mean:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+    with_priming = bool(primed) and all((f[0], *f[2:5]) in primed for f in found)
     lines = []
     for i, (variant, seeds, method, length, distance, trained, estimate, margin) in enumerate(found):
-        low, high = estimate.bounds()
         lines.append(f"| {variant} | {seeds} | {length:,} ({length / trained:g}L) | {method} | "
-                     f"{distance:,} ({distance / trained:g}L) | {estimate.mean:+.3f} [{low:+.3f}, {high:+.3f}] | "
-                     f"{words.get(i, verdict(estimate, margin))} |")
+                     f"{distance:,} ({distance / trained:g}L) | {shown(estimate)} | "
+                     f"{words.get(i, verdict(estimate, margin))} |"
+                     + ("".join(f" {shown(e)} |" for e in primed[(variant, method, length, distance)])
+                        if with_priming else ""))
     return ["## Across seeds", "", "Each variant's seeds on the same windows: use, mean [95% t over seeds and windows], "
             "and its verdict (calibrated: the cells past the positive control Holm-corrected together, a mean of at "
-            "least the variant's margin, a tenth of its use within L, at least the floor).", "",
-            "| variant | seeds | window | method | distance | use (nats) | verdict |",
-            "|---|---:|---|---|---|---:|---|", *lines, ""]
+            "least the variant's margin, a tenth of its use within L, at least the floor)"
+            + ("; presence and order (the priming control), the same way" if with_priming else "") + ".", "",
+            "| variant | seeds | window | method | distance | use (nats) | verdict |"
+            + (" presence | order |" if with_priming else ""),
+            "|---|---:|---|---|---|---:|---|" + ("---:|---:|" if with_priming else ""), *lines, ""]
 
 
 def recurrence_label(bin_: dict, trained: int) -> str:

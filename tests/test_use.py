@@ -340,3 +340,24 @@ def test_a_max_column_keeps_its_verdict_but_is_not_a_reach():
     assert [r["verdict"] for r in rows[1:]] == ["uses", "uses", "uses"]
     assert {r["reach"] for r in rows[1:]} == {128}  # 223, the window-start column, is shown and not counted
     assert "(window start: not a reach)" in rows_table(rows[1:], 64)[-1]
+
+
+def test_across_seeds_groups_kept_models_and_carries_presence_and_order():
+    from eval.use import across_seeds, seed_group
+    assert seed_group("runs/x/runs/rope/seed2") == "rope"
+    assert seed_group("runs/x/runs/rope/seed2/snapshots/step-000200") == "rope @ step-000200"
+    assert seed_group("runs/smollm2") is None
+
+    def entry(checkpoint, shift):
+        values = [0.3 + shift + 0.01 * i for i in range(4)]
+        return {"checkpoint": checkpoint, "trained": 64, "margin": 0.05,
+                "rows": [{"method": "none", "length": 64, "distance": 32, "use_values": values,
+                          "presence_values": [v - 0.1 for v in values], "order_values": [0.1] * 4}]}
+
+    results = {f"{s}{k}": entry(f"runs/x/runs/rope/seed{s}{k}", s / 100)
+               for s in (1, 2, 3) for k in ("", "/snapshots/step-000200")}
+    lines = across_seeds(results)
+    assert lines[4].endswith("| presence | order |")
+    rows = [line for line in lines if line.startswith("| rope")]
+    assert [row.split(" | ")[0] for row in rows] == ["| rope", "| rope @ step-000200"]
+    assert all(row.endswith("+0.100 [+0.100, +0.100] |") for row in rows)  # order: 0.1 in every window and seed
