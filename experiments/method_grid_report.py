@@ -462,7 +462,7 @@ def write_report(out: Path, checkpoint: str | Path) -> dict:
                       f"copies at random places past L; four forwards per (window, method): natural, probe, control, "
                       "shuffled (experiments/method_grid.py). Intervals: Student's t 95% over windows; verdicts "
                       "calibrated (experiments/method_grid_report.py)."),
-            "cost": (f"Machine: {machine()}. Invocations on this cache (each text in its own single-thread process):"
+            "cost": (f"Machine: {machine()}. Invocations on this cache (single-thread processes, at most one per core; processes on one text share its cells):"
                      "\n\n" + "\n".join(f"- `{portable_command(item['command'])}`: "
                                         + (f"{item['cells']} cells, " if "cells" in item else "")
                                         + f"{item['minutes']:.1f} min, last recorded at {item['ended']}"
