@@ -140,8 +140,8 @@ def test_eval_never_trains(tmp_path):
 
 # eval/ measures one checkpoint; grids, fleets and their statistics live in experiments/. (3,000 until the use probe
 # gained its jittered places, its priming control, the calibrated verdicts of one report's family of cells and its
-# --report-only.)
-EVAL_LINES = 3300
+# --report-only; 3,300 until eval.use's own probe gained the priming control's third forward and presence and order.)
+EVAL_LINES = 3350
 
 
 def test_eval_stays_the_measurement_of_one_checkpoint():
