@@ -719,6 +719,10 @@ def main(argv: list[str] | None = None) -> int:
         for error in errors:
             print(f"not measured: {error}")
         rows = [result.row(i, trained, args.margin) for result in found for i in range(len(result.distances))]
+        if not rows:
+            raise ConfigError(f"{checkpoint}: no distance of --distances {args.distances} fits with passages of "
+                              f"{span} tokens in a window of {', '.join(map(str, lengths))} tokens (L = {trained}): "
+                              "use longer --lengths, shorter --distances or a smaller --span")
         if "max" in comma_list(args.distances):  # its first copies lie at the window's start in every window
             farthest = max(r["distance"] for r in rows if r["length"] == lengths[-1])
             for r in rows:

@@ -82,7 +82,7 @@ def test_the_priming_control_splits_a_variants_use_over_seeds_and_windows():
                                                                                            "32 (0.5L) in 256"]
 
 
-def test_use_against_the_tokens_trained_carries_the_order_within_l():
+def test_use_against_the_tokens_trained_carries_the_order_within_l(monkeypatch, tmp_path):
     import numpy as np
 
     from eval.stats import Estimate
@@ -104,6 +104,16 @@ def test_use_against_the_tokens_trained_carries_the_order_within_l():
     rows = [line.split(" | ") for line in lines if line.startswith("| rope | ")]
     column = header.split(" | ").index("order within L")
     assert [float(row[column].split()[0]) for row in rows] == pytest.approx([0.0, 0.8], abs=0.05)
+    # the figure: a panel of order within L beside use within L, its points the table's
+    from eval import figures
+    from experiments.compare.use import plot_use_budget
+    saved = {}
+    monkeypatch.setattr(figures, "save", lambda figure, path, *a, **k: saved.setdefault("figure", figure))
+    plot_use_budget(by_step, 2048, 64, tmp_path / "use_budget.png")
+    panels = {axis.get_title(): axis for axis in saved["figure"].axes}
+    assert "order within L (L = 64)" in panels and "use within L (L = 64)" in panels
+    [line] = panels["order within L (L = 64)"].get_lines()[:1]
+    assert list(line.get_ydata()) == pytest.approx([0.0, 0.8], abs=0.05)
 
 
 def test_the_max_column_is_shown_but_not_counted_in_how_far_back():

@@ -267,7 +267,7 @@ def test_the_priming_control_holds_the_same_tokens_in_another_order():
     assert (shuffled[outside] == control[outside]).all()  # only the first copies differ from the control
 
 
-def test_eval_use_end_to_end_and_its_report_again_from_the_results_file(prepared_data, tmp_path):
+def test_eval_use_end_to_end_and_its_report_again_from_the_results_file(prepared_data, tmp_path, capsys):
     """eval.use on a micro checkpoint: rows over windows with calibrated verdicts and their margin; --report-only
     writes the same report from results.json alone."""
     import json
@@ -290,6 +290,11 @@ def test_eval_use_end_to_end_and_its_report_again_from_the_results_file(prepared
     assert "Verdicts re-derived by `python -m eval.use --report-only`" in again
     assert [line for line in again.splitlines() if line.startswith("| ")] == \
         [line for line in first.splitlines() if line.startswith("| ")]  # the same rows and verdicts
+    # nothing that fits: a clear error, and the report already written is kept
+    assert main(["--checkpoint", str(checkpoint), "--lengths", "1x", "--distances", "0.5x", "--span", "12",
+                 "--windows", "3", "--out", str(out)]) == 2
+    assert "no distance of --distances 0.5x fits" in capsys.readouterr().err
+    assert (out / "report.md").read_text() == again
 
 
 class CacheOracle(CopyOracle):

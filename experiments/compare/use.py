@@ -345,9 +345,12 @@ def budget_section(by_step: dict[int, dict[str, UseSummary]], tokens_per_step: i
 def plot_use_budget(by_step: dict[int, dict[str, UseSummary]], tokens_per_step: int, trained: int,
                     path: Path) -> None:
     """use_budget.png: use within L, 2L and 4L back against the tokens trained, a line per variant (not the window
-    controls), bars the 95% t interval over seeds and windows."""
-    titles = ["within L", "2L back", "4L back"]
-    figure, axes = figures.new(len(titles), width=15, height=4.2)
+    controls), bars the 95% t interval over seeds and windows; with the priming control, a panel of order within L
+    (what reading the copy in order adds over its shuffled tokens) beside use within L."""
+    primed = any(any(p is not None for p in summary.presence) for summaries in by_step.values()
+                 for summary in summaries.values())
+    titles = ["within L", *(["order within L"] if primed else []), "2L back", "4L back"]
+    figure, axes = figures.new(len(titles), width=5 * len(titles), height=4.2)
     # the window controls stay in the table (a negative control), not in the figure
     labels = list(dict.fromkeys(name for summaries in by_step.values() for name in summaries
                                 if not name.endswith(f"+{NEGATIVE_CONTROL}")))
@@ -357,7 +360,11 @@ def plot_use_budget(by_step: dict[int, dict[str, UseSummary]], tokens_per_step: 
             for step in sorted(by_step):
                 summary = by_step[step].get(name)
                 found = dict(budget_columns(summary, trained, BUDGET_MULTIPLES)) if summary else {}
-                estimate = summary.estimates[found[title]] if title in found else None
+                if title == "order within L":
+                    index = found.get("within L")
+                    estimate = summary.order[index] if index is not None and index < len(summary.order) else None
+                else:
+                    estimate = summary.estimates[found[title]] if title in found else None
                 if estimate is not None:
                     points.append((step * tokens_per_step / 1e6, estimate))
             if points:
@@ -371,7 +378,8 @@ def plot_use_budget(by_step: dict[int, dict[str, UseSummary]], tokens_per_step: 
                                   name.split("+", 1)[1] if "+" in name else NONE), linewidth=1.2, label=name)
         axis.axhline(0, color="black", linewidth=0.8)
         axis.set_xscale("log")
-        axis.set_title(f"use {title} (L = {trained})", fontsize=10)
+        axis.set_title(f"{title} (L = {trained})" if title.startswith("order") else f"use {title} (L = {trained})",
+                       fontsize=10)
         axis.set_xlabel("training tokens (millions)")
         axis.grid(True, alpha=0.3)
     axes[0].set_ylabel("use (nats, 95% t over seeds and windows)")
