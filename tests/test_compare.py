@@ -647,3 +647,11 @@ def test_snapshot_probes_need_snapshots_and_name_the_use_probe():
     with pytest.raises(ConfigError, match="compare.snapshot_probes"):
         CompareConfig(snapshots=[0.5], snapshot_probes=["passkey"])
     assert CompareConfig(snapshots=[0.5], snapshot_probes=["use"]).snapshot_probes == ["use"]
+
+
+def test_a_use_probe_the_held_out_text_cannot_hold_stops_before_any_training(small_text_file, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert main(arguments(small_text_file, out, '--compare.probes=["use"]', "--compare.use_windows=100000",
+                          "--compare.workers=1")) == 2
+    assert "lower compare.use_windows" in capsys.readouterr().err
+    assert not (out / "runs").exists()  # nothing trained

@@ -132,3 +132,16 @@ def test_the_max_column_is_shown_but_not_counted_in_how_far_back():
     summary = summarise_use(found, 0.05, pinned=True)["rope"]
     assert summary.pinned == 223 and summary.reads_back() == 128  # the window-start column is not a reach
     assert summary.at(223)[1] == "uses"  # still shown, with its verdict
+
+
+def test_the_use_probe_that_cannot_fit_stops_before_training():
+    """At L = 256 the 16x windows are 4,097 tokens: 176,518 held-out tokens hold 43, fewer than 64 windows. The
+    comparison says so before it trains (it used to fail after an hour of training)."""
+    from errors import ConfigError
+    from experiments.compare.use import check_use_windows
+
+    compare = CompareConfig(probes=["use"], use_windows=64, lengths=["1x", "16x"])
+    with pytest.raises(ConfigError, match="holds 43: lower compare.use_windows to 43"):
+        check_use_windows(compare, 256, 176_518)
+    check_use_windows(compare, 64, 176_518)  # 171 windows of 1,025 tokens: fits
+    check_use_windows(CompareConfig(probes=[], use_windows=64, lengths=["1x", "16x"]), 256, 176_518)  # no probe

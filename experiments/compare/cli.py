@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from commands import add_out, command_parser, suggest_options
+from data.batches import open_split
 from errors import ConfigError, cli_command
 from experiments.compare.config import CompareConfig, load_compare_config
 from experiments.compare.probes import run_tasks
@@ -46,6 +47,7 @@ from experiments.compare.running import (
     run_jobs,
     variant_config,
 )
+from experiments.compare.use import check_use_windows
 from experiments.jobs import machine_description, worker_layout
 from model.folder_lock import FolderLock
 from train.trackers import log_summary
@@ -102,6 +104,9 @@ def run_comparison(compare: CompareConfig, shared: dict, preset: str, command: s
     configs = {(encoding, seed): variant_config(shared, encoding, seed, data_dir, compare)
                for seed in compare.seeds for encoding in compare.encodings}
     check_existing_runs(configs)
+    held_out = len(open_split(data_dir, "val").tokens)
+    for trained in sorted({config.model.max_seq_len for config in configs.values()}):
+        check_use_windows(compare, trained, held_out)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     workers, threads = worker_layout(compare.workers, len(configs), gpus, compare.threads)
     jobs = [Job(encoding, seed, config.to_dict(), asdict(compare), threads)

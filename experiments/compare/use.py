@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from errors import ConfigError
 from eval import figures
 from eval.extrapolation import resolve_length
 from eval.figures import colour
@@ -72,6 +73,21 @@ def probe_windows(compare: CompareConfig, trained: int, tokens: int) -> dict[int
     longest = max(resolve_length(item, trained) for item in compare.lengths)
     many = compare.use_windows * (longest + 1) // (trained + 1)
     return {trained: max(compare.use_windows, min(many, tokens // (trained + 1))), longest: compare.use_windows}
+
+
+def check_use_windows(compare: CompareConfig, trained: int, tokens: int) -> None:
+    """Before any training: the use probe's longest windows must fit compare.use_windows times in the held-out text
+    (`tokens`), or the probe would fail after every model is trained."""
+    if "use" not in (*compare.probes, *compare.snapshot_probes):
+        return
+    longest = max(resolve_length(item, trained) for item in compare.lengths)
+    fits = max(0, (tokens - 1) // (longest + 1))
+    if fits < compare.use_windows:
+        raise ConfigError(
+            f"the use probe needs compare.use_windows = {compare.use_windows} windows of {longest + 1:,} tokens (the "
+            f"longest length, {longest // trained}x of L = {trained}), and the held-out text ({tokens:,} tokens) holds "
+            f"{fits}: lower compare.use_windows to {fits} or less, shorten compare.lengths, or hold out more text "
+            "(compare.val_fraction)")
 
 
 @dataclass
