@@ -6,8 +6,8 @@ Each run is a comparison's out folder (python -m experiments.compare ... --compa
 configuration (data, shape, L, batch); the search reads every model it kept (OUT/runs/ENCODING/seedN/snapshots/
 step-N and the finished model, not a half-trained resume point) and measures each with eval.use's probe and its
 priming control on the run's own held-out text, at the same settings for every model: use within L (a repeated
-passage L/2 back in windows of L), presence (what the passage's tokens in context give, shuffled) and order (what
-reading them in order adds: use - presence). A real model's copying is order (SmolLM2: docs/results.md); a tiny
+passage of L/4 tokens L/2 back in windows of L; --distance and --span fix both in tokens for every L), presence
+(what the passage's tokens in context give, shuffled) and order (what reading them in order adds: use - presence). A real model's copying is order (SmolLM2: docs/results.md); a tiny
 model's within-L use can be all presence, so the target (--target, +1.0 nats) is judged on order.
 
 One table (every configuration and kept model, with tokens trained, passes over the training data and the training
@@ -78,11 +78,16 @@ def describe(run: Path, kept: Kept) -> dict:
             "L": model["max_seq_len"], "batch": train["batch_size"], "lr": train["lr"], "steps": train["max_steps"]}
 
 
-def measure(kept: Kept, out: Path, windows: int) -> dict:
+def probe_options(windows: int, distance: int | None, span: int | None) -> list[str]:
+    """eval.use's options for every kept model: windows of L, one distance (L/2 or `distance` tokens)."""
+    return ["--lengths", "1x", "--distances", str(distance or "0.5x"), *(["--span", str(span)] if span else []),
+            "--windows", str(windows), "--priming"]
+
+
+def measure(kept: Kept, out: Path, options: list[str]) -> dict:
     """eval.use at L with the priming control on one kept model, cached in `out` (its results.json row)."""
     if not (out / "results.json").exists() and use_probe.main(
-            ["--checkpoint", str(kept.path), "--lengths", "1x", "--distances", "0.5x", "--windows", str(windows),
-             "--priming", "--out", str(out)]) != 0:
+            ["--checkpoint", str(kept.path), *options, "--out", str(out)]) != 0:
         raise ConfigError(f"eval.use could not measure {kept.path} (its error above)")
     record = next(iter(json.loads((out / "results.json").read_text()).values()))
     return record["rows"][0]
@@ -126,11 +131,14 @@ def cell(e: Estimate | None) -> str:
     return "n/a" if e is None else e.format(3, signed=True)
 
 
-def report(configs: list[dict], rows: list[dict], target: float, command: str, windows: int, out: Path) -> str:
+def report(configs: list[dict], rows: list[dict], target: float, command: str, options: list[str]) -> str:
+    where = ("a passage of L/4 tokens (8 to 64) L/2 back" if "0.5x" in options else
+             f"a passage of {options[options.index('--span') + 1] if '--span' in options else 'L/4'} tokens "
+             f"{options[options.index('--distances') + 1]} tokens back")
     lines = ["# The budget search: use and order within L against tokens trained", "",
              f"Reproduce: `{command}` (on {machine_description()}). Each model the comparisons kept is measured with "
-             f"`python -m eval.use --lengths 1x --distances 0.5x --windows {windows} --priming` on its run's held-out "
-             "text: use = NLL(control) - NLL(probe) on a passage repeated L/2 back in windows of L; presence = what "
+             f"`python -m eval.use {' '.join(options)}` on its run's held-out "
+             f"text: use = NLL(control) - NLL(probe) on {where}, repeated in windows of L; presence = what "
              "the passage's tokens in context give (the first copy shuffled); order = use - presence, what reading it "
              f"in order adds. Target: order within L of at least {target:+.1f} nats (SmolLM2 copies by +2 to +3, all "
              "order). Intervals: 95% t over windows for one seed, over the seeds' means for several. Passes: tokens "
@@ -187,6 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--encoding", default="rope", help="the encoding whose kept models are measured")
     parser.add_argument("--windows", type=int, default=256, help="eval.use windows per model")
     parser.add_argument("--target", type=float, default=1.0, help="order within L to reach, nats")
+    parser.add_argument("--distance", type=int, help="tokens between the copies for every L (default: L/2)")
+    parser.add_argument("--span", type=int, help="passage tokens for every L (default: L/4, 8 to 64)")
     parser.add_argument("--out", type=Path, required=True)
     return parser
 
@@ -198,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     require(parser, args, "runs")
     if args.windows < 3:
         raise ConfigError("--windows must be at least 3: the intervals are over windows")
+    options = probe_options(args.windows, args.distance, args.span)
     configs, rows = [], []
     for run in args.runs:
         kept = kept_models(run, args.encoding)
@@ -206,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         configs.append(describe(run, kept[0]))
         for step in sorted({k.step for k in kept}):
             at = [k for k in kept if k.step == step]
-            found = [measure(k, args.out / "cells" / run.name / f"seed{k.seed}-step{k.step}", args.windows)
+            found = [measure(k, args.out / "cells" / run.name / f"seed{k.seed}-step{k.step}", options)
                      for k in at]
             train_tokens = configs[-1]["train_tokens"]
             rows.append({"run": run.name, "step": step, "tokens": at[0].tokens,
@@ -219,8 +230,10 @@ def main(argv: list[str] | None = None) -> int:
                          "verdict": ", ".join(sorted({f.get("verdict", "?") for f in found}))})
     args.out.mkdir(parents=True, exist_ok=True)
     command = portable_command("python -m experiments.budget_search --runs " + " ".join(str(r) for r in args.runs)
-                               + f" --encoding {args.encoding} --windows {args.windows} --out {args.out}")
-    (args.out / "report.md").write_text(report(configs, rows, args.target, command, args.windows, args.out))
+                               + f" --encoding {args.encoding} --windows {args.windows}"
+                               + (f" --distance {args.distance}" if args.distance else "")
+                               + (f" --span {args.span}" if args.span else "") + f" --out {args.out}")
+    (args.out / "report.md").write_text(report(configs, rows, args.target, command, options))
     plot(configs, rows, args.target, args.out / "budget.png")
     (args.out / "results.json").write_text(json.dumps(
         {"configurations": configs, "target": args.target,

@@ -69,3 +69,9 @@ def test_cells_split_use_into_presence_and_order(prepared_data, tmp_path):
     for r in rows:
         assert abs(r["use"]["mean"] - r["presence"]["mean"] - r["order"]["mean"]) < 1e-5
     assert "| cmp | 2 |" in (out / "report.md").read_text() and (out / "budget.png").stat().st_size > 0
+    # a fixed probe for every L: the cells say so
+    fixed = tmp_path / "fixed"
+    assert main(["--runs", str(run), "--windows", "4", "--distance", "12", "--span", "6", "--out", str(fixed)]) == 0
+    [cell] = json.loads((fixed / "cells" / "cmp" / "seed1-step2" / "results.json").read_text()).values()
+    assert cell["span"] == 6 and [r["distance"] for r in cell["rows"]] == [12]
+    assert "a passage of 6 tokens 12 tokens back" in (fixed / "report.md").read_text()
