@@ -31,6 +31,7 @@ from errors import ConfigError, cli_command
 from eval import figures
 from eval import use as use_probe
 from eval.stats import Estimate, t_interval
+from experiments.compare import cells
 from experiments.jobs import machine_description
 
 
@@ -128,7 +129,7 @@ def projection(points: list[tuple[int, Estimate]], target: float) -> str:
 
 
 def cell(e: Estimate | None) -> str:
-    return "n/a" if e is None else e.format(3, signed=True)
+    return cells.cell(e, 3, signed=True)
 
 
 def report(configs: list[dict], rows: list[dict], target: float, command: str, options: list[str]) -> str:
@@ -237,8 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     plot(configs, rows, args.target, args.out / "budget.png")
     (args.out / "results.json").write_text(json.dumps(
         {"configurations": configs, "target": args.target,
-         "rows": [{**r, **{k: (None if r[k] is None else {"mean": r[k].mean, "low": r[k].low, "high": r[k].high,
-                                                         "n": r[k].n}) for k in ("use", "presence", "order")}}
+         "rows": [{**r, **{k: cells.estimate_dict(r[k]) for k in ("use", "presence", "order")}}
                   for r in rows]}, indent=1))
     print(f"wrote {args.out / 'report.md'}")
     return 0
