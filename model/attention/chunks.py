@@ -114,8 +114,9 @@ def chunks(inputs: Inputs, rows_per_chunk: int, window: int, chunk: int = 0) -> 
 
 def expand_kv_heads(inputs: Inputs, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys and values with one head per query head (grouped-query attention spelled out)."""
-    k, v = inputs.k, inputs.v
-    if k.shape[1] != heads:
-        k = k.repeat_interleave(heads // k.shape[1], dim=1)
-        v = v.repeat_interleave(heads // v.shape[1], dim=1)
-    return k, v
+    return repeat_heads(inputs.k, heads), repeat_heads(inputs.v, heads)
+
+
+def repeat_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """x (batch, kv_heads, time, dim) with each head repeated for the query heads that share it."""
+    return x if x.shape[1] == heads else x.repeat_interleave(heads // x.shape[1], dim=1)
