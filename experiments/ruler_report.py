@@ -2,6 +2,7 @@
 the ranking held against same-weights use (experiments.method_grid's results) by Spearman's rank correlation."""
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,36 @@ def spearman(a: list[float], b: list[float]) -> float | None:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
+def spearman_p(a: list[float], b: list[float], draws: int = 200_000, seed: int = 0) -> float | None:
+    """One-sided p-value of Spearman's rank correlation being as large as observed when the pairing is random: the
+    share of the orders of `b`'s ranks (ties kept at their mean rank) whose correlation with `a`'s ranks is at least
+    the observed one. Every order for up to 9 methods (9! = 362,880), else `draws` random ones."""
+    observed = spearman(a, b)
+    if observed is None:
+        return None
+    ra, rb = ranks(a), ranks(b)
+    if len(rb) <= 9:
+        orders = np.array(list(itertools.permutations(range(len(rb)))))
+    else:
+        generator = np.random.default_rng(seed)
+        orders = np.argsort(generator.random((draws, len(rb))), axis=1)
+    shuffled = rb[orders]
+    centred_a = ra - ra.mean()
+    centred = shuffled - shuffled.mean(axis=1, keepdims=True)
+    rho = centred @ centred_a / (np.linalg.norm(centred, axis=1) * np.linalg.norm(centred_a))
+    return float(np.mean(rho >= observed - 1e-12))
+
+
+def concordance(published: dict[str, float], ours: dict[str, float]) -> tuple[int, int, int]:
+    """(pairs of methods ordered alike, ordered oppositely, tied in either) over the methods both score."""
+    shared = [m for m in published if m in ours]
+    alike = opposite = tied = 0
+    for first, second in itertools.combinations(shared, 2):
+        sign = np.sign(published[first] - published[second]) * np.sign(ours[first] - ours[second])
+        alike, opposite, tied = alike + int(sign > 0), opposite + int(sign < 0), tied + int(sign == 0)
+    return alike, opposite, tied
+
+
 def parity_rows(cells: list[dict]) -> list[dict]:
     found = {(c["method"], c["task"], c["length"]): c for c in cells}
     rows = []
@@ -76,19 +107,28 @@ def parity_rows(cells: list[dict]) -> list[dict]:
     return rows
 
 
-def use_by_method(use_results: Path | None) -> dict[str, dict[str, float]]:
-    """method -> {text: use at the largest distance} from experiments.method_grid's results.json."""
+def use_by_method(use_results: Path | None) -> dict[str, dict[str, dict[int, float]]]:
+    """method -> text -> distance -> use (mean over windows), from experiments.method_grid's results.json."""
     if use_results is None or not use_results.exists():
         return {}
     summary = json.loads(use_results.read_text())["summary"]
-    found: dict[str, dict[str, float]] = {}
+    found: dict[str, dict[str, dict[int, float]]] = {}
     for text, entry in summary["texts"].items():
-        farthest = str(max(entry["settings"]["distances"]))
         for method, cells in entry["methods"].items():
-            use = cells.get(farthest, {}).get("use", {})
-            if "mean" in use:
-                found.setdefault(method, {})[text] = use["mean"]
+            for distance in entry["settings"]["distances"]:
+                use = cells.get(str(distance), {}).get("use", {})
+                if "mean" in use:
+                    found.setdefault(method, {}).setdefault(text, {})[int(distance)] = use["mean"]
     return found
+
+
+# How one number of use per method is read from its cells (text -> distance -> use): the mean over the texts of the
+# mean over the window's distances (RULER places its needles at depths spread over the whole window), and of use at
+# the farthest distance alone.
+USE_SUMMARIES = {
+    "mean over the distances": lambda by_text: float(np.mean([np.mean(list(d.values())) for d in by_text.values()])),
+    "at the farthest distance": lambda by_text: float(np.mean([d[max(d)] for d in by_text.values()])),
+}
 
 
 def by_distance(cells: list[dict], trained: int) -> list[str]:
@@ -112,6 +152,67 @@ def by_distance(cells: list[dict], trained: int) -> list[str]:
             counts.append(f"{sum(s['score'] == 1 for s in inside)}/{len(inside)}" if inside else "")
         lines.append(f"| {name(cell['method'])} | {cell['task']} @ {cell['length']:,} | " + " | ".join(counts) + " |")
     return lines + [""]
+
+
+# Published orderings of training-free methods on needle retrieval past the trained length, by the lab's method names.
+PUBLISHED = [
+    {"source": "DroPE (arXiv 2512.12167), Table 2", "setting": "SmolLM-360M (L = 2,048), NIAH at 2x, zero-shot",
+     "published": {"yarn": 48.25, "ntk": 29.84, "linear": 0.0, "none": 0.0}},
+    {"source": "STRING (arXiv 2410.18745), Table 1",
+     "setting": "4-needle NIAH at each model's L, at least 2 of 4 found, mean of 7 models",
+     "published": {"string": 85.7, "dca": 73.1, "yarn": 70.5, "selfextend": 69.6, "none": 67.8, "ntk": 67.6,
+                   "rerope": 67.3}},
+    {"source": "Lu et al. (arXiv 2409.12181), Table 1", "setting": "Llama-2-7B, 4k -> 32k, needle at 32k, frozen",
+     "published": {"selfextend": 25.8, "lm_infinite": 23.9, "ntk": 18.8}},
+]
+
+
+def needle_shares(cells: list[dict], length: int) -> dict[str, float]:
+    """method -> the share of needle samples answered in full at `length` (the mean over its niah tasks)."""
+    rates: dict[str, list[float]] = {}
+    for cell in cells:
+        if cell["length"] == length and cell["task"].startswith("niah"):
+            k, n = full(cell)
+            rates.setdefault(cell["method"], []).append(k / n)
+    return {method: float(np.mean(values)) for method, values in rates.items()}
+
+
+def correlate(shares: dict[str, float], use: dict[str, dict[str, dict[int, float]]]) -> list[dict]:
+    """Spearman's rank correlation, with its permutation p-value, of the needle shares against each summary of use
+    (USE_SUMMARIES), over the methods with both; none under three."""
+    shared = [m for m in shares if m in use]
+    if len(shared) < 3:
+        return []
+    ruler = [shares[m] for m in shared]
+    rows = []
+    for summary, read in USE_SUMMARIES.items():
+        reading = [read(use[m]) for m in shared]
+        rows.append({"use": summary, "methods": shared, "ruler": ruler, "reading": reading,
+                     "spearman": spearman(ruler, reading), "p": spearman_p(ruler, reading)})
+    return rows
+
+
+def ordering(scores: dict[str, float], methods: list[str]) -> str:
+    """`methods` from the highest score down, "A 3 > B 2 = C 2"."""
+    ranked = sorted(methods, key=lambda m: -scores[m])
+    text = f"{name(ranked[0])} {scores[ranked[0]]:g}"
+    for before, method in zip(ranked, ranked[1:]):
+        text += (" = " if scores[method] == scores[before] else " > ") + f"{name(method)} {scores[method]:g}"
+    return text
+
+
+def published_rows(shares: dict[str, float]) -> list[dict]:
+    """Each published ordering over the methods the lab has scored too (at least two), with the pairs ordered
+    alike."""
+    rows = []
+    for entry in PUBLISHED:
+        methods = [m for m in entry["published"] if m in shares]
+        if len(methods) < 2:
+            continue
+        ours = {m: shares[m] for m in methods}
+        alike, opposite, tied = concordance({m: entry["published"][m] for m in methods}, ours)
+        rows.append({**entry, "methods": methods, "ours": ours, "alike": alike, "opposite": opposite, "tied": tied})
+    return rows
 
 
 def write_report(out: Path, use_results: Path | None = None, length: int | None = None,
@@ -147,32 +248,37 @@ def write_report(out: Path, use_results: Path | None = None, length: int | None 
                 lines.append(f"- {row['method']} {row['task']}@{row['length']} sample {sample['doc_id']}: pelab "
                              f"{sample['pelab']!r}, hf {sample['hf']!r}")
         lines.append("")
-    use = use_by_method(use_results)
-    correlation = None
-    if use and cells:
-        longest = length or max(c["length"] for c in cells)
-        rates: dict[str, list[float]] = {}
-        for cell in cells:
-            if cell["length"] == longest and cell["task"].startswith("niah"):
-                k, n = full(cell)
-                rates.setdefault(cell["method"], []).append(k / n)
-        shared = [m for m in rates if m in use]
-        if len(shared) >= 3:
-            ruler = [float(np.mean(rates[m])) for m in shared]
-            reading = [float(np.mean(list(use[m].values()))) for m in shared]
-            correlation = {"methods": shared, "ruler": ruler, "use": reading, "spearman": spearman(ruler, reading)}
+    longest = length or max((c["length"] for c in cells), default=0)
+    shares = needle_shares(cells, longest)
+    correlation = correlate(shares, use_by_method(use_results))
     if correlation:
-        rho = correlation["spearman"]
         lines += ["## RULER against same-weights use", "",
-                  f"Across the {len(correlation['methods'])} methods with both: the share of needle samples answered "
-                  f"in full at {longest:,} tokens (niah tasks, mean over tasks) against use at the largest distance "
-                  "of experiments.method_grid (mean over its texts). Spearman's rank correlation: "
-                  + ("undefined (one of them constant)" if rho is None else f"{rho:+.2f}") + ".", "",
-                  "| method | RULER (share answered in full) | use at the largest distance (nats) |", "|---|---:|---:|"]
-        lines += [f"| {name(m)} | {r:.2f} | {u:+.3f} |" for m, r, u in zip(correlation["methods"], correlation["ruler"],
-                                                                           correlation["use"])]
+                  f"Across the {len(correlation[0]['methods'])} methods with both: the share of needle samples "
+                  f"answered in full at {longest:,} tokens (niah tasks, mean over tasks) against use in the windows "
+                  "of experiments.method_grid (mean over its texts), read two ways. Spearman's rank correlation, and "
+                  "how often a random pairing of the methods gives one as large (one-sided, every order of the "
+                  "methods):", ""]
+        lines += [f"- use {row['use']}: " + ("undefined (one of them constant)" if row["spearman"] is None else
+                                             f"{row['spearman']:+.2f}, p = {row['p']:.3f}") for row in correlation]
+        lines += ["", "| method | RULER (share answered in full) | " + " | ".join(
+            f"use {row['use']} (nats)" for row in correlation) + " |", "|---|---:|" + "---:|" * len(correlation)]
+        for index, method in enumerate(correlation[0]["methods"]):
+            lines.append(f"| {name(method)} | {correlation[0]['ruler'][index]:.2f} | " + " | ".join(
+                f"{row['reading'][index]:+.3f}" for row in correlation) + " |")
         lines.append("")
-    results = {"cells": cells, "parity": parity, "correlation": correlation}
+    published = published_rows(shares)
+    if published:
+        lines += ["## Published orderings beside the lab's", "",
+                  f"Each source's scores (as its paper reports them) beside the lab's share of needle samples answered "
+                  f"in full at {longest:,} tokens, for the methods both have; pairs of methods the two order alike, "
+                  "oppositely, or tie in either.", "",
+                  "| source | setting | published | the lab | pairs alike / opposite / tied |", "|---|---|---|---|---:|"]
+        for row in published:
+            ours = {m: round(share, 2) for m, share in row["ours"].items()}
+            lines.append(f"| {row['source']} | {row['setting']} | {ordering(row['published'], row['methods'])} | "
+                         f"{ordering(ours, row['methods'])} | {row['alike']} / {row['opposite']} / {row['tied']} |")
+        lines.append("")
+    results = {"cells": cells, "parity": parity, "correlation": correlation, "published": published}
     (out / "results.json").write_text(results_json(results))
     (out / "report.md").write_text("\n".join(lines))
     return results

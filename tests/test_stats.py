@@ -275,6 +275,42 @@ def test_spearman_matches_scipy_with_ties():
     assert spearman([1, 1, 1], [1, 2, 3]) is None
 
 
+def test_the_rank_correlations_permutation_p_value_counts_every_order_of_the_methods():
+    from experiments.ruler_report import spearman_p
+    # four methods: +0.80 or more in 4 of the 24 orders (the identity and the three adjacent swaps)
+    assert spearman_p([0.0, 1.0, 0.45, 0.8], [0.052, 1.442, -0.015, 0.133]) == pytest.approx(4 / 24)
+    assert spearman_p([1, 2, 3, 4, 5], [1, 2, 3, 4, 5]) == pytest.approx(1 / 120)
+    # scipy.stats.permutation_test(permutation_type="pairings", alternative="greater", n_resamples=inf) of
+    # scipy.stats.spearmanr (scipy 1.17.1), ties in both: 0.5388888888888889
+    assert spearman_p([0.0, 0.0, 0.5, 0.5, 0.9, 1.0], [0.1, 0.3, 0.2, 0.9, 1.4, 0.0]) == pytest.approx(0.5388888888888889)
+    assert spearman_p([1, 1, 1], [1, 2, 3]) is None
+
+
+def test_published_orderings_are_held_against_the_labs_by_pairs_ordered_alike():
+    from experiments.ruler_report import concordance, published_rows
+    assert concordance({"a": 3, "b": 2, "c": 1}, {"a": 0.9, "b": 0.1, "c": 0.5}) == (2, 1, 0)
+    assert concordance({"a": 3, "b": 2}, {"a": 0.5, "b": 0.5, "c": 1.0}) == (0, 0, 1)
+    rows = published_rows({"yarn": 0.8, "ntk": 0.9, "linear": 0.0, "none": 0.0})
+    drope = next(row for row in rows if row["source"].startswith("DroPE"))
+    # YaRN > NTK > PI = plain published; the lab: NTK > YaRN > PI = plain
+    assert (drope["alike"], drope["opposite"], drope["tied"]) == (4, 1, 1)
+    assert all(len(row["methods"]) >= 2 for row in rows)
+
+
+def test_ruler_is_held_against_use_over_the_windows_distances_and_at_the_farthest():
+    from experiments.ruler_report import correlate, ordering
+    use = {"a": {"book": {100: 2.0, 300: 0.0}}, "b": {"book": {100: 0.5, 300: 0.4}},
+           "c": {"book": {100: 0.1, 300: 0.0}, "other": {100: 0.3, 300: 0.2}}}
+    shares = {"a": 0.9, "b": 0.5, "c": 0.0, "d": 1.0}  # d has no use: left out
+    mean, farthest = correlate(shares, use)
+    assert mean["methods"] == ["a", "b", "c"] and mean["reading"] == pytest.approx([1.0, 0.45, 0.15])
+    assert mean["spearman"] == pytest.approx(1.0) and mean["p"] == pytest.approx(1 / 6)
+    assert farthest["reading"] == pytest.approx([0.0, 0.4, 0.1]) and farthest["spearman"] == pytest.approx(-0.5)
+    assert correlate({"a": 1.0, "b": 0.0}, use) == []
+    assert ordering({"yarn": 48.25, "linear": 0.0, "none": 0.0}, ["linear", "yarn", "none"]) == \
+        "YaRN 48.25 > PI (linear) 0 = plain RoPE 0"
+
+
 def test_fewer_than_three_draws_give_their_mean_and_no_interval():
     from eval.stats import draws_interval
     two = draws_interval([1.0, 2.0])
