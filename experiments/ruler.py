@@ -73,10 +73,9 @@ def run_cell(lm, checkpoint: str, task: str, length: int, samples: int, cache: P
     return [{"seconds": seconds, "from_cache": cached, "samples": rows}]
 
 
-def needle_distances(checkpoint: str, task: str, length: int, samples: int) -> dict[int, int]:
-    """doc_id -> tokens from the needle (the first place its answer appears) to the end of the prompt, for the first
-    `samples` samples of a needle task: the samples generated again as lm_eval.simple_evaluate generates them (its
-    seeds, then the task built from the checkpoint's tokenizer), to read where each needle stands."""
+def built_task(checkpoint: str, task: str, length: int):
+    """The task as lm_eval.simple_evaluate builds it: its seeds, then the task from the checkpoint's tokenizer (so
+    its samples are the ones a cell answered)."""
     import random
 
     import numpy as np
@@ -84,7 +83,13 @@ def needle_distances(checkpoint: str, task: str, length: int, samples: int) -> d
     from lm_eval.tasks import TaskManager, get_task_dict
 
     random.seed(0), np.random.seed(1234), torch.manual_seed(1234)  # simple_evaluate's seeds
-    built = get_task_dict([task], TaskManager(metadata={"pretrained": checkpoint, "max_seq_lengths": [length]}))[task]
+    return get_task_dict([task], TaskManager(metadata={"pretrained": checkpoint, "max_seq_lengths": [length]}))[task]
+
+
+def needle_distances(checkpoint: str, task: str, length: int, samples: int) -> dict[int, int]:
+    """doc_id -> tokens from the needle (the first place its answer appears) to the end of the prompt, for the first
+    `samples` samples of a needle task, generated again (built_task) to read where each needle stands."""
+    built = built_task(checkpoint, task, length)
     docs = built.test_docs() if built.has_test_docs() else built.validation_docs()
     tokenizer = load_tokenizer(checkpoint)
     found = {}
@@ -98,24 +103,59 @@ def needle_distances(checkpoint: str, task: str, length: int, samples: int) -> d
     return found
 
 
+def forced_path(out: Path, method: str, task: str, length: int) -> Path:
+    return out / "forced" / method / f"{task}@{length}.json"
+
+
+def forced_answers(lm, checkpoint: str, task: str, length: int, samples: int, path: Path) -> dict:
+    """Each sample's answer teacher-forced after its prompt (the prompt the cell's model was given): whether every
+    answer token is the model's most likely token given the prompt and the answer tokens before it, and the answer's
+    log-probability. A model that reads the needle but cannot generate past L passes this and fails the cell. Rows
+    are written as they come (path), so an interrupted run continues."""
+    built = built_task(checkpoint, task, length)
+    built.build_all_requests(limit=samples)
+    record = json.loads(path.read_text()) if path.exists() else {"task": task, "length": length, "samples": []}
+    done = {row["doc_id"] for row in record["samples"]}
+    started = time.perf_counter()
+    for instance in sorted(built.instances, key=lambda one: one.doc_id):
+        if instance.doc_id in done:
+            continue
+        answers = instance.doc["outputs"]
+        if len(answers) != 1:
+            raise ConfigError(f"--forced scores tasks with one answer per sample (the niah tasks); {task}'s sample "
+                              f"{instance.doc_id} has {len(answers)}")
+        context, continuation = lm._encode_pair(instance.args[0], built.config.target_delimiter + answers[0])
+        [(logprob, greedy)] = lm._loglikelihood_tokens([(None, context, continuation)])
+        record["samples"].append({"doc_id": instance.doc_id, "answer": answers[0], "greedy": greedy,
+                                  "logprob": logprob, "answer_tokens": len(continuation),
+                                  "prompt_tokens": len(context)})
+        record["seconds"] = record.get("seconds", 0.0) + time.perf_counter() - started
+        started = time.perf_counter()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(results_json(record))
+    return record
+
+
 def annotate_needles(out: Path, checkpoint: str) -> None:
     """Add to each needle cell's samples how far back its needle stands (needle_distances), once: the samples are
     the same for every method, so each (task, length) is generated once, and a sample whose answer differs from the
     cell's target is refused rather than annotated."""
-    cells = sorted((out / "cells").glob("*/niah_*@*.json"))
-    generated: dict[tuple[str, int], dict] = {}
-    for path in cells:
-        cell = json.loads(path.read_text())
-        if all("needle_back" in sample for sample in cell["samples"]):
-            continue
+    paths = sorted((out / "cells").glob("*/niah_*@*.json")) + sorted((out / "forced").glob("*/niah_*@*.json"))
+    pending = {path: json.loads(path.read_text()) for path in paths}
+    pending = {path: cell for path, cell in pending.items()
+               if cell["samples"] and not all("needle_back" in sample for sample in cell["samples"])}
+    wanted: dict[tuple[str, int], int] = {}
+    for cell in pending.values():
         key = (cell["task"], cell["length"])
-        if key not in generated:
-            generated[key] = needle_distances(checkpoint, *key, max(s["doc_id"] for s in cell["samples"]) + 1)
+        wanted[key] = max(wanted.get(key, 0), max(s["doc_id"] for s in cell["samples"]) + 1)
+    generated = {key: needle_distances(checkpoint, *key, count) for key, count in wanted.items()}
+    for path, cell in pending.items():
         for sample in cell["samples"]:
-            found = generated[key].get(sample["doc_id"])
-            if found is None or found["answer"] != sample["target"][0]:
-                raise ConfigError(f"{path}: sample {sample['doc_id']}'s needle could not be found again (answer "
-                                  f"{sample['target'][0]!r}); the samples were generated otherwise")
+            found = generated[(cell["task"], cell["length"])].get(sample["doc_id"])
+            expected = sample["answer"] if "answer" in sample else sample["target"][0]
+            if found is None or found["answer"] != expected:
+                raise ConfigError(f"{path}: sample {sample['doc_id']}'s needle (answer {expected!r}) could not be "
+                                  "found again; the samples were generated otherwise")
             sample["needle_back"] = found["needle_back"]
         path.write_text(results_json(cell))
 
@@ -157,6 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--use-results", type=Path,
                         help="experiments.method_grid's results.json: the report's rank correlation of RULER at the "
                              "longest length with same-weights use")
+    parser.add_argument("--forced", action="store_true",
+                        help="instead of the cells: each needle sample's answer teacher-forced after its prompt "
+                             "(OUT/forced), to tell reading the needle from generating the answer")
     parser.add_argument("--report-only", action="store_true", help="run nothing: write the report from OUT/cells")
     parser.add_argument("--minutes", type=float, default=600.0, help="start no new cell after this many minutes")
     add_out(parser, "output folder (required)", type=Path)
@@ -193,6 +236,24 @@ def main(argv: list[str] | None = None) -> int:
                                                max_length=max(set_for, max(lengths)), dtype=args.dtype)),
                        ("hf-yarn", lambda: hf_model(str(yarn_folder(folder, factor, trained)),
                                                     max(set_for, max(lengths)), args.dtype))]
+    if args.forced:
+        if args.parity:
+            raise ConfigError("--forced scores pelab's methods; run --parity separately")
+        for name, build in models:
+            lm = build()
+            for task in comma_list(args.tasks):
+                for length in lengths:
+                    if time.perf_counter() > deadline:
+                        continue
+                    record = forced_answers(lm, args.checkpoint, task, length, args.samples,
+                                            forced_path(args.out, name, task, length))
+                    record.update(method=name, set_for=set_for)
+                    forced_path(args.out, name, task, length).write_text(results_json(record))
+                    print(f"{name} {task}@{length} teacher-forced: {sum(s['greedy'] for s in record['samples'])} of "
+                          f"{len(record['samples'])}", flush=True)
+        annotate_needles(args.out, args.checkpoint)
+        write_report(args.out, args.use_results, trained=trained)
+        return 0
     for name, build in dict(models).items():
         lm = None
         for task in comma_list(args.tasks):

@@ -131,27 +131,54 @@ USE_SUMMARIES = {
 }
 
 
-def by_distance(cells: list[dict], trained: int) -> list[str]:
-    """Lines of a table: each needle cell's samples answered in full, k of n, by how far back their needle stands,
-    in bins of L / 2 (where same-weights use sees reach; a bin with no sample is left empty)."""
+def answered(sample: dict) -> bool:
+    """A cell's sample answered in full, or a teacher-forced sample whose every answer token was the argmax."""
+    return sample["greedy"] if "greedy" in sample else sample["score"] == 1
+
+
+def by_distance(cells: list[dict], trained: int, title: str = "## By how far back the needle stands",
+                what: str = "samples answered in full") -> list[str]:
+    """Lines of a table: each needle cell's samples answered, k of n, by how far back their needle stands, in bins
+    of L / 2 (where same-weights use sees reach; a bin with no sample is left empty)."""
     cells = [c for c in cells if all("needle_back" in sample for sample in c["samples"]) and c["samples"]]
     if not cells or trained <= 0:
         return []
     half = max(1, trained // 2)
     top = max(sample["needle_back"] for c in cells for sample in c["samples"]) // half + 1
     bins = [(b * half, (b + 1) * half) for b in range(top)]
-    lines = ["## By how far back the needle stands", "",
-             "Each sample's needle (where its answer stands in the prompt), in tokens before the prompt's end; samples "
-             "answered in full, k of n, in bins of L / 2 = " + f"{half:,} tokens.", "",
+    lines = [title, "",
+             f"Each sample's needle (where its answer stands in the prompt), in tokens before the prompt's end; {what}, "
+             "k of n, in bins of L / 2 = " + f"{half:,} tokens.", "",
              "| method | task @ length | " + " | ".join(f"{lo:,}-{hi:,} back" for lo, hi in bins) + " |",
              "|---|---|" + "---:|" * len(bins)]
     for cell in sorted(cells, key=lambda c: (c["task"], c["length"])):
         counts = []
         for lo, hi in bins:
             inside = [s for s in cell["samples"] if lo <= s["needle_back"] < hi]
-            counts.append(f"{sum(s['score'] == 1 for s in inside)}/{len(inside)}" if inside else "")
+            counts.append(f"{sum(answered(s) for s in inside)}/{len(inside)}" if inside else "")
         lines.append(f"| {name(cell['method'])} | {cell['task']} @ {cell['length']:,} | " + " | ".join(counts) + " |")
     return lines + [""]
+
+
+def forced_lines(forced: list[dict], cells: list[dict], trained: int) -> list[str]:
+    """The teacher-forced answers beside the generated ones: reading the needle against generating the answer."""
+    if not forced:
+        return []
+    generated = {(c["method"], c["task"], c["length"]): c for c in cells}
+    lines = ["## The answer teacher-forced", "",
+             "Each sample's answer scored after its prompt (`--forced`): counted when every answer token is the "
+             "model's most likely token given the prompt and the answer tokens before it. A method that reads the "
+             "needle but cannot generate past L passes this and fails the cell.", "",
+             "| method | task @ length | teacher-forced | generated (the cell) | seconds |", "|---|---|---:|---:|---:|"]
+    for record in forced:
+        k, n = sum(answered(s) for s in record["samples"]), len(record["samples"])
+        rate = wilson_interval(k, n)
+        cell = generated.get((record["method"], record["task"], record["length"]))
+        lines.append(f"| {name(record['method'])} | {record['task']} @ {record['length']:,} | {k}/{n} "
+                     f"[{rate.low:.2f}, {rate.high:.2f}] | {score_text(cell) if cell else ''} | "
+                     f"{record.get('seconds', 0):.0f} |")
+    return lines + [""] + by_distance(forced, trained, "### Teacher-forced, by how far back the needle stands",
+                                      "samples whose answer is the argmax")
 
 
 # Published orderings of training-free methods on needle retrieval past the trained length, by the lab's method names.
@@ -235,6 +262,8 @@ def write_report(out: Path, use_results: Path | None = None, length: int | None 
                 else "" for col in columns) + " |")
         lines.append("")
         lines += by_distance(cells, trained)
+    forced = [json.loads(path.read_text()) for path in sorted((out / "forced").glob("*/*@*.json"))]
+    lines += forced_lines(forced, cells, trained)
     if parity:
         lines += ["## Parity with lm-eval's hf model on the same weights", "",
                   "| method | task | length | samples compared | identical responses | pelab | hf | seconds pelab / hf |",
@@ -278,7 +307,8 @@ def write_report(out: Path, use_results: Path | None = None, length: int | None 
             lines.append(f"| {row['source']} | {row['setting']} | {ordering(row['published'], row['methods'])} | "
                          f"{ordering(ours, row['methods'])} | {row['alike']} / {row['opposite']} / {row['tied']} |")
         lines.append("")
-    results = {"cells": cells, "parity": parity, "correlation": correlation, "published": published}
+    results = {"cells": cells, "forced": forced, "parity": parity, "correlation": correlation,
+               "published": published}
     (out / "results.json").write_text(results_json(results))
     (out / "report.md").write_text("\n".join(lines))
     return results

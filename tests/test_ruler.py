@@ -83,3 +83,36 @@ def test_ruler_niah_single_1_runs_on_a_tiny_checkpoint_and_resumes(checkpoint, t
     stamp = (out / "cells" / "none" / "niah_single_1@512.json").stat().st_mtime_ns
     assert main(argv) == 0  # a finished cell is not run again
     assert (out / "cells" / "none" / "niah_single_1@512.json").stat().st_mtime_ns == stamp
+
+
+def test_the_answer_teacher_forced_after_the_cells_own_prompt_scores_as_the_model_does(checkpoint, tmp_path):
+    from experiments.ruler import built_task, main
+    from infer.harness import PelabLM
+
+    out = tmp_path / "ruler"
+    common = ["--checkpoint", str(checkpoint), "--methods", "none", "--tasks", "niah_single_1", "--lengths", "512",
+              "--samples", "2", "--dtype", "float32", "--out", str(out)]
+    assert main(common) == 0
+    assert main(common + ["--forced"]) == 0
+    cell = json.loads((out / "cells" / "none" / "niah_single_1@512.json").read_text())
+    forced = json.loads((out / "forced" / "none" / "niah_single_1@512.json").read_text())
+    assert [s["doc_id"] for s in forced["samples"]] == [0, 1]
+    for row, sample in zip(forced["samples"], cell["samples"]):
+        assert row["answer"] == sample["target"][0] and row["needle_back"] == sample["needle_back"]
+        # the prompt the cell's model was given (its token count, with the answer's leading space moved over)
+        assert abs(row["prompt_tokens"] - sample["prompt_tokens"]) <= 1
+    # the answer's log-probability and argmax test, read again from one forward of the model
+    lm = PelabLM(str(checkpoint), dtype="float32")
+    built = built_task(str(checkpoint), "niah_single_1", 512)
+    built.build_all_requests(limit=1)
+    [first] = [one for one in built.instances if one.doc_id == 0]
+    context, continuation = lm._encode_pair(first.args[0], " " + first.doc["outputs"][0])
+    with torch.no_grad():
+        logits, _ = lm.model(torch.tensor([context + continuation[:-1]]))
+    logprobs = torch.log_softmax(logits[0, len(context) - 1:].float(), -1)
+    picked = logprobs.gather(1, torch.tensor(continuation)[:, None]).sum()
+    assert forced["samples"][0]["logprob"] == pytest.approx(float(picked), abs=1e-4)
+    assert forced["samples"][0]["greedy"] == bool((logprobs.argmax(-1) == torch.tensor(continuation)).all())
+    assert "## The answer teacher-forced" in (out / "report.md").read_text()
+    assert main(common + ["--forced"]) == 0  # every sample done: nothing scored again
+    assert json.loads((out / "forced" / "none" / "niah_single_1@512.json").read_text())["seconds"] == forced["seconds"]
