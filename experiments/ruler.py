@@ -107,11 +107,26 @@ def forced_path(out: Path, method: str, task: str, length: int) -> Path:
     return out / "forced" / method / f"{task}@{length}.json"
 
 
+def control_answer(answer: str, prompt: str, seed: int) -> str:
+    """An answer of the same shape (each digit a random digit, each letter a random letter of its case, the rest
+    kept) that the prompt does not hold: what the model is scored on when the needle cannot help."""
+    import random
+
+    draw = random.Random(seed)
+    while True:
+        control = "".join(draw.choice("0123456789") if c.isdigit() else
+                          draw.choice("abcdefghijklmnopqrstuvwxyz") if c.islower() else
+                          draw.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") if c.isupper() else c for c in answer)
+        if control != answer and control not in prompt:
+            return control
+
+
 def forced_answers(lm, checkpoint: str, task: str, length: int, samples: int, path: Path) -> dict:
     """Each sample's answer teacher-forced after its prompt (the prompt the cell's model was given): whether every
-    answer token is the model's most likely token given the prompt and the answer tokens before it, and the answer's
-    log-probability. A model that reads the needle but cannot generate past L passes this and fails the cell. Rows
-    are written as they come (path), so an interrupted run continues."""
+    answer token is the model's most likely token given the prompt and the answer tokens before it, the answer's
+    log-probability, and that of a control answer of the same shape found nowhere in the prompt (control_answer).
+    The gain, answer minus control, is the needle's own same-weights use: above 0 when the model reads the needle,
+    however badly it generates. Rows are written as they come (path), so an interrupted run continues."""
     built = built_task(checkpoint, task, length)
     built.build_all_requests(limit=samples)
     record = json.loads(path.read_text()) if path.exists() else {"task": task, "length": length, "samples": []}
@@ -124,11 +139,15 @@ def forced_answers(lm, checkpoint: str, task: str, length: int, samples: int, pa
         if len(answers) != 1:
             raise ConfigError(f"--forced scores tasks with one answer per sample (the niah tasks); {task}'s sample "
                               f"{instance.doc_id} has {len(answers)}")
-        context, continuation = lm._encode_pair(instance.args[0], built.config.target_delimiter + answers[0])
-        [(logprob, greedy)] = lm._loglikelihood_tokens([(None, context, continuation)])
+        prompt, delimiter = instance.args[0], built.config.target_delimiter
+        control = control_answer(answers[0], prompt, instance.doc_id)
+        context, continuation = lm._encode_pair(prompt, delimiter + answers[0])
+        _, control_tokens = lm._encode_pair(prompt, delimiter + control)
+        (logprob, greedy), (control_logprob, _) = lm.score_continuations(context, [continuation, control_tokens])
         record["samples"].append({"doc_id": instance.doc_id, "answer": answers[0], "greedy": greedy,
-                                  "logprob": logprob, "answer_tokens": len(continuation),
-                                  "prompt_tokens": len(context)})
+                                  "logprob": logprob, "control": control, "control_logprob": control_logprob,
+                                  "gain": logprob - control_logprob, "answer_tokens": len(continuation),
+                                  "control_tokens": len(control_tokens), "prompt_tokens": len(context)})
         record["seconds"] = record.get("seconds", 0.0) + time.perf_counter() - started
         started = time.perf_counter()
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from commands import results_json
-from eval.stats import wilson_interval
+from eval.stats import draws_interval, wilson_interval
 from experiments.method_grid_report import name
 from experiments.real_model import machine
 
@@ -167,16 +167,21 @@ def forced_lines(forced: list[dict], cells: list[dict], trained: int) -> list[st
     generated = {(c["method"], c["task"], c["length"]): c for c in cells}
     lines = ["## The answer teacher-forced", "",
              "Each sample's answer scored after its prompt (`--forced`): counted when every answer token is the "
-             "model's most likely token given the prompt and the answer tokens before it. A method that reads the "
-             "needle but cannot generate past L passes this and fails the cell.", "",
-             "| method | task @ length | teacher-forced | generated (the cell) | seconds |", "|---|---|---:|---:|---:|"]
+             "model's most likely token given the prompt and the answer tokens before it; the gain is the answer's "
+             "log-probability minus that of a control answer of the same shape that the prompt does not hold (the "
+             "needle's own same-weights use), mean over the samples with its t 95% interval (each sample its own "
+             "haystack and needle). A method that reads the needle but cannot generate past L shows a gain and "
+             "fails the cell.", "",
+             "| method | task @ length | teacher-forced | gain over the control (nats) | generated (the cell) | "
+             "seconds |", "|---|---|---:|---:|---:|---:|"]
     for record in forced:
         k, n = sum(answered(s) for s in record["samples"]), len(record["samples"])
         rate = wilson_interval(k, n)
+        gain = draws_interval([s["gain"] for s in record["samples"] if "gain" in s])
         cell = generated.get((record["method"], record["task"], record["length"]))
         lines.append(f"| {name(record['method'])} | {record['task']} @ {record['length']:,} | {k}/{n} "
-                     f"[{rate.low:.2f}, {rate.high:.2f}] | {score_text(cell) if cell else ''} | "
-                     f"{record.get('seconds', 0):.0f} |")
+                     f"[{rate.low:.2f}, {rate.high:.2f}] | {gain.format(signed=True) if gain else ''} | "
+                     f"{score_text(cell) if cell else ''} | {record.get('seconds', 0):.0f} |")
     return lines + [""] + by_distance(forced, trained, "### Teacher-forced, by how far back the needle stands",
                                       "samples whose answer is the argmax")
 

@@ -44,6 +44,7 @@ except ImportError as error:  # an optional extra, like the real model
 from data.tokenizer import load_tokenizer
 from infer.generate import generate_tokens
 from model.checkpoint import load_model, trained_length
+from model.kv_cache import KVCache
 from model.methods import NONE, check_methods, method_spec
 from model.runtime import autocast, autocast_dtype, resolve_device
 
@@ -106,6 +107,27 @@ class PelabLM(TemplateLM):
         with autocast(self._device, self.amp):
             logits, _ = self.model(inputs, logits_to_keep=scored)
         return F.log_softmax(logits[0, -scored:].float(), dim=-1)
+
+    @torch.inference_mode()
+    def score_continuations(self, context: list[int], continuations: list[list[int]]) -> list[tuple[float, bool]]:
+        """(log-probability, every token the argmax) of each continuation after `context`: one forward over the
+        context into a KV cache, then each continuation's forward from the cache rewound to the context's end."""
+        longest = max(len(continuation) for continuation in continuations)
+        cache = KVCache.for_model(self.model.config, batch_size=1, max_len=len(context) + longest)
+        with autocast(self._device, self.amp):
+            logits, _ = self.model(torch.tensor([context], device=self._device), kv_cache=cache, logits_to_keep=1)
+            first = F.log_softmax(logits[0, -1:].float(), dim=-1)
+            results = []
+            for continuation in continuations:
+                cache.length = len(context)
+                logprobs = first
+                if len(continuation) > 1:
+                    logits, _ = self.model(torch.tensor([continuation[:-1]], device=self._device), kv_cache=cache)
+                    logprobs = torch.cat([first, F.log_softmax(logits[0].float(), dim=-1)])
+                target = torch.tensor(continuation, device=logprobs.device)
+                results.append((float(logprobs.gather(1, target[:, None]).sum()),
+                                bool((logprobs.argmax(-1) == target).all())))
+        return results
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
         results = []

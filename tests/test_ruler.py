@@ -113,6 +113,17 @@ def test_the_answer_teacher_forced_after_the_cells_own_prompt_scores_as_the_mode
     picked = logprobs.gather(1, torch.tensor(continuation)[:, None]).sum()
     assert forced["samples"][0]["logprob"] == pytest.approx(float(picked), abs=1e-4)
     assert forced["samples"][0]["greedy"] == bool((logprobs.argmax(-1) == torch.tensor(continuation)).all())
+    # the control answer: the answer's shape, nowhere in the prompt, scored after the same prompt
+    control = forced["samples"][0]["control"]
+    assert len(control) == len(first.doc["outputs"][0]) and control not in first.args[0]
+    assert all(a.isdigit() == b.isdigit() for a, b in zip(control, first.doc["outputs"][0]))
+    _, control_tokens = lm._encode_pair(first.args[0], " " + control)
+    with torch.no_grad():
+        logits, _ = lm.model(torch.tensor([context + control_tokens[:-1]]))
+    picked = torch.log_softmax(logits[0, len(context) - 1:].float(), -1).gather(
+        1, torch.tensor(control_tokens)[:, None]).sum()
+    assert forced["samples"][0]["control_logprob"] == pytest.approx(float(picked), abs=1e-4)
+    assert forced["samples"][0]["gain"] == pytest.approx(forced["samples"][0]["logprob"] - float(picked), abs=1e-4)
     assert "## The answer teacher-forced" in (out / "report.md").read_text()
     assert main(common + ["--forced"]) == 0  # every sample done: nothing scored again
     assert json.loads((out / "forced" / "none" / "niah_single_1@512.json").read_text())["seconds"] == forced["seconds"]
