@@ -6,9 +6,22 @@ is a tensor, so every single-token step has the same shapes and a compiled step 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
 from errors import ConfigError
+
+
+@dataclass
+class Derived:
+    """A backend's tensor derived from a layer's cached keys or values, (batch, heads, max_len, dim): its first
+    `valid` slots hold, computed with `tables` (what the derivation read besides the cache, to be compared)."""
+
+    buffer: torch.Tensor
+    valid: int = 0
+    tables: tuple = ()
 
 
 class KVCache:
@@ -36,6 +49,9 @@ class KVCache:
         # An encoding's own per-token tensors, (batch, channels, max_len) per (layer, name): what it computed from
         # each cached token's content (FoX's forget gates), kept beside its key.
         self.extras: dict[tuple[int, str], torch.Tensor] = {}
+        # What an attention backend derives from a layer's cached keys and values and keeps between forwards (the
+        # merged path's keys encoded per pass), layer -> name -> Derived; a write at a slot invalidates it from there.
+        self.derived: dict[int, dict[Any, Derived]] = {}
 
     @classmethod
     def for_model(cls, config, batch_size: int, max_len: int) -> "KVCache":
@@ -69,6 +85,7 @@ class KVCache:
         """Write new (batch, kv_heads, time, head_dim) keys/values after the cached ones; return all of them."""
         end = self.length + keys.shape[2]
         self.check_room(end)
+        self.invalidate(layer, self.length)
         self.allocate(keys, values)
         self.keys[layer, :, :, self.length : end] = keys
         self.values[layer, :, :, self.length : end] = values
@@ -77,7 +94,13 @@ class KVCache:
     def rewrite_keys(self, layer: int, keys: torch.Tensor) -> None:
         """Replace the keys of this forward's slots and all before them (batch, kv_heads, keys, head_dim): an
         encoding whose cached keys change with every new token (PaTH) writes them back."""
+        self.invalidate(layer, 0)
         self.keys[layer, :, :, : keys.shape[2]] = keys
+
+    def invalidate(self, layer: int, slot: int) -> None:
+        """What was derived from this layer's slots from `slot` on no longer holds (they are being written)."""
+        for derived in self.derived.get(layer, {}).values():
+            derived.valid = min(derived.valid, slot)
 
     def update_extra(self, layer: int, name: str, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write an encoding's per-token tensor (batch, channels, time) of the new tokens after the cached ones;

@@ -95,3 +95,38 @@ def test_a_pass_runs_over_the_keys_every_row_owns_unmasked_and_masks_only_its_ed
     far = (rows - keys >= window)[None, None]  # keys 0..7: every row owns 0-4
     assert key_parts(far) == [(0, 5, False), (5, 8, True)]
     assert key_parts(torch.zeros(1, 1, 4, 16, dtype=torch.bool)) == []
+
+
+def test_decoding_keeps_each_pass_encoded_keys_in_the_cache_and_equals_the_full_forward():
+    from model.kv_cache import KVCache
+    model = Transformer(micro_config(max_seq_len=8, n_kv_heads=2, attention_methods=[
+        {"method": "selfextend", "neighbors": 6, "group": 3}])).eval()
+    idx = torch.randint(0, 97, (1, 30))
+    with torch.no_grad():
+        full = model(idx)[0]
+        cache = KVCache.for_model(model.config, batch_size=1, max_len=30)
+        steps = [model(idx[:, :20], kv_cache=cache)[0][:, -1]]
+        kept = cache.derived[0][0]
+        assert kept.valid == 20 and kept.buffer.shape[1] == model.config.n_heads  # repeated for the query heads
+        buffer = kept.buffer.clone()
+        for t in range(20, 30):
+            steps.append(model(idx[:, t:t + 1], kv_cache=cache)[0][:, -1])
+        assert cache.derived[0][0].valid == 30
+        assert torch.equal(cache.derived[0][0].buffer[:, :, :20], buffer[:, :, :20])  # encoded once, then kept
+    assert kinds(model) == {MERGED}
+    assert (torch.stack(steps[1:], 1) - full[:, 20:30]).abs().max() < 2e-5
+    assert (steps[0] - full[:, 19]).abs().max() < 2e-5
+
+
+def test_a_rewound_cache_encodes_the_rewritten_slots_again():
+    from model.kv_cache import KVCache
+    model = Transformer(micro_config(max_seq_len=8, n_kv_heads=2, attention_methods=[
+        {"method": "string", "shift": 5, "local": 2}])).eval()
+    first, second = torch.randint(0, 97, (1, 24)), torch.randint(0, 97, (1, 6))
+    with torch.no_grad():
+        cache = KVCache.for_model(model.config, batch_size=1, max_len=30)
+        model(first, kv_cache=cache)
+        cache.length = 18  # rewound: slots 18.. are written again with other tokens
+        rewritten = model(second, kv_cache=cache)[0]
+        reference = model(torch.cat([first[:, :18], second], 1))[0][:, 18:]
+    assert (rewritten - reference).abs().max() < 2e-5

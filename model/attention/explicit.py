@@ -84,12 +84,16 @@ class Explicit(Backend):
 def encoded_passes(inputs, k: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(queries, keys) encoded for each of an attention method's passes, once for all chunks, with the method's
     query scale (logn) on each pass's encoded queries."""
-    encoding = inputs.encoding
-    encoded = [(encoding.encode_queries(inputs.q, state), encoding.encode_keys(k, state))
-               for state in inputs.pass_states]
+    return [(q_pass, inputs.encoding.encode_keys(k, state))
+            for q_pass, state in zip(encoded_queries(inputs), inputs.pass_states)]
+
+
+def encoded_queries(inputs) -> list[torch.Tensor]:
+    """The queries encoded for each of an attention method's passes, with its query scale (logn)."""
+    queries = [inputs.encoding.encode_queries(inputs.q, state) for state in inputs.pass_states]
     if inputs.pass_scale is not None:
-        encoded = [(q_pass * inputs.pass_scale.to(q_pass.dtype), k_pass) for q_pass, k_pass in encoded]
-    return encoded
+        queries = [q_pass * inputs.pass_scale.to(q_pass.dtype) for q_pass in queries]
+    return queries
 
 
 def logits(layer, q: torch.Tensor, k: torch.Tensor, encoding, state: Any, rows: slice, keys: slice) -> torch.Tensor:

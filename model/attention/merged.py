@@ -15,6 +15,11 @@ CPU attention kernel, which returns its log-sum-exp (torch.ops.aten._scaled_dot_
 the public SDPA does not return it, and compiled FlexAttention on the CPU refuses return_lse). A row that owns no
 key in a masked part gets output 0 and log-sum-exp 0 from the kernel, so its weight is set to 0 here.
 
+Each pass encodes every key at its own positions, so a decoding step would encode every cached key again; with a
+KV cache the encoded keys (and the values repeated for the query heads) are kept in it between forwards
+(KVCache.derived), and a step encodes its new key only, while the slots before it are unwritten and the encoding's
+key tables there unchanged.
+
 Only for encodings that add nothing to the scores (RoPE, xPos), forwards without gradients, on the CPU, with no
 diagnostic reading the probabilities; the explicit backend stays the reference (parity: tests/test_pass_merge.py).
 """
@@ -25,9 +30,10 @@ from dataclasses import dataclass, field
 import torch
 
 from model.attention.chunks import chunks, effective_window, repeat_heads
-from model.attention.explicit import encoded_passes
+from model.attention.explicit import encoded_queries
 from model.attention.registry import TRAIN, Backend, Workload, register_backend
 from model.encodings import FUSED
+from model.kv_cache import Derived
 
 KERNEL = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
@@ -61,19 +67,58 @@ class Merged(Backend):
         return next((reason for failed, reason in checks if failed), None)
 
     def attend(self, layer, inputs) -> torch.Tensor:
-        # Each pass's keys encoded on the key heads, then repeated for the query heads (encoding is per head, so
-        # this equals encoding the repeated keys, at a third of the cost on SmolLM2, where decoding encodes every
-        # cached key again at each step), and cast once to the queries' dtype, which the kernel wants.
-        heads = inputs.q.shape[1]
-        encoded = [(q_pass, repeat_heads(k_pass.to(q_pass.dtype), heads))
-                   for q_pass, k_pass in encoded_passes(inputs, inputs.k)]
-        v = repeat_heads(inputs.v.to(encoded[0][0].dtype), heads)
+        queries = encoded_queries(inputs)
+        dtype, heads = queries[0].dtype, inputs.q.shape[1]
+        encoded = [(q_pass, pass_keys(inputs, layer.layer_index, index, state, dtype, heads))
+                   for index, (q_pass, state) in enumerate(zip(queries, inputs.pass_states))]
+        v = kept(inputs, layer.layer_index, "values", (), lambda start: repeat_heads(
+            inputs.v[:, :, start:].to(dtype), heads), dtype, heads)
         outputs = []
         for rows, keys, parts in chunk_plan(inputs, effective_window(layer.window, inputs), layer.chunk):
             outputs.append(merge_parts(
                 [q_pass[:, :, rows] for q_pass, _ in encoded], [k_pass[:, :, keys] for _, k_pass in encoded],
                 v[:, :, keys], parts, layer.score_scale))
         return (torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]).to(inputs.v.dtype)
+
+
+def pass_keys(inputs, layer: int, index: int, state, dtype: torch.dtype, heads: int) -> torch.Tensor:
+    """Pass `index`'s keys encoded, in the queries' dtype (the kernel's), repeated for the query heads that share
+    them: encoded on the key heads (encoding is per head, so this equals encoding the repeated keys), and with a KV
+    cache kept in it between forwards (kept), so that a decoding step encodes its new key only, not every cached one
+    again at each step."""
+    encoding = inputs.encoding
+    tables = encoding.key_tables(state)
+    if tables is not None and any(table.shape[-2] != inputs.k.shape[2] for table in tables):
+        tables = None
+    return kept(inputs, layer, index, tables, lambda start: repeat_heads(encoding.encode_keys(
+        inputs.k[:, :, start:], encoding.keys_from(state, start) if start else state).to(dtype), heads), dtype, heads)
+
+
+def kept(inputs, layer: int, name, tables: tuple | None, compute, dtype: torch.dtype, heads: int) -> torch.Tensor:
+    """compute(start) for the cached slots from `start` on, (batch, heads, slots - start, dim), joined to what an
+    earlier forward of the same KV cache computed for the slots before it: the slots it computed, while none has
+    been written since (KVCache.invalidate) and `tables` (what the computation reads besides the cache) are unchanged
+    there. Everything computed afresh without a cache that keeps it (none, static), or with tables None."""
+    cache, slots = inputs.kv_cache, inputs.k.shape[2]
+    if cache is None or cache.static or tables is None:
+        return compute(0)
+    derived = cache.derived.setdefault(layer, {}).get(name)
+    start = 0
+    if derived is not None and derived.buffer.dtype == dtype and derived.buffer.shape[1] == heads:
+        start = min(derived.valid, slots)
+        same = ("same tables", name, start, tuple(id(table) for table in derived.tables))
+        memo = inputs.methods.memo
+        if same not in memo:  # the tables are the forward's, shared by the layers: compared once
+            memo[same] = all(torch.equal(old[..., :start, :], new[..., :start, :])
+                             for old, new in zip(derived.tables, tables))
+        start = start if memo[same] else 0
+    fresh = compute(start)
+    if derived is None or derived.buffer.dtype != dtype or derived.buffer.shape[1] != heads:
+        buffer = fresh.new_empty(fresh.shape[0], heads, cache.max_len, fresh.shape[-1])
+        derived = cache.derived[layer][name] = Derived(buffer)
+    derived.buffer[:, :, start:slots] = fresh
+    derived.valid, derived.tables = slots, tables
+    return derived.buffer[:, :, :slots]
 
 
 @dataclass

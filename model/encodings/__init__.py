@@ -265,6 +265,15 @@ class PositionEncoding(nn.Module):
     def encode_keys(self, k: torch.Tensor, state: Any) -> torch.Tensor:
         return k
 
+    def key_tables(self, state: Any) -> tuple[torch.Tensor, ...] | None:
+        """The tensors besides the keys that encode_keys reads, key time at dim -2, such that keys with equal
+        tables encode equally (a backend may then keep encoded keys between forwards); None: not in parts."""
+        return None
+
+    def keys_from(self, state: Any, start: int) -> Any:
+        """The state that encodes the keys from `start` on (for an encoding with key_tables)."""
+        raise NotImplementedError(f"{type(self).__name__} does not encode keys in parts")
+
     def attention_scores(self, q: torch.Tensor, k: torch.Tensor, state: Any, layer: int, rows: slice,
                          keys: slice) -> torch.Tensor:
         """For `own_scores`: the logits (batch, heads, len(rows), len(keys)), at least float32, of the query rows

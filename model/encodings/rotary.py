@@ -173,6 +173,12 @@ class RoPE(PositionEncoding):
     def encode_keys(self, k: torch.Tensor, state: RopeState) -> torch.Tensor:
         return self.rotate(k, state.k_cos, state.k_sin)
 
+    def key_tables(self, state: Any) -> tuple[torch.Tensor, ...] | None:
+        return (state.k_cos, state.k_sin) if isinstance(state, RopeState) else None
+
+    def keys_from(self, state: RopeState, start: int) -> RopeState:
+        return RopeState(state.q_cos, state.q_sin, state.k_cos[..., start:, :], state.k_sin[..., start:, :])
+
 
 def xpos_zeta(rotated: int) -> torch.Tensor:
     """torchscale's XPOS decay rates, one per rotated pair: zeta_i = (2i + 0.4 d) / (1.4 d), in (0.28, 1)."""
