@@ -103,8 +103,18 @@ def needle_distances(checkpoint: str, task: str, length: int, samples: int) -> d
     return found
 
 
-def forced_path(out: Path, method: str, task: str, length: int) -> Path:
-    return out / "forced" / method / f"{task}@{length}.json"
+def forced_path(out: Path, method: str, task: str, length: int, cue: str = "question") -> Path:
+    return out / ("forced" if cue == "question" else f"forced-{cue}") / method / f"{task}@{length}.json"
+
+
+def needle_cue(prompt: str, answer: str) -> str:
+    """The needle's own words before its answer: from the sentence boundary before the answer's first place in the
+    prompt up to it ("One of the special magic numbers for X is:")."""
+    where = prompt.find(answer)
+    if where < 0:
+        raise ConfigError(f"the answer {answer!r} is not in the prompt: no needle to take the words of")
+    start = max(prompt.rfind(mark, 0, where) for mark in (". ", ".\n", "\n"))
+    return prompt[start + 1 if start >= 0 else 0:where].strip()
 
 
 def control_answer(answer: str, prompt: str, seed: int) -> str:
@@ -121,15 +131,19 @@ def control_answer(answer: str, prompt: str, seed: int) -> str:
             return control
 
 
-def forced_answers(lm, checkpoint: str, task: str, length: int, samples: int, path: Path) -> dict:
+def forced_answers(lm, checkpoint: str, task: str, length: int, samples: int, path: Path,
+                   cue: str = "question") -> dict:
     """Each sample's answer teacher-forced after its prompt (the prompt the cell's model was given): whether every
     answer token is the model's most likely token given the prompt and the answer tokens before it, the answer's
     log-probability, and that of a control answer of the same shape found nowhere in the prompt (control_answer).
     The gain, answer minus control, is the needle's own same-weights use: above 0 when the model reads the needle,
-    however badly it generates. Rows are written as they come (path), so an interrupted run continues."""
+    however badly it generates. cue "needle": the prompt is followed by the needle's own words before its answer
+    (needle_cue), so that the answer is a verbatim copy, as a copied passage is for use, rather than an answer to a
+    question worded otherwise. Rows are written as they come (path), so an interrupted run continues."""
     built = built_task(checkpoint, task, length)
     built.build_all_requests(limit=samples)
-    record = json.loads(path.read_text()) if path.exists() else {"task": task, "length": length, "samples": []}
+    record = json.loads(path.read_text()) if path.exists() else {"task": task, "length": length, "cue": cue,
+                                                                   "samples": []}
     done = {row["doc_id"] for row in record["samples"]}
     started = time.perf_counter()
     for instance in sorted(built.instances, key=lambda one: one.doc_id):
@@ -140,6 +154,8 @@ def forced_answers(lm, checkpoint: str, task: str, length: int, samples: int, pa
             raise ConfigError(f"--forced scores tasks with one answer per sample (the niah tasks); {task}'s sample "
                               f"{instance.doc_id} has {len(answers)}")
         prompt, delimiter = instance.args[0], built.config.target_delimiter
+        if cue == "needle":
+            prompt = prompt + delimiter + needle_cue(instance.doc["input"], answers[0])
         control = control_answer(answers[0], prompt, instance.doc_id)
         context, continuation = lm._encode_pair(prompt, delimiter + answers[0])
         _, control_tokens = lm._encode_pair(prompt, delimiter + control)
@@ -159,7 +175,7 @@ def annotate_needles(out: Path, checkpoint: str) -> None:
     """Add to each needle cell's samples how far back its needle stands (needle_distances), once: the samples are
     the same for every method, so each (task, length) is generated once, and a sample whose answer differs from the
     cell's target is refused rather than annotated."""
-    paths = sorted((out / "cells").glob("*/niah_*@*.json")) + sorted((out / "forced").glob("*/niah_*@*.json"))
+    paths = sorted((out / "cells").glob("*/niah_*@*.json")) + sorted(out.glob("forced*/*/niah_*@*.json"))
     pending = {path: json.loads(path.read_text()) for path in paths}
     pending = {path: cell for path, cell in pending.items()
                if cell["samples"] and not all("needle_back" in sample for sample in cell["samples"])}
@@ -219,6 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--forced", action="store_true",
                         help="instead of the cells: each needle sample's answer teacher-forced after its prompt "
                              "(OUT/forced), to tell reading the needle from generating the answer")
+    parser.add_argument("--cue", choices=("question", "needle"), default="question",
+                        help="with --forced: the answer after the task's own question (question), or after the "
+                             "question and the needle's own words before its answer (needle: a verbatim copy, "
+                             "OUT/forced-needle)")
     parser.add_argument("--report-only", action="store_true", help="run nothing: write the report from OUT/cells")
     parser.add_argument("--minutes", type=float, default=600.0, help="start no new cell after this many minutes")
     add_out(parser, "output folder (required)", type=Path)
@@ -264,10 +284,10 @@ def main(argv: list[str] | None = None) -> int:
                 for length in lengths:
                     if time.perf_counter() > deadline:
                         continue
-                    record = forced_answers(lm, args.checkpoint, task, length, args.samples,
-                                            forced_path(args.out, name, task, length))
+                    path = forced_path(args.out, name, task, length, args.cue)
+                    record = forced_answers(lm, args.checkpoint, task, length, args.samples, path, args.cue)
                     record.update(method=name, set_for=set_for)
-                    forced_path(args.out, name, task, length).write_text(results_json(record))
+                    path.write_text(results_json(record))
                     print(f"{name} {task}@{length} teacher-forced: {sum(s['greedy'] for s in record['samples'])} of "
                           f"{len(record['samples'])}", flush=True)
         annotate_needles(args.out, args.checkpoint)

@@ -172,14 +172,17 @@ def forced_lines(forced: list[dict], cells: list[dict], trained: int) -> list[st
              "needle's own same-weights use), mean over the samples with its t 95% interval (each sample its own "
              "haystack and needle). A method that reads the needle but cannot generate past L shows a gain and "
              "fails the cell.", "",
-             "| method | task @ length | teacher-forced | gain over the control (nats) | generated (the cell) | "
-             "seconds |", "|---|---|---:|---:|---:|---:|"]
+             "The cue: the task's own question, or the question followed by the needle's own words before its "
+             "answer (`--cue needle`: the answer a verbatim copy, as a copied passage is for use).", "",
+             "| method | task @ length | cue | teacher-forced | gain over the control (nats) | generated (the cell) | "
+             "seconds |", "|---|---|---|---:|---:|---:|---:|"]
     for record in forced:
         k, n = sum(answered(s) for s in record["samples"]), len(record["samples"])
         rate = wilson_interval(k, n)
         gain = draws_interval([s["gain"] for s in record["samples"] if "gain" in s])
         cell = generated.get((record["method"], record["task"], record["length"]))
-        lines.append(f"| {name(record['method'])} | {record['task']} @ {record['length']:,} | {k}/{n} "
+        lines.append(f"| {name(record['method'])} | {record['task']} @ {record['length']:,} | "
+                     f"{record.get('cue', 'question')} | {k}/{n} "
                      f"[{rate.low:.2f}, {rate.high:.2f}] | {gain.format(signed=True) if gain else ''} | "
                      f"{score_text(cell) if cell else ''} | {record.get('seconds', 0):.0f} |")
     return lines + [""] + by_distance(forced, trained, "### Teacher-forced, by how far back the needle stands",
@@ -267,7 +270,7 @@ def write_report(out: Path, use_results: Path | None = None, length: int | None 
                 else "" for col in columns) + " |")
         lines.append("")
         lines += by_distance(cells, trained)
-    forced = [json.loads(path.read_text()) for path in sorted((out / "forced").glob("*/*@*.json"))]
+    forced = [json.loads(path.read_text()) for path in sorted(out.glob("forced*/*/*@*.json"))]
     lines += forced_lines(forced, cells, trained)
     if parity:
         lines += ["## Parity with lm-eval's hf model on the same weights", "",

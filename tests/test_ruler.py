@@ -126,4 +126,15 @@ def test_the_answer_teacher_forced_after_the_cells_own_prompt_scores_as_the_mode
     assert forced["samples"][0]["gain"] == pytest.approx(forced["samples"][0]["logprob"] - float(picked), abs=1e-4)
     assert "## The answer teacher-forced" in (out / "report.md").read_text()
     assert main(common + ["--forced"]) == 0  # every sample done: nothing scored again
+    # the needle's own words as the cue: the answer a verbatim copy of the needle's
+    from experiments.ruler import needle_cue
+    assert needle_cue("Grass. The sky is blue. One of the numbers for cat is: 123. More.", "123") == \
+        "One of the numbers for cat is:"
+    assert main(common + ["--forced", "--cue", "needle"]) == 0
+    verbatim = json.loads((out / "forced-needle" / "none" / "niah_single_1@512.json").read_text())
+    assert verbatim["cue"] == "needle" and len(verbatim["samples"]) == 2
+    cue = needle_cue(first.doc["input"], first.doc["outputs"][0])
+    assert cue.endswith("is:") and first.doc["outputs"][0] not in cue
+    assert verbatim["samples"][0]["prompt_tokens"] > forced["samples"][0]["prompt_tokens"]
+    assert "| needle |" in (out / "report.md").read_text()
     assert json.loads((out / "forced" / "none" / "niah_single_1@512.json").read_text())["seconds"] == forced["seconds"]
