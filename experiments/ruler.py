@@ -132,7 +132,7 @@ def control_answer(answer: str, prompt: str, seed: int) -> str:
 
 
 def forced_answers(lm, checkpoint: str, task: str, length: int, samples: int, path: Path,
-                   cue: str = "question") -> dict:
+                   cue: str = "question", method: str = NONE) -> dict:
     """Each sample's answer teacher-forced after its prompt (the prompt the cell's model was given): whether every
     answer token is the model's most likely token given the prompt and the answer tokens before it, the answer's
     log-probability, and that of a control answer of the same shape found nowhere in the prompt (control_answer).
@@ -142,8 +142,8 @@ def forced_answers(lm, checkpoint: str, task: str, length: int, samples: int, pa
     question worded otherwise. Rows are written as they come (path), so an interrupted run continues."""
     built = built_task(checkpoint, task, length)
     built.build_all_requests(limit=samples)
-    record = json.loads(path.read_text()) if path.exists() else {"task": task, "length": length, "cue": cue,
-                                                                   "samples": []}
+    record = json.loads(path.read_text()) if path.exists() else {"method": method, "task": task, "length": length,
+                                                                   "cue": cue, "samples": []}
     done = {row["doc_id"] for row in record["samples"]}
     started = time.perf_counter()
     for instance in sorted(built.instances, key=lambda one: one.doc_id):
@@ -285,8 +285,8 @@ def main(argv: list[str] | None = None) -> int:
                     if time.perf_counter() > deadline:
                         continue
                     path = forced_path(args.out, name, task, length, args.cue)
-                    record = forced_answers(lm, args.checkpoint, task, length, args.samples, path, args.cue)
-                    record.update(method=name, set_for=set_for)
+                    record = forced_answers(lm, args.checkpoint, task, length, args.samples, path, args.cue, name)
+                    record.update(set_for=set_for)
                     path.write_text(results_json(record))
                     print(f"{name} {task}@{length} teacher-forced: {sum(s['greedy'] for s in record['samples'])} of "
                           f"{len(record['samples'])}", flush=True)

@@ -270,7 +270,8 @@ def write_report(out: Path, use_results: Path | None = None, length: int | None 
                 else "" for col in columns) + " |")
         lines.append("")
         lines += by_distance(cells, trained)
-    forced = [json.loads(path.read_text()) for path in sorted(out.glob("forced*/*/*@*.json"))]
+    forced = [{"method": path.parent.name, **json.loads(path.read_text())}
+              for path in sorted(out.glob("forced*/*/*@*.json"))]
     lines += forced_lines(forced, cells, trained)
     if parity:
         lines += ["## Parity with lm-eval's hf model on the same weights", "",
