@@ -58,7 +58,15 @@ def spearman(a: list[float], b: list[float]) -> float | None:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
-def spearman_p(a: list[float], b: list[float], draws: int = 200_000, seed: int = 0) -> float | None:
+PERMUTATION_DRAWS = 200_000
+
+
+def p_text(p: float) -> str:
+    """'= 0.012', or for a share of random orders of which none reached the observed value, '< 1 / draws'."""
+    return f"< {1 / PERMUTATION_DRAWS:.0e}" if p == 0 else f"= {p:.3f}" if p >= 0.001 else f"= {p:.1e}"
+
+
+def spearman_p(a: list[float], b: list[float], draws: int = PERMUTATION_DRAWS, seed: int = 0) -> float | None:
     """One-sided p-value of Spearman's rank correlation being as large as observed when the pairing is random: the
     share of the orders of `b`'s ranks (ties kept at their mean rank) whose correlation with `a`'s ranks is at least
     the observed one. Every order for up to 9 methods (9! = 362,880), else `draws` random ones."""
@@ -156,7 +164,9 @@ def by_distance(cells: list[dict], trained: int, title: str = "## By how far bac
         for lo, hi in bins:
             inside = [s for s in cell["samples"] if lo <= s["needle_back"] < hi]
             counts.append(f"{sum(answered(s) for s in inside)}/{len(inside)}" if inside else "")
-        lines.append(f"| {name(cell['method'])} | {cell['task']} @ {cell['length']:,} | " + " | ".join(counts) + " |")
+        cue = " (needle cue)" if cell.get("cue") == "needle" else ""
+        lines.append(f"| {name(cell['method'])}{cue} | {cell['task']} @ {cell['length']:,} | " + " | ".join(counts)
+                     + " |")
     return lines + [""]
 
 
@@ -294,10 +304,10 @@ def write_report(out: Path, use_results: Path | None = None, length: int | None 
                   f"Across the {len(correlation[0]['methods'])} methods with both: the share of needle samples "
                   f"answered in full at {longest:,} tokens (niah tasks, mean over tasks) against use in the windows "
                   "of experiments.method_grid (mean over its texts), read two ways. Spearman's rank correlation, and "
-                  "how often a random pairing of the methods gives one as large (one-sided, every order of the "
-                  "methods):", ""]
+                  "how often a random pairing of the methods gives one as large (one-sided; every order of up to 9 "
+                  f"methods, else {PERMUTATION_DRAWS:,} random orders):", ""]
         lines += [f"- use {row['use']}: " + ("undefined (one of them constant)" if row["spearman"] is None else
-                                             f"{row['spearman']:+.2f}, p = {row['p']:.3f}") for row in correlation]
+                                             f"{row['spearman']:+.2f}, p {p_text(row['p'])}") for row in correlation]
         lines += ["", "| method | RULER (share answered in full) | " + " | ".join(
             f"use {row['use']} (nats)" for row in correlation) + " |", "|---|---:|" + "---:|" * len(correlation)]
         for index, method in enumerate(correlation[0]["methods"]):
