@@ -213,13 +213,16 @@ PUBLISHED = [
 
 
 def needle_shares(cells: list[dict], length: int) -> dict[str, float]:
-    """method -> the share of needle samples answered in full at `length` (the mean over its niah tasks)."""
-    rates: dict[str, list[float]] = {}
+    """method -> the share of needle samples answered in full at `length`, the mean over the niah tasks that every
+    method with a niah cell there has (so that no method's share mixes in a task the others were not asked)."""
+    rates: dict[str, dict[str, float]] = {}
     for cell in cells:
         if cell["length"] == length and cell["task"].startswith("niah"):
             k, n = full(cell)
-            rates.setdefault(cell["method"], []).append(k / n)
-    return {method: float(np.mean(values)) for method, values in rates.items()}
+            rates.setdefault(cell["method"], {})[cell["task"]] = k / n
+    shared = set.intersection(*(set(tasks) for tasks in rates.values())) if rates else set()
+    return {method: float(np.mean([tasks[task] for task in sorted(shared)])) for method, tasks in rates.items()
+            if shared}
 
 
 def correlate(shares: dict[str, float], use: dict[str, dict[str, dict[int, float]]]) -> list[dict]:
@@ -302,7 +305,8 @@ def write_report(out: Path, use_results: Path | None = None, length: int | None 
     if correlation:
         lines += ["## RULER against same-weights use", "",
                   f"Across the {len(correlation[0]['methods'])} methods with both: the share of needle samples "
-                  f"answered in full at {longest:,} tokens (niah tasks, mean over tasks) against use in the windows "
+                  f"answered in full at {longest:,} tokens (mean over the niah tasks every method was asked) against use "
+                  "in the windows "
                   "of experiments.method_grid (mean over its texts), read two ways. Spearman's rank correlation, and "
                   "how often a random pairing of the methods gives one as large (one-sided; every order of up to 9 "
                   f"methods, else {PERMUTATION_DRAWS:,} random orders):", ""]

@@ -297,6 +297,18 @@ def test_published_orderings_are_held_against_the_labs_by_pairs_ordered_alike():
     assert all(len(row["methods"]) >= 2 for row in rows)
 
 
+def test_needle_shares_average_only_the_tasks_every_method_was_asked():
+    from experiments.ruler_report import needle_shares
+
+    def cell(method, task, k, length=16):
+        return {"method": method, "task": task, "length": length,
+                "samples": [{"score": 1.0}] * k + [{"score": 0.5}] * (4 - k)}
+    cells = [cell("a", "niah_single_1", 4), cell("a", "niah_multikey_2", 0), cell("b", "niah_single_1", 2),
+             cell("b", "ruler_vt", 4), cell("c", "niah_single_1", 1, length=8)]
+    assert needle_shares(cells, 16) == {"a": 1.0, "b": 0.5}  # niah_multikey_2 only a has; vt is no needle task
+    assert needle_shares(cells + [cell("b", "niah_multikey_2", 4)], 16) == {"a": 0.5, "b": 0.75}
+
+
 def test_ruler_is_held_against_use_over_the_windows_distances_and_at_the_farthest():
     from experiments.ruler_report import correlate, ordering
     use = {"a": {"book": {100: 2.0, 300: 0.0}}, "b": {"book": {100: 0.5, 300: 0.4}},
