@@ -275,30 +275,25 @@ def main(argv: list[str] | None = None) -> int:
                                                max_length=max(set_for, max(lengths)), dtype=args.dtype)),
                        ("hf-yarn", lambda: hf_model(str(yarn_folder(folder, factor, trained)),
                                                     max(set_for, max(lengths)), args.dtype))]
-    if args.forced:
-        if args.parity:
-            raise ConfigError("--forced scores pelab's methods; run --parity separately")
-        for name, build in models:
-            lm = build()
-            for task in comma_list(args.tasks):
-                for length in lengths:
-                    if time.perf_counter() > deadline:
-                        continue
-                    path = forced_path(args.out, name, task, length, args.cue)
-                    record = forced_answers(lm, args.checkpoint, task, length, args.samples, path, args.cue, name)
-                    record.update(set_for=set_for)
-                    path.write_text(results_json(record))
-                    print(f"{name} {task}@{length} teacher-forced: {sum(s['greedy'] for s in record['samples'])} of "
-                          f"{len(record['samples'])}", flush=True)
-        annotate_needles(args.out, args.checkpoint)
-        write_report(args.out, args.use_results, trained=trained)
-        return 0
+    if args.forced and args.parity:
+        raise ConfigError("--forced scores pelab's methods; run --parity separately")
     for name, build in dict(models).items():
         lm = None
         for task in comma_list(args.tasks):
             for length in lengths:
+                if time.perf_counter() > deadline:
+                    continue
+                if args.forced:
+                    lm = lm or build()
+                    path = forced_path(args.out, name, task, length, args.cue)
+                    record = forced_answers(lm, args.checkpoint, task, length, args.samples, path, args.cue, name)
+                    record.update(set_for=set_for)
+                    path.write_text(results_json(record))
+                    print(f"{name} {task}@{length} teacher-forced: {sum(s['greedy'] for s in record['samples'])} "
+                          f"of {len(record['samples'])}", flush=True)
+                    continue
                 path = cell_path(args.out, name, task, length)
-                if path.exists() or time.perf_counter() > deadline:
+                if path.exists():
                     continue
                 lm = lm or build()
                 [cell] = run_cell(lm, args.checkpoint, task, length, args.samples,
