@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from commands import results_json
-from eval.stats import draws_interval, wilson_interval
+from eval.stats import draws_interval, holm, wilson_interval
 from experiments.method_grid_report import name
 from experiments.real_model import machine
 
@@ -212,12 +212,13 @@ PUBLISHED = [
 ]
 
 
-def needle_shares(cells: list[dict], length: int) -> dict[str, float]:
-    """method -> the share of needle samples answered in full at `length`, the mean over the niah tasks that every
-    method with a niah cell there has (so that no method's share mixes in a task the others were not asked)."""
+def needle_shares(cells: list[dict], length: int, task: str | None = None) -> dict[str, float]:
+    """method -> the share of needle samples answered in full at `length`: of `task` alone, or (None) the mean over
+    the niah tasks that every method with a niah cell there has (so that no method's share mixes in a task the
+    others were not asked)."""
     rates: dict[str, dict[str, float]] = {}
     for cell in cells:
-        if cell["length"] == length and cell["task"].startswith("niah"):
+        if cell["length"] == length and cell["task"].startswith("niah") and task in (None, cell["task"]):
             k, n = full(cell)
             rates.setdefault(cell["method"], {})[cell["task"]] = k / n
     shared = set.intersection(*(set(tasks) for tasks in rates.values())) if rates else set()
@@ -225,18 +226,33 @@ def needle_shares(cells: list[dict], length: int) -> dict[str, float]:
             if shared}
 
 
-def correlate(shares: dict[str, float], use: dict[str, dict[str, dict[int, float]]]) -> list[dict]:
-    """Spearman's rank correlation, with its permutation p-value, of the needle shares against each summary of use
-    (USE_SUMMARIES), over the methods with both; none under three."""
-    shared = [m for m in shares if m in use]
-    if len(shared) < 3:
-        return []
-    ruler = [shares[m] for m in shared]
+def ruler_readings(cells: list[dict], length: int) -> dict[str, dict[str, float]]:
+    """How RULER is read for the correlation with use: the mean over the niah tasks every method was asked (the
+    first, the report's ranking) and, where that is more than one task, each of them alone."""
+    pooled = needle_shares(cells, length)
+    asked = {(c["method"], c["task"]) for c in cells if c["length"] == length}
+    tasks = sorted({task for _, task in asked if task.startswith("niah") and all((m, task) in asked for m in pooled)})
+    if len(tasks) < 2:
+        return {tasks[0] if tasks else "niah": pooled}
+    return {"mean over " + " and ".join(tasks): pooled, **{task: needle_shares(cells, length, task) for task in tasks}}
+
+
+def correlate(readings: dict[str, dict[str, float]], use: dict[str, dict[str, dict[int, float]]]) -> list[dict]:
+    """Spearman's rank correlation, with its permutation p-value, of each reading of RULER (method -> share) against
+    each summary of use (USE_SUMMARIES), over the methods with both (none under three); `holm`: whether it survives
+    Holm's correction over every pair of readings tested, one-sided at 5%."""
     rows = []
-    for summary, read in USE_SUMMARIES.items():
-        reading = [read(use[m]) for m in shared]
-        rows.append({"use": summary, "methods": shared, "ruler": ruler, "reading": reading,
-                     "spearman": spearman(ruler, reading), "p": spearman_p(ruler, reading)})
+    for ruler_reading, shares in readings.items():
+        shared = [m for m in shares if m in use]
+        if len(shared) < 3:
+            continue
+        ruler = [shares[m] for m in shared]
+        for summary, read in USE_SUMMARIES.items():
+            reading = [read(use[m]) for m in shared]
+            rows.append({"ruler_reading": ruler_reading, "use": summary, "methods": shared, "ruler": ruler,
+                         "reading": reading, "spearman": spearman(ruler, reading), "p": spearman_p(ruler, reading)})
+    for row, survives in zip(rows, holm([row["p"] for row in rows], alpha=0.05)):
+        row["holm"] = survives
     return rows
 
 
@@ -300,23 +316,33 @@ def write_report(out: Path, use_results: Path | None = None, length: int | None 
                              f"{sample['pelab']!r}, hf {sample['hf']!r}")
         lines.append("")
     longest = length or max((c["length"] for c in cells), default=0)
-    shares = needle_shares(cells, longest)
-    correlation = correlate(shares, use_by_method(use_results))
+    readings = ruler_readings(cells, longest)
+    shares = next(iter(readings.values()))
+    correlation = correlate(readings, use_by_method(use_results))
     if correlation:
         lines += ["## RULER against same-weights use", "",
                   f"Across the {len(correlation[0]['methods'])} methods with both: the share of needle samples "
-                  f"answered in full at {longest:,} tokens (mean over the niah tasks every method was asked) against use "
-                  "in the windows "
-                  "of experiments.method_grid (mean over its texts), read two ways. Spearman's rank correlation, and "
-                  "how often a random pairing of the methods gives one as large (one-sided; every order of up to 9 "
-                  f"methods, else {PERMUTATION_DRAWS:,} random orders):", ""]
-        lines += [f"- use {row['use']}: " + ("undefined (one of them constant)" if row["spearman"] is None else
-                                             f"{row['spearman']:+.2f}, p {p_text(row['p'])}") for row in correlation]
-        lines += ["", "| method | RULER (share answered in full) | " + " | ".join(
-            f"use {row['use']} (nats)" for row in correlation) + " |", "|---|---:|" + "---:|" * len(correlation)]
-        for index, method in enumerate(correlation[0]["methods"]):
-            lines.append(f"| {name(method)} | {correlation[0]['ruler'][index]:.2f} | " + " | ".join(
-                f"{row['reading'][index]:+.3f}" for row in correlation) + " |")
+                  f"answered in full at {longest:,} tokens (the mean over the niah tasks every method was asked, and "
+                  "where that is more than one, each alone) against use in the windows of experiments.method_grid "
+                  "(mean over its texts), read two ways. Spearman's rank correlation, how often a random pairing of "
+                  "the methods gives one as large (one-sided; every order of up to 9 methods, else "
+                  f"{PERMUTATION_DRAWS:,} random orders), and whether it survives Holm's correction over the "
+                  f"{len(correlation)} pairs of readings at 5%:", "",
+                  "| RULER read as | use read as | Spearman | p | Holm |", "|---|---|---:|---:|---|"]
+        lines += [f"| {row['ruler_reading']} | {row['use']} | " + (
+            "undefined (one of them constant) | | |" if row["spearman"] is None else
+            f"{row['spearman']:+.2f} | {p_text(row['p']).removeprefix('= ')} | {'survives' if row['holm'] else 'does not'} |")
+            for row in correlation]
+        columns = [row for row in correlation if row["use"] == correlation[0]["use"]]
+        methods = correlation[0]["methods"]
+        lines += ["", "| method | " + " | ".join(f"RULER: {row['ruler_reading']}" for row in columns) + " | " +
+                  " | ".join(f"use {summary} (nats)" for summary in USE_SUMMARIES) + " |",
+                  "|---|" + "---:|" * (len(columns) + len(USE_SUMMARIES))]
+        for index, method in enumerate(methods):
+            ruler = [readings[row["ruler_reading"]].get(method) for row in columns]
+            lines.append(f"| {name(method)} | " + " | ".join("" if r is None else f"{r:.2f}" for r in ruler) + " | "
+                         + " | ".join(f"{row['reading'][index]:+.3f}" for row in correlation
+                                      if row["ruler_reading"] == correlation[0]["ruler_reading"]) + " |")
         lines.append("")
     published = published_rows(shares)
     if published:

@@ -309,16 +309,44 @@ def test_needle_shares_average_only_the_tasks_every_method_was_asked():
     assert needle_shares(cells + [cell("b", "niah_multikey_2", 4)], 16) == {"a": 0.5, "b": 0.75}
 
 
+def test_ruler_is_read_pooled_over_the_niah_tasks_and_each_alone_and_held_against_use_with_holm():
+    from experiments.ruler_report import correlate, ruler_readings
+
+    def cell(method, task, k, length=16):
+        return {"method": method, "task": task, "length": length,
+                "samples": [{"score": 1.0}] * k + [{"score": 0.5}] * (4 - k)}
+    methods = "abcdef"
+    cells = [cell(m, "niah_single_1", 4 - i * 4 // 6) for i, m in enumerate(methods)]
+    assert list(ruler_readings(cells, 16)) == ["niah_single_1"]  # one task: no pooled reading
+    cells += [cell(m, "niah_multikey_2", 0) for m in methods[:-1]]
+    assert list(ruler_readings(cells, 16)) == ["niah_single_1"]  # f was not asked niah_multikey_2
+    cells += [cell("f", "niah_multikey_2", 1), cell("a", "ruler_vt", 4)]
+    readings = ruler_readings(cells, 16)
+    pooled = "mean over niah_multikey_2 and niah_single_1"
+    assert list(readings) == [pooled, "niah_multikey_2", "niah_single_1"]
+    assert readings["niah_multikey_2"]["f"] == 0.25 and readings[pooled]["f"] == pytest.approx(
+        (0.25 + 1 / 4) / 2)
+    use = {m: {"book": {100: 6.0 - i, 300: 0.0}} for i, m in enumerate(methods)}
+    rows = correlate(readings, use)
+    assert len(rows) == 6
+    single = next(r for r in rows if r["ruler_reading"] == "niah_single_1" and r["use"] == "mean over the distances")
+    multikey = next(r for r in rows if r["ruler_reading"] == "niah_multikey_2" and r["use"] == "mean over the "
+                    "distances")
+    assert single["spearman"] > 0.9 and single["holm"]  # shares fall with use: 1/720-ish orders, passes Holm at 5%
+    assert multikey["spearman"] < 0 and not multikey["holm"]  # only the least-using method answers one
+
+
 def test_ruler_is_held_against_use_over_the_windows_distances_and_at_the_farthest():
     from experiments.ruler_report import correlate, ordering
     use = {"a": {"book": {100: 2.0, 300: 0.0}}, "b": {"book": {100: 0.5, 300: 0.4}},
            "c": {"book": {100: 0.1, 300: 0.0}, "other": {100: 0.3, 300: 0.2}}}
     shares = {"a": 0.9, "b": 0.5, "c": 0.0, "d": 1.0}  # d has no use: left out
-    mean, farthest = correlate(shares, use)
+    mean, farthest = correlate({"pooled": shares}, use)
     assert mean["methods"] == ["a", "b", "c"] and mean["reading"] == pytest.approx([1.0, 0.45, 0.15])
     assert mean["spearman"] == pytest.approx(1.0) and mean["p"] == pytest.approx(1 / 6)
     assert farthest["reading"] == pytest.approx([0.0, 0.4, 0.1]) and farthest["spearman"] == pytest.approx(-0.5)
-    assert correlate({"a": 1.0, "b": 0.0}, use) == []
+    assert not mean["holm"]  # 1/6 of the orders: no three methods can pass at 5%
+    assert correlate({"pooled": {"a": 1.0, "b": 0.0}}, use) == []
     assert ordering({"yarn": 48.25, "linear": 0.0, "none": 0.0}, ["linear", "yarn", "none"]) == \
         "YaRN 48.25 > PI (linear) 0 = plain RoPE 0"
 
