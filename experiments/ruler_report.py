@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from commands import results_json
-from eval.stats import draws_interval, holm, wilson_interval
+from eval.stats import Estimate, draws_interval, holm, wilson_interval
 from experiments.method_grid_report import name
 from experiments.real_model import machine
 
@@ -26,10 +26,22 @@ def full(cell: dict) -> tuple[int, int]:
     return sum(s["score"] == 1.0 for s in cell["samples"]), len(cell["samples"])
 
 
+def partial_score(cell: dict) -> Estimate | None:
+    """RULER's own score (string_match_all: the share of a sample's answers found, averaged over the samples) for a
+    task with several answers per sample (vt), with the Wilson 95% interval on the summed score: a score in [0, 1]
+    with mean p varies at most as a 0-or-1 one does, p(1 - p), so the interval is valid for it; None for one answer,
+    where it is the share answered in full."""
+    if not any(len(s["target"]) > 1 for s in cell["samples"] if isinstance(s.get("target"), list)):
+        return None
+    return wilson_interval(sum(s["score"] for s in cell["samples"]), len(cell["samples"]))
+
+
 def score_text(cell: dict) -> str:
     k, n = full(cell)
     rate = wilson_interval(k, n)
-    return f"{k}/{n} [{rate.low:.2f}, {rate.high:.2f}]"
+    text = f"{k}/{n} [{rate.low:.2f}, {rate.high:.2f}]"
+    partial = partial_score(cell)
+    return text if partial is None else text + f"; score {partial.mean:.2f} [{partial.low:.2f}, {partial.high:.2f}]"
 
 
 def seconds_text(cell: dict) -> str:
@@ -288,7 +300,9 @@ def write_report(out: Path, use_results: Path | None = None, length: int | None 
         first = cells[0]
         lines += [f"Machine: {machine()}. Methods set for {first['set_for']:,} tokens; {first['dtype']}; RULER's "
                   "own task files (lm-eval's), samples generated from the checkpoint's tokenizer (the same for every "
-                  "method). Score: samples answered in full, k of n, Wilson 95% interval; seconds per cell.", ""]
+                  "method). Score: samples answered in full, k of n, Wilson 95% interval; for a task with several answers "
+                  "a sample (vt), also RULER's own score (the share of its answers found, mean over the samples), "
+                  "with the Wilson interval on the summed score; seconds per cell.", ""]
         columns = sorted({(c["task"], c["length"]) for c in cells}, key=lambda key: (key[1], key[0]))
         by = {(c["method"], c["task"], c["length"]): c for c in cells}
         lines += ["| method | " + " | ".join(f"{task} @ {length:,}" for task, length in columns) + " |",

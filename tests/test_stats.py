@@ -309,6 +309,16 @@ def test_needle_shares_average_only_the_tasks_every_method_was_asked():
     assert needle_shares(cells + [cell("b", "niah_multikey_2", 4)], 16) == {"a": 0.5, "b": 0.75}
 
 
+def test_ruler_own_score_is_given_for_tasks_with_several_answers_with_a_bounded_interval():
+    from experiments.ruler_report import partial_score, score_text
+    vt = {"samples": [{"target": list("abcde"), "score": 0.2}] * 3 + [{"target": list("abcde"), "score": 0.0}] * 17}
+    score = partial_score(vt)
+    assert score.mean == pytest.approx(0.03) and 0 < score.low < 0.03 < score.high < 0.25
+    assert score_text(vt).startswith("0/20 [0.00, 0.16]; score 0.03 [")
+    needle = {"samples": [{"target": ["4430567"], "score": 1.0}] * 20}
+    assert partial_score(needle) is None and score_text(needle) == "20/20 [0.84, 1.00]"
+
+
 def test_ruler_is_read_pooled_over_the_niah_tasks_and_each_alone_and_held_against_use_with_holm():
     from experiments.ruler_report import correlate, ruler_readings
 
