@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sqlite3
 import sys
@@ -99,8 +100,22 @@ def needle_distances(checkpoint: str, task: str, length: int, samples: int) -> d
         text, answer = built.doc_to_text(doc), doc["outputs"][0]
         where = text.find(answer)
         if where >= 0:
-            found[doc_id] = {"answer": answer, "needle_back": len(tokenizer.encode(text[where:]))}
+            found[doc_id] = {"answer": answer, "needle_back": len(tokenizer.encode(text[where:])),
+                             "numbers": set(re.findall(r"\d+", text))}
     return found
+
+
+def response_value(response: str, answer: str, numbers: set[str]) -> str | None:
+    """What a needle sample's response gives for a numeric answer: "answer" (it holds the answer), "held" (its first
+    number is one the prompt holds, another needle's value say: the model read the haystack's needles but not which
+    one was asked), "invented" (a number the prompt does not hold), "none" (no number); None for an answer that is
+    not a number (the report says nothing of it)."""
+    if not answer.isdigit():
+        return None
+    if answer in response:  # RULER's own match, as the score reads it
+        return "answer"
+    first = re.search(r"\d+", response)
+    return "none" if first is None else "held" if first.group() in numbers else "invented"
 
 
 def forced_path(out: Path, method: str, task: str, length: int, cue: str = "question") -> Path:
@@ -172,13 +187,14 @@ def forced_answers(lm, checkpoint: str, task: str, length: int, samples: int, pa
 
 
 def annotate_needles(out: Path, checkpoint: str) -> None:
-    """Add to each needle cell's samples how far back its needle stands (needle_distances), once: the samples are
-    the same for every method, so each (task, length) is generated once, and a sample whose answer differs from the
-    cell's target is refused rather than annotated."""
+    """Add to each needle cell's samples how far back its needle stands (needle_distances) and what its response
+    gives (response_value), once: the samples are the same for every method, so each (task, length) is generated
+    once, and a sample whose answer differs from the cell's target is refused rather than annotated."""
     paths = sorted((out / "cells").glob("*/niah_*@*.json")) + sorted(out.glob("forced*/*/niah_*@*.json"))
     pending = {path: json.loads(path.read_text()) for path in paths}
     pending = {path: cell for path, cell in pending.items()
-               if cell["samples"] and not all("needle_back" in sample for sample in cell["samples"])}
+               if cell["samples"] and not all("needle_back" in sample and ("value" in sample or "response" not in
+                                                                            sample) for sample in cell["samples"])}
     wanted: dict[tuple[str, int], int] = {}
     for cell in pending.values():
         key = (cell["task"], cell["length"])
@@ -192,6 +208,8 @@ def annotate_needles(out: Path, checkpoint: str) -> None:
                 raise ConfigError(f"{path}: sample {sample['doc_id']}'s needle (answer {expected!r}) could not be "
                                   "found again; the samples were generated otherwise")
             sample["needle_back"] = found["needle_back"]
+            if "response" in sample:
+                sample["value"] = response_value(sample["response"], expected, found["numbers"])
         path.write_text(results_json(cell))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +183,56 @@ def by_distance(cells: list[dict], trained: int, title: str = "## By how far bac
     return lines + [""]
 
 
+VALUES = {"answer": "the answer", "held": "another number the prompt holds", "invented": "a number not in the prompt",
+          "none": "no number"}
+
+
+def first_number(response: str) -> str | None:
+    found = re.search(r"\d+", response)
+    return found.group() if found else None
+
+
+def first_digits(cell: dict) -> tuple[int, int, float] | None:
+    """Of the cell's samples whose response misses a numeric answer but gives a number: how many start with the
+    answer's first digit, of how many, and the chance of that: the rate at which they start with the first digit of
+    another sample's answer in the cell (the same responses against needles they did not see). A model that reads
+    the needle but cannot copy it in order scores above chance; None without such samples."""
+    samples = [(s["target"][0], first_number(s["response"])) for s in cell["samples"]
+               if s.get("value") in ("held", "invented")]
+    answers = [s["target"][0] for s in cell["samples"]]
+    if not samples or len(set(answers)) < 2:
+        return None
+    right = sum(number[0] == answer[0] for answer, number in samples)
+    others = [number[0] == other[0] for answer, number in samples for other in answers if other != answer]
+    return right, len(samples), sum(others) / len(others)
+
+
+def value_lines(cells: list[dict]) -> list[str]:
+    """Lines of a table: what each needle cell's responses give (experiments.ruler.response_value), k of n each."""
+    cells = [c for c in cells if c["samples"] and all(s.get("value") is not None for s in c["samples"])]
+    if not cells:
+        return []
+    lines = ["## What the responses give", "",
+             "Each needle sample's response: the answer (RULER's match), else its first number, one the prompt holds "
+             "(another needle's value in niah_multikey_2: the needles were read, not which one was asked) or one it "
+             "does not, or no number at all; samples of n. Of the responses that give a number other than the "
+             "answer, how many start with the answer's first digit (k of m, Wilson 95% interval), beside the chance "
+             "of it: the rate at which the same responses start with the first digit of the cell's other answers.",
+             "", "| method | task @ length | n | " + " | ".join(VALUES.values()) + " | wrong numbers starting with the "
+             "answer's digit | chance |", "|---|---|---:|" + "---:|" * (len(VALUES) + 2)]
+    for cell in sorted(cells, key=lambda c: (c["task"], c["length"], name(c["method"]))):
+        counts = [sum(s["value"] == value for s in cell["samples"]) for value in VALUES]
+        digits = first_digits(cell)
+        if digits is None:
+            digit_text = " | "
+        else:
+            rate = wilson_interval(digits[0], digits[1])
+            digit_text = f"{digits[0]}/{digits[1]} [{rate.low:.2f}, {rate.high:.2f}] | {digits[2]:.2f}"
+        lines.append(f"| {name(cell['method'])} | {cell['task']} @ {cell['length']:,} | {len(cell['samples'])} | "
+                     + " | ".join(str(count) for count in counts) + f" | {digit_text} |")
+    return lines + [""]
+
+
 def forced_lines(forced: list[dict], cells: list[dict], trained: int) -> list[str]:
     """The teacher-forced answers beside the generated ones: reading the needle against generating the answer."""
     if not forced:
@@ -313,6 +364,7 @@ def write_report(out: Path, use_results: Path | None = None, length: int | None 
                 else "" for col in columns) + " |")
         lines.append("")
         lines += by_distance(cells, trained)
+        lines += value_lines(cells)
     forced = [{"method": path.parent.name, **json.loads(path.read_text())}
               for path in sorted(out.glob("forced*/*/*@*.json"))]
     lines += forced_lines(forced, cells, trained)

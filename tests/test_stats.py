@@ -319,6 +319,39 @@ def test_ruler_own_score_is_given_for_tasks_with_several_answers_with_a_bounded_
     assert partial_score(needle) is None and score_text(needle) == "20/20 [0.84, 1.00]"
 
 
+def test_needle_responses_are_told_apart_by_the_number_they_give():
+    from experiments.ruler import response_value
+    from experiments.ruler_report import value_lines
+    held = {"8734194", "1743906", "12"}
+    assert response_value(" 8734194.", "8734194", held) == "answer"
+    assert response_value(": 1743906. And 8734194", "8734194", held) == "answer"  # RULER's match: anywhere
+    assert response_value(" 1743906.", "8734194", held) == "held"
+    assert response_value(" 174390.", "8734194", held) == "invented"  # a number, but not one the prompt holds
+    assert response_value(" we are we go", "8734194", held) == "none"
+    assert response_value(" f1a2", "f1a2-uuid", held) is None  # not a number: not told apart
+    values = ["held", "held", "held", "answer", "none"]
+    cell = {"method": "none", "task": "niah_multikey_2", "length": 16384,
+            "samples": [{"value": value, "target": [f"{i}000000"], "response": f" {(i + 1) % 5}000000"}
+                        for i, value in enumerate(values)]}
+    assert value_lines([cell])[-2] == \
+        "| plain RoPE | niah_multikey_2 @ 16,384 | 5 | 1 | 3 | 0 | 1 | 0/3 [0.00, 0.56] | 0.25 |"
+    assert value_lines([{**cell, "samples": [{"value": None}]}]) == []
+
+
+def test_wrong_numbers_that_start_as_the_answer_are_held_against_the_other_answers():
+    from experiments.ruler_report import first_digits
+
+    def sample(answer, response, value="invented"):
+        return {"target": [answer], "response": response, "value": value}
+    cell = {"samples": [sample("4430567", " 43357."), sample("9746862", " 94462."), sample("1019173", " 25."),
+                        sample("2935247", " 2935247", "answer"), sample("6456023", " we are", "none")]}
+    right, of, chance = first_digits(cell)
+    assert (right, of) == (2, 3)  # 4.. and 9.. start as their answers; 25 does not; the answer and no number: out
+    # against the other four answers each: 43357 starts as none of 9, 1, 2, 6; 94462 as none of 4, 1, 2, 6; 25 as 2
+    assert chance == pytest.approx(1 / 12)
+    assert first_digits({"samples": [sample("4430567", " 4", "answer")]}) is None
+
+
 def test_ruler_is_read_pooled_over_the_niah_tasks_and_each_alone_and_held_against_use_with_holm():
     from experiments.ruler_report import correlate, ruler_readings
 
