@@ -192,44 +192,63 @@ def first_number(response: str) -> str | None:
     return found.group() if found else None
 
 
-def first_digits(cell: dict) -> tuple[int, int, float] | None:
-    """Of the cell's samples whose response misses a numeric answer but gives a number: how many start with the
-    answer's first digit, of how many, and the chance of that: the rate at which they start with the first digit of
-    another sample's answer in the cell (the same responses against needles they did not see). A model that reads
-    the needle but cannot copy it in order scores above chance; None without such samples."""
-    samples = [(s["target"][0], first_number(s["response"])) for s in cell["samples"]
-               if s.get("value") in ("held", "invented")]
-    answers = [s["target"][0] for s in cell["samples"]]
+def digit_match(cell: dict, digit: int, of_answer: int) -> tuple[int, int, float] | None:
+    """Of the cell's samples whose response misses a numeric answer but gives a number of more than `digit` digits:
+    how many have at that digit (from 0) the answer's digit `of_answer`, of how many, and the chance of it: the rate
+    at which the same numbers have there that digit of another sample's answer in the cell (the same responses
+    against needles they did not see; the prompts hold no other digits). None without such samples."""
+    samples = [(s["target"][0], number) for s in cell["samples"] if s.get("value") in ("held", "invented")
+               and len(number := first_number(s["response"]) or "") > digit and len(s["target"][0]) > of_answer]
+    answers = [s["target"][0] for s in cell["samples"] if len(s["target"][0]) > of_answer]
     if not samples or len(set(answers)) < 2:
         return None
-    right = sum(number[0] == answer[0] for answer, number in samples)
-    others = [number[0] == other[0] for answer, number in samples for other in answers if other != answer]
+    right = sum(number[digit] == answer[of_answer] for answer, number in samples)
+    others = [number[digit] == other[of_answer] for answer, number in samples for other in answers if other != answer]
     return right, len(samples), sum(others) / len(others)
 
 
+# (the response's digit, the answer's digit it is held against), from 0: its first digit against the answer's
+# first, then its second against each of the answer's second to fifth. A copy that reads the needle in order but
+# steps s tokens at a time gives the answer's digits 1, 1 + s, ...
+DIGIT_READINGS = [(0, 0), (1, 1), (1, 2), (1, 3), (1, 4)]
+ORDINAL = ["1st", "2nd", "3rd", "4th", "5th"]
+
+
+def digit_text(right: int, of: int, chance: float) -> str:
+    rate = wilson_interval(right, of)
+    return f"{right}/{of} [{rate.low:.2f}, {rate.high:.2f}] ({chance:.2f})"
+
+
 def value_lines(cells: list[dict]) -> list[str]:
-    """Lines of a table: what each needle cell's responses give (experiments.ruler.response_value), k of n each."""
-    cells = [c for c in cells if c["samples"] and all(s.get("value") is not None for s in c["samples"])]
+    """Lines of two tables: what each needle cell's responses give (experiments.ruler.response_value), k of n each;
+    and, where they give wrong numbers, which of the answer's digits those hold where (digit_match)."""
+    cells = sorted([c for c in cells if c["samples"] and all(s.get("value") is not None for s in c["samples"])],
+                   key=lambda c: (c["task"], c["length"], name(c["method"])))
     if not cells:
         return []
     lines = ["## What the responses give", "",
              "Each needle sample's response: the answer (RULER's match), else its first number, one the prompt holds "
              "(another needle's value in niah_multikey_2: the needles were read, not which one was asked) or one it "
-             "does not, or no number at all; samples of n. Of the responses that give a number other than the "
-             "answer, how many start with the answer's first digit (k of m, Wilson 95% interval), beside the chance "
-             "of it: the rate at which the same responses start with the first digit of the cell's other answers.",
-             "", "| method | task @ length | n | " + " | ".join(VALUES.values()) + " | wrong numbers starting with the "
-             "answer's digit | chance |", "|---|---|---:|" + "---:|" * (len(VALUES) + 2)]
-    for cell in sorted(cells, key=lambda c: (c["task"], c["length"], name(c["method"]))):
+             "does not, or no number at all; samples of n.", "",
+             "| method | task @ length | n | " + " | ".join(VALUES.values()) + " |", "|---|---|---:|" + "---:|" * len(VALUES)]
+    for cell in cells:
         counts = [sum(s["value"] == value for s in cell["samples"]) for value in VALUES]
-        digits = first_digits(cell)
-        if digits is None:
-            digit_text = " | "
-        else:
-            rate = wilson_interval(digits[0], digits[1])
-            digit_text = f"{digits[0]}/{digits[1]} [{rate.low:.2f}, {rate.high:.2f}] | {digits[2]:.2f}"
         lines.append(f"| {name(cell['method'])} | {cell['task']} @ {cell['length']:,} | {len(cell['samples'])} | "
-                     + " | ".join(str(count) for count in counts) + f" | {digit_text} |")
+                     + " | ".join(str(count) for count in counts) + " |")
+    rows = []
+    for cell in cells:
+        readings = [digit_match(cell, *reading) for reading in DIGIT_READINGS]
+        if readings[0] is not None and cell["task"] == "niah_single_1":
+            rows.append(f"| {name(cell['method'])} | {cell['task']} @ {cell['length']:,} | " + " | ".join(
+                "" if r is None else digit_text(*r) for r in readings) + " |")
+    if rows:
+        lines += ["", "Where the responses give a wrong number (niah_single_1, whose prompts hold no digit but the "
+                  "needle's): how many hold the answer's digits, k of m with the Wilson 95% interval, and chance in "
+                  "parentheses (the same numbers against the cell's other answers). A copy of the needle in order gives the answer's 2nd digit "
+                  "second; one that steps s tokens at a time, its (1 + s)th.", "",
+                  "| method | task @ length | 1st digit the answer's 1st | " + " | ".join(
+                      f"2nd digit the answer's {ORDINAL[answer]}" for _, answer in DIGIT_READINGS[1:]) + " |",
+                  "|---|---|" + "---:|" * len(DIGIT_READINGS)] + rows
     return lines + [""]
 
 

@@ -333,23 +333,27 @@ def test_needle_responses_are_told_apart_by_the_number_they_give():
     cell = {"method": "none", "task": "niah_multikey_2", "length": 16384,
             "samples": [{"value": value, "target": [f"{i}000000"], "response": f" {(i + 1) % 5}000000"}
                         for i, value in enumerate(values)]}
-    assert value_lines([cell])[-2] == \
-        "| plain RoPE | niah_multikey_2 @ 16,384 | 5 | 1 | 3 | 0 | 1 | 0/3 [0.00, 0.56] | 0.25 |"
+    assert value_lines([cell])[-2] == "| plain RoPE | niah_multikey_2 @ 16,384 | 5 | 1 | 3 | 0 | 1 |"
     assert value_lines([{**cell, "samples": [{"value": None}]}]) == []
 
 
-def test_wrong_numbers_that_start_as_the_answer_are_held_against_the_other_answers():
-    from experiments.ruler_report import first_digits
+def test_wrong_numbers_are_held_digit_by_digit_against_the_answer_and_the_other_answers():
+    from experiments.ruler_report import digit_match, value_lines
 
     def sample(answer, response, value="invented"):
         return {"target": [answer], "response": response, "value": value}
-    cell = {"samples": [sample("4430567", " 43357."), sample("9746862", " 94462."), sample("1019173", " 25."),
+    cell = {"method": "linear", "task": "niah_single_1", "length": 4096,
+            "samples": [sample("4430567", " 43357."), sample("9746862", " 94462."), sample("1019173", " 25."),
                         sample("2935247", " 2935247", "answer"), sample("6456023", " we are", "none")]}
-    right, of, chance = first_digits(cell)
+    right, of, chance = digit_match(cell, 0, 0)
     assert (right, of) == (2, 3)  # 4.. and 9.. start as their answers; 25 does not; the answer and no number: out
     # against the other four answers each: 43357 starts as none of 9, 1, 2, 6; 94462 as none of 4, 1, 2, 6; 25 as 2
     assert chance == pytest.approx(1 / 12)
-    assert first_digits({"samples": [sample("4430567", " 4", "answer")]}) is None
+    assert digit_match(cell, 1, 2)[:2] == (2, 3)  # 4_3_, 9_4_: the answer's 3rd digit second (a step of two)
+    assert digit_match(cell, 1, 1)[:2] == (0, 3)
+    assert digit_match({"samples": [sample("4430567", " 4", "answer")]}, 0, 0) is None
+    table = value_lines([{**cell, "samples": [{**s, "value": s["value"]} for s in cell["samples"]]}])
+    assert "| PI (linear) | niah_single_1 @ 4,096 | 2/3 [0.21, 0.94] (0.08) | 0/3 [0.00, 0.56] (" in "\n".join(table)
 
 
 def test_ruler_is_read_pooled_over_the_niah_tasks_and_each_alone_and_held_against_use_with_holm():
