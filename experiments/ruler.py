@@ -34,7 +34,7 @@ from typing import Any
 from commands import add_checkpoint, add_out, comma_list, command_parser, parse, results_json
 from data.tokenizer import load_tokenizer
 from errors import ConfigError, cli_command
-from experiments.ruler_report import write_report
+from experiments.ruler_report import first_number, write_report
 from model.checkpoint import trained_length
 from model.methods import NONE, check_methods
 from model.runtime import configure_runtime
@@ -114,8 +114,8 @@ def response_value(response: str, answer: str, numbers: set[str]) -> str | None:
         return None
     if answer in response:  # RULER's own match, as the score reads it
         return "answer"
-    first = re.search(r"\d+", response)
-    return "none" if first is None else "held" if first.group() in numbers else "invented"
+    first = first_number(response)
+    return "none" if first is None else "held" if first in numbers else "invented"
 
 
 def forced_path(out: Path, method: str, task: str, length: int, cue: str = "question") -> Path:
