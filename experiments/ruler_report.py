@@ -402,7 +402,6 @@ def write_report(out: Path, use_results: Path | None = None, length: int | None 
         lines.append("")
     longest = length or max((c["length"] for c in cells), default=0)
     readings = ruler_readings(cells, longest)
-    shares = next(iter(readings.values()))
     correlation = correlate(readings, use_by_method(use_results))
     if correlation:
         lines += ["## RULER against same-weights use", "",
@@ -429,17 +428,20 @@ def write_report(out: Path, use_results: Path | None = None, length: int | None 
                          + " | ".join(f"{row['reading'][index]:+.3f}" for row in correlation
                                       if row["ruler_reading"] == correlation[0]["ruler_reading"]) + " |")
         lines.append("")
-    published = published_rows(shares)
+    published = [{**row, "ruler_reading": reading} for reading, reading_shares in readings.items()
+                 for row in published_rows(reading_shares)]
     if published:
         lines += ["## Published orderings beside the lab's", "",
                   f"Each source's scores (as its paper reports them) beside the lab's share of needle samples answered "
-                  f"in full at {longest:,} tokens, for the methods both have; pairs of methods the two order alike, "
-                  "oppositely, or tie in either.", "",
-                  "| source | setting | published | the lab | pairs alike / opposite / tied |", "|---|---|---|---|---:|"]
-        for row in published:
+                  f"in full at {longest:,} tokens (read as in the correlation above), for the methods both have; pairs "
+                  "of methods the two order alike, oppositely, or tie in either.", "",
+                  "| source | setting | published | RULER read as | the lab | pairs alike / opposite / tied |",
+                  "|---|---|---|---|---|---:|"]
+        for row in sorted(published, key=lambda row: row["source"]):
             ours = {m: round(share, 2) for m, share in row["ours"].items()}
             lines.append(f"| {row['source']} | {row['setting']} | {ordering(row['published'], row['methods'])} | "
-                         f"{ordering(ours, row['methods'])} | {row['alike']} / {row['opposite']} / {row['tied']} |")
+                         f"{row['ruler_reading']} | {ordering(ours, row['methods'])} | {row['alike']} / "
+                         f"{row['opposite']} / {row['tied']} |")
         lines.append("")
     results = {"cells": cells, "forced": forced, "parity": parity, "correlation": correlation,
                "published": published}
