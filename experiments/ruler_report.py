@@ -37,12 +37,15 @@ def partial_score(cell: dict) -> Estimate | None:
     return wilson_interval(sum(s["score"] for s in cell["samples"]), len(cell["samples"]))
 
 
+def bounds(rate: Estimate) -> str:
+    return f"[{rate.low:.2f}, {rate.high:.2f}]"
+
+
 def score_text(cell: dict) -> str:
     k, n = full(cell)
-    rate = wilson_interval(k, n)
-    text = f"{k}/{n} [{rate.low:.2f}, {rate.high:.2f}]"
+    text = f"{k}/{n} {bounds(wilson_interval(k, n))}"
     partial = partial_score(cell)
-    return text if partial is None else text + f"; score {partial.mean:.2f} [{partial.low:.2f}, {partial.high:.2f}]"
+    return text if partial is None else text + f"; score {partial.mean:.2f} {bounds(partial)}"
 
 
 def seconds_text(cell: dict) -> str:
@@ -215,8 +218,7 @@ ORDINAL = ["1st", "2nd", "3rd", "4th", "5th"]
 
 
 def digit_text(right: int, of: int, chance: float) -> str:
-    rate = wilson_interval(right, of)
-    return f"{right}/{of} [{rate.low:.2f}, {rate.high:.2f}] ({chance:.2f})"
+    return f"{right}/{of} {bounds(wilson_interval(right, of))} ({chance:.2f})"
 
 
 def value_lines(cells: list[dict]) -> list[str]:
@@ -270,12 +272,10 @@ def forced_lines(forced: list[dict], cells: list[dict], trained: int) -> list[st
              "seconds |", "|---|---|---|---:|---:|---:|---:|"]
     for record in forced:
         k, n = sum(answered(s) for s in record["samples"]), len(record["samples"])
-        rate = wilson_interval(k, n)
         gain = draws_interval([s["gain"] for s in record["samples"] if "gain" in s])
         cell = generated.get((record["method"], record["task"], record["length"]))
         lines.append(f"| {name(record['method'])} | {record['task']} @ {record['length']:,} | "
-                     f"{record.get('cue', 'question')} | {k}/{n} "
-                     f"[{rate.low:.2f}, {rate.high:.2f}] | {gain.format(signed=True) if gain else ''} | "
+                     f"{record.get('cue', 'question')} | {k}/{n} {bounds(wilson_interval(k, n))} | {gain.format(signed=True) if gain else ''} | "
                      f"{score_text(cell) if cell else ''} | {record.get('seconds', 0):.0f} |")
     return lines + [""] + by_distance(forced, trained, "### Teacher-forced, by how far back the needle stands",
                                       "samples whose answer is the argmax")
