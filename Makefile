@@ -1,7 +1,7 @@
 # Two set-up commands: `make demo` and `make test`. Both install what they need first.
 # Test tiers: `make test` (fast: ruff, then every test not marked integration or slow), `make test-integration`
 # (end-to-end tests and the Hypothesis tests at their full example count), `make test-all` (both, as CI runs them),
-# `make test-slow` (the few slow tests, run on purpose; not in CI).
+# `make test-slow` (the few slow tests, run on purpose; not in CI). On a machine with a CUDA GPU, `make gpu-check`.
 PYTHON ?= python3
 # A CPU build of torch. On this project's machines pip finds a local CPU wheel of 2.13.0; elsewhere use e.g.
 #   make install TORCH_INDEX="--index-url https://download.pytorch.org/whl/cpu"
@@ -10,7 +10,7 @@ TORCH_INDEX ?=
 RUN ?= runs/demo
 DATA ?= runs/data/stdlib
 
-.PHONY: install demo test test-integration test-all test-slow real-model-deps ruler-deps real-model gpu-carry clean
+.PHONY: install demo test test-integration test-all test-slow real-model-deps ruler-deps real-model gpu-check clean
 
 # pelab itself is not installed: every command runs from the repository root. An editable install left by an
 # older checkout (which mapped model/, data/, ... as top-level packages) is removed. Each step runs pip only when
@@ -78,12 +78,15 @@ ruler-deps: install
 real-model: real-model-deps
 	$(PYTHON) -m scripts.import_hf --checkpoint smollm2 --out runs/smollm2 --overwrite --parity-tokens 2048
 
-# What a GPU lease's calls carry (experiments/gpu_lease/carry.py: wheels, the books prepared for the gpu preset, War
-# and Peace, SmolLM2's GGUF file in parts), each call within 64 MiB with the working tree; prints the calls
-# (docs/performance.md, "GPU session"). BOOKS: the shared data's books folder.
-BOOKS ?= ../shared/data/books
-gpu-carry: install
-	$(PYTHON) -m experiments.gpu_lease.carry --books $(BOOKS)
+# On a machine with a CUDA GPU (docs/performance.md#on-a-gpu-make-gpu-check): the CUDA tests, the bench at the gpu
+# preset's model shape against transformers' Llama, then the gpu preset itself (about 10 min on one H200).
+# GPU_PRESET_ARGS takes overrides of the preset, e.g. GPU_PRESET_ARGS="--compare.source=PATH --compare.workers=4".
+GPU_PRESET_ARGS ?=
+gpu-check: install
+	@$(PYTHON) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: torch sees no CUDA GPU')"
+	$(PYTHON) -m pytest -q tests/test_cuda.py --durations=15 --timeout=$(INTEGRATION_TIMEOUT)
+	$(PYTHON) -m scripts.bench --device cuda --shape research6 --compile --peak-size 8192 --skip long_eval
+	$(PYTHON) -m experiments.compare --config configs/compare.toml --preset gpu $(GPU_PRESET_ARGS)
 
 clean:
 	rm -rf runs .installed

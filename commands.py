@@ -12,12 +12,9 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any, Callable, Iterable, NoReturn
+from typing import Any, Callable, Iterable
 
 # How close a suggestion must be (difflib's ratio: 2 x matching characters / total characters), as pip's and git's
 # "did you mean" are: a letter or two off in a short name, a word off in a long one.
@@ -174,17 +171,6 @@ def add_out(parser: argparse.ArgumentParser, help: str = "output folder", **kwar
 
 def add_device(parser: argparse.ArgumentParser, default: str = "auto") -> None:
     parser.add_argument("--device", default=default, help="auto | cpu | cuda | mps")
-
-
-def moved(old: str, new: str) -> NoReturn:
-    """`python -m OLD`, a command that moved to NEW: a one-line note on stderr, then NEW runs with the same
-    arguments in this process's place (its output, exit code and signals are NEW's). Kept for one release."""
-    print(f"note: `python -m {old}` is now `python -m {new}`; the old spelling goes away in the next release",
-          file=sys.stderr, flush=True)
-    command = [sys.executable, "-m", new, *sys.argv[1:]]
-    if os.name == "posix":
-        os.execv(sys.executable, command)
-    sys.exit(subprocess.call(command))
 
 
 RESULTS_DIGITS = 9  # significant digits of a float in a results file: every float32 reads back exactly

@@ -7,8 +7,4 @@ checkpoint measured).
     jobs.py    what each of their worker jobs does around its work (logs, threads, reuse of finished runs)
     performance/  the measurements of docs/performance.md that are not user tools, and what every speed
                   measurement shares (measure.py)
-    gpu_lease/    a leased GPU's session and what its calls carry
-
-One-off studies sit beside them, each named in the page that reports it: dynamic_check.py (docs/baselines.md),
-sink_share.py (docs/results.md), pose_vs_yarn.sh and drope_vs_yarn.sh (docs/guide/finetune.md, docs/results.md).
 """

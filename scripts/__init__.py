@@ -10,5 +10,5 @@
     requirements_met.py  whether requirements.txt is installed (`make install` runs pip only when not)
     tour.sh              the README tour, each step timed
 
-Experiments, their one-off studies and a GPU lease's session are in experiments/.
+Experiments are in experiments/.
 """

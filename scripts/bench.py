@@ -20,8 +20,8 @@ to repeat), and each figure is the median over --repeats. Reported:
   - with --forward-tokens N, the long forward: one scored window of N tokens of SmolLM2-135M's shape (random
     weights), plain and under a merged-path method, as a fraction of the measured matmul peak (what sets the
     real-model grid's cost).
-The shapes, both training steps and the timers are experiments/performance/measure.py's, which the cost tables and
-experiments.performance.step_profile share.
+The shapes, both training steps and the timers are scripts/performance/measure.py's, which the cost tables and
+scripts.performance.step_profile share.
 """
 from __future__ import annotations
 
@@ -43,13 +43,13 @@ from commands import add_device, add_out, comma_list, command_parser, parse
 from errors import ConfigError, cli_command
 from eval.perplexity import evaluate_stream
 from eval.scoring import score_windows
-from experiments.performance.measure import SHAPES, hf_trainer, our_trainer, peak_rss_mib, synchronize
 from infer.generate import generate_tokens
 from infer.hf_convert import llama_model_from
 from model.config import ModelConfig
 from model.methods import method_spec
 from model.runtime import autocast_dtype, configure_runtime, resolve_device
 from model.transformer import Transformer
+from scripts.performance.measure import SHAPES, hf_trainer, our_trainer, peak_rss_mib, synchronize
 
 SAMPLING = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
 
@@ -397,8 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = command_parser("scripts.bench", __doc__)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny",
                         help="tiny (configs/tiny.toml's 4.0M model), small (26M), micro (smoke tests), research6 "
-                             "and research8 (the GPU session's: 6 layers, d 384, L 128, batch 128; 8 layers, d 512, "
-                             "L 512, batch 32)")
+                             "(the gpu preset's model: 6 layers, d 384, L 128, batch 128) and research8 (8 layers, "
+                             "d 512, L 512, batch 32)")
     parser.add_argument("--peak-size", type=int, default=2048,
                         help="side of the square matmul that measures the peak (8192 saturates an H100; a CPU "
                              "that only emulates bf16 gets a smaller one)")

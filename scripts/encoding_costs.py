@@ -13,7 +13,7 @@ peaks do not mix:
   - evaluation: one forward (--eval-batch sequences, 1 by default; fp32, inference mode) of k x L tokens each, for
     each k of --lengths, shortest first;
     tokens/s is the median over --repeats forwards after a warm-up forward (FlexAttention compiles there for a
-    distance bias at 2x and longer, model/attention/flex.py; experiments.performance.flex_costs sets it against the
+    distance bias at 2x and longer, model/attention/flex.py; scripts.performance.flex_costs sets it against the
     chunked path); peak memory is the process's peak resident memory after that length (it includes the
     interpreter and torch, the same for every variant: compare within a column);
   - training: the train loop's own step (its default precision: bf16 autocast where the CPU supports it; AdamW,
@@ -44,11 +44,11 @@ import torch
 
 from commands import add_device, add_out, command_parser, parse
 from errors import ConfigError, cli_command
-from experiments.performance.measure import COST_SHAPE, our_trainer, peak_rss_mib, rotating_rounds, synchronize
 from model.config import ModelConfig
 from model.recipes import RECIPES, expand
 from model.runtime import configure_runtime, resolve_device
 from model.transformer import Transformer
+from scripts.performance.measure import COST_SHAPE, our_trainer, peak_rss_mib, rotating_rounds, synchronize
 
 CPU = torch.device("cpu")
 DEFAULT_VARIANTS = [

@@ -1,5 +1,5 @@
 """model/attention/registry.py: the one place that chooses a layer's attention backend, once per model view and mode;
-its decision for every encoding in the three situations the project runs (experiments.performance.attention_paths),
+its decision for every encoding in the three situations the project runs (scripts.performance.attention_paths),
 each rule firing, a named backend, and the trainer and the evaluation recording what their forwards took. That each
 backend computes the same numbers is tested where each lives (tests/test_flex.py, tests/test_shared_bias.py,
 tests/test_pass_merge.py, tests/test_position.py)."""
@@ -11,7 +11,6 @@ import torch
 
 import model.attention.flex as flex
 from errors import ConfigError
-from experiments.performance.attention_paths import SITUATIONS, paths_of
 from model.attention.registry import (
     BACKENDS,
     DECODE,
@@ -29,6 +28,7 @@ from model.attention.registry import (
 )
 from model.encodings import POSITION_ENCODINGS
 from model.transformer import Transformer
+from scripts.performance.attention_paths import SITUATIONS, paths_of
 from tests.conftest import micro_config
 
 # (training, 16x evaluation, cached decoding) for each encoding at the micro shape (L = 32: 16x is 512 tokens).

@@ -61,13 +61,13 @@ def test_encoding_costs_measures_each_variant_in_its_own_process(tmp_path, capsy
 
 
 def test_flex_costs_times_both_paths_in_fresh_processes_and_checks_they_agree(tmp_path):
-    """experiments.performance.flex_costs: for a distance bias (ALiBi, through the encoding's own score_bias), Shaw's
+    """scripts.performance.flex_costs: for a distance bias (ALiBi, through the encoding's own score_bias), Shaw's
     score part,
     Shaw whole (the model's own path) and a sliding window, FlexAttention's output equals the chunked path's (compared across the two processes), with
     times and peaks."""
     import json
 
-    from experiments.performance.flex_costs import main
+    from scripts.performance.flex_costs import main
 
     assert main(["--cases", "alibi,shaw-score,shaw,window", "--multiples", "1", "--repeats", "1", "--rounds", "1",
                  "--out", str(tmp_path)]) == 0
@@ -104,11 +104,11 @@ def test_encoding_costs_with_compile_reports_the_compiled_step_and_its_break_eve
 
 
 def test_step_profile_splits_each_modes_step_by_kind(tmp_path):
-    """experiments.performance.step_profile: for ours and transformers' step, the profiled self time by kind adds up
+    """scripts.performance.step_profile: for ours and transformers' step, the profiled self time by kind adds up
     to the profiled total, and both spend time in matmuls and in attention."""
     import json
 
-    from experiments.performance.step_profile import KINDS, kind, main
+    from scripts.performance.step_profile import KINDS, kind, main
 
     assert kind("aten::mm") == "matmul" and kind("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
     assert kind("aten::_fused_adamw_") == "optimizer" and kind("Torch-Compiled Region: 0/0") == "compiled kernels"
@@ -127,8 +127,8 @@ def test_encoding_costs_times_a_recipe_at_a_shape_given_on_the_command_line(tmp_
     that recipe of model/recipes.py scaled to the shape, labelled recipe-NAME."""
     import json
 
-    from experiments.performance.measure import COST_SHAPE
     from scripts.encoding_costs import main
+    from scripts.performance.measure import COST_SHAPE
 
     before = dict(COST_SHAPE)
     shape = {"n_layers": 6, "dim": 32, "n_heads": 2, "n_kv_heads": 1, "max_seq_len": 32, "vocab_size": 256}

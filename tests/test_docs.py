@@ -1,6 +1,7 @@
 """The documentation is checked: every relative link and image in README.md, CHANGELOG.md and docs/ resolves (a
 file, a folder, or a heading of a markdown file), and every `python -m` command shown parses with that command's
-own parser, with no unknown flag and no former spelling. The checkers are tested on broken examples first."""
+own parser, with no unknown flag and no former spelling (a history, CHANGELOG or a report's log of the commands that
+made it, may name a command that no longer exists). The checkers are tested on broken examples first."""
 from __future__ import annotations
 
 import argparse
@@ -32,16 +33,22 @@ COMMANDS = sorted(
        for folder in ("data", "train", "infer", "eval", "experiments", "scripts")
        for path in (ROOT / folder).glob("*/__main__.py")]
 )
-# Commands that moved, old -> new (`python -m OLD` forwards to NEW for one release: commands.moved).
-MOVED = dict(pair for folder in ("data", "train", "infer", "eval", "experiments", "scripts")
-             for path in (ROOT / folder).glob("*.py")
-             for pair in re.findall(r'moved\("([\w.]+)", "([\w.]+)"\)', path.read_text()))
-
-
 def parser_of(command: str) -> argparse.ArgumentParser:
     """The parser of `python -m COMMAND`: the module's build_parser(), or the one its package's __main__ imports."""
     package = ROOT.joinpath(*command.split(".")) / "__main__.py"
     return importlib.import_module(f"{command}.__main__" if package.exists() else command).build_parser()
+
+
+def missing_extra(command: str) -> str:
+    """Why COMMAND cannot load here, where it needs an optional extra that is not installed (infer.harness needs
+    lm-eval), else "". The command's own message names the make target that installs the extra."""
+    try:
+        parser_of(command)
+    except ConfigError as error:
+        if "is not installed" in str(error) and "make " in str(error):
+            return str(error)
+        raise
+    return ""
 # Commands whose configs take `--section.key=value` overrides after the flags.
 OVERRIDES = ("train.", "experiments.compare", "experiments.tasks", "experiments.ladder", "experiments.sweep",
              "eval.task_score")
@@ -50,6 +57,11 @@ OVERRIDES = ("train.", "experiments.compare", "experiments.tasks", "experiments.
 def doc_pages() -> list[Path]:
     """README, CHANGELOG and every markdown page under docs/ (generated reports included)."""
     return [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def written_pages() -> list[Path]:
+    """README and the hand-written pages of docs/ (not CHANGELOG's history, not the reports that commands write)."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "docs" / "guide").glob("*.md"))]
 
 
 def heading_anchor(heading: str) -> str:
@@ -108,8 +120,10 @@ def shown_commands(text: str) -> list[str]:
     return commands
 
 
-def command_problems(command: str) -> list[str]:
-    """What is wrong with one shown command: unknown flags, or what its parser refuses (a former spelling)."""
+def command_problems(command: str, history: bool = False) -> list[str]:
+    """What is wrong with one shown command: unknown flags, or what its parser refuses (a former spelling). In a
+    history (`history`: CHANGELOG, a report's log of the commands that made it) a command that no longer exists is
+    what ran then, not a problem."""
     quoted = re.findall(r"'[^']*'", command)  # a quoted value (JSON) keeps its brackets
     text = re.sub(r"'[^']*'", "QUOTED", command)
     text = re.sub(r"\[(?!--)[^\]]*\]", "", text).replace("[", "").replace("]", "")
@@ -125,16 +139,13 @@ def command_problems(command: str) -> list[str]:
             words.append("x")
     if len(words) < 3:  # `python -m ...`: the form, not a command
         return []
-    module = MOVED.get(words[2], words[2])
+    module = words[2]
     if module not in COMMANDS:
         ours = module.split(".")[0] in ("data", "train", "infer", "eval", "experiments", "scripts")
-        return [f"{module}: no such command"] if ours else []
-    try:
-        parser = parser_of(module)
-    except ConfigError as error:  # an optional extra that is not installed here (make ruler-deps)
-        if "is not installed" in str(error):
-            return []
-        raise
+        return [f"{module}: no such command"] if ours and not history else []
+    if missing_extra(module):  # its parser comes with the extra (make ruler-deps)
+        return []
+    parser = parser_of(module)
     notes = io.StringIO()
     try:
         with contextlib.redirect_stderr(notes):
@@ -167,6 +178,9 @@ def test_the_command_checker_finds_an_unknown_flag_and_a_former_spelling():
     assert command_problems(commands[1]) == ["unknown --no-such-flag", "unknown 3"]
     assert command_problems(commands[2]) == ["python -m eval.perplexity: error: --max-tokens was renamed: use --tokens"]
     assert command_problems("python -m eval.no_such_module --x") == ["eval.no_such_module: no such command"]
+    assert command_problems("python -m eval.no_such_module --x", history=True) == []  # what ran then
+    assert command_problems("python -m eval.perplexity --no-such-flag 3", history=True) == ["unknown --no-such-flag",
+                                                                                             "unknown 3"]
     assert command_problems("python -m train.pretrain --config c.toml --train.max_steps=3") == []
 
 
@@ -176,8 +190,7 @@ def test_the_pages_exist_and_readme_is_a_guide_not_a_notebook():
     for needed in ("make demo", "make test"):
         assert needed in readme
     assert len(doc_pages()) >= 10
-    written = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "docs" / "guide").glob("*.md")]
-    dated = [page.name for page in written if re.search(r"\b20\d\d-\d\d-\d\d\b", page.read_text())]
+    dated = [page.name for page in written_pages() if re.search(r"\b20\d\d-\d\d-\d\d\b", page.read_text())]
     assert not dated, f"dated paragraphs (history goes in CHANGELOG.md): {dated}"
 
 
@@ -188,14 +201,14 @@ def test_every_link_and_image_resolves(page):
 
 @pytest.mark.parametrize("page", doc_pages(), ids=lambda page: str(page.relative_to(ROOT)))
 def test_every_command_shown_parses_with_its_command(page):
-    problems = {command: command_problems(command) for command in shown_commands(page.read_text())}
+    history = page not in written_pages()
+    problems = {command: command_problems(command, history) for command in shown_commands(page.read_text())}
     assert not {command: found for command, found in problems.items() if found}
 
 
 def shown_figures() -> list[tuple[Path, Path]]:
     """(page, image) for every image that README and the hand-written docs pages show from a report's folder."""
-    written = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "docs" / "guide").glob("*.md")]
-    return [(page, (page.parent / target).resolve()) for page in written
+    return [(page, (page.parent / target).resolve()) for page in written_pages()
             for target in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", page.read_text())
             if (page.parent / target).resolve().parent != (ROOT / "docs").resolve()]
 

@@ -155,19 +155,6 @@ def test_passkey_cli_and_training_data(tiny_checkpoints, tmp_path):
         assert text.endswith(f"The pass key is {key}.")
 
 
-def test_dynamic_check_command(tiny_checkpoints, prepared_data, capsys):
-    from experiments.dynamic_check import main
-
-    assert main(["--checkpoint", tiny_checkpoints[0], "--data", str(prepared_data), "--lengths", "2x",
-                 "--windows", "2"]) == 0
-    printed = capsys.readouterr().out.splitlines()
-    assert ": evaluating on " in printed[0]  # which text is scored (eval/heldout.py)
-    line = next(line for line in printed if line.startswith("2x, 2 windows"))
-    assert line.startswith("2x, 2 windows, 32 tokens at positions >= L: plain") and "cached - exact" in line
-    assert main(["--checkpoint", tiny_checkpoints[1], "--data", str(prepared_data)]) == 2  # alibi: refused
-    assert "needs a RoPE checkpoint" in capsys.readouterr().err
-
-
 def test_passkey_scores_an_oracle_as_right_and_a_fixed_answer_as_wrong(tiny_checkpoints, monkeypatch):
     """The scoring can tell: a model that reads the key from the prompt gets 100%, one that always answers
     12345 gets 0% (the keys drawn here are not 12345)."""

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("lm_eval")
-pytest.importorskip("wonderwords")
+pytest.importorskip("lm_eval", reason="needs lm-eval: make ruler-deps")
+pytest.importorskip("wonderwords", reason="needs RULER's wonderwords: make ruler-deps")
 
 from data.tokenizer import load_tokenizer  # noqa: E402
 from eval.scoring import score_windows  # noqa: E402

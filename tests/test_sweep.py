@@ -64,14 +64,3 @@ def test_the_table_lists_every_value_and_marks_the_preset(tmp_path):
 def test_bad_sweeps_are_refused_with_the_fix(argv, message, capsys, tmp_path):
     assert main([*argv, "--out", str(tmp_path / "s")]) == 2
     assert message in capsys.readouterr().err
-
-
-def test_a_moved_command_runs_its_new_module_after_a_note():
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-m", "eval.compare", "--help"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0
-    assert "`python -m eval.compare` is now `python -m experiments.compare`" in done.stderr
-    assert done.stdout.startswith("usage: python -m experiments.compare")

@@ -3,7 +3,7 @@ name a `flex_kind` (model/encodings/__init__.py): "distance", a bias of the dist
 "clipped", a bias and value term of the query and min(i - j, clip) (Shaw); "separable", a bias that is a term of
 the query less a term of the key (FoX's c_i - c_j).
 
-Where it is used follows the measurements of experiments.performance.flex_costs (docs/performance.md): for a
+Where it is used follows the measurements of scripts.performance.flex_costs (docs/performance.md): for a
 distance bias and one sequence FlexAttention is faster than the chunked path at long lengths, with a lower peak
 memory; a sliding window is slower with it, and torch has no FlexAttention backward on CPU. With two or more
 sequences the chunked path builds each chunk's distance bias once for all of them and is as fast or faster, so a
@@ -149,8 +149,8 @@ _far_kernel = Compiled(_flex_far, "FlexAttention (a clipped encoding's far keys)
 # bounds: 0 <= tmp41 < ks4", torch 2.13), and its backward failed to lower on CUDA once evaluation at other lengths had
 # made the shapes symbolic (torch 2.11, H200: sym_size of a captured tensor, inside loss.backward(), where no fallback
 # can catch it). The distance kinds keep the dynamic kernel: compiled with static shapes, T5's table got wrong
-# gradients at distances 0 and 1 (the same lease, tests/test_cuda.py), while the dynamic kernel matched the chunked
-# path's gradients for ALiBi, T5, KERPLE and Shaw on the lease before.
+# gradients at distances 0 and 1 (the same H200, tests/test_cuda.py), while the dynamic kernel matched the chunked
+# path's gradients for ALiBi, T5, KERPLE and Shaw on CUDA.
 _separable_kernel = Compiled(_flex_separable, "FlexAttention (a separable bias)", _INSTEAD, remember=False,
                              dynamic=False)
 
@@ -246,7 +246,7 @@ class Flex(FallbackBackend):
     @classmethod
     def why_not_by_default(cls, encoding, workload: Workload) -> str | None:
         """What keeps "auto" from choosing it where it could serve: it was measured faster on the CPU only, and
-        there not with a window (python -m experiments.performance.flex_costs, docs/performance.md)."""
+        there not with a window (python -m scripts.performance.flex_costs, docs/performance.md)."""
         blocked = cls.why_not(encoding, workload)
         if blocked is not None:
             return blocked

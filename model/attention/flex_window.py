@@ -3,7 +3,7 @@ scores (RoPE's local layers in RNoPE-SWA, Gemma-style local layers): a block mas
 outside each query's `window` latest keys, no score_mod.
 
 Taken by name only (model.attention_backend = "flex_window"): the chunked SDPA path (sdpa_mask) already skips the
-keys outside a window, and "auto" keeps it until this one is measured faster (experiments.performance.flex_costs). Like
+keys outside a window, and "auto" keeps it until this one is measured faster (scripts.performance.flex_costs). Like
 the flex backend it serves no-grad float32 forwards on the CPU (torch has no FlexAttention backward there), with no
 KV cache and no attention method; other forwards, and all after compiling failed for this view, take the backend
 chosen beside it."""

@@ -1,7 +1,7 @@
 """The attention backends, by name, and the choice among them: made once per model view and mode (Workload), from
 what the encoding and the attention method declare and from model.attention_backend, and kept for every forward of
 that mode (model/transformer.py). The choice and its reason are logged ("pelab.attention") and shown by
-Transformer.attention_paths and `python -m experiments.performance.attention_paths`.
+Transformer.attention_paths and `python -m scripts.performance.attention_paths`.
 
     sdpa       F.scaled_dot_product_attention fused over the whole sequence: an encoding that adds nothing to the
                scores (RoPE, xPos, NoPE, SSMax, the absolute ones), no window, nothing that reads the probabilities

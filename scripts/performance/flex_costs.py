@@ -1,11 +1,11 @@
 """FlexAttention (torch.nn.attention.flex_attention, compiled) against pelab's chunked attention, for the encodings
 and masks that take the chunked path: evaluation time and peak memory of one attention layer at 1x and 16x L.
 
-    python -m experiments.performance.flex_costs                 # writes runs/bench/flex_costs.{md,json}
-    python -m experiments.performance.flex_costs --cases alibi,window --multiples 1,4 --rounds 1
-    python -m experiments.performance.flex_costs --device cuda   # on a GPU: writes runs/bench/flex_costs-cuda.{md,json}
+    python -m scripts.performance.flex_costs                 # writes runs/bench/flex_costs.{md,json}
+    python -m scripts.performance.flex_costs --cases alibi,window --multiples 1,4 --rounds 1
+    python -m scripts.performance.flex_costs --device cuda   # on a GPU: writes runs/bench/flex_costs-cuda.{md,json}
 
-The shape is the cost table's (COST_SHAPE in experiments/performance/measure.py: dim 256, 8 heads, 4 KV heads, L =
+The shape is the cost table's (COST_SHAPE in scripts/performance/measure.py: dim 256, 8 heads, 4 KV heads, L =
 256), batch 1, one torch thread, fp32, inference mode. Both paths take the same rotated queries and keys from the
 model's own first attention layer; each (case, length, path) runs in a fresh process, so peaks do not mix (flex's
 includes what compilation loads), and saves its output, which the parent compares (the max |difference| is in the
@@ -43,7 +43,6 @@ import torch
 import model.attention.flex as flex
 from commands import add_device, add_out, comma_list, command_parser, parse
 from errors import ConfigError, cli_command
-from experiments.performance.measure import COST_SHAPE, peak_rss_mib, rotating_rounds, synchronize
 from model.attention.explicit import Explicit
 from model.attention.flex import distance_table
 from model.attention.registry import Inputs
@@ -51,6 +50,7 @@ from model.attention.sdpa_mask import Masked
 from model.config import ModelConfig
 from model.runtime import configure_runtime, resolve_device
 from model.transformer import Transformer
+from scripts.performance.measure import COST_SHAPE, peak_rss_mib, rotating_rounds, synchronize
 
 CASES = {
     "alibi": {"position": "alibi"},
@@ -168,7 +168,7 @@ def measure_one(case: str, length: int, path: str, repeats: int, output: Path, d
 
 def run_one(case: str, length: int, path: str, repeats: int, folder: Path, device: str) -> dict:
     output = folder / f"{case}-{length}-{path}.pt"
-    command = [sys.executable, "-m", "experiments.performance.flex_costs", "--one",
+    command = [sys.executable, "-m", "scripts.performance.flex_costs", "--one",
                json.dumps([case, length, path, repeats, str(output), device])]
     failed = {"case": case, "length": length, "path": path}
     try:
@@ -230,7 +230,7 @@ def table(rows: list[dict], trained: int, peak: str = "peak MiB") -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = command_parser("experiments.performance.flex_costs", __doc__)
+    parser = command_parser("scripts.performance.flex_costs", __doc__)
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from {list(CASES)}")
     parser.add_argument("--multiples", default="1,16", help="lengths as multiples of L")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per process")

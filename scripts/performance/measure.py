@@ -18,7 +18,7 @@ from model.transformer import Transformer
 from train.config import build_run_config
 from train.loop import Trainer, Training
 
-# The shapes of scripts.bench (--shape) and experiments.performance.step_profile: a model's settings and its batch.
+# The shapes of scripts.bench (--shape) and scripts.performance.step_profile: a model's settings and its batch.
 SHAPES = {
     # The Foundation's 4.0M-parameter model (configs/tiny.toml).
     "tiny": {"model": dict(vocab_size=4096, dim=256, n_layers=4, n_heads=8, n_kv_heads=4, max_seq_len=256), "batch": 16},
@@ -26,7 +26,7 @@ SHAPES = {
     "micro": {"model": dict(vocab_size=512, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64), "batch": 4},
     # MiniMind-small-like: 26M parameters.
     "small": {"model": dict(vocab_size=6400, dim=512, n_layers=8, n_heads=8, n_kv_heads=2, max_seq_len=512), "batch": 8},
-    # The research shapes of the GPU session (docs/performance.md): the literature's small grid (the `gpu` preset's
+    # The research shapes, measured on CUDA (docs/performance.md): the literature's small grid (the `gpu` preset's
     # model, configs/compare.toml) at its batch, and a larger one at L = 512; both 16,384 tokens per step, MHA.
     "research6": {"model": dict(vocab_size=4096, dim=384, n_layers=6, n_heads=6, n_kv_heads=6, max_seq_len=128),
                   "batch": 128},
@@ -38,7 +38,7 @@ SHAPES = {
                               max_seq_len=8192, rope_theta=100000.0), "batch": 1},
 }
 
-# The cost tables' shape (scripts.encoding_costs, experiments.performance.flex_costs): the full comparison preset's
+# The cost tables' shape (scripts.encoding_costs, scripts.performance.flex_costs): the full comparison preset's
 # model (dim 256, 4 layers, 8 heads, 4 KV heads, L = 256, vocabulary 4096).
 COST_SHAPE = {"vocab_size": 4096, "dim": 256, "n_layers": 4, "n_heads": 8, "n_kv_heads": 4, "max_seq_len": 256}
 

@@ -1,9 +1,9 @@
 """The attention backend every encoding takes (model/attention/registry.py), and why: in a training step, in a 16x
 evaluation and in cached decoding, each run for real on a model of the quick preset's shape.
 
-    python -m experiments.performance.attention_paths   # every registered encoding, on this machine's device
-    python -m experiments.performance.attention_paths --device cuda --out runs/paths
-    python -m experiments.performance.attention_paths --device cuda --flex-cuda   # model.attention_backend = "flex"
+    python -m scripts.performance.attention_paths   # every registered encoding, on this machine's device
+    python -m scripts.performance.attention_paths --device cuda --out runs/paths
+    python -m scripts.performance.attention_paths --device cuda --flex-cuda   # model.attention_backend = "flex"
 
 The three situations are the ones the project runs:
   - training: the train loop's forward with a loss, gradients on, at L with --batch sequences, in the trainer's
@@ -81,7 +81,7 @@ def markdown(rows: dict[str, dict[str, dict]]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = command_parser("experiments.performance.attention_paths", __doc__)
+    parser = command_parser("scripts.performance.attention_paths", __doc__)
     parser.add_argument("--encodings", help="comma-separated encodings (default: every registered one)")
     parser.add_argument("--batch", type=int, default=32, help="training sequences (the quick preset's batch)")
     add_device(parser)

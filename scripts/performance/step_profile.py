@@ -1,9 +1,9 @@
 """Where a training step's time goes: ours against transformers' Llama, eager bf16 and compiled, by kind of work.
 
-    python -m experiments.performance.step_profile   # tiny shape; writes runs/bench/step_profile-tiny.{md,json}
-    python -m experiments.performance.step_profile --shape small --steps 3
+    python -m scripts.performance.step_profile   # tiny shape; writes runs/bench/step_profile-tiny.{md,json}
+    python -m scripts.performance.step_profile --shape small --steps 3
 
-The modes are scripts.bench's (the same models, weights and steps, from experiments/performance/measure.py: ours is
+The modes are scripts.bench's (the same models, weights and steps, from scripts/performance/measure.py: ours is
 the train loop's own step, bf16 autocast and the fused head + loss; transformers' is the textbook loop under bf16
 autocast), each compiled too unless --no-compile. Each mode runs two warm-up steps (compilation happens there), then
 --steps steps under torch.profiler (CPU); every operator's self time is put in one kind:
@@ -30,8 +30,8 @@ import torch
 
 from commands import add_out, command_parser, parse
 from errors import ConfigError, cli_command
-from experiments.performance.measure import SHAPES, hf_trainer, our_trainer
 from model.runtime import configure_runtime
+from scripts.performance.measure import SHAPES, hf_trainer, our_trainer
 
 KINDS = ["matmul", "attention", "loss", "optimizer", "compiled kernels", "other"]
 
@@ -89,7 +89,7 @@ def table(results: dict) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = command_parser("experiments.performance.step_profile", __doc__)
+    parser = command_parser("scripts.performance.step_profile", __doc__)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="scripts.bench's shapes")
     parser.add_argument("--steps", type=int, default=5, help="profiled steps per mode")
     parser.add_argument("--no-compile", action="store_true", help="eager modes only")
