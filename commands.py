@@ -176,11 +176,12 @@ def add_device(parser: argparse.ArgumentParser, default: str = "auto") -> None:
 RESULTS_DIGITS = 9  # significant digits of a float in a results file: every float32 reads back exactly
 
 
-def results_json(record: Any) -> str:
+def results_json(record: Any, exact: bool = False) -> str:
     """A command's results file (OUT/results.json): JSON indented by one space, with each innermost record (an
     object or list holding only numbers, strings, booleans, nulls and lists of them) on one line, and floats to
-    RESULTS_DIGITS significant digits. A file a reader can page through and diff by record; json.loads reads it."""
-    return _compact(record, 0) + "\n"
+    RESULTS_DIGITS significant digits (exact: every float as it is). A file a reader can page through and diff by
+    record; json.loads reads it."""
+    return _compact(record, 0, exact) + "\n"
 
 
 def _rounded(value: Any) -> Any:
@@ -202,12 +203,12 @@ def _flat(value: Any) -> bool:
                all(not isinstance(inner, (dict, list, tuple)) for inner in item)) for item in items)
 
 
-def _compact(value: Any, level: int) -> str:
+def _compact(value: Any, level: int, exact: bool = False) -> str:
     if _flat(value):
-        return json.dumps(_rounded(value))
+        return json.dumps(value if exact else _rounded(value))
     inner, outer = " " * (level + 1), " " * level
     if isinstance(value, dict):
-        parts = [f"{inner}{json.dumps(key if isinstance(key, str) else json.dumps(key))}: {_compact(item, level + 1)}"
-                 for key, item in value.items()]
+        parts = [f"{inner}{json.dumps(key if isinstance(key, str) else json.dumps(key))}: "
+                 f"{_compact(item, level + 1, exact)}" for key, item in value.items()]
         return "{\n" + ",\n".join(parts) + "\n" + outer + "}"
-    return "[\n" + ",\n".join(f"{inner}{_compact(item, level + 1)}" for item in value) + "\n" + outer + "]"
+    return "[\n" + ",\n".join(f"{inner}{_compact(item, level + 1, exact)}" for item in value) + "\n" + outer + "]"

@@ -33,6 +33,7 @@ from errors import ConfigError, DataError, cli_command
 from eval import figures
 from eval.extrapolation import parse_lengths, resolve_length
 from eval.heldout import checkpoint_eval_tokens
+from eval.stats import t_interval
 from model.checkpoint import load_model, trained_length, training_data_dir
 from model.runtime import configure_runtime, resolve_device
 from model.transformer import Transformer
@@ -135,6 +136,34 @@ def curve(statistic: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         return np.asarray(statistic["positions"]), values
     values, positions = binned(values)
     return positions, values
+
+
+def over_seeds(rows: list[dict[str, Any]], item: str) -> dict[str, Any]:
+    """Each statistic of the models of one variant (their summarise() at one length, one per seed) over the seeds:
+    the mean within L and beyond L (over layers, heads and positions) and its rise, each a t interval over seeds."""
+    found: dict[str, Any] = {}
+    kept = [row[item] for row in rows if "error" not in row.get(item, {"error": 1})]
+    for name in STATISTICS:
+        for part in ("within_L", "beyond_L"):
+            found[f"{name} {part}"] = t_interval([float(np.mean(r[name][part])) for r in kept
+                                                  if r[name][part] is not None])
+        found[f"{name} rise"] = t_interval([float(np.mean(r[name]["beyond_L"]) - np.mean(r[name]["within_L"]))
+                                            for r in kept if r[name]["beyond_L"] is not None])
+    return found
+
+
+def uniform_rise(length: int, trained: int) -> float | None:
+    """Mean ln(i + 1) over positions L..T-1 minus over 0..L-1: the entropy rise of uniform causal attention, what
+    more keys alone cause (None within L)."""
+    logs = np.log(np.arange(1, length + 1))
+    return None if length <= trained else float(logs[trained:].mean() - logs[:trained].mean())
+
+
+def mean_curves(rows: list[dict[str, Any]], item: str) -> dict[str, Any]:
+    """The seeds' curves by position at one length averaged, as one summary (what plot draws)."""
+    kept = [row[item] for row in rows if "error" not in row.get(item, {"error": 1})]
+    return {name: {"by_position": np.mean([np.asarray(r[name]["by_position"]) for r in kept], axis=0).tolist(),
+                   "positions": kept[0][name]["positions"]} for name in STATISTICS} if kept else {}
 
 
 def checkpoint_label(checkpoint: str) -> str:

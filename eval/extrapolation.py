@@ -53,7 +53,7 @@ from eval.segments import (
     tiled_layout,
     tiled_windows,
 )
-from eval.stats import crossed_bootstrap
+from eval.stats import Estimate, crossed_bootstrap, draws_interval
 from model.checkpoint import load_model, trained_length, training_data_dir
 from model.methods import METHODS, NONE, applies, check_methods, label, method_spec
 from model.runtime import autocast_dtype, configure_runtime, resolve_device
@@ -139,6 +139,57 @@ def key_for(method: str, length: int) -> str:
     return f"{method}@{length}"
 
 
+POSITION_BUCKETS = ((0, 1), (1, 2), (2, 4))  # positions [0, L), [L, 2L), [2L, 4L), in units of L
+
+
+def position_spans(length: int, trained: int, tail: int, incremental: bool) -> list[tuple[int, int]]:
+    """The positions a window of `length` tokens is reported on: the buckets within it and the last `tail`
+    positions before each of 2L and 4L that it reaches (what dynamic NTK scores; an incremental method's only span,
+    before `length`)."""
+    if incremental:
+        return [(length - tail, length)]
+    return [(low * trained, min(high * trained, length)) for low, high in POSITION_BUCKETS if low * trained < length] \
+        + [(end - tail, end) for end in (2 * trained, 4 * trained) if trained < end <= length]
+
+
+def by_position(losses: np.ndarray, length: int, trained: int, tail: int, incremental: bool) -> dict[str, Any]:
+    """One window's losses (score_under's row) by position: the mean over each of position_spans ([begin, end,
+    mean]) and, for a whole window, the means of bins of L / 8 positions (what a curve by position needs)."""
+    offset = length - len(losses)  # an incremental method's losses begin `offset` positions in
+    spans = [[begin, end, float(losses[begin - offset:end - offset].mean())]
+             for begin, end in position_spans(length, trained, tail, incremental)]
+    width = max(1, trained // 8)
+    bins = [] if incremental else losses[: length // width * width].reshape(-1, width).mean(axis=1).tolist()
+    return {"spans": spans, "bin_width": width, "bins": bins}
+
+
+def position_rows(windows: dict[tuple[str, int, str, int], list], trained: int) -> list[dict[str, Any]]:
+    """(text, window, method, length) -> by_position's spans of that window  =>  a row per (text, method, length,
+    span): the mean NLL over windows with its t interval cut at 0 (none below MIN_DRAWS windows: the values), and the
+    difference to plain RoPE at the same length and positions, paired by window; plain RoPE at the length of every
+    method. A (method, length) without spans of its own reads them from the shortest longer cell of the same method
+    (the same settings, by the caller's choice of cells), plain RoPE from its longest."""
+    def spans(text: str, window: int, method: str, length: int) -> dict[tuple[int, int], float]:
+        longer = [n for t, w, m, n in windows if (t, w, m) == (text, window, method) and n >= length]
+        return {} if not longer else {(b, e): v for b, e, v in windows[(text, window, method, min(longer))]
+                                      if e <= length}
+
+    rows, every = [], sorted({w for _, w, _, _ in windows})
+    for text, method, length in dict.fromkeys(k for t, _, m, n in windows for k in ((t, NONE, n), (t, m, n))):
+        pairs = [(spans(text, w, method, length), spans(text, w, NONE, length)) for w in every]
+        for at in dict.fromkeys(at for own, _ in pairs for at in own):
+            values = [own[at] for own, _ in pairs if at in own]
+            differences = [own[at] - plain[at] for own, plain in pairs if at in own and at in plain]
+            nll = draws_interval(values, 0.0)
+            versus = (None if method == NONE else draws_interval(differences)) or Estimate(None, None, None, 0)
+            rows.append({"text": text, "method": method, "length": length, "bucket": list(at), "windows": len(values),
+                         "kind": "tail" if method_spec(method).incremental or at[0] % trained else "bucket",
+                         "nll": nll.mean, "nll_low": nll.low, "nll_high": nll.high, "values": values,
+                         "vs_plain": versus.mean, "vs_plain_low": versus.low, "vs_plain_high": versus.high,
+                         "vs_plain_values": differences if versus.n else None})
+    return rows
+
+
 @dataclass
 class CheckpointEvaluation:
     """Per-token losses of one checkpoint (segment layout) under each method and length, its L-window reference,
@@ -204,6 +255,33 @@ class CheckpointEvaluation:
     def probe_nll(self, method: str, offset: int) -> float | None:
         values = self.probe.get(key_for(method, offset))
         return None if values is None else float(values.mean())
+
+    def summary(self, methods: list[str], bins: int = 64) -> dict[str, Any]:
+        """What a study's record keeps of the evaluation: per method and length the mean NLL (or why there is
+        none) and the penalty of each window past L (a float32: read it back through np.float32); per method the
+        penalty by position at the longest length in `bins` bins (window loss less reference loss, each bin the mean
+        of longest // bins positions); the probe's mean NLL per offset; the seconds and the attention paths."""
+        lengths, longest = self.plan["lengths"], max(self.plan["lengths"])
+        bucket = max(1, longest // bins)
+        found: dict[str, Any] = {"nll": {}, "penalty": {}, "curve": {}, "probe": {}, "errors": self.errors,
+                                 "seconds": self.seconds, "paths": self.paths}
+        for method in methods:
+            for length in lengths:
+                nll = self.nll(method, length)
+                if nll is not None:
+                    found["nll"][key_for(method, length)] = nll
+                windows = self.penalty_windows(method, length)
+                if windows is not None:  # float32 means: each the shortest decimal that reads back as that float32
+                    found["penalty"][key_for(method, length)] = [float(str(v)) for v in windows.astype(np.float32)]
+            curve = self.position_curve(method, longest)
+            if curve is not None:
+                curve = (curve - self.position_curve(method, longest, reference=True))[: longest // bucket * bucket]
+                found["curve"][method] = curve.reshape(-1, bucket).mean(axis=1).tolist()
+            for offset in self.plan.get("probe_offsets", []):
+                nll = self.probe_nll(method, offset)
+                if nll is not None:
+                    found["probe"][key_for(method, offset)] = nll
+        return found
 
 
 def score_reference(model: Transformer, ids: np.ndarray, segments: Segments, trained: int, stride: int,

@@ -22,6 +22,16 @@ from errors import CheckpointError, DataError
 from model.checkpoint import load_trainer_state, training_data_dir
 
 
+def text_tokens(text: str, tokenizer) -> np.ndarray:
+    """A text scored whole, for a model that never trained on it: "stdlib" (this machine's Python standard library,
+    every document, separated by <|endoftext|>) or a local text file (UTF-8) read whole."""
+    if text == "stdlib":
+        return load_eval_tokens("stdlib", tokenizer, all_documents=True)
+    if not Path(text).is_file():
+        raise DataError(f"{text}: no such file; give a local text file (a long book, UTF-8) or stdlib")
+    return np.asarray(tokenizer.encode(Path(text).read_text(errors="replace"), add_special_tokens=False), dtype=np.int64)
+
+
 def is_prepared(data: str | Path) -> bool:
     path = Path(data)
     return path.is_dir() and (path / "meta.json").exists() and (path / "val.bin").exists()

@@ -32,6 +32,13 @@ from model.checkpoint import trained_length
 from model.runtime import configure_runtime
 from model.transformer import Transformer
 
+# A fleet's probe (experiments.compare): the copied block, at most L / 4, and the trials per length
+FLEET_BLOCK, FLEET_TRIALS = 32, 32
+
+
+def fleet_block(trained: int) -> int:
+    return max(2, min(FLEET_BLOCK, trained // 4))
+
 
 def ordinary_token_ids(tokenizer, vocab_size: int) -> np.ndarray:
     """The ids a random sequence is drawn from: the model's vocabulary without the tokenizer's special tokens."""

@@ -24,8 +24,11 @@ import json
 import random
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
+
+import torch
 
 from commands import add_checkpoint, add_device, add_out, comma_list, command_parser, parse, renamed, results_json
 from data.tokenizer import load_tokenizer
@@ -36,7 +39,8 @@ from eval.stats import wilson_interval
 from infer.generate import generate_tokens
 from infer.rope_args import add_rope_scaling_args, load_for_inference
 from model.checkpoint import trained_length
-from model.runtime import configure_runtime
+from model.methods import method_spec
+from model.runtime import autocast, configure_runtime
 
 INTRO = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
@@ -46,6 +50,9 @@ FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. Th
 KEY_LINE = "The pass key is {key}. Remember it. {key} is the pass key."
 QUESTION = "What is the pass key? The pass key is"
 ANSWER_TOKENS = 10
+
+
+FLEET_DEPTHS = [0.0, 0.5, 1.0]  # a fleet's probe (experiments.compare): the key at the start, middle and end
 
 
 def build_prompt(key: int, filler_count: int, depth: float) -> str:
@@ -105,19 +112,35 @@ def evaluate_passkey(model, tokenizer, lengths: list[int], depths: list[float], 
     return rows
 
 
-def plot_heatmap(rows: list[dict], path: Path, title: str) -> None:
+def passkey_under(model, tokenizer, method: str, length: int, depth: float, trials: int, trained: int,
+                  amp: torch.dtype | None = None, seed: int = 0) -> dict:
+    """One (length, depth) cell of evaluate_passkey (greedy) under `method` (model/methods/) set for `length`, its
+    seconds added."""
+    started = time.perf_counter()
+    view = model.under(method_spec(method), length, trained)
+    with autocast(next(model.parameters()).device, amp):
+        [row] = evaluate_passkey(view, tokenizer, [length], [depth], trials, seed)
+    return {**row, "method": method, "seconds": time.perf_counter() - started}
+
+
+def plot_heatmap(rows: list[dict], path: Path, title: str, label: Callable[[dict], str] | None = None,
+                 ylabel: str = "key depth") -> None:
+    """Accuracy per prompt length (columns) and key depth (rows, the shallowest first), or per label(row) (rows in the
+    order `rows` first gives each label, e.g. a method and a depth)."""
     lengths = sorted({row["length"] for row in rows})
-    depths = sorted({row["depth"] for row in rows})
-    grid = [[next(r["accuracy"] for r in rows if r["length"] == n and r["depth"] == d) for n in lengths] for d in depths]
-    figure, axis = figures.new(width=1.2 * len(lengths) + 2, height=0.6 * len(depths) + 2)
+    labels = list(dict.fromkeys(map(label, rows))) if label else [f"{d:g}" for d in sorted({r["depth"] for r in rows})]
+    label = label or (lambda row: f"{row['depth']:g}")
+    grid = [[next(r["accuracy"] for r in rows if r["length"] == n and label(r) == name) for n in lengths]
+            for name in labels]
+    figure, axis = figures.new(width=1.2 * len(lengths) + 2, height=0.6 * len(labels) + 2)
     image = axis.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
     axis.set_xticks(range(len(lengths)), [str(n) for n in lengths])
-    axis.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
+    axis.set_yticks(range(len(labels)), labels)
     for i, row in enumerate(grid):
         for j, value in enumerate(row):
             axis.text(j, i, f"{value:.0%}", ha="center", va="center", fontsize=8)
     axis.set_xlabel("prompt length (tokens)")
-    axis.set_ylabel("key depth")
+    axis.set_ylabel(ylabel)
     axis.set_title(title)
     figure.colorbar(image, ax=axis, label="accuracy")
     figures.save(figure, path)

@@ -2,12 +2,13 @@
 for a model and for its window control (the same weights with attention limited to the last L keys). The difference
 says whether the model uses what lies past L, where the text penalty can only say it is not harmed by it.
 
-    python -m eval.retrieval --checkpoint runs/compare_map/tasks/runs/mqar/alibi/seed1 --task mqar \
+    python -m eval.retrieval --checkpoint runs/compare_map/work/tasks/mqar/alibi/seed1 --task mqar \
         --lengths 64x --distances 0.5x,8x,16x,32x,63x --out runs/alibi_far
 
 Scores checkpoints trained on a retrieval task (experiments.tasks, or a comparison's tasks) at any input length and
 answer distance, with and without the window control. Writes OUT/results.json (each checkpoint's cells: distance,
-length, exact match and token accuracy, full and window) and OUT/table.md."""
+length, exact match and token accuracy, full and window) and OUT/table.md. grid_over_seeds: the grids of one
+encoding's seeds as one, with 95% intervals (experiments.tasks reports them)."""
 from __future__ import annotations
 
 import argparse
@@ -18,6 +19,7 @@ from commands import add_device, add_out, comma_list, command_parser, parse, res
 from data.tasks import EVAL_SEED, Task, get_task
 from errors import ConfigError, cli_command
 from eval.extrapolation import parse_lengths, resolve_length
+from eval.stats import paired_rate_difference, rate_over_seeds
 from eval.task_score import evaluate
 from model.checkpoint import load_model, trained_length
 from model.methods import NONE, method_spec
@@ -68,6 +70,24 @@ def retrieval_grid(model: Transformer, task: Task, trained: int, multiples: list
             "full": evaluate(view, task, length, count, seed, distance),
             "window": evaluate(window_control(view, trained), task, length, count, seed, distance)}
     return grid
+
+
+def grid_over_seeds(grids: list[dict], count: int, threshold: float) -> dict[str, dict[str, dict]]:
+    """The seeds' retrieval grids (retrieval_grid, in seed order) as one: per cell, the exact match of the model
+    ("full") and of its window control ("window") over seeds (eval.stats.rate_over_seeds: `count` sequences per cell,
+    `threshold` for the seeds that reach it), and their difference paired by seed (eval.stats.paired_rate_difference:
+    the t interval over the seeds' differences joined with the MOVER interval of the two parts)."""
+    merged: dict[str, dict[str, dict]] = {}
+    for key, by_label in grids[0].items():
+        for name, first in by_label.items():
+            parts = [grid[key][name] for grid in grids]
+            full, window = (rate_over_seeds([part[side]["exact_match"] for part in parts], count, threshold).estimate
+                            for side in ("full", "window"))
+            difference = paired_rate_difference([p["full"]["exact_match"] - p["window"]["exact_match"] for p in parts],
+                                                full, window)
+            merged.setdefault(key, {})[name] = {"distance": first["distance"], "full": full, "window": window,
+                                                "difference": difference}
+    return merged
 
 
 def score_checkpoint(model: Transformer, task: Task, trained: int, lengths: list[int], distances: list[str],

@@ -4,12 +4,13 @@
                        the last `last` targets may be scored, as the L-window reference does)
     score_incremental  a prefill, then one token at a time through the KV cache, so every token is scored
                        exactly as generation would see it (dynamic NTK: under the base of its own prefix length)
+    score_under        a window under an inference-time method set for its length: one forward, or for a method
+                       scored incrementally (dynamic NTK) its last positions token by token after a prefill
 
 Both take `windows`, an int array (n, T + 1): inputs are [:, :-1], targets [:, 1:]; both return float32
 losses (n, T) in nats, where column p is the loss of the token predicted at position p (p + 1 tokens of context).
-`on_batch`, if given, is called before each batch (and every 64 decoding steps): a caller that runs scoring in a
-worker process uses it to take cores other workers have freed (experiments/jobs.py); it changes how fast, not what,
-is computed.
+`on_batch`, if given, is called before each batch (and every 64 decoding steps): a hook for a caller that acts
+between batches (reports progress, changes its thread count); it changes how fast, not what, is computed.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import torch
 from tqdm import tqdm
 
 from model.kv_cache import KVCache
+from model.methods import method_spec
 from model.runtime import autocast
 from model.transformer import Transformer
 
@@ -130,3 +132,17 @@ def score_prefixes(model: Transformer, windows: np.ndarray, start: int, amp: tor
     for position in range(start, width - 1):
         losses[:, position] = score_windows(model, windows[:, : position + 2], amp)[:, -1]
     return losses
+
+
+def score_under(model: Transformer, method: str, windows: np.ndarray, trained: int, amp: torch.dtype | None = None,
+                tail: int = 0) -> tuple[np.ndarray, dict[str, str]]:
+    """Losses of `windows` (n, T + 1) under `method` (model/methods/) set for their length T (a RoPE scaling's factor
+    T / trained, an attention method's parameters for T), and the attention path each layer took. One forward per
+    window; for a method scored incrementally (dynamic NTK), only the last `tail` positions, each as decoding
+    scores it (through the KV cache, after a prefill of the rest): losses (n, tail)."""
+    length = windows.shape[1] - 1
+    spec = method_spec(method)
+    view = model.under(spec, length, trained)
+    if spec.incremental:
+        return score_incremental(view, windows, length - tail, amp)[:, -tail:], view.attention_paths()
+    return score_windows(view, windows, amp), view.attention_paths()

@@ -1,14 +1,15 @@
 """Score trained checkpoints on a synthetic task at multiples of their trained length, optionally with model
 settings changed for the evaluation only.
 
-    python -m eval.task_score --task copy --checkpoint runs/tasks/runs/copy/dape/seed1 --multiples 1,2
+    python -m eval.task_score --task copy --checkpoint runs/tasks/work/tasks/copy/dape/seed1 --multiples 1,2
     python -m eval.task_score --task copy --checkpoint A,B,C --multiples 1,2 --model.position_args.dape.mlp_bias_clip=20
 
 A model setting given as --model.KEY=VALUE replaces the checkpoint's for this scoring: an evaluation-time option
 (dape's mlp_bias_clip, random_positions_draw, an attention method's parameters) answers a question about a trained
 model without training it again. A setting that changes the weights' shapes is refused when the weights are loaded.
 The sequences are those experiments.tasks scores (data/tasks.py, the evaluation seed), so the scores of an
-unchanged checkpoint equal the suite's.
+unchanged checkpoint equal the suite's. validation_stop is the suite's stop check during training: exact match at L
+on validation sequences.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -49,6 +51,20 @@ def evaluate(model: Transformer, task: Task, length: int, count: int, seed: int 
     device = next(model.parameters()).device
     logits = torch.cat([model(batch.inputs[first : first + 64].to(device))[0].cpu() for first in range(0, count, 64)])
     return score(logits, batch)
+
+
+VALIDATION_COUNT = 256  # validation sequences at L for the stop check
+
+
+def validation_stop(task: Task, length: int, target: float,
+                    count: int = VALIDATION_COUNT) -> Callable[[Transformer, int], str | None]:
+    """A training's stop check (train.loop's stop_when): stop once exact match at `length` on `count` validation
+    sequences (the seed EVAL_SEED - 1, which no training batch and no test uses) reaches `target`."""
+    def check(model: Transformer, step: int) -> str | None:
+        value = evaluate(model, task, length, count, seed=[EVAL_SEED - 1, 1])["exact_match"]
+        print(f"step {step:5d} | validation exact match at L {value:.4f} (stop at {target:g})", flush=True)
+        return f"validation exact match {value:.4f} >= {target:g}" if value >= target else None
+    return check
 
 
 def configured(folder: str, overrides: list[str]) -> ModelConfig:

@@ -18,7 +18,7 @@ fewer than 3 windows has none (the passages of one window share its text and its
 independent draws). One probe and one control forward measure every distance at once: the second copies are packed
 at the end of the window, distances interleaved, so each distance is scored at about the same positions (the longest
 distance's first copy then lies just after the window's lead in every window: that column also measures the
-layout, so a "max" column is shown and not counted in the reach; experiments.method_grid draws each window's places
+layout, so a "max" column is shown and not counted in the reach; experiments.use_grid draws each window's places
 instead, eval.use.jittered). Verdicts (calibrate): the
 rows past the positive control are one family; "uses" where the one-sided t test, Holm-corrected over the family,
 shows use above 0 and its mean is at least the margin, a tenth of the positive control's use (at least --margin);
@@ -48,9 +48,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,7 @@ from commands import (
     results_json,
 )
 from data.tokenizer import ENDOFTEXT, load_tokenizer
-from errors import ConfigError, PositionRangeError, cli_command
+from errors import ConfigError, DataError, PositionRangeError, cli_command
 from eval import figures
 from eval.extrapolation import parse_lengths, resolve_length
 from eval.heldout import checkpoint_eval_tokens
@@ -77,17 +78,28 @@ from eval.scoring import score_incremental, score_windows
 from eval.segments import choose_segments
 from eval.stats import (
     MIN_DRAWS,
-    Cell,
     Estimate,
-    calibrated_verdicts,
+    Spread,
+    bounded_t_interval,
     draws_interval,
-    reach_of,
     spread,
+    spread_interval,
+    t_interval,
+    t_quantile_975,
+)
+from eval.verdicts import (
+    Cell,
+    calibrated_verdicts,
+    impossible_use,
+    interval_verdict,
+    positive_control,
+    reach_of,
+    separated_by_windows,
     use_margin,
     verdict,
 )
 from model.checkpoint import load_model, trained_length, training_data_dir
-from model.methods import ATTENTION_METHODS, NONE, applies, check_methods, method_spec, normalize_methods
+from model.methods import ATTENTION_METHODS, NONE, applies, check_methods, label, method_spec, normalize_methods
 from model.runtime import autocast_dtype, configure_runtime, resolve_device
 from model.transformer import Transformer
 
@@ -370,7 +382,7 @@ class UseResult:
         presence = self.presence[:, index, :].mean(axis=1)
         order = self.use[:, index] - presence
         return {"presence": draws_interval(presence).__dict__, "presence_values": presence.tolist(),
-                "order": draws_interval(order).__dict__, "order_values": order.tolist()}
+                "order": draws_interval(order).__dict__}
 
 
 @torch.inference_mode()
@@ -499,6 +511,29 @@ def rows_table(rows: list[dict[str, Any]], trained: int) -> list[str]:
     return lines
 
 
+def text_section(title: str, rows: list[dict[str, Any]], trained: int) -> list[str]:
+    """One checkpoint's use rows on one text as a report section: their verdicts calibrated as one family
+    (calibrate), the table, the self-checks, and where rows ran in other precisions ("dtype"), which in which."""
+    calibrate(rows, trained)
+    lines = [f"## {title}", "", "Repeated passages of S tokens, each second copy d tokens after its first, against the "
+             "same window with other text in place of the first copies; use = NLL(control) - NLL(probe) on the second "
+             "copies' tokens 2..S, nats, mean [95% t over windows; none below 3 windows]; verdicts calibrated "
+             "(eval.use.calibrate): 'uses' where the one-sided t test, Holm-corrected over the text's rows past the "
+             "positive control, shows use above 0 and the mean is at least the margin (a tenth of the positive "
+             f"control's use, at least {DEFAULT_MARGIN:g} nats); 'negligible' where shown above 0 but below it; 'none' "
+             "where the interval lies within +-margin; else 'cannot tell'. A window of L tokens holds the model as "
+             "trained (the positive control); a method whose attention cannot reach d is marked 'past reach' (the "
+             "negative control).", "", *rows_table(rows, trained), "",
+             *[f"- {check}" for check in self_checks(rows, trained)], ""]
+    precisions: dict[str, dict[str, None]] = {}
+    for r in rows:
+        precisions.setdefault(r.get("dtype", "bfloat16"), {}).setdefault(f"{r['method']} at {r['length']:,}", None)
+    if len(precisions) > 1:
+        lines += ["Precision: " + "; ".join(f"{dtype} for {', '.join(cells)}" for dtype, cells in
+                                            sorted(precisions.items())) + ".", ""]
+    return lines
+
+
 def markdown(name: str, rows: list[dict[str, Any]], recurrence: dict[str, list[dict]], meta: dict[str, Any]) -> str:
     trained = meta["trained"]
     lines = [f"## {name}", "", meta["setup"], "", *rows_table(rows, trained)]
@@ -551,9 +586,9 @@ def across_seeds(results: dict[str, dict[str, Any]]) -> list[str]:
             if len(values) != len(entries) or any(v is None or len(v) != len(values[0]) for v in values):
                 continue  # not the same windows in every seed
             estimates[key] = spread(np.asarray(values, dtype=np.float64))
-            if all("presence_values" in r for r in rows):
-                primed[(variant, *key)] = tuple(spread(np.asarray([r[k] for r in rows], dtype=np.float64))
-                                                for k in ("presence_values", "order_values"))
+            if all("presence_values" in r for r in rows):  # order = use - presence, window by window
+                presence = np.asarray([r["presence_values"] for r in rows], dtype=np.float64)
+                primed[(variant, *key)] = (spread(presence), spread(np.asarray(values, dtype=np.float64) - presence))
         positive = [e.mean for (method, length, distance), e in estimates.items()
                     if e is not None and method == NONE and length <= trained and distance < trained]
         margin = use_margin(float(np.mean(positive)) if positive else None, floor)
@@ -784,3 +819,392 @@ def rewrite_report(out: Path) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ------------------------------------------------------------------------------ over the seeds of a fleet of models
+
+PER_DISTANCE = 4  # a fleet's probe: passages per distance in each window
+FLEET_NGRAM = 4  # its second view's n-grams
+WINDOW_CONTROL = "window"  # attention limited to the last L keys: the negative control, probed beside every model
+
+
+def fleet_windows(use_windows: int, trained: int, longest: int, tokens: int) -> dict[int, int]:
+    """Windows per length of a fleet's probe: `use_windows` at the longest length; in windows of L (the positive
+    control, one passage per distance where a long window holds many) the tokens of those windows, as many as the
+    `tokens` of held-out text hold."""
+    many = use_windows * (longest + 1) // (trained + 1)
+    return {trained: max(use_windows, min(many, tokens // (trained + 1))), longest: use_windows}
+
+
+def check_fleet_windows(use_windows: int, trained: int, longest: int, tokens: int) -> None:
+    """Before any training: the probe's longest windows must fit `use_windows` times in the held-out `tokens`."""
+    fits = max(0, (tokens - 1) // (longest + 1))
+    if fits < use_windows:
+        raise ConfigError(
+            f"the use probe needs use_windows = {use_windows} windows of {longest + 1:,} tokens (the longest length, "
+            f"{longest // trained}x of L = {trained}), and the held-out text ({tokens:,} tokens) holds {fits}: lower "
+            f"use_windows to {fits} or less, shorten the lengths, or hold out more text (val_fraction)")
+
+
+def fleet_probe(model: Transformer, ids: np.ndarray, trained: int, longest: int, items: list[str],
+                windows: dict[int, int], methods: list[str], priming: bool,
+                separator: int | None = None) -> dict[str, Any]:
+    """The use probe of one model of a fleet: in windows of L as trained (the positive control, distances within
+    L) and at the longest length as trained, under each of `methods` that applies and under the window control.
+    Kept per window (the mean over its passages: the passages of one window are not independent draws), with the
+    passages whose copies lie in different documents counted per distance (`separator`: the end of a document)."""
+    methods = [m for m in dict.fromkeys([*methods, WINDOW_CONTROL])
+               if applies(m, model.config.position, model.config.layer_encodings)]
+    span = default_span(trained)
+    found, errors = measure_checkpoint(model, ids, trained, sorted(windows), items, span, PER_DISTANCE, windows, 0,
+                                       methods, None, FLEET_NGRAM, separator, priming=priming)
+    return {"span": span, "per_distance": PER_DISTANCE, "errors": errors,
+            "results": [{"method": r.method, "length": r.length, "distances": r.distances, "reach": r.reach,
+                         "use": significant(np.asarray(r.passages, dtype=np.float64).mean(axis=2)),
+                         **({} if r.apart is None else {"across_documents": r.apart.sum(axis=(0, 2)).tolist(),
+                                                        "passages": int(r.apart[:, 0, :].size)}),
+                         **({} if r.presence is None else
+                            {"presence": significant(np.asarray(r.presence, dtype=np.float64).mean(axis=2))})}
+                        for r in found]}
+
+
+def significant(values: np.ndarray) -> list:
+    """Each window's value to 9 significant digits, as a record keeps it (the tests read intervals over windows)."""
+    return np.vectorize(lambda x: float(f"{x:.9g}"))(values).tolist()
+
+
+@dataclass
+class UseSummary:
+    """One variant's use over seeds and windows at each (window length, distance) it was probed at."""
+
+    label: str
+    distances: list[int]
+    estimates: list[Estimate | None]
+    verdicts: list[str]
+    reach: int | None  # how far its attention sees (a window control), None: everything
+    lengths: list[int] = field(default_factory=list)  # the window length of each column
+    across: list[tuple[int, int] | None] = field(default_factory=list)  # per column: (copies apart, passages)
+    spreads: list = field(default_factory=list)  # per column: eval.stats.Spread, what the tests read
+    pinned: int | None = None  # the longest length's "max" distance: shown, not counted in how far back
+    presence: list = field(default_factory=list)  # per column, with the priming control
+    order: list = field(default_factory=list)
+
+    def longest_columns(self) -> list[int]:
+        return [i for i, n in enumerate(self.lengths) if n == max(self.lengths)]
+
+    def reads_back(self) -> int | None:
+        """The largest distance at the longest length at which it and every nearer one read 'uses'."""
+        columns = [i for i in self.longest_columns() if self.distances[i] != self.pinned]
+        return reach_of([self.distances[i] for i in columns], [self.verdicts[i] for i in columns])
+
+    def at(self, distance: int) -> tuple[Estimate | None, str] | None:
+        """(estimate, verdict) at `distance` at the longest length."""
+        for i in self.longest_columns():
+            if self.distances[i] == distance:
+                return self.estimates[i], self.verdicts[i]
+        return None
+
+    def reads_back_words(self, trained: int) -> str:
+        farthest = self.reads_back()
+        if farthest is None:
+            nearest = min(self.distances[i] for i in self.longest_columns())
+            return f"no reach: use not shown at the nearest distance ({nearest:,} tokens)"
+        estimate = self.at(farthest)[0]
+        size = f"; use there {estimate.mean:+.3f} nats" if estimate is not None else ""
+        return f"reads back to about {farthest:,} tokens ({farthest / trained:.3g}L{size})"
+
+    def positive(self, trained: int) -> bool | None:
+        return positive_control(self.distances, self.lengths, self.verdicts, trained)
+
+
+def summarise_fleet(probes: dict[str, list[dict]], margin: float, pinned: bool = False) -> dict[str, UseSummary]:
+    """encoding -> its seeds' fleet_probe records  =>  variant label -> its summary over seeds and windows (a
+    method's variant takes its encoding's windows of at most L, measured as trained, as its positive control), the
+    verdicts of every variant's columns past the positive control calibrated as one family."""
+    summaries: dict[str, UseSummary] = {}
+    for encoding, per_seed_records in probes.items():
+        entries: dict[tuple[str, int], list[dict]] = {}
+        for record in per_seed_records:
+            for entry in record.get("results", []):
+                entries.setdefault((entry["method"], entry["length"]), []).append(entry)
+        if not entries:
+            continue
+        longest = max(length for _, length in entries)
+        short = [key for key in entries if key[1] < longest and key[0] == NONE]
+        for method in dict.fromkeys(m for m, length in entries if length == longest):
+            columns, across, primed = [], [], []
+            for key in [*short, (method, longest)]:
+                per_seed = entries[key]
+                if any(entry["distances"] != per_seed[0]["distances"] for entry in per_seed):
+                    continue  # probed with other settings: not comparable
+                use = np.stack([np.asarray(entry["use"], dtype=np.float64) for entry in per_seed])  # (seeds, w, d)
+                counts = per_seed[0].get("across_documents")  # the same windows in every seed and method
+                presence = np.stack([np.asarray(entry["presence"], dtype=np.float64) for entry in per_seed]) \
+                    if all("presence" in entry for entry in per_seed) else None
+                for i, distance in enumerate(per_seed[0]["distances"]):
+                    columns.append((key[1], distance, use[:, :, i]))
+                    across.append(None if counts is None else (counts[i], per_seed[0]["passages"]))
+                    primed.append(None if presence is None else (spread_interval(presence[:, :, i]),
+                                                                 spread_interval(use[:, :, i] - presence[:, :, i])))
+            summaries[label(encoding, method)] = UseSummary(
+                label(encoding, method), [d for _, d, _ in columns], [spread_interval(m) for _, _, m in columns],
+                [verdict(spread(m), margin) for _, _, m in columns], entries[(method, longest)][0]["reach"],
+                [n for n, _, _ in columns], across, [spread(m) for _, _, m in columns],
+                presence=[None if p is None else p[0] for p in primed],
+                order=[None if p is None else p[1] for p in primed])
+    if pinned:
+        for summary in summaries.values():
+            summary.pinned = max(summary.distances[i] for i in summary.longest_columns())
+    calibrate_fleet(summaries, margin)
+    return summaries
+
+
+def calibrate_fleet(summaries: dict[str, UseSummary], floor: float) -> None:
+    """The verdicts of a fleet's use cells as one family (eval.verdicts.calibrated_verdicts): every variant's columns
+    past its positive control (windows longer than the shortest), each against its variant's margin, a tenth of its
+    positive control's use (at least `floor`); the positive control keeps its own test."""
+    family, margins = [], []
+    for summary in summaries.values():
+        shortest, longest = min(summary.lengths), max(summary.lengths)
+        positive = [e.mean for e, n in zip(summary.estimates, summary.lengths)
+                    if e is not None and n == shortest < longest]
+        own = use_margin(sum(positive) / len(positive) if positive else None, floor)
+        for index, length in enumerate(summary.lengths):
+            if length > shortest or shortest == longest:
+                family.append((summary, index))
+                margins.append(own)
+    words = calibrated_verdicts([summary.spreads[index] for summary, index in family], margins)
+    for (summary, index), word in zip(family, words):
+        summary.verdicts[index] = word
+
+
+# --------------------------------------------------- one window of the use grid (experiments/use_grid.py), four forwards
+
+GRID_FORWARDS = ("natural", "probe", "control", "shuffled")
+
+
+def window_starts(tokens: int, length: int, windows: int) -> list[int]:
+    """`windows` starts of windows of length + 1 tokens with equal gaps before, between and after them (none at the
+    text's first token: a book's title and contents)."""
+    free = tokens - windows * (length + 1)
+    if free < windows + 1:
+        raise DataError(f"the text holds {tokens:,} tokens, too few for {windows} windows of {length + 1:,} tokens with "
+                        "text around them; use a longer text, fewer windows or a shorter length")
+    gap = free / (windows + 1)
+    return [int(round(gap * (i + 1))) + i * (length + 1) for i in range(windows)]
+
+
+def grid_layout(length: int, trained: int, windows: int, distances: list[int], within: list[int], passages: int,
+                span: int, seed: int) -> list[tuple[list[Placement], list[Placement]]]:
+    """Per window, its own draw (seeded [seed, window]): `passages` placements per distance in a window of `length`
+    with every second copy past L, then the positive control's at the distances `within` L in a window of L."""
+    if length <= trained or max(distances) + span + GAP + lead_tokens(length) > length or max(within) >= trained:
+        raise ConfigError(f"the window length must exceed L = {trained:,}, every distance fit in it and every "
+                          "distance of the positive control lie within L")
+    found = []
+    for window in range(windows):
+        rng = np.random.default_rng([seed, window])
+        found.append((jittered(length, span, distances, passages, rng, second_from=trained),
+                      jittered(trained, span, within, passages, rng)))
+    return found
+
+
+def grid_forwards(ids: np.ndarray, start: int, length: int, placements: list[Placement], span: int,
+                  seed: list[int]) -> dict[str, np.ndarray]:
+    """The four windows (GRID_FORWARDS) at ids[start : start + length + 1], each (1, length + 1): the control's other
+    passages and the shuffles drawn from `seed` (the same under every method)."""
+    rng = np.random.default_rng(seed)
+    probe, control = write_copies(ids, start, length, placements, span, rng)
+    shuffled = shuffled_first_copies(control[None], probe[None], placements, span, rng)[0]
+    natural = np.asarray(ids[start : start + length + 1], dtype=np.int64)
+    return {"natural": natural[None], "probe": probe[None], "control": control[None], "shuffled": shuffled[None]}
+
+
+def measure_window(model: Transformer, ids: np.ndarray, start: int, length: int, trained: int,
+                   placements: list[Placement], span: int, seed: list[int], method: str, amp: torch.dtype | None,
+                   step: int = 1, natural: bool = True) -> dict[str, Any]:
+    """One window under `method` set for `length` (natural=False: the probe, control and shuffled forwards only, as
+    the positive control runs). Kept: per passage, in `placements`' order, the mean loss on tokens 2..S of its second
+    copy in the probe, the control and the shuffled control; of the natural window, the mean loss on [0, L) and
+    [L, T); seconds per forward, the attention's reach and paths, the dtype. Dynamic NTK (an incremental method) runs
+    through the KV cache `step` tokens at a time after a prefill to the first scored token (L for the natural one)."""
+    forwards = grid_forwards(ids, start, length, placements, span, seed)
+    spec = method_spec(method)
+    view = model.under(spec, length, trained)
+    losses, seconds = {}, {}
+    for kind in GRID_FORWARDS[0 if natural else 1:]:
+        started = time.perf_counter()
+        if spec.incremental:
+            prefill = trained if kind == "natural" else min(p.second for p in placements)
+            losses[kind] = score_incremental(view, forwards[kind], prefill, amp, step=step)[0]
+        else:
+            losses[kind] = score_windows(view, forwards[kind], amp)[0]
+        seconds[kind] = time.perf_counter() - started
+    record: dict[str, Any] = {"passages": {kind: [float(losses[kind][p.scored(span)].mean()) for p in placements]
+                                           for kind in GRID_FORWARDS[1:]}}
+    if natural:
+        record["natural"] = {"within": float(losses["natural"][:trained].mean()),
+                             "past": float(losses["natural"][trained:].mean())}
+    print(f"{method} at {start:,}: " + ", ".join(f"{kind} {s:.0f} s" for kind, s in seconds.items()), flush=True)
+    return {**record, "seconds": seconds, "reach": reach(view, trained), "paths": view.attention_paths(),
+            "dtype": "float32" if amp is None else str(amp).removeprefix("torch.")}
+
+
+# ------------------------------------------ the use grid's windows summarised: intervals over windows and verdicts
+
+GRID_POSITIVE = "positive"  # the grid's positive control: the checkpoint as trained in windows of L
+GRID_KINDS = ("use", "presence", "order")
+# compared paired by window past L: the four said to read the whole window, YaRN, and the window baseline
+GRID_PAIRED = ("rerope", "selfextend", "string", "dca", "yarn", "sinks")
+
+
+def grid_entry(record: dict[str, Any], placements: list[list[int]], distances: list[int]) -> dict[str, Any]:
+    """One window's numbers from measure_window's record: harm on the natural window and per distance use, presence
+    and order (the mean over the window's passages), the control's NLL on the second copies, each passage's use and
+    where its second copy lies (`placements`: [distance, first, second] in the record's order)."""
+    probe, control, shuffled = (np.asarray(record["passages"][k]) for k in GRID_FORWARDS[1:])
+    entry: dict[str, Any] = {"seconds": record["seconds"], "reach": record["reach"], **record.get("natural", {})}
+    for d in distances:
+        at = [i for i, p in enumerate(placements) if p[0] == d]
+        entry[d] = {"use": float((control[at] - probe[at]).mean()), "presence": float((control[at] - shuffled[at]).mean()),
+                    "order": float((shuffled[at] - probe[at]).mean()), "control_nll": float(control[at].mean()),
+                    "passage_use": (control[at] - probe[at]).tolist(), "second": [placements[i][2] for i in at]}
+    return entry
+
+
+def grid_estimate(values: list[float], low: float | None = None) -> dict[str, Any]:
+    """Mean with Student's t 95% over windows (from MIN_WINDOWS; `low`: the quantity's floor), the values themselves
+    and the standard error."""
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    if len(values) < MIN_WINDOWS:
+        return {"n": len(values), "mean": float(np.mean(values)), "values": values} if values else {"n": 0, "values": []}
+    found = bounded_t_interval(values, low) if low is not None else t_interval(values)
+    se = float(np.std(values, ddof=1) / math.sqrt(len(values)))
+    return {"n": len(values), "mean": found.mean, "low": found.low, "high": found.high, "se": se, "values": values}
+
+
+def summarise_grid(texts: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """texts: text -> {"trained", "distances", "within", "placements" (window -> the methods' placements), "methods":
+    method -> per window its grid_entry or None}. Per text and method: harm and use with intervals over windows; the
+    verdicts of every use cell of the grid as one family, each against its text's margin (calibrated_verdicts),
+    beside the former rule (the interval alone, margin 0.05); each method's reach; the impossible cells, the paired
+    comparisons and the split by position."""
+    summary: dict[str, Any] = {"texts": {}}
+    family: list[tuple[str, dict]] = []  # (text, use at one distance) for every cell of the grid
+    for text, found in texts.items():
+        cells, distances = found["methods"], found["distances"]
+        plain, positive = cells.get(NONE, []), cells.get(GRID_POSITIVE, [])
+        control = {d: grid_estimate([w[d]["use"] for w in positive if w]) for d in found["within"]}
+        floor = np.mean([w[d]["control_nll"] for w in positive if w for d in found["within"]]) if any(positive) else None
+        means = [c["mean"] for c in control.values() if c["n"]]
+        methods = {}
+        for method in [m for m in cells if m != GRID_POSITIVE]:
+            windows = cells[method]
+            pairs = [(w, p) for w, p in zip(windows, plain + [None] * len(windows)) if w is not None and "within" in w]
+            entry: dict[str, Any] = {
+                "windows": sum(w is not None for w in windows), "past": grid_estimate([w["past"] for w, _ in pairs], 0.0),
+                "cost_within": grid_estimate([w["within"] - p["within"] for w, p in pairs if p]),
+                "penalty": grid_estimate([w["past"] - p["within"] for w, p in pairs if p])}
+            for d in distances:
+                entry[d] = {kind: grid_estimate([w[d][kind] for w in windows if w]) for kind in GRID_KINDS}
+                entry[d]["control_nll"] = float(np.mean([w[d]["control_nll"] for w in windows if w])) \
+                    if any(windows) else None
+                family.append((text, entry[d]["use"]))
+            reaches = {w["reach"] for w in windows if w} - {None}
+            entry["attention_reach"] = max(reaches) if reaches else None
+            entry["seconds"] = {kind: [w["seconds"][kind] for w in windows if w and kind in w["seconds"]]
+                                for kind in GRID_FORWARDS}
+            entry["cell_minutes"] = {i: sum(w["seconds"].values()) / 60 for i, w in enumerate(windows) if w}
+            methods[method] = entry
+        summary["texts"][text] = {**found, "margin": use_margin(float(np.mean(means)) if means else None),
+                                  "positive": control, "positive_control_nll": floor, "methods": methods}
+    tests = [Cell(use["mean"], use["se"], use["n"] - 1) if "se" in use else None for _, use in family]
+    # one family, each cell against its own text's margin: Holm over all, the margin per text
+    margins = [summary["texts"][text]["margin"] for text, _ in family]
+    for (_, use), word, test in zip(family, calibrated_verdicts(tests, margins), tests):
+        use["verdict"] = word
+        use["uncorrected"] = "cannot tell" if test is None else interval_verdict(*test.bounds(), 0.05)
+    for found in summary["texts"].values():
+        for entry in found["methods"].values():
+            entry["reach"] = reach_of(found["distances"], [entry[d]["use"]["verdict"] for d in found["distances"]])
+    summary.update(family=len(family), impossible=grid_impossible(summary), pairs=grid_pairs(texts),
+                   position=grid_position_split(texts))
+    return summary
+
+
+def grid_impossible(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The cells where the method cannot read the first copy (eval/verdicts.py impossible_use), with their verdicts."""
+    found = []
+    for text, entry in summary["texts"].items():
+        for method, cells in entry["methods"].items():
+            for d in entry["distances"]:
+                why = impossible_use(d, cells["attention_reach"], cells[d]["control_nll"], entry["positive_control_nll"])
+                if why:
+                    found.append({"text": text, "method": method, "distance": d, "why": why, "use": cells[d]["use"]})
+    return found
+
+
+def grid_pairs(texts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """GRID_PAIRED methods against each other, paired by window: use at every distance past L and the NLL past L,
+    A minus B; every difference of the table one family (eval/verdicts.py separated_by_windows: "holm")."""
+    rows = []
+    for text, found in texts.items():
+        past, cells = [d for d in found["distances"] if d > found["trained"]], found["methods"]
+        present = [m for m in GRID_PAIRED if m in cells]
+        for i, a in enumerate(present):
+            for b in present[i + 1:]:
+                both = [(x, y) for x, y in zip(cells[a], cells[b]) if x and y]
+                rows.append({"text": text, "a": a, "b": b, "windows": len(both),
+                             "use": {d: grid_estimate([x[d]["use"] - y[d]["use"] for x, y in both]) for d in past},
+                             "past": grid_estimate([x["past"] - y["past"] for x, y in both if "past" in x and "past" in y])})
+    family = [e for row in rows for e in (*row["use"].values(), row["past"])]
+    for entry, separated in zip(family, separated_by_windows([(e.get("mean"), e.get("se"), e["n"]) for e in family])):
+        entry["holm"] = separated
+    return rows
+
+
+def grid_position_split(texts: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Distance or position? The largest distance is measured only where its second copies can lie, near the window's
+    end: use at every distance split by where the second copy lies, before or from the first place a second copy of
+    the largest distance lies (each window's mean over its passages in that part; intervals over every text's
+    windows together)."""
+    cut = min((p[2] for found in texts.values() for window in found["placements"].values() for p in window
+               if p[0] == max(found["distances"])), default=None)
+    if cut is None:
+        return {}
+    rows: dict[str, dict] = {}
+    for found in texts.values():
+        for method, windows in found["methods"].items():
+            for w in windows if method != GRID_POSITIVE else []:
+                for d in found["distances"] if w else []:
+                    use, second = np.asarray(w[d]["passage_use"]), np.asarray(w[d]["second"])
+                    parts = rows.setdefault(method, {}).setdefault(d, {"before": [], "from": []})
+                    for part, chosen in (("before", second < cut), ("from", second >= cut)):
+                        if chosen.any():
+                            parts[part].append(float(use[chosen].mean()))
+    return {"cut": cut, "methods": {method: {d: {part: grid_estimate(values) for part, values in by[d].items()}
+                                             for d in sorted(by)} for method, by in rows.items()}}
+
+
+def summaries_from_estimates(cells: dict[str, list], reach: dict[str, int], across: dict[str, list], priming: dict,
+                             margin: float, pinned: bool, df) -> dict[str, UseSummary]:
+    """A fleet's summaries from the estimates a study kept where it kept no per-window values (variant -> its cells:
+    window length, distance, use estimate; LENGTH@DISTANCE -> copies apart, and the priming control's presence and
+    order), their verdicts made again by the current rule: each interval's standard error read back from it,
+    (high - low) / (2 t(0.975, df)), df(length) its degrees of freedom (seeds - 1, or one seed's windows - 1)."""
+    summaries = {}
+    for name, found in cells.items():
+        estimates = [Estimate(**{"n": 1, **c["use"]}) for c in found]
+        columns = [f"{c['length']}@{c['distance']}" for c in found]
+        primed = [priming.get(name, {}).get(column) for column in columns]
+        spreads = [Spread(e.mean, (e.high - e.low) / (2 * t_quantile_975(df(c["length"]))), df(c["length"]))
+                   for e, c in zip(estimates, found)]
+        summaries[name] = UseSummary(
+            name, [c["distance"] for c in found], estimates, [verdict(s, margin) for s in spreads],
+            reach.get(name), [c["length"] for c in found], [across.get(column) for column in columns], spreads,
+            presence=[Estimate(**{"n": 1, **p["presence"]}) if p else None for p in primed],
+            order=[Estimate(**{"n": 1, **p["order"]}) if p else None for p in primed])
+        if pinned:
+            summaries[name].pinned = max(summaries[name].distances[i] for i in summaries[name].longest_columns())
+    calibrate_fleet(summaries, margin)
+    return summaries

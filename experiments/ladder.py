@@ -1,479 +1,170 @@
-"""The scale ladder: does what a small comparison shows still hold for a bigger or a longer-trained model?
-
-    python -m experiments.ladder --config configs/ladder.toml
-    python -m experiments.ladder --config configs/ladder.toml --rungs=d64,d128 --compare.seeds=1,2    # a part of it
-
-One comparison (experiments.compare) per rung: every rung starts from the same preset of the compare config (data,
-encodings, methods, seeds, token budget, context length L) and changes only what its line in [ladder] rungs says
-(the model's size, say). Each keeps its models at fractions of training (compare.snapshots), so every rung gives
-each variant's extrapolation penalty at the longest length and its perplexity at 1x at four training budgets.
-Rungs run one after another, each on every worker (a rung's jobs as experiments.compare runs them); re-running resumes
-(trainings and evaluations already done are reused), and the aggregate is rebuilt from whatever rungs finished.
-
-Writes OUT/RUNG/ (each rung's own comparison report), and OUT/report.md, results.json, table.md, penalty.png and
-ppl.png: one panel per rung, the penalty (or the 1x perplexity) against training tokens, one line per variant with
-its 95% interval as a band. The report says, per variant, whether its penalty grows, shrinks or stays within noise
-as the model trains (first kept model against the final one, at each rung) and as it grows (smallest rung against
-the largest, at the full budget), and whether the order of the variants at the smallest rung is the order at the
-largest.
+"""The scale ladder: does what a small comparison shows hold for a bigger or longer-trained model? One comparison
+(experiments.compare) per rung, its cells named RUNG/NAME, all on one data set (OUT/work/data), its report in OUT/RUNG/;
+the ladder's: each variant's penalty at the longest length and 1x perplexity at every kept model (compare.snapshots),
+whether the penalty grows with training and with size, and whether the smallest and largest rung order the variants
+alike. `python -m experiments.ladder --config configs/ladder.toml ['--every_rung.compare.seeds=[1, 2]']`
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
-import time
-import tomllib
-from dataclasses import dataclass, field
+from argparse import Namespace
+from dataclasses import dataclass
 from pathlib import Path
 
-from commands import add_out, command_parser, results_json
-from errors import ConfigError, cli_command
+from errors import ConfigError
 from eval import figures
-from eval.stats import Estimate
-from experiments.compare.cells import cell, estimate_dict
-from experiments.compare.cli import experiment_arguments, run_comparison
-from experiments.compare.config import load_compare_config
-from experiments.compare.findings import movement, order_chain
-from experiments.compare.layout import invocations, record_invocation
-from experiments.compare.plots import finish, panels
-from experiments.jobs import machine_description
-from experiments.seed_intervals import separated
-from model.folder_lock import FolderLock
+from eval.verdicts import ORDERING_WORDS, movement, order_chain, ordering_pairs, ordering_verdict
+from experiments import compare, compare_report
+from experiments.engine import Records, Study, key, option, resolve_settings
+from experiments.render import bands, cell, estimate_of, provenance, saved, write
+from model.fields import toml_value
 
 
 @dataclass
-class LadderConfig:
-    compare_config: Path  # the compare config every rung starts from (relative paths: to the ladder config's folder)
-    preset: str  # the [presets.NAME] of compare_config that every rung starts from
-    out: Path
-    rungs: dict[str, dict]  # name -> {"section.key": value}: what makes the rung differ from the others
-    every_rung: dict = field(default_factory=dict)  # {"section.key": value}: what every rung changes in the preset
-
-    def rung_overrides(self, name: str, command_line: list[str] = ()) -> list[str]:
-        """experiments.compare overrides for the rung: every_rung's settings, then the command line's, then the rung's own
-        (which no other setting overrides); values written as TOML, which JSON scalars and lists are."""
-        return [*(f"--{key}={json.dumps(value)}" for key, value in self.every_rung.items()), *command_line,
-                *(f"--{key}={json.dumps(value)}" for key, value in self.rungs[name].items())]
+class Settings:
+    compare_config: str = option("configs/compare.toml", "the compare config every rung starts from")
+    compare_preset: str = option("quick", "its [presets.NAME] every rung starts from")
+    rungs: dict = option({}, 'name -> {"section.key" = value}: what makes the rung differ (smallest first)')
+    every_rung: dict = option({}, '{"section.key" = value}: what every rung changes in the preset')
+    out: str = option("runs/ladder", "the study's folder")
 
 
-def load_ladder_config(path: Path, rungs: list[str] | None = None) -> LadderConfig:
-    """[ladder] of `path`: compare_config, preset, out, every_rung (section.key settings) and rungs (a list of
-    inline tables, each a name and its section.key settings); `rungs` keeps only those named, in the config's
-    order."""
-    if not path.exists():
-        raise ConfigError(f"ladder config {path} not found")
-    try:
-        values = tomllib.loads(path.read_text()).get("ladder")
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{path}: invalid TOML ({error})") from error
-    if not isinstance(values, dict):
-        raise ConfigError(f"{path} has no [ladder] table")
-    unknown = sorted(set(values) - {"compare_config", "preset", "out", "every_rung", "rungs"})
-    if unknown:
-        raise ConfigError(f"{path} [ladder]: unknown keys {unknown}; the keys are compare_config, preset, out, "
-                          "every_rung, rungs")
-    every_rung = values.get("every_rung", {})
-    if not isinstance(every_rung, dict) or [k for k, v in every_rung.items() if "." not in k or isinstance(v, dict)]:
-        raise ConfigError(f"{path} [ladder] every_rung: a table of \"section.key\" = value, got {every_rung!r}")
-    table: dict[str, dict] = {}
-    for index, rung in enumerate(values.get("rungs", [])):
-        if not isinstance(rung, dict) or not isinstance(rung.get("name"), str) or not rung["name"]:
-            raise ConfigError(f"{path} [ladder] rungs[{index}]: each rung is an inline table with a name, e.g. "
-                              '{ name = "d64", "model.dim" = 64 }')
-        settings = {key: value for key, value in rung.items() if key != "name"}
-        bad = [key for key, value in settings.items() if "." not in key or isinstance(value, dict)]
-        if bad:
-            raise ConfigError(f"{path} [ladder] rung {rung['name']!r}: {bad} must be \"section.key\" = value "
-                              "(a number, string, boolean or list)")
-        if rung["name"] in table:
-            raise ConfigError(f"{path} [ladder]: two rungs are named {rung['name']!r}")
-        table[rung["name"]] = settings
-    if len(table) < 2:
-        raise ConfigError(f"{path} [ladder]: a ladder needs at least two rungs, got {list(table)}")
-    if rungs:
-        missing = [name for name in rungs if name not in table]
-        if missing:
-            raise ConfigError(f"--rungs: {missing} are not rungs of {path}; its rungs are {list(table)}")
-        table = {name: settings for name, settings in table.items() if name in rungs}
-    compare_config = Path(values.get("compare_config", "compare.toml"))
-    if not compare_config.is_absolute():
-        compare_config = path.parent / compare_config
-    return LadderConfig(compare_config, str(values.get("preset", "quick")), Path(values.get("out", "runs/ladder")),
-                        table, every_rung)
+def flat(table: dict) -> dict:
+    """{"model": {"dim": 64}} (an override on the command line nests) and {"model.dim": 64} alike -> {"model.dim": 64}."""
+    return {f"{name}.{inner}" if inner else name: value for name, one in table.items()
+            for inner, value in (one.items() if isinstance(one, dict) and "." not in name else [("", one)])}
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Aggregation: every rung's results.json -> one point per (rung, variant, training budget)
+def rung_settings(settings: Settings, rung: str) -> compare.Settings:
+    """The compare config's preset, then every_rung's and the rung's settings, as experiments.compare's flags."""
+    text = lambda dotted, value: value if dotted.startswith("compare.") and isinstance(value, str) else (  # noqa: E731
+        ",".join(map(toml_value, value)) if dotted.startswith("compare.") and isinstance(value, list) else toml_value(value))
+    flags = [f"--{dotted}={text(dotted, value)}" for dotted, value in
+             {**flat(settings.every_rung), **flat(settings.rungs[rung])}.items()] + [f"--compare.out={settings.out}/{rung}"]
+    return resolve_settings(compare.STUDY, Namespace(config=Path(settings.compare_config), preset=settings.compare_preset),
+                            flags)
 
 
-@dataclass(frozen=True)
-class Point:
-    rung: str
-    label: str  # the variant: an encoding, or encoding+method
-    fraction: float  # of the rung's training steps
-    tokens: int  # training tokens the model had seen
-    penalty: Estimate | None  # at the longest length, nats
-    ppl: Estimate | None  # at 1x
+def prepare(settings: Settings, context) -> None:
+    rungs = [rung_settings(settings, rung) for rung in settings.rungs]
+    if len({(s.source, s.vocab_size, s.val_fraction, s.max_documents) for s in rungs}) > 1 or any(s.tasks for s in rungs):
+        raise ConfigError("ladder: the rungs share one data set (OUT/work/data) and run no compare.tasks (one folder)")
+    for one in rungs:
+        compare.prepare(one, context)
 
 
-@dataclass
-class Ladder:
-    rungs: list[str]  # in the config's order (smallest first, by convention)
-    points: list[Point]
-    longest_multiple: float
-    parameters: dict[str, dict[str, int]] = field(default_factory=dict)  # rung -> encoding -> parameters
-    settings: dict[str, dict] = field(default_factory=dict)  # rung -> its results.json settings
-
-    def labels(self) -> list[str]:
-        return list(dict.fromkeys(point.label for point in self.points))
-
-    def series(self, rung: str, label: str) -> list[Point]:
-        return sorted((p for p in self.points if p.rung == rung and p.label == label), key=lambda p: p.fraction)
-
-    def distinct_at_1x(self) -> list[str]:
-        """The variants whose 1x perplexity is not their base model's at every rung and budget (a context-matched
-        RoPE scaling is the identity at 1x, so rope+yarn repeats rope there)."""
-        def values(label: str) -> list:
-            return [(p.rung, p.fraction, p.ppl and p.ppl.mean) for p in self.points if p.label == label]
-        return [label for label in self.labels()
-                if "+" not in label or values(label) != [(r, f, m) for r, f, m in values(label.split("+")[0])]]
-
-    def final(self, rung: str, label: str) -> Point | None:
-        points = [p for p in self.series(rung, label) if math.isclose(p.fraction, 1.0)]
-        return points[0] if points else None
+def cells(settings: Settings, context) -> list[dict]:
+    return [{**one, "name": f"{rung}/{one['name']}"} for rung in settings.rungs
+            for one in compare.cells(rung_settings(settings, rung), context)]
 
 
-def _estimate(value: dict | None) -> Estimate | None:
-    if value is None:
-        return None
-    return Estimate(value["mean"], value.get("low"), value.get("high"), value.get("n", 1))
+def summary(rung: Records) -> dict:
+    """What the ladder reads of a rung (a migrated record holds it): per variant, [fraction, tokens, penalty, 1x ppl]."""
+    c, s = compare_report.Comparison(rung), rung.settings
+    return {"longest_multiple": c.longest / c.trained,
+            "parameters": {model["encoding"]: record["training"]["parameters"] for model, record in c.models},
+            "points": {name: [[f, round(f * c.max_steps) * c.tokens_per_step, saved(penalty), saved(short)]
+                              for f, penalty, short, _ in rows] for name, rows in c.snapshots.items()},
+            "setup": {"source": s.source, "encodings": s.encodings, "methods": s.methods, "seeds": s.seeds,
+                      "snapshot_methods": s.snapshot_methods, "trained": c.trained, "model": s.model, "train": s.train}}
 
 
-def read_rung(path: Path, rung: str) -> tuple[list[Point], dict]:
-    """The rung's points from its comparison's results.json (its snapshots rows; the final model is the row at
-    fraction 1), and its settings."""
-    results = json.loads((path / "results.json").read_text())
-    settings = results["settings"]
-    per_step, max_steps = int(settings["tokens_per_step"]), int(settings["max_steps"])
-    points = []
-    for row in results.get("snapshots", []):
-        steps = max_steps if math.isclose(row["fraction"], 1.0) else max(1, round(row["fraction"] * max_steps))
-        points.append(Point(rung, row["label"], float(row["fraction"]), steps * per_step, _estimate(row["penalty"]),
-                            _estimate(row["ppl_1x"])))
-    return points, settings
+def labels(series: dict, at_1x: bool = False) -> list[str]:
+    """The variants; at_1x: those whose 1x perplexity is not their base model's (rope+yarn repeats rope at 1x)."""
+    ppl = lambda name: [(rung, [(row[0], row[3] and row[3].mean) for row in rows])  # noqa: E731
+                        for (rung, n), rows in series.items() if n == name]
+    return [n for n in dict.fromkeys(n for _, n in series) if not at_1x or "+" not in n or ppl(n) != ppl(n.split("+")[0])]
 
 
-def collect_ladder(out: Path, rungs: list[str]) -> Ladder:
-    """The ladder from OUT/RUNG/results.json of every rung that has one (rungs without are left out)."""
-    points, parameters, settings, longest = [], {}, {}, None
-    for rung in rungs:
-        if not (out / rung / "results.json").exists():
-            continue
-        rung_points, rung_settings = read_rung(out / rung, rung)
-        points += rung_points
-        parameters[rung] = rung_settings.get("parameters", {})
-        settings[rung] = rung_settings
-        multiple = max(rung_settings["lengths"]) / rung_settings["trained_length"]
-        if longest is not None and not math.isclose(multiple, longest):
-            raise ConfigError(f"{out}: the rungs evaluate different longest lengths ({longest:g}x and {multiple:g}x);"
-                              " a ladder compares one length")
-        longest = multiple
-    present = [rung for rung in rungs if rung in settings]
-    return Ladder(present, points, longest or 0.0, parameters, settings)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Verdicts
-
-
-def trend(first: Estimate | None, last: Estimate | None) -> str:
-    """'grows' / 'shrinks' where the two intervals separate, else 'within noise' ('n/a' without both)."""
-    if first is None or last is None:
-        return "n/a"
-    return movement(first, last, "grows", "shrinks")
-
-
-def training_trends(ladder: Ladder, label: str) -> dict[str, str]:
-    """rung -> how the variant's penalty moves from the first kept model to the final one."""
-    trends = {}
-    for rung in ladder.rungs:
-        series = [p for p in ladder.series(rung, label) if p.penalty is not None]
-        if len(series) >= 2:
-            trends[rung] = trend(series[0].penalty, series[-1].penalty)
-    return trends
-
-
-def size_trend(ladder: Ladder, label: str) -> str:
-    """How the variant's penalty at the full budget moves from the smallest rung to the largest."""
-    first, last = ladder.final(ladder.rungs[0], label), ladder.final(ladder.rungs[-1], label)
-    return trend(first and first.penalty, last and last.penalty)
-
-
-def relation(a: Estimate | None, b: Estimate | None) -> str:
-    """'<' or '>' where the intervals separate, '≈' where they overlap, '?' without both."""
-    if a is None or b is None:
-        return "?"
-    if not separated(a, b):
-        return "≈"
-    return "<" if a.mean < b.mean else ">"
-
-
-def rung_order(ladder: Ladder, rung: str) -> str:
-    """The variants by their penalty at the full budget, lowest first; '<' where neighbours separate, else '≈'."""
-    return order_chain([(p.penalty, label) for label in ladder.labels()
-                        if (p := ladder.final(rung, label)) is not None and p.penalty is not None], "+.3f") or "n/a"
-
-
-def ordering_comparison(ladder: Ladder) -> dict[str, list[str]]:
-    """Every pair of variants, by its penalty at the full budget at the smallest and the largest rung: 'same' (the
-    same separated order at both), 'reversed' (separated in opposite directions), 'only_small' / 'only_large'
-    (separated at one rung, within noise at the other), 'neither' (within noise at both)."""
-    small, large = ladder.rungs[0], ladder.rungs[-1]
-    labels = ladder.labels()
-    kinds: dict[str, list[str]] = {"same": [], "reversed": [], "only_small": [], "only_large": [], "neither": []}
-    for index, a in enumerate(labels):
-        for b in labels[index + 1:]:
-            estimates = [(ladder.final(rung, a), ladder.final(rung, b)) for rung in (small, large)]
-            if any(x is None or y is None for x, y in estimates):
-                continue
-            here, there = (relation(x.penalty, y.penalty) for x, y in estimates)
-            if "?" in (here, there):
-                continue
-            pair = f"{a} {here} {b}" if here != "≈" else f"{a} {there} {b}"
-            if here == there == "≈":
-                kinds["neither"].append(f"{a} ≈ {b}")
-            elif here == there:
-                kinds["same"].append(pair)
-            elif "≈" not in (here, there):
-                kinds["reversed"].append(f"{a} {here} {b} at {small}, {a} {there} {b} at {large}")
-            else:
-                kinds["only_small" if there == "≈" else "only_large"].append(pair)
-    return kinds
-
-
-def ordering_verdict(kinds: dict[str, list[str]]) -> str:
-    if not (kinds["same"] or kinds["reversed"] or kinds["only_small"] or kinds["only_large"]):
-        return "not told apart: no pair separates at either rung"
-    if kinds["reversed"]:
-        return "differs: a pair separated at both rungs is in opposite orders"
-    if kinds["only_small"] or kinds["only_large"]:
-        return ("no pair reverses, but some pairs separate at one rung only (the orders agree where both rungs "
-                "tell them apart)")
-    return "the same: every pair separated at one rung is separated the same way at the other"
-
-
-def findings(ladder: Ladder) -> list[str]:
-    if len(ladder.rungs) < 1:
-        return ["- No rung has finished; nothing to report yet."]
-    lines = [f"- **With training** (penalty at {ladder.longest_multiple:g}x, the first kept model against the final "
-             "one, at each rung) and **with size** (the final models, smallest rung against the largest):", ""]
-    for label in ladder.labels():
-        trends = training_trends(ladder, label)
-        words = set(trends.values())
-        trained = (f"{words.pop()} at every rung" if len(words) == 1 and len(trends) == len(ladder.rungs)
+def findings(series: dict, rungs: list[str], multiple: float) -> list[str]:
+    small, large, names = rungs[0], rungs[-1], labels(series)
+    trend = lambda a, b: "n/a" if a is None or b is None else movement(a, b, "grows", "shrinks")  # noqa: E731
+    ends = [{n: next((row[2] for row in series.get((rung, n), []) if math.isclose(row[0], 1)), None) for n in names}
+            for rung in (small, large)]  # the penalty at the full budget
+    lines = [f"- **With training** (penalty at {multiple:g}x, the first kept model against the final one, at each "
+             "rung) and **with size** (the final models, smallest rung against the largest):", ""]
+    for name in names:
+        trends = {rung: trend(kept[0], kept[-1]) for rung in rungs
+                  if len(kept := [row[2] for row in series.get((rung, name), []) if row[2]]) >= 2}
+        words, last = set(trends.values()), [ends[0][name], ends[1][name]]
+        trained = (f"{words.pop()} at every rung" if len(words) == 1 and len(trends) == len(rungs)
                    else ", ".join(f"{word} ({rung})" for rung, word in trends.items()) or "n/a")
-        first = ladder.final(ladder.rungs[0], label)
-        last = ladder.final(ladder.rungs[-1], label)
-        values = " -> ".join(f"{p.penalty.mean:+.3f}" for p in (first, last) if p is not None and p.penalty)
-        size = size_trend(ladder, label) if len(ladder.rungs) > 1 else "n/a (one rung)"
-        lines.append(f"  - {label}: with training {trained}; with size {size} ({values} nats, "
-                     f"{ladder.rungs[0]} -> {ladder.rungs[-1]})")
-    if len(ladder.rungs) > 1:
-        kinds = ordering_comparison(ladder)
-        lines += ["", f"- **Order of the variants by their {ladder.longest_multiple:g}x penalty** at the full budget "
-                  f"('<' where the 95% intervals separate): {ladder.rungs[0]}: {rung_order(ladder, ladder.rungs[0])};"
-                  f" {ladder.rungs[-1]}: {rung_order(ladder, ladder.rungs[-1])}. Between the smallest and the largest"
-                  f" rung: {ordering_verdict(kinds)}."]
-        for key, text in (("same", "separated the same way at both"), ("reversed", "reversed"),
-                          ("only_small", f"separated at {ladder.rungs[0]} only"),
-                          ("only_large", f"separated at {ladder.rungs[-1]} only")):
-            if kinds[key]:
-                lines.append(f"  - {text}: {'; '.join(kinds[key])}")
-    return lines
+        lines.append(f"  - {name}: with training {trained}; with size {trend(*last) if small != large else 'n/a'} "
+                     f"({' -> '.join(f'{e.mean:+.3f}' for e in last if e)} nats, {small} -> {large})")
+    kinds, order = ordering_pairs(names, *ends, (small, large)), [order_chain(
+        [(e, n) for n, e in end.items() if e], "+.3f") or "n/a" for end in ends]
+    return lines if small == large else lines + [
+        "", f"- **Order of the variants by their {multiple:g}x penalty** at the full budget ('<' where the 95% "
+        f"intervals separate): {small}: {order[0]}; {large}: {order[1]}. Between the smallest and the largest rung: "
+        f"{ordering_verdict(kinds)}."] + [f"  - {words.format(small=small, large=large)}: {'; '.join(kinds[kind])}"
+                                          for kind, words in ORDERING_WORDS.items() if kinds[kind]]
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Outputs
+def ladder_table(series: dict, rungs: list[str], index: int) -> list[str]:  # index 2: the penalty; 3: 1x perplexity
+    fractions, digits = sorted({row[0] for rows in series.values() for row in rows}), 3 if index == 2 else 2
+    return ["| variant | rung | " + " | ".join(f"{f:g} of training" for f in fractions) + " |",
+            "|---|---|" + "---:|" * len(fractions)] + [
+        f"| {name} | {rung} | " + " | ".join(f"{cell(row[index], digits, index == 2)} ({row[1] / 1e6:.2g}M)"
+                                             if row and row[index] else "n/a" for row in map(found.get, fractions)) + " |"
+        for name in labels(series, index == 3) for rung in rungs
+        if (found := {row[0]: row for row in series.get((rung, name), [])})]
 
 
-def plot_ladder(ladder: Ladder, measure: str, path: Path) -> None:
-    """One panel per rung: `measure` ('penalty' or 'ppl') against training tokens, a line per variant, a band
-    where it has an interval."""
-    from matplotlib.ticker import FormatStrFormatter, NullLocator
-
-    figure, axes = panels(len(ladder.rungs))
-    labels = ladder.labels() if measure == "penalty" else ladder.distinct_at_1x()
-    for axis, rung in zip(axes, ladder.rungs):
-        for label in labels:
-            points = [(p.tokens, getattr(p, measure)) for p in ladder.series(rung, label)]
-            points = [(tokens, e) for tokens, e in points if e is not None]
-            if not points:
-                continue
-            encoding, _, method = label.partition("+")
-            xs = [tokens / 1e6 for tokens, _ in points]
-            line, = axis.plot(xs, [e.mean for _, e in points], **figures.style(encoding, method or "none"),
-                              markersize=3, linewidth=1.3, label=label)
-            if all(e.has_interval for _, e in points):
-                axis.fill_between(xs, [e.low for _, e in points], [e.high for _, e in points],
-                                  color=line.get_color(), alpha=0.15, linewidth=0)
-        if measure == "penalty":
-            axis.axhline(0, color="black", linewidth=0.8)
-        else:
-            axis.set_yscale("log")
-        axis.set_xscale("log", base=2)
-        ticks = sorted({p.tokens / 1e6 for p in ladder.points if p.rung == rung})
-        axis.set_xticks(ticks, [f"{tick:.2g}" for tick in ticks])
-        axis.xaxis.set_minor_locator(NullLocator())
-        if measure != "penalty":
-            axis.yaxis.set_major_formatter(FormatStrFormatter("%g"))
-            axis.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
-        axis.grid(True, which="both", alpha=0.3)
-    if len(axes) == 1:
-        axes[0].set_title(ladder.rungs[0])
-    ylabel = (f"penalty at {ladder.longest_multiple:g}x (nats)" if measure == "penalty" else "perplexity at 1x")
-    finish(figure, axes, ladder.rungs, path, "training tokens (millions, log scale)", ylabel,
-            f"Scale ladder: {ylabel} against training tokens, one panel per rung (band: 95% interval over seeds)")
-
-
-def ladder_table(ladder: Ladder, measure: str) -> list[str]:
-    fractions = sorted({p.fraction for p in ladder.points})
-    digits, signed = (3, True) if measure == "penalty" else (2, False)
-    lines = ["| variant | rung | " + " | ".join(f"{f:g} of training" for f in fractions) + " |",
-             "|---|---|" + "---:|" * len(fractions)]
-    for label in (ladder.labels() if measure == "penalty" else ladder.distinct_at_1x()):
-        for rung in ladder.rungs:
-            by_fraction = {p.fraction: p for p in ladder.series(rung, label)}
-            if not by_fraction:
-                continue
-            cells = []
-            for fraction in fractions:
-                point = by_fraction.get(fraction)
-                estimate = getattr(point, measure) if point else None
-                cells.append("n/a" if estimate is None else
-                             f"{cell(estimate, digits, signed)} ({point.tokens / 1e6:.2g}M)")
-            lines.append(f"| {label} | {rung} | " + " | ".join(cells) + " |")
-    return lines
+def report(records: Records) -> None:
+    settings, out, summaries, seconds = records.settings, records.out, {}, {}
+    for rung in settings.rungs:
+        own = [one for one in records.cells if one["name"].startswith(f"{rung}/")]
+        stored = {key(one): records.stored[key(one)] for one in own if key(one) in records.stored}
+        seconds[rung] = sum(found["seconds"] or 0 for found in stored.values())
+        if migrated := [found["record"]["summary"] for found in stored.values() if "summary" in found["record"]]:
+            summaries[rung] = migrated[0]  # a rung migrated from an aggregate without per-seed values
+        elif any(one["kind"] == "model" and key(one) in stored for one in own):
+            compare_report.report(part := Records(rung_settings(settings, rung), out / rung, own, stored, records.invocations))
+            summaries[rung] = summary(part)  # and the rung's own report in OUT/RUNG/
+    if len({one["longest_multiple"] for one in summaries.values()}) != 1:
+        raise ConfigError(f"{out}: no rung has a record, or the rungs evaluate different longest lengths")
+    rungs, multiple = list(summaries), next(iter(summaries.values()))["longest_multiple"]
+    series = {(rung, name): sorted([(f, tokens, estimate_of(penalty), estimate_of(ppl)) for f, tokens, penalty, ppl
+                                    in rows]) for rung in rungs for name, rows in summaries[rung]["points"].items()}
+    same = [n for n in labels(series) if n not in labels(series, at_1x=True)]
+    tables = [f"### Penalty at {multiple:g}x (nats; mean [95% interval] over seeds and windows; training tokens in "
+              "brackets)", "", *ladder_table(series, rungs, 2), "", "### Perplexity at 1x (mean [95% t interval] over "
+              "seeds)", "", *([f"Not repeated: {', '.join(same)} (at 1x the same numbers as the model without the "
+                               "method)", ""] if same else []), *ladder_table(series, rungs, 3), ""]
+    write(out, "table.md", "\n".join(tables))
+    for index, name, ylabel in ((2, "penalty", f"penalty at {multiple:g}x (nats)"), (3, "ppl", "perplexity at 1x")):
+        bands([(rung, [(n, figures.style(*(n.split("+") + ["none"])[:2]), [(row[1] / 1e6, row[index]) for row in
+                                                                           series.get((rung, n), [])])
+                       for n in labels(series, index == 3)]) for rung in rungs], out / f"{name}.png",
+              "training tokens (millions, log scale)", ylabel, f"Scale ladder: {ylabel} against training tokens, one "
+              "panel per rung (band: 95% interval over seeds)", log_x=True, log_y=index == 3, zero_line=index == 2)
+    setup, differ = summaries[rungs[0]]["setup"], {dotted for own in settings.rungs.values() for dotted in flat(own)}
+    rows = [f"| {rung} | {', '.join(f'{k} = {json.dumps(v)}' for k, v in flat(settings.rungs[rung]).items())} | "
+            f"{' - '.join(f'{n:,}' for n in sorted(set(summaries[rung]['parameters'].values())))} | "
+            f"{max(row[1] for (r, _), found in series.items() if r == rung for row in found):,} | "
+            f"{seconds[rung] / 60:.1f} min |" for rung in rungs]
+    lines = ["# Scale ladder", "", provenance(records.invocations, [f["seconds"] or 0 for f in records.stored.values()]),
+             "", "## Setup", "", f"- Every rung starts from the `{settings.compare_preset}` preset of "
+             f"`{settings.compare_config}`: data `{setup['source']}`, encodings {setup['encodings']}, methods "
+             f"{setup['methods']} (the kept models are evaluated under {setup['snapshot_methods']}), seeds "
+             f"{setup['seeds']}, L = {setup['trained']}, evaluated at {multiple:g}x; shared settings "
+             f"{json.dumps({k: v for k, v in setup['model'].items() if f'model.{k}' not in differ})}, training "
+             f"{json.dumps(setup['train'])}.", f"- Models kept at {sorted({r[0] for rows in series.values() for r in rows})}"
+             " of training (one training per encoding, seed and rung; the earlier models are snapshots of it, taken "
+             "while the learning rate was still high).", "",
+             "| rung | its settings | parameters (by encoding) | training tokens | rung compute time |",
+             "|---|---|---:|---:|---:|", *rows, "", "## Results", "", *tables,
+             "![penalty against training tokens, one panel per rung](penalty.png)", "",
+             "![1x perplexity against training tokens, one panel per rung](ppl.png)", "", "## What this shows", "",
+             *findings(series, rungs, multiple), "",
+             "A trend or an order is stated only where the 95% intervals separate; 'within noise' is not 'no change'."]
+    write(out, "report.md", "\n".join(lines) + "\n")
 
 
-def rung_wall(folder: Path) -> float:
-    """Seconds of wall time over every invocation of a rung's comparison (OUT/RUNG/invocations.jsonl)."""
-    return sum(record["wall_s"] for record in invocations(folder))
-
-
-def write_ladder(out: Path, ladder: Ladder, config: LadderConfig, command: str, wall_s: float) -> None:
-    tables = [f"### Penalty at {ladder.longest_multiple:g}x (nats; mean [95% interval] over seeds and windows; "
-              "training tokens in brackets)", "", *ladder_table(ladder, "penalty"), "",
-              "### Perplexity at 1x (mean [95% t interval] over seeds)", "",
-              *([f"Not repeated: {', '.join(same)} (at 1x the same numbers as the model without the method)", ""]
-                if (same := [label for label in ladder.labels() if label not in ladder.distinct_at_1x()]) else []),
-              *ladder_table(ladder, "ppl"), ""]
-    (out / "table.md").write_text("\n".join(tables))
-    if ladder.points:
-        plot_ladder(ladder, "penalty", out / "penalty.png")
-        plot_ladder(ladder, "ppl", out / "ppl.png")
-    records = invocations(out)
-    first = ladder.settings[ladder.rungs[0]] if ladder.rungs else {}
-    own = {key for settings in config.rungs.values() for key in settings}  # what differs between the rungs
-    shared = {section: {k: v for k, v in values.items() if f"{section}.{k}" not in own}
-              for section, values in first.get("shared", {}).items() if isinstance(values, dict)}
-    compare = first.get("compare", {})
-    rung_lines = []
-    for rung in ladder.rungs:
-        params = ladder.parameters.get(rung, {})
-        settings = ", ".join(f"{k} = {json.dumps(v)}" for k, v in config.rungs.get(rung, {}).items())
-        counts = sorted(set(params.values())) or [0]
-        count = f"{counts[0]:,}" if len(counts) == 1 else f"{counts[0]:,} - {counts[-1]:,}"
-        rung_lines.append(f"| {rung} | {settings} | {count} | "
-                          f"{ladder.settings[rung]['max_steps'] * ladder.settings[rung]['tokens_per_step']:,} | "
-                          f"{rung_wall(out / rung) / 60:.1f} min |")
-    lines = [
-        "# Scale ladder", "",
-        f"Reproduce: `{command}`. This invocation: {wall_s / 60:.1f} min wall on this machine "
-        f"({machine_description()}); all {len(records)} invocation(s) on record (OUT/invocations.jsonl): "
-        f"{sum(r['wall_s'] for r in records) / 60:.1f} min wall. Each rung's own report: OUT/RUNG/report.md.", "",
-        "## Setup", "",
-        f"- Every rung starts from the `{config.preset}` preset of `{config.compare_config}`: data `"
-        f"{compare.get('source')}`, encodings {compare.get('encodings')}, methods {compare.get('methods')} "
-        f"(the kept models are evaluated under {compare.get('snapshot_methods')}), seeds {compare.get('seeds')}, "
-        f"L = {first.get('trained_length')}, evaluated at {ladder.longest_multiple:g}x; shared settings "
-        f"{json.dumps(shared.get('model', {}))}, training {json.dumps(shared.get('train', {}))}.",
-        f"- Models kept at {sorted({p.fraction for p in ladder.points})} of training (one training per encoding, "
-        "seed and rung; the earlier models are snapshots of it, taken while the learning rate was still high).",
-        "", "| rung | its settings | parameters (by encoding) | training tokens | rung wall time |",
-        "|---|---|---:|---:|---:|", *rung_lines, "",
-        "## Results", "", *tables,
-        "![penalty against training tokens, one panel per rung](penalty.png)", "",
-        "![1x perplexity against training tokens, one panel per rung](ppl.png)", "",
-        "## What this shows", "", *findings(ladder), "",
-        "A trend or an order is stated only where the 95% intervals separate; 'within noise' is not 'no change'.",
-    ]
-    (out / "report.md").write_text("\n".join(lines) + "\n")
-    (out / "results.json").write_text(results_json({
-        "rungs": {rung: {"settings": config.rungs.get(rung, {}), "parameters": ladder.parameters.get(rung, {})}
-                  for rung in ladder.rungs},
-        "longest_multiple": ladder.longest_multiple,
-        "points": [{"rung": p.rung, "label": p.label, "fraction": p.fraction, "tokens": p.tokens,
-                    "penalty": estimate_dict(p.penalty), "ppl_1x": estimate_dict(p.ppl)} for p in ladder.points],
-        "training_trends": {label: training_trends(ladder, label) for label in ladder.labels()},
-        "size_trends": {label: size_trend(ladder, label) for label in ladder.labels()} if len(ladder.rungs) > 1
-        else {},
-        "ordering": ordering_comparison(ladder) if len(ladder.rungs) > 1 else {}}))
-
-
-def share_data(out: Path, rung_out: Path) -> None:
-    """Every rung reads the ladder's one prepared data folder (OUT/data): OUT/RUNG/data links to it."""
-    link = rung_out / "data"
-    if link.is_symlink() or link.exists():
-        return
-    rung_out.mkdir(parents=True, exist_ok=True)
-    (out / "data").mkdir(parents=True, exist_ok=True)
-    link.symlink_to(Path("..") / "data", target_is_directory=True)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = command_parser("experiments.ladder", __doc__, epilog="Overrides for every rung: --compare.key=value, "
-                                                           "--model.key=value, --train.key=value (as experiments.compare)")
-    parser.add_argument("--config", type=Path, default=Path("configs/ladder.toml"), metavar="FILE",
-                        help="TOML ladder config ([ladder]: compare_config, preset, out, rungs)")
-    parser.add_argument("--rungs", help="run only these rungs (comma-separated names)")
-    parser.add_argument("--report-only", action="store_true",
-                        help="rebuild the aggregate report from the rungs' results without running anything")
-    add_out(parser, "output folder (default: [ladder] out of the config)")
-    return parser
-
-
-@cli_command
-def main(argv: list[str] | None = None) -> int:
-    args, overrides, command = experiment_arguments(build_parser(), argv)
-    config = load_ladder_config(args.config, [r for r in (args.rungs or "").split(",") if r] or None)
-    out = Path(args.out) if args.out else config.out
-    if any(o.startswith("--compare.out=") for o in overrides):
-        raise ConfigError("--compare.out: every rung writes to OUT/RUNG; set the ladder's folder with --out")
-    started = time.perf_counter()
-    status = 0
-    # Every rung's configuration is checked before any trains.
-    rungs = {name: load_compare_config(config.compare_config, config.preset,
-                                       [*config.rung_overrides(name, overrides), f"--compare.out={out / name}"])
-             for name in config.rungs}
-    with FolderLock(out, "ladder"):
-        if not args.report_only:
-            for name, (compare, shared, preset) in rungs.items():
-                print(f"\n=== rung {name}: {' '.join(config.rung_overrides(name, overrides))} ===", flush=True)
-                share_data(out, out / name)
-                with FolderLock(out / name, "comparison"):
-                    status |= run_comparison(compare, shared, f"{preset}, rung {name}", f"{command} (rung {name})",
-                                             time.perf_counter())
-        wall = time.perf_counter() - started
-        record_invocation(out, command, wall, rungs=list(config.rungs), report_only=args.report_only)
-        ladder = collect_ladder(out, list(config.rungs))
-        if not ladder.rungs:
-            raise ConfigError(f"{out}: no rung has results yet; run the ladder without --report-only first")
-        write_ladder(out, ladder, config, command, wall)
-    print(f"\nwrote {out / 'report.md'} ({wall / 60:.1f} min)")
-    return status
-
+STUDY = Study("experiments.ladder", Settings, cells, compare.measure, report, prepare, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from experiments.engine import main
+
+    raise SystemExit(main("experiments.ladder"))

@@ -11,6 +11,7 @@ Loading never unpickles code: weights come from safetensors, state from JSON or 
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -268,6 +269,12 @@ def load_training_state(folder: str | Path) -> dict:
         return torch.load(path / TRAINING_STATE, map_location="cpu", weights_only=True)
 
     return read_consistently(folder, read)
+
+
+def weights_digest(folder: str | Path) -> str:
+    """What the checkpoint's weights are: the SHA-256 of its model.safetensors, first 16 hex digits."""
+    with open(_existing(folder) / WEIGHTS, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()[:16]
 
 
 def trained_length(folder: str | Path) -> int:

@@ -1,7 +1,7 @@
 """Find intervals in the committed reports that leave the range of the quantity they measure.
 
-    python -m scripts.interval_ranges                  # docs/ and README.md; exit status 1 when one is found
-    python -m scripts.interval_ranges docs/compare_map  # one folder or file
+    python -m scripts.interval_ranges                     # results/, docs/ and README.md; exit status 1 when one is found
+    python -m scripts.interval_ranges results/compare_map  # one folder or file
 
 An interval is "MEAN [LOW, HIGH]" in markdown and {"mean", "low", "high"} in a results .json. Its quantity is read
 from where it stands, and these are checked:
@@ -286,9 +286,9 @@ def scan(paths: list[Path], root: Path = ROOT) -> list[Finding]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.interval_ranges", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("paths", nargs="*", type=Path, help="files or folders (default: docs/ and README.md)")
+    parser.add_argument("paths", nargs="*", type=Path, help="files or folders (default: results/, docs/ and README.md)")
     args = parser.parse_args(argv)
-    findings = scan(args.paths or [ROOT / "docs", ROOT / "README.md"])
+    findings = scan(args.paths or [ROOT / "results", ROOT / "docs", ROOT / "README.md"])
     for finding in findings:
         print(finding)
     kinds = {}

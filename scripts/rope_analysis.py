@@ -1,6 +1,6 @@
 """How RoPE works, measured: the properties its derivation claims, computed with the project's own code.
 
-    python -m scripts.rope_analysis --out docs/rope [--head-dim 64] [--base 10000] [--length 256] [--factor 4]
+    python -m scripts.rope_analysis --out results/rope [--head-dim 64] [--base 10000] [--length 256] [--factor 4]
 
 Writes summary.md (every number below) and relative.png, decay.png, frequency_map.png, precision.png:
   1. permutation: attention without positions (and without a causal mask) is permutation-equivariant,

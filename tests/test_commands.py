@@ -87,11 +87,11 @@ def test_former_spellings_of_the_commands_name_the_new_option(command, argv, new
 
 def test_lists_are_comma_separated(tmp_path):
     assert comma_list("rope, alibi,") == ["rope", "alibi"] and comma_list(["rope", "alibi,t5"]) == ["rope", "alibi", "t5"]
-    from experiments.compare.config import load_compare_config
+    from tests.test_compare import settings_of
 
     config = tmp_path / "c.toml"
     config.write_text("[compare]\nencodings = ['rope']\n")
-    compare, _, _ = load_compare_config(config, None, ["--compare.encodings=rope,alibi", "--compare.seeds=1,2"])
+    compare = settings_of("--config", str(config), "--compare.encodings=rope,alibi", "--compare.seeds=1,2")
     assert compare.encodings == ["rope", "alibi"] and compare.seeds == [1, 2]
 
 

@@ -15,33 +15,36 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_shipped_configs_load():
-    from experiments.compare.config import load_compare_config
+    from tests.test_compare import settings_of
 
     paths = sorted((ROOT / "configs").glob("*.toml"))
     assert {"tiny.toml", "compare.toml", "sft_stdlib.toml", "passkey_finetune.toml"} <= {path.name for path in paths}
     for path in paths:
         if path.name == "compare.toml":
             for preset in ("quick", "full", "newer", "frontier", "frontier2", "gpu"):
-                compare, shared, _ = load_compare_config(path, preset, [])
-                assert compare.encodings and shared["model"]["max_seq_len"] > 0
-        elif path.name.startswith("ladder"):
-            from experiments.ladder import load_ladder_config
+                compare = settings_of("--config", str(path), "--preset", preset)
+                assert compare.encodings and compare.model["max_seq_len"] > 0
+        elif path.name.startswith(("ladder", "ruler")):
+            from experiments import ladder, ruler
+            from experiments.engine import build_parser, resolve_settings
 
-            assert len(load_ladder_config(path).rungs) >= 3
+            study = (ladder if path.name.startswith("ladder") else ruler).STUDY
+            args, overrides = build_parser(study).parse_known_args(["--config", str(path)])
+            assert resolve_settings(study, args, overrides), path
         else:
             assert load_run_config(path).train.max_steps > 0, path
 
 
 def test_the_gpu_preset_is_the_small_grid_at_ten_times_the_full_budget_on_workers_sharing_a_gpu():
-    from experiments.compare.config import load_compare_config
+    from tests.test_compare import settings_of
 
     path = ROOT / "configs" / "compare.toml"
     tokens = {}
     for preset in ("full", "gpu"):
-        compare, shared, _ = load_compare_config(path, preset, [])
-        train = build_run_config({"model": shared["model"], "train": shared["train"]}).train
-        tokens[preset] = train.max_steps * train.batch_size * shared["model"]["max_seq_len"]
-    model = shared["model"]
+        compare = settings_of("--config", str(path), "--preset", preset)
+        train = build_run_config({"model": compare.model, "train": compare.train}).train
+        tokens[preset] = train.max_steps * train.batch_size * compare.model["max_seq_len"]
+    model = compare.model
     assert (model["n_layers"], model["dim"], model["n_heads"], model["max_seq_len"]) == (6, 384, 6, 128)
     assert tokens["gpu"] >= 10 * tokens["full"]
     assert compare.lengths[-1] == "16x" and len(compare.seeds) == 5 and compare.workers > 1

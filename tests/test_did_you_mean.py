@@ -13,7 +13,6 @@ import pytest
 from commands import did_you_mean, nearby_folder, nearest
 from data.prepare import main as prepare_main
 from errors import ConfigError
-from experiments.compare.cli import main as compare_main
 from scripts.generate import main as generate
 from tests.conftest import ROOT, train_micro_run
 from train.args import config_keys
@@ -116,9 +115,11 @@ def test_a_misspelled_source_names_the_named_source(tmp_path, capsys):
 
 
 def test_a_misspelled_preset_and_flag_of_an_experiment_name_the_nearest(capsys):
-    assert compare_main(["--config", str(ROOT / "configs" / "compare.toml"), "--preset", "quik"]) == 2
+    from experiments.engine import main
+
+    assert main("experiments.compare", ["--config", str(ROOT / "configs" / "compare.toml"), "--preset", "quik"]) == 2
     assert error_line(capsys).endswith("did you mean quick?")
-    assert compare_main(["--presets", "quick"]) == 2
+    assert main("experiments.compare", ["--presets", "quick"]) == 2
     assert error_line(capsys).endswith("did you mean --preset?")
 
 

@@ -125,19 +125,26 @@ def test_the_frontier_presets_randomized_variant_runs_and_its_claim_is_checked(s
     beyond L, and the report checks Ruoss et al.'s claim against rope."""
     import json
 
-    from experiments.compare.cli import main
+    from experiments.compare import run_folder
+    from experiments.engine import main
     from tests.test_compare import MICRO, ROOT
 
     out = tmp_path / "cmp"
-    assert main(["--config", str(ROOT / "configs" / "compare.toml"), "--preset", "frontier", "--out", str(out),
-                 f"--compare.source={small_text_file}", "--compare.val_fraction=0.3", *MICRO,
-                 '--compare.encodings=["rope", "rope-randomized"]', "--compare.seeds=[1, 2]",
-                 "--compare.methods=[]", "--compare.workers=1"]) == 0
-    saved = json.loads((out / "runs" / "rope-randomized" / "seed1" / "config.json").read_text())
+    assert main("experiments.compare", ["--config", str(ROOT / "configs" / "compare.toml"), "--preset", "frontier",
+                                         "--out", str(out), f"--compare.source={small_text_file}",
+                                         "--compare.val_fraction=0.3", *MICRO, '--compare.encodings=["rope", '
+                                         '"rope-randomized"]', "--compare.seeds=[1, 2]", "--compare.methods=[]",
+                                         "--compare.probes=[]", "--workers", "1", "--threads", "1"]) == 0
+    from experiments.compare import STUDY
+    from experiments.engine import load_records
+
+    cells = load_records(STUDY, out).cells
+    [randomized] = [cell for cell in cells if cell["name"] == "rope-randomized-seed1"]
+    saved = json.loads((run_folder(out / "work", randomized) / "config.json").read_text())
     assert saved["random_positions"] == 2048 and saved["position"] == "rope"
-    cells = [cell for cell in json.loads((out / "results.json").read_text())["cells"]
-             if cell["label"] == "rope-randomized"]
-    assert {cell["multiple"] for cell in cells} == {1, 2, 4} and all(cell["ppl"] for cell in cells)
+    table = (out / "table.md").read_text().split("### Extrapolation penalty")[0]
+    [row] = [line for line in table.splitlines() if line.startswith("| rope-randomized |")]
+    assert row.count("[") == 3  # 1x, 2x and 4x, each with an interval over the two seeds
     assert "randomized positions lower RoPE's extrapolation penalty (Ruoss et al. 2023)" in \
         (out / "report.md").read_text()
 

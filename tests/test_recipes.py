@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from errors import ConfigError
-from experiments.compare.config import CompareConfig
+from experiments.compare import Settings
 from model import KVCache, Transformer
 from model.config import ModelConfig
 from model.methods import METHODS, applies
@@ -110,14 +110,16 @@ def test_gemma3_scales_its_global_layers_only():
 
 
 def test_a_variant_names_a_recipe_and_is_expanded_for_the_comparison_shape():
-    compare = CompareConfig(encodings=["rope", "recipe-gemma3"], variants={"recipe-gemma3": {"recipe": "gemma3"}})
-    settings = compare.model_settings("recipe-gemma3", {"n_layers": 6, "max_seq_len": 128, "dim": 128, "n_heads": 4})
-    assert settings == expand({"recipe": "gemma3"}, {"n_layers": 6, "max_seq_len": 128, "dim": 128, "n_heads": 4})
-    assert settings["attention_window"] == [MIN_SPAN] * 5 + [0]
-    assert compare.position_of("recipe-gemma3") == "rope"
+    shape = {"n_layers": 6, "max_seq_len": 128, "dim": 128, "n_heads": 4}
+    settings = Settings(encodings=["rope", "recipe-gemma3"], variants={"recipe-gemma3": {"recipe": "gemma3"}},
+                        model=shape)
+    found = settings.model_settings("recipe-gemma3")
+    assert found == expand({"recipe": "gemma3"}, shape)
+    assert found["attention_window"] == [MIN_SPAN] * 5 + [0]
+    assert settings.position_of("recipe-gemma3") == "rope"
     # the variant's own keys win over the recipe's
     assert expand({"recipe": "qwen3", "qk_norm": []}, {"n_layers": 6})["qk_norm"] == []
-    with pytest.raises(ConfigError, match="recipe 'llama5' is not one of"):
-        CompareConfig(encodings=["x"], variants={"x": {"recipe": "llama5"}})
+    with pytest.raises(ConfigError, match=r"names a recipe \(\['gated', .*'smollm3'\]\).*got \{'recipe': 'llama5'\}"):
+        Settings(encodings=["x"], variants={"x": {"recipe": "llama5"}})
     with pytest.raises(ConfigError, match="sets model.position, or names a recipe"):
-        CompareConfig(encodings=["x"], variants={"x": {"recipe": "qwen3", "position": "rope"}})
+        Settings(encodings=["x"], variants={"x": {"recipe": "qwen3", "position": "rope"}})

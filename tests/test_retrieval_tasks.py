@@ -1,6 +1,6 @@
 """The retrieval tasks (mqar, niah_multikey): needles at the distance asked for, checked against hand-made examples;
-the length x distance grid; the window control against the model run on the last L tokens; the grid's aggregation
-over seeds against hand-made numbers."""
+the length x distance grid; the window control against the model run on the last L tokens; the grid over seeds
+(eval.retrieval.grid_over_seeds) against hand-made numbers."""
 import numpy as np
 import pytest
 import torch
@@ -184,30 +184,27 @@ def test_a_context_blind_model_is_at_chance_on_the_grid_and_its_control_equals_i
             assert cell["full"]["token_accuracy"] <= 2 / 64  # one fixed token: right at most by chance
 
 
-def test_the_grid_aggregates_per_cell_over_seeds_against_a_hand_made_results_file():
-    from experiments.tasks import aggregate_grid
+def test_the_grid_aggregates_per_cell_over_seeds_against_hand_made_numbers():
+    from eval.retrieval import grid_over_seeds
 
     def seed(full, window):
         return {"8x": {"4L": {"distance": 128, "full": {"exact_match": full, "token_accuracy": full},
                               "window": {"exact_match": window, "token_accuracy": window}}}}
 
-    merged = aggregate_grid([seed(0.9, 0.1), seed(0.7, 0.1), seed(0.8, 0.0)])
+    merged = grid_over_seeds([seed(0.9, 0.1), seed(0.7, 0.1), seed(0.8, 0.0)], 128, 0.95)
     cell = merged["8x"]["4L"]
     assert cell["distance"] == 128
-    assert cell["full"]["exact_match"]["values"] == [0.9, 0.7, 0.8]
-    assert abs(cell["full"]["exact_match"]["mean"] - 0.8) < 1e-12
-    difference = cell["difference"]["exact_match"]
-    assert difference["values"] == pytest.approx([0.8, 0.6, 0.8])
-    # the union of the t interval on the paired differences (mean 0.7333, sd 0.11547, n 3, t(0.975, 2) = 4.3027)
-    # and the MOVER interval from the two parts' own limits, cut to [-1, 1]
+    full, window, difference = cell["full"], cell["window"], cell["difference"]
+    assert abs(full.mean - 0.8) < 1e-12 and full.n == 3 and 0 <= full.low < 0.8 < full.high <= 1
+    # the union of the t interval on the paired differences 0.8, 0.6, 0.8 (mean 0.7333, sd 0.11547, n 3,
+    # t(0.975, 2) = 4.3027) and the MOVER interval from the two parts' own limits, cut to [-1, 1]
     half = 4.302653 * 0.1154701 / 3 ** 0.5
-    full, window = cell["full"]["exact_match"], cell["window"]["exact_match"]
-    mover = (0.733333 - ((full["mean"] - full["low"]) ** 2 + (window["high"] - window["mean"]) ** 2) ** 0.5,
-             0.733333 + ((full["high"] - full["mean"]) ** 2 + (window["mean"] - window["low"]) ** 2) ** 0.5)
-    assert difference["mean"] == pytest.approx(0.733333, abs=1e-5)
-    assert difference["low"] == pytest.approx(max(-1.0, min(0.733333 - half, mover[0])), abs=1e-4)
-    assert difference["high"] == pytest.approx(min(1.0, max(0.733333 + half, mover[1])), abs=1e-4)
-    assert difference["high"] - difference["low"] >= full["high"] - full["low"]
+    mover = (0.733333 - ((full.mean - full.low) ** 2 + (window.high - window.mean) ** 2) ** 0.5,
+             0.733333 + ((full.high - full.mean) ** 2 + (window.mean - window.low) ** 2) ** 0.5)
+    assert difference.mean == pytest.approx(0.733333, abs=1e-5)
+    assert difference.low == pytest.approx(max(-1.0, min(0.733333 - half, mover[0])), abs=1e-4)
+    assert difference.high == pytest.approx(min(1.0, max(0.733333 + half, mover[1])), abs=1e-4)
+    assert difference.high - difference.low >= full.high - full.low
 
 
 def test_an_oracle_retrieves_at_every_distance_and_evaluate_takes_the_distance():

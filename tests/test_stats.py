@@ -7,8 +7,16 @@ import statistics
 import numpy as np
 import pytest
 
-from eval.stats import Z_975, Estimate, crossed_bootstrap, seeds_and_trials, t_interval, t_quantile_975, wilson_interval
-from experiments.seed_intervals import seeds_and_windows
+from eval.stats import (
+    Z_975,
+    Estimate,
+    crossed_bootstrap,
+    seeds_and_trials,
+    seeds_and_windows,
+    t_interval,
+    t_quantile_975,
+    wilson_interval,
+)
 
 
 @pytest.mark.parametrize("df", [1, 2, 5, 30, 31, 60, 200])
@@ -128,7 +136,7 @@ def test_seeds_and_trials_counts_the_variation_between_training_runs():
 
 def test_perplexity_interval_is_the_exponentiated_t_interval_of_the_nll_and_stays_positive():
     scipy_stats = pytest.importorskip("scipy.stats")
-    from experiments.seed_intervals import perplexity_interval
+    from eval.stats import perplexity_interval
     nll = [4.0, 4.2, 9.0]  # one seed diverges: a t interval on raw perplexity would reach below 0
     mean, sd = statistics.fmean(nll), statistics.stdev(nll)
     half = scipy_stats.t.ppf(0.975, 2) * sd / math.sqrt(3)
@@ -143,7 +151,7 @@ def test_perplexity_interval_is_the_exponentiated_t_interval_of_the_nll_and_stay
 
 def test_perplexity_ratio_interval_pairs_by_seed_on_the_log_scale():
     scipy_stats = pytest.importorskip("scipy.stats")
-    from experiments.seed_intervals import perplexity_ratio_interval
+    from eval.stats import perplexity_ratio_interval
     here, base = [5.0, 5.5, 7.0], [4.0, 4.1, 4.2]
     differences = [1.0, 1.4, 2.8]
     mean, sd = statistics.fmean(differences), statistics.stdev(differences)
@@ -190,7 +198,7 @@ def test_rate_over_seeds_counts_learned_seeds_and_stays_in_the_unit_interval():
 def test_paired_bootstrap_against_an_exhaustive_enumeration():
     import itertools
 
-    from experiments.seed_intervals import paired_bootstrap
+    from eval.stats import paired_bootstrap
     here, base = [1.0, 2.0, 4.0], [0.0, 0.5, 1.0]
     differences = [1.0, 1.5, 3.0]
     estimate = paired_bootstrap(here, base, resamples=20000, seed=3)
@@ -231,7 +239,7 @@ def test_holm_steps_down_and_stops_at_the_first_acceptance():
 
 
 def test_calibrated_verdicts_need_the_margin_and_survive_the_family():
-    from eval.stats import Cell, calibrated_verdicts
+    from eval.verdicts import Cell, calibrated_verdicts
     strong, small, null = Cell(1.0, 0.1, 7), Cell(0.08, 0.01, 7), Cell(0.01, 0.01, 7)
     assert calibrated_verdicts([strong, small, null, None], 0.3) == ["uses", "negligible", "none", "cannot tell"]
     # alone, a cell at t = 2.6 (one-sided p = 0.018) is shown above 0; among 20 such cells Holm asks p < 0.00125
@@ -244,7 +252,7 @@ def test_calibrated_verdicts_need_the_margin_and_survive_the_family():
 def test_the_calibrated_rule_rarely_reads_uses_where_there_is_none():
     """Families of 40 null cells, 8 windows each (a true use of 0): any false "uses" in at most ~2.5% of families;
     the former rule (the interval above 0 in each cell, no correction, no margin on the mean) in most."""
-    from eval.stats import Cell, calibrated_verdicts, interval_verdict
+    from eval.verdicts import Cell, calibrated_verdicts, interval_verdict
     rng = np.random.default_rng(0)
     calibrated = former = 0
     for _ in range(400):
@@ -256,14 +264,14 @@ def test_the_calibrated_rule_rarely_reads_uses_where_there_is_none():
 
 
 def test_reach_needs_every_nearer_distance():
-    from eval.stats import reach_of
+    from eval.verdicts import reach_of
     assert reach_of([100, 200, 300], ["uses", "uses", "cannot tell"]) == 200
     assert reach_of([300, 100, 200], ["uses", "uses", "negligible"]) == 100  # 300 reads uses, 200 does not
     assert reach_of([100, 200], ["none", "uses"]) is None
 
 
 def test_the_margin_is_a_tenth_of_the_positive_control_with_a_floor():
-    from eval.stats import use_margin
+    from eval.verdicts import use_margin
     assert use_margin(3.0) == pytest.approx(0.3) and use_margin(0.2) == 0.05 and use_margin(None) == 0.05
 
 
@@ -320,7 +328,7 @@ def test_ruler_own_score_is_given_for_tasks_with_several_answers_with_a_bounded_
 
 
 def test_needle_responses_are_told_apart_by_the_number_they_give():
-    from experiments.ruler import response_value
+    from eval.ruler import response_value
     from experiments.ruler_report import value_lines
     held = {"8734194", "1743906", "12"}
     assert response_value(" 8734194.", "8734194", held) == "answer"
@@ -335,25 +343,6 @@ def test_needle_responses_are_told_apart_by_the_number_they_give():
                         for i, value in enumerate(values)]}
     assert value_lines([cell])[-2] == "| plain RoPE | niah_multikey_2 @ 16,384 | 5 | 1 | 3 | 0 | 1 |"
     assert value_lines([{**cell, "samples": [{"value": None}]}]) == []
-
-
-def test_wrong_numbers_are_held_digit_by_digit_against_the_answer_and_the_other_answers():
-    from experiments.ruler_report import digit_match, value_lines
-
-    def sample(answer, response, value="invented"):
-        return {"target": [answer], "response": response, "value": value}
-    cell = {"method": "linear", "task": "niah_single_1", "length": 4096,
-            "samples": [sample("4430567", " 43357."), sample("9746862", " 94462."), sample("1019173", " 25."),
-                        sample("2935247", " 2935247", "answer"), sample("6456023", " we are", "none")]}
-    right, of, chance = digit_match(cell, 0, 0)
-    assert (right, of) == (2, 3)  # 4.. and 9.. start as their answers; 25 does not; the answer and no number: out
-    # against the other four answers each: 43357 starts as none of 9, 1, 2, 6; 94462 as none of 4, 1, 2, 6; 25 as 2
-    assert chance == pytest.approx(1 / 12)
-    assert digit_match(cell, 1, 2)[:2] == (2, 3)  # 4_3_, 9_4_: the answer's 3rd digit second (a step of two)
-    assert digit_match(cell, 1, 1)[:2] == (0, 3)
-    assert digit_match({"samples": [sample("4430567", " 4", "answer")]}, 0, 0) is None
-    table = value_lines([{**cell, "samples": [{**s, "value": s["value"]} for s in cell["samples"]]}])
-    assert "| PI (linear) | niah_single_1 @ 4,096 | 2/3 [0.21, 0.94] (0.08) | 0/3 [0.00, 0.56] (" in "\n".join(table)
 
 
 def test_ruler_is_read_pooled_over_the_niah_tasks_and_each_alone_and_held_against_use_with_holm():

@@ -1,66 +1,111 @@
-"""experiments.sweep: a micro sweep end to end, the choice against hand-made losses, and bad input."""
+"""experiments.sweep on the study engine: its settings, each value's comparison, the choice rule and the table from
+hand-made records (as a migrated record holds them), and (integration tier) a micro sweep end to end."""
 import json
 import math
 
 import pytest
 
-from experiments.sweep import choose, main, write_sweep
+from commands import results_json
+from errors import ConfigError
+from eval.stats import t_interval
+from eval.verdicts import sweep_choice
+from experiments import sweep
+from experiments.engine import key, load_records, main
 from tests.conftest import ROOT
-from tests.test_compare import MICRO
+
+QUICK = {"compare": {"encodings": ["alibi", "rope"], "train_settings": {"rope": {"lr": 6e-3, "warmup_steps": 5}}},
+         "model": {"max_seq_len": 64}, "train": {"lr": 3e-3, "max_steps": 10}}
 
 
-@pytest.mark.integration  # four micro comparisons, ~40 s
-def test_micro_sweep_end_to_end(small_text_file, tmp_path):
-    out = tmp_path / "sweep"
-    overrides = [o for o in MICRO if not o.startswith(("--compare.methods", "--compare.lengths", "--compare.seeds"))]
-    args = ["--config", str(ROOT / "configs" / "compare.toml"), "--preset", "quick", "--out", str(out),
-            "--values", "1e-3,3e-3", f"--compare.source={small_text_file}", "--compare.val_fraction=0.3",
-            "--compare.seeds=1,2", "--compare.workers=1", '--compare.encodings=["alibi", "rope"]', *overrides]
-    assert main(args) == 0
-    record = json.loads((out / "sweep.json").read_text())
-    assert record["default"] == "3e-3" and set(record["encodings"]) == {"alibi", "rope"}
-    for found in record["encodings"].values():
-        assert set(found["loss"]) == {"1e-3", "3e-3"} and found["chosen"] in ("1e-3", "3e-3")
-        assert all(set(by_value["seeds"]) == {"1", "2"} for by_value in found["loss"].values())
-    runs = json.loads((out / "lr=1e-3" / "results.json").read_text())
-    # the preset's own rate for rope ([compare.train_settings]) would override every swept value: the sweep drops it
-    trained = json.loads((out / "lr=1e-3" / "runs" / "rope" / "seed1" / "trainer_state.json").read_text())
-    assert trained["run_config"]["train"]["lr"] == pytest.approx(1e-3)
-    assert runs["settings"]["lengths"] == [16]  # 1x only: the choice never looks at longer lengths
-    assert "| encoding | train.lr = 1e-3 | train.lr = 3e-3 (preset) |" in (out / "sweep.md").read_text()
-    # the data prepared once, in OUT/data: every value trains and scores the same tokens
-    for name in ("meta.json", "train.bin", "val.bin", "tokenizer.json"):
-        shared = (out / "data" / name).read_bytes()
-        assert all((out / value / "data" / name).read_bytes() == shared for value in ("lr=1e-3", "lr=3e-3"))
-    assert main(args) == 0  # a re-run trains nothing and writes the same numbers
-    assert json.loads((out / "sweep.json").read_text())["encodings"] == record["encodings"]
+@pytest.mark.parametrize("values, key, message", [
+    (["3e-3"], "train.lr", "at least two values"),
+    (["1e-3", "1e-2"], "train.lr", "the preset's own train.lr (0.003)"),
+    (["1e-3", "3e-3"], "compare.seeds", "a [model] or [train] setting"),
+    (["1e-3", "3e-3"], "train.warmup_steps", "the preset's own train.warmup_steps (None)"),
+])
+def test_a_sweep_needs_two_values_one_of_them_the_presets_own(values, key, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        sweep.Settings(key=key, values=values, **QUICK)
+
+
+def test_each_value_is_a_comparison_at_1x_without_the_encodings_own_value_of_the_key():
+    settings = sweep.Settings(values=[1e-3, "3e-3"], **QUICK)
+    assert settings.default == "3e-3"  # a value given as text is parsed, and the table says it as given
+    found = sweep.comparison(settings, 1e-3)
+    assert found.train["lr"] == 1e-3 and found.lengths == ["1x"] and found.methods == [] and found.snapshots == []
+    assert found.probes == [] and found.tasks == [] and found.encodings == ["alibi", "rope"]
+    assert found.train_settings == {"rope": {"warmup_steps": 5}}  # the preset's own rope rate would override 1e-3
+    assert sweep.comparison(sweep.Settings(key="model.dim", values=[32, 64], **{**QUICK, "model": {"dim": 64}}),
+                            32).train_settings == QUICK["compare"]["train_settings"]  # another key keeps it
 
 
 def test_the_choice_is_the_lowest_mean_only_where_the_paired_difference_lies_below_zero():
-    # seeds differ much between them (the same for every value), so only pairing by seed separates 1e-2 from 3e-3
-    clear = {"1e-3": {1: 4.30, 2: 4.60, 3: 4.10}, "3e-3": {1: 4.20, 2: 4.50, 3: 4.00},
-             "1e-2": {1: 4.10, 2: 4.41, 3: 3.90}}
-    chosen = choose(clear, "3e-3")
-    assert chosen["best"] == "1e-2" and chosen["chosen"] == "1e-2" and chosen["verdict"].startswith("better")
-    assert chosen["difference"].high < 0 and math.isclose(chosen["difference"].mean, -0.0967, abs_tol=1e-3)
-    noisy = {"3e-3": {1: 4.20, 2: 4.50, 3: 4.00}, "1e-2": {1: 4.25, 2: 4.30, 3: 4.01}}
-    chosen = choose(noisy, "3e-3")
-    assert chosen["best"] == "1e-2" and chosen["chosen"] == "3e-3" and "within noise" in chosen["verdict"]
+    # the seeds differ much between them (the same for every value): only pairing by seed separates 1e-2 from 3e-3
+    clear = t_interval([4.10 - 4.20, 4.41 - 4.50, 3.90 - 4.00])
+    assert sweep_choice("1e-2", "3e-3", clear) == ("1e-2", "better than the preset's value")
+    assert math.isclose(clear.mean, -0.0967, abs_tol=1e-3) and clear.high < 0
+    noisy = t_interval([4.25 - 4.20, 4.30 - 4.50, 4.01 - 4.00])
+    assert sweep_choice("1e-2", "3e-3", noisy) == ("3e-3", "within noise of the preset's value")
+    assert sweep_choice("3e-3", "3e-3", None) == ("3e-3", "the preset's value is best")
 
 
-def test_the_table_lists_every_value_and_marks_the_preset(tmp_path):
-    losses = {"1e-3": {"rope": {1: 4.3, 2: 4.6}}, "3e-3": {"rope": {1: 4.2, 2: 4.5}}}
-    write_sweep(tmp_path, "train.lr", ["1e-3", "3e-3"], "3e-3", losses, "python -m experiments.sweep ...")
-    text = (tmp_path / "sweep.md").read_text()
-    assert "| rope | 4.450 [2.544, 6.356] | 4.350 [2.444, 6.256] | 3e-3 |" in text
-    assert "the preset's value is best" in text
+def write_sweep(out, values, losses):
+    """A sweep folder of hand-made records: value -> encoding -> seed -> the 1x loss, where a comparison keeps it."""
+    cells = []
+    (out / "records").mkdir(parents=True)
+    for value in values:
+        for encoding, seeds in losses[value].items():
+            for seed, loss in seeds.items():
+                cell = {"name": f"train.lr={value}/{encoding}-seed{seed}", "kind": "model", "encoding": encoding,
+                        "seed": seed}
+                (out / "records" / f"{key(cell)}.json").write_text(results_json(
+                    {"key": key(cell), "cell": cell, "record": {"evaluation": {"nll": {"none@64": loss,
+                                                                                      "yarn@64": 0.0}}},
+                     "seconds": 1.0, "machine": "m"}))
+                cells.append(cell)
+    settings = {"values": values, **QUICK, "out": str(out)}
+    (out / "study.json").write_text(json.dumps({"study": "experiments.sweep", "settings": settings, "cells": cells}))
+    (out / "invocations.jsonl").write_text(json.dumps({"command": "python -m experiments.sweep", "machine": "m",
+                                                       "where": "here", "wall_s": 60.0}) + "\n")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--values", "3e-3"], "at least two values"),
-    (["--values", "1e-3,1e-2", "--preset", "quick"], "must include the preset's own train.lr"),
-    (["--values", "1e-3,3e-3", "--bogus=1"], "unknown arguments"),
-])
-def test_bad_sweeps_are_refused_with_the_fix(argv, message, capsys, tmp_path):
-    assert main([*argv, "--out", str(tmp_path / "s")]) == 2
-    assert message in capsys.readouterr().err
+def test_the_table_lists_every_value_marks_the_preset_and_says_the_choice(tmp_path):
+    write_sweep(tmp_path / "s", ["1e-3", "3e-3", "1e-2"], {
+        "1e-3": {"rope": {1: 4.3, 2: 4.6, 3: 4.1}, "alibi": {1: 4.3, 2: 4.6, 3: 4.1}},
+        "3e-3": {"rope": {1: 4.2, 2: 4.5, 3: 4.0}, "alibi": {1: 4.2, 2: 4.5, 3: 4.0}},
+        "1e-2": {"rope": {1: 4.10, 2: 4.41, 3: 3.90}, "alibi": {1: 4.25, 2: 4.30, 3: 4.01}}})
+    sweep.report(load_records(sweep.STUDY, tmp_path / "s"))
+    text = (tmp_path / "s" / "sweep.md").read_text()
+    assert "| encoding | train.lr = 1e-3 | train.lr = 3e-3 (preset) | train.lr = 1e-2 | lowest |" in text
+    assert ("| rope | 4.333 [3.708, 4.959] | 4.233 [3.608, 4.859] | 4.137 [3.498, 4.775] | 1e-2 | -0.097 [-0.111, "
+            "-0.082] | 1e-2 (better than the preset's value) |") in text  # the difference paired by seed
+    assert ("| alibi | 4.333 [3.708, 4.959] | 4.233 [3.608, 4.859] | 4.187 [3.802, 4.572] | 1e-2 | -0.047 [-0.380, "
+            "+0.287] | 3e-3 (within noise of the preset's value) |") in text
+    assert "its difference from the preset's value (3e-3), paired by seed" in text
+
+
+@pytest.mark.integration  # a micro sweep: 2 values x 2 encodings x 2 seeds, ~25 s
+def test_micro_sweep_end_to_end(small_text_file, tmp_path):
+    out = tmp_path / "sweep"
+    args = ["--config", str(ROOT / "configs" / "compare.toml"), "--preset", "quick", "--out", str(out),
+            "--values", "1e-3,3e-3", "--workers", "1", "--threads", "1", f"--compare.source={small_text_file}",
+            "--compare.val_fraction=0.3", "--compare.vocab_size=300", "--compare.eval_tokens=512",
+            "--compare.seeds=[1, 2]", '--compare.encodings=["alibi", "rope"]', "--model.dim=32", "--model.n_layers=1",
+            "--model.n_heads=2", "--model.n_kv_heads=1", "--model.max_seq_len=16", "--train.max_steps=6",
+            "--train.batch_size=4", "--train.eval_interval=3", "--train.eval_batches=1", "--train.log_interval=2"]
+    assert main("experiments.sweep", args) == 0
+    text = (out / "sweep.md").read_text()
+    assert "| encoding | train.lr = 0.001 | train.lr = 0.003 (preset) | lowest |" in text
+    assert text.count("| alibi |") == 1 and text.count("| rope |") == 1
+    records = load_records(sweep.STUDY, out)
+    assert sorted(cell["name"] for cell, _ in records.done()) == sorted(
+        f"train.lr={v}/{e}-seed{s}" for v in ("0.001", "0.003") for e in ("alibi", "rope") for s in (1, 2))
+    # quick's own rope rate ([compare.train_settings]) would override every swept value: the sweep leaves it out
+    state = json.loads((out / "work" / "runs" / "train.lr=0.001" / "rope-seed1" / "trainer_state.json").read_text())
+    assert state["run_config"]["train"]["lr"] == pytest.approx(1e-3)
+    for _, record in records.done():  # 1x only, every value on the one data set
+        assert [k.split("@")[1] for k in record["evaluation"]["nll"]] == ["16"] and record["probes"] == {}
+    assert len({cell["data"]["digest"] for cell, _ in records.done()}) == 1
+    assert main("experiments.sweep", args) == 0  # a rerun measures nothing and writes the same table
+    assert json.loads((out / "invocations.jsonl").read_text().splitlines()[-1])["measured"] == 0
+    assert (out / "sweep.md").read_text().split("\n")[4:] == text.split("\n")[4:]

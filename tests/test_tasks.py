@@ -1,5 +1,7 @@
-"""Task generators (experiments/tasks.py): deterministic, answers masked exactly, an oracle scores 100%, a context-blind
-predictor scores at chance."""
+"""The task suite: the generators (data/tasks.py: deterministic, answers masked exactly, an oracle scores 100%, a
+context-blind predictor scores at chance), one task model's training (train/tasks.py: answers-only loss, the stop
+target, reuse and resume), the study's cells and measure, the report's rules against hand-made records
+(experiments/tasks.py), and the study end to end through the engine."""
 import numpy as np
 import pytest
 import torch
@@ -109,137 +111,243 @@ def test_unknown_tasks_and_too_short_sequences_are_refused():
         TASKS["copy"].batch(0, 1, 3)
 
 
-def test_the_suite_trains_each_encoding_on_answers_only_and_scores_each_length(tmp_path, capsys):
-    """A micro run of experiments.tasks (copy and flipflop, 2 encodings, 2 seeds, 2 worker processes): one run per task,
-    encoding and seed, results per length with intervals over the seeds, and the training loss counts answer
-    tokens only."""
-    import json
 
-    from data.tasks import TASKS as tasks
-    from experiments.tasks import TaskBatches, main
+# ------------------------------------------------------------------------------------------ one task model's training
 
-    inputs, targets = TaskBatches(tasks["copy"], 16, 4, 0, 1).train_batch(3)
-    assert ((targets != -100) == tasks["copy"].batch([0, 3, 0], 4, 16, train=True).answers).all()
-    out = tmp_path / "tasks"
-    assert main(["--tasks", "copy,flipflop", "--encodings", "rope,none", "--length", "16", "--seeds", "1,2",
-                 "--multiples", "1,2", "--count", "32", "--workers", "2", "--out", str(out), "--train.max_steps=20",
-                 "--train.eval_interval=10", "--model.dim=32", "--model.n_layers=1"]) == 0
-    for task in ("copy", "flipflop"):
-        results = json.loads((out / task / "results.json").read_text())["results"]
-        assert set(results) == {"rope", "none"} and set(results["rope"]) == {"1x", "2x"}
-        exact = results["rope"]["1x"]["exact_match"]
-        assert exact["n"] == 2 and len(exact["values"]) == 2  # the seeds' own values are kept
-        assert abs(exact["mean"] - sum(exact["values"]) / 2) < 1e-12
-        assert (out / task / f"{task}.png").exists()
-        assert (out / "runs" / task / "none" / "seed2" / "model.safetensors").exists()
-        assert (out / "runs" / "logs" / f"{task}-none-seed2.log").exists()
-    table = (out / "tasks.md").read_text()
-    assert "| copy | 1x | 2x |" in table and "| flipflop | 1x | 2x |" in table and (out / "tasks.png").exists()
-    assert main(["--tasks", "sort", "--out", str(out)]) == 2
-    assert main(["--tasks", "copy", "--out", str(out), "--model.dimm=3"]) == 2
-    assert main(["--tasks", "copy", "--out", str(out), "--length", "128"]) == 2  # 8x is past copy's 515 tokens
+MICRO_MODEL = {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1}
+MICRO_TRAIN = {"batch_size": 4, "max_steps": 20, "eval_interval": 10, "eval_batches": 1, "warmup_steps": 2,
+               "log_interval": 10, "dtype": "float32"}
 
 
-def test_a_failed_training_is_reported_and_the_others_go_on(tmp_path):
-    from experiments.tasks import TaskJob, run_jobs
+def micro_run(folder, seed=1):
+    from train.config import build_run_config
 
-    shared = {"model": {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1},
-              "train": {"batch_size": 4, "max_steps": 3, "eval_interval": 3, "eval_batches": 1, "dtype": "float32"}}
-    jobs = [TaskJob(task, "rope", {"position": "rope"}, 1, 16, (1,), 8, shared, str(tmp_path)) for task in ("nope", "copy")]
-    failed, done = sorted(run_jobs(jobs, 1, tmp_path / "logs"), key=lambda r: r["task"] != "nope")
-    assert failed["status"].startswith("failed: ConfigError: unknown task 'nope'")
-    assert done["status"] == "ok" and set(done["rows"]) == {"1x"}
+    return build_run_config({"model": {**MICRO_MODEL, "position": "rope", "vocab_size": TASKS["copy"].vocab_size,
+                                       "max_seq_len": 16}, "train": {**MICRO_TRAIN, "seed": seed},
+                             "out": {"dir": str(folder), "overwrite": True}})
 
 
-@pytest.mark.integration  # trains a task model to its target, ~18 s
-def test_a_task_training_stops_once_validation_exact_match_reaches_the_target(tmp_path):
-    """--until: the stop check runs at each evaluation step; a target met stops there (steps recorded), one never
-    met trains to max_steps and is marked in the table."""
-    from experiments.tasks import main, run_suite, table
+def test_task_batches_count_the_answers_only():
+    from train.tasks import TaskBatches
 
-    shared = {"model": {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1},
-              "train": {"batch_size": 4, "max_steps": 20, "eval_interval": 10, "eval_batches": 1, "dtype": "float32"}}
-    training = run_suite(["copy"], {"rope": {"position": "rope"}}, [1, 2], 16, [1], 8, shared,
-                         tmp_path / "met", until=0.0).training
-    assert training["copy"]["rope"] == {"seeds": [1, 2], "steps": [10, 10], "reached": [True, True]}
-    assert '"stopped": "validation exact match' in (tmp_path / "met" / "copy" / "rope" / "seed1" / "metrics.jsonl").read_text()
-    suite = run_suite(["copy"], {"rope": {"position": "rope"}}, [1], 16, [1], 8, shared,
-                      tmp_path / "unmet", until=1.0)  # 20 steps of a 1-layer model: exact match < 1
-    results, training = suite.results, suite.training
-    assert training["copy"]["rope"] == {"seeds": [1], "steps": [20], "reached": [False]}
-    shown = table(results, 16, [1], training)
-    assert "| copy | 1x | steps (each seed) |" in shown and "| 20* |" in shown and "* ran to train.max_steps" in shown
-    assert main(["--tasks", "copy", "--until", "1.5", "--out", str(tmp_path / "bad")]) == 2
+    inputs, targets = TaskBatches(TASKS["copy"], 16, 4, 0, 1).train_batch(3)
+    answers = TASKS["copy"].batch([0, 3, 0], 4, 16, train=True).answers
+    assert ((targets != -100) == answers).all() and answers.any() and (~answers).any()
+
+
+def test_a_training_stops_at_its_target_and_a_rerun_reuses_it_or_trains_afresh(tmp_path, monkeypatch):
+    """The stop check runs at each evaluation step: a reason to stop ends the training there (steps and "reached"
+    recorded); the same training asked again is reused, not retrained; another stop target trains afresh."""
+    import train.tasks as tasks_training
+
+    config = micro_run(tmp_path / "run")
+    steps, reached = tasks_training.train_task(config, TASKS["copy"], 16, 0.5, lambda model, step: "met")
+    assert (steps, reached) == (10, True)
+    assert '"stopped": "met"' in (tmp_path / "run" / "metrics.jsonl").read_text()
+    calls = []
+    monkeypatch.setattr(tasks_training, "run_training", lambda training: calls.append(training) or 1 / 0)
+    assert tasks_training.train_task(config, TASKS["copy"], 16, 0.5, None) == (10, True) and calls == []
+    with pytest.raises(ZeroDivisionError):
+        tasks_training.train_task(config, TASKS["copy"], 16, 0.25, None)
+    assert calls[-1].resume is False
+
+
+def test_an_interrupted_training_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path):
+    """Never reaching its target, a training runs to max_steps ("reached" False); one interrupted after its
+    checkpoint at step 10 resumes from it to the same weights."""
+    from model.checkpoint import load_model, load_trainer_state
+    from train.loop import TrainingInterrupted
+    from train.tasks import train_task
+
+    assert train_task(micro_run(tmp_path / "whole"), TASKS["copy"], 16, 1.0, lambda model, step: None) == (20, False)
+
+    def interrupt(model, step):
+        raise KeyboardInterrupt
+
+    with pytest.raises(TrainingInterrupted):
+        train_task(micro_run(tmp_path / "parts"), TASKS["copy"], 16, 1.0, interrupt)
+    assert load_trainer_state(tmp_path / "parts")["step"] == 10
+    assert train_task(micro_run(tmp_path / "parts"), TASKS["copy"], 16, 1.0, lambda model, step: None) == (20, False)
+    for (name, a), b in zip(load_model(tmp_path / "whole").state_dict().items(),
+                            load_model(tmp_path / "parts").state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-6), name
 
 
 def test_a_cap_shorter_than_one_learning_rate_cycle_decays_over_the_whole_run():
     from experiments.tasks import DEFAULT_TRAIN, task_train
 
-    assert task_train({})["lr_cycle"] == DEFAULT_TRAIN["lr_cycle"] == 3000
+    assert task_train({})["lr_cycle"] == DEFAULT_TRAIN["lr_cycle"] == 3000 == task_train({})["eval_interval"]
     assert task_train({"max_steps": 1000})["lr_cycle"] == 0  # one decay to step 1,000: the model ends annealed
     assert task_train({"max_steps": 1000, "lr_cycle": 500})["lr_cycle"] == 500  # set by the user: kept
+    assert task_train({"lr_cycle": 500})["eval_interval"] == 500  # the stop check at each cycle's end
 
 
-def test_a_rerun_scores_finished_trainings_again_and_resumes_an_interrupted_one(tmp_path, monkeypatch):
-    """The suite resumes: a job whose folder holds a finished training with the same settings and stop target is
-    scored again without training (equal scores); an interrupted one continues from its checkpoint to the same
-    weights as an uninterrupted training; another stop target trains afresh."""
-    import dataclasses
+# ------------------------------------------------------------------------------------------- cells and measure
 
-    import experiments.tasks as tasks
-    from model.checkpoint import load_model, load_trainer_state
+def test_settings_and_cells_refuse_what_cannot_run():
+    from experiments.tasks import Settings, cells
 
-    shared = {"model": {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1},
-              "train": {"batch_size": 4, "max_steps": 20, "eval_interval": 10, "eval_batches": 1, "dtype": "float32"}}
-    job = tasks.TaskJob("copy", "rope", {"position": "rope"}, 1, 16, (1,), 8, shared, str(tmp_path / "a"),
-                        until=1.0)  # not reached by 20 steps of a 1-layer model: trains to max_steps
-    first = tasks.run_task_job(job)
-    assert first["status"] == "ok" and first["steps"] == 20 and first["reached"] is False
-    whole = tmp_path / "a" / "copy" / "rope" / "seed1"
-    stamp = (whole / "model.safetensors").stat().st_mtime_ns
-    calls = []
-    monkeypatch.setattr(tasks, "run_training", lambda training: calls.append(training) or 1 / 0)
-    again = tasks.run_task_job(job)
-    assert calls == [] and again["rows"] == first["rows"] and (again["steps"], again["reached"]) == (20, False)
-    assert (whole / "model.safetensors").stat().st_mtime_ns == stamp
-    assert tasks.run_task_job(dataclasses.replace(job, until=0.5))["status"].startswith("failed: ZeroDivision")
-    assert calls[-1].resume is False  # another stop target: trained afresh
-    monkeypatch.undo()
-
-    def interrupt_at_10(*args):
-        def check(model, step):
-            raise KeyboardInterrupt
-        return check
-
-    interrupted = dataclasses.replace(job, runs=str(tmp_path / "b"))
-    with monkeypatch.context() as patch:
-        patch.setattr(tasks, "stop_at", interrupt_at_10)
-        assert "TrainingInterrupted" in tasks.run_task_job(interrupted)["status"]
-    parts = tmp_path / "b" / "copy" / "rope" / "seed1"
-    assert load_trainer_state(parts)["step"] == 10
-    resumed = tasks.run_task_job(interrupted)
-    assert resumed["status"] == "ok" and resumed["steps"] == 20 and load_trainer_state(parts)["step"] == 20
-    for (name, a), b in zip(load_model(whole).state_dict().items(), load_model(parts).state_dict().values()):
-        assert torch.allclose(a, b, atol=1e-6), name
+    for bad in ({"tasks": ["sort"]}, {"encodings": ["rope-randomized"]}, {"until": 1.5}, {"seeds": [1, 1]},
+                {"multiples": [0]}, {"encodings": ["x"], "variants": {"x": {"dim": 8}}}, {"methods": ["nope"]}):
+        with pytest.raises(ConfigError):
+            Settings(**bad)
+    with pytest.raises(ConfigError, match="at most 515 tokens"):  # 8x of 128 is past copy's longest sequence
+        cells(Settings(tasks=["copy"], length=128), None)
+    with pytest.raises(ConfigError):
+        cells(Settings(model={"dimm": 3}), None)
+    with pytest.raises(ConfigError):  # NoPE reads no positions
+        cells(Settings(encodings=["x"], variants={"x": {"position": "none", "random_positions": 256}}), None)
 
 
-def test_named_variants_train_with_their_settings(tmp_path):
-    """--variants: a named set of model settings that --encodings lists beside plain encodings (randomized positions
-    here); a malformed table or a variant without a position is refused before anything trains."""
+def test_cells_carry_each_variants_settings_and_the_methods_that_apply():
+    """A variant's model settings reach its run config; a learned table is clamped past its end; a retrieval task's
+    cell names the methods that apply to its encoding (never the window control, which every grid scores anyway)."""
+    from experiments.tasks import Settings, cells
+
+    settings = Settings(tasks=["copy", "mqar"], encodings=["rope-randomized", "alibi", "learned"], seeds=[1],
+                        variants={"rope-randomized": {"position": "rope", "random_positions": 256}},
+                        methods=["yarn", "window", "yarn+window"], model={"dim": 32})
+    found = {cell["name"]: cell for cell in cells(settings, None)}
+    assert list(found) == ["copy/rope-randomized-seed1", "copy/alibi-seed1", "copy/learned-seed1",
+                           "mqar/rope-randomized-seed1", "mqar/alibi-seed1", "mqar/learned-seed1"]
+    model = found["copy/rope-randomized-seed1"]["run"]["model"]
+    assert (model["position"], model["random_positions"], model["dim"], model["n_layers"]) == ("rope", 256, 32, 4)
+    assert found["copy/learned-seed1"]["run"]["model"]["position_args"] == {"learned": {"clamp": True}}
+    assert "methods" not in found["copy/alibi-seed1"]
+    assert found["mqar/rope-randomized-seed1"]["methods"] == ["yarn"] and found["mqar/alibi-seed1"]["methods"] == []
+    assert found["mqar/alibi-seed1"]["grid_count"] == 128
+
+
+def test_the_command_line_takes_variants_and_the_model_and_train_tables():
+    from experiments import engine
+    from experiments.tasks import STUDY
+
+    argv = ["--encodings", "rope,rope-randomized", "--seeds", "1,2", "--until", "0",
+            "--tasks.variants={rope-randomized = {position = \"rope\", random_positions = 2048}}",
+            "--model.dim=32", "--train.max_steps=100"]
+    args, overrides = engine.build_parser(STUDY).parse_known_args(argv)
+    settings = engine.resolve_settings(STUDY, args, overrides)
+    assert settings.variants == {"rope-randomized": {"position": "rope", "random_positions": 2048}}
+    assert (settings.encodings, settings.seeds, settings.until) == (["rope", "rope-randomized"], [1, 2], 0.0)
+    assert settings.model == {"dim": 32} and settings.train == {"max_steps": 100}
+
+
+def test_the_comparisons_task_cells_take_its_variants_seeds_and_budget():
+    from experiments.compare import Settings as CompareSettings
+    from experiments.tasks import DEFAULT_MODEL, comparison_cells
+
+    settings = CompareSettings(encodings=["rope", "irope"], seeds=[1, 2], tasks=["mqar"], task_steps=300,
+                               variants={"irope": {"position": "rope", "position_layers": ["rope", "rope", "rope", "none"]}},
+                               task_cycle=100, task_count=16, task_until=0.0, methods=["yarn", "window", "yarn+window"])
+    found = comparison_cells(settings)
+    assert [cell["name"] for cell in found] == ["task/mqar/rope-seed1", "task/mqar/rope-seed2", "task/mqar/irope-seed1",
+                                                 "task/mqar/irope-seed2"]
+    first = found[0]
+    assert first["kind"] == "task" and first["until"] is None and first["count"] == 16 and first["length"] == 32
+    assert {k: first["run"]["train"][k] for k in ("max_steps", "lr_cycle", "eval_interval", "seed")} == {
+        "max_steps": 300, "lr_cycle": 100, "eval_interval": 100, "seed": 1}
+    assert {k: first["run"]["model"][k] for k in DEFAULT_MODEL} == DEFAULT_MODEL
+    assert found[2]["run"]["model"]["position_layers"] == ["rope", "rope", "rope", "none"]
+    assert first["methods"] == ["yarn"]
+
+
+def test_measure_trains_a_micro_model_and_scores_every_length_and_its_grid(tmp_path):
+    from experiments.engine import Context
+    from experiments.tasks import Settings, cells, measure
+
+    settings = Settings(tasks=["mqar"], encodings=["rope"], seeds=[1], length=16, multiples=[1, 2], count=8,
+                        methods=["yarn"], until=1.0, model=MICRO_MODEL, train=MICRO_TRAIN)
+    cell = cells(settings, None)[0]
+    record = measure(cell, Context(tmp_path))
+    assert (record["steps"], record["reached"]) == (20, False)  # 20 steps of a 1-layer model: not learned
+    assert set(record["rows"]) == {"1x", "2x"} and all(0 <= v <= 1 for row in record["rows"].values()
+                                                         for v in row.values())
+    assert set(record["grids"]) == {"none", "yarn"} and set(record["grids"]["none"]["2x"]) == {"L/2", "2L"}
+    assert (tmp_path / "work" / "tasks" / "mqar" / "rope" / "seed1" / "model.safetensors").exists()
+    assert measure(cell, Context(tmp_path)) == record  # reused, not retrained: the same scores
+
+
+# ---------------------------------------------------------------------------------------------- the report
+
+def task_record(task, encoding, seed, exact, steps=500, reached=True, grid=None, until=0.95):
+    """A hand-made (cell, record): exact match per length ("1x", "2x"), and a retrieval grid {method: (full, window)}
+    at the map's cell 8x / 4L."""
+    cell = {"name": f"{task}/{encoding}-seed{seed}", "kind": "task", "task": task, "encoding": encoding, "seed": seed,
+            "length": 32, "multiples": [1, 2], "count": 256, "until": until,
+            "run": {"model": {}, "train": {"batch_size": 32, "max_steps": 3000}}}
+    record = {"steps": steps, "reached": reached,
+              "rows": {key: {"exact_match": value, "token_accuracy": value} for key, value in zip(("1x", "2x"), exact)}}
+    if grid is not None:
+        cell["grid_count"] = 128
+        record["grids"] = {method: {"8x": {"4L": {"distance": 128, "full": {"exact_match": full, "token_accuracy": 0},
+                                                  "window": {"exact_match": window, "token_accuracy": 0}}}}
+                           for method, (full, window) in grid.items()}
+    return cell, record
+
+
+def test_the_tables_show_rates_over_seeds_the_seeds_that_learned_and_each_seeds_steps():
+    from eval.stats import rate_over_seeds
+    from experiments.tasks import grouped, tasks_markdown
+
+    pairs = [task_record("copy", "rope", 2, (1.0, 0.0), steps=6000), task_record("copy", "rope", 1, (0.5, 0.25),
+                                                                                  steps=12000, reached=False)]
+    text = tasks_markdown(grouped(pairs), 32, [1, 2])
+    assert "| copy | 1x | 2x | steps (each seed) |" in text
+    one_x = rate_over_seeds([0.5, 1.0], 256, 0.95)  # seed order: seed 1's value first
+    assert f"| rope | {one_x.estimate.format(2)} 1/2 | " in text and "| 12,000* / 6,000 |" in text
+    assert "* ran to train.max_steps" in text and "pooled Wilson interval" in text and "reaches 0.95" in text
+    assert "answer distance past L" not in text
+
+
+def test_the_map_reads_the_grids_at_8x_and_4L_with_the_difference_paired_by_seed():
+    from eval.stats import paired_rate_difference, rate_over_seeds
+    from experiments.tasks import MAP_CELL, retrieval_grids
+
+    pairs = [task_record("mqar", "rope", seed, (1.0, 1.0), grid={"none": (full, 0.0), "yarn": (1.0, 0.0)})
+             for seed, full in ((1, 0.5), (2, 0.75), (3, 0.25))]
+    found = retrieval_grids(pairs)
+    assert set(found) == {"mqar"} and set(found["mqar"]) == {"rope", "rope+yarn"}
+    use, control, difference = found["mqar"]["rope"]
+    assert use == rate_over_seeds([0.5, 0.75, 0.25], 128, 0.95).estimate and control.mean == 0.0
+    assert difference == paired_rate_difference([0.5, 0.75, 0.25], use, control)
+    assert "4L" in MAP_CELL and "8x" in MAP_CELL
+    assert retrieval_grids([task_record("copy", "rope", 1, (1.0, 1.0))]) == {}
+
+
+def test_the_comparisons_section_has_a_table_a_figure_and_the_grid_per_task(tmp_path):
+    from types import SimpleNamespace
+
+    from experiments.tasks import comparison_section
+
+    pairs = [task_record("mqar", encoding, seed, (1.0, 0.5), grid={"none": (0.5, 0.0)})
+             for encoding in ("alibi", "rope") for seed in (1, 2)]
+    lines = comparison_section(pairs, SimpleNamespace(tasks=["flipflop", "mqar"]), tmp_path)
+    assert lines[0] == "### Task: mqar" and "at most 3,000 steps" in lines[2]
+    assert "| encoding | 1x | 2x | steps |" in lines and "![mqar](tasks/mqar/mqar.png)" in lines
+    assert (tmp_path / "tasks" / "mqar" / "mqar.png").exists()
+    assert "| encoding | 8x, d = 128 (4L) |" in lines and sum(line.startswith("| alibi |") for line in lines) == 3
+
+
+@pytest.mark.integration  # trains 4 micro task models through the engine, ~30 s
+def test_the_study_runs_through_the_engine_and_renders_its_report(tmp_path):
     import json
 
-    from experiments.tasks import main
+    from experiments.engine import main
 
     out = tmp_path / "tasks"
-    variants = '{rope-randomized = {position = "rope", random_positions = 256}}'
-    assert main(["--tasks", "copy", "--encodings", "rope,rope-randomized", "--variants", variants, "--length", "16",
-                 "--seeds", "1", "--multiples", "1,2", "--count", "8", "--workers", "1", "--out", str(out),
-                 "--train.max_steps=4", "--train.eval_interval=2", "--model.dim=32", "--model.n_layers=1"]) == 0
-    saved = json.loads((out / "runs" / "copy" / "rope-randomized" / "seed1" / "config.json").read_text())
-    assert saved["random_positions"] == 256 and saved["position"] == "rope"
-    assert set(json.loads((out / "copy" / "results.json").read_text())["results"]) == {"rope", "rope-randomized"}
-    assert main(["--encodings", "rope-randomized", "--out", str(out)]) == 2  # not defined
-    assert main(["--encodings", "x", "--variants", "{x = {dim = 8}}", "--out", str(out)]) == 2  # no position
-    assert main(["--encodings", "x", "--variants", "{x = ", "--out", str(out)]) == 2  # not TOML
-    assert main(["--encodings", "x", "--variants", '{x = {position = "none", random_positions = 256}}',
-                 "--out", str(out)]) == 2  # NoPE reads no positions
+    argv = ["--tasks", "copy,flipflop", "--encodings", "rope,none", "--length", "16", "--seeds", "1,2",
+            "--multiples", "1,2", "--count", "16", "--out", str(out), "--workers", "1", "--threads", "1",
+            "--train.max_steps=20", "--train.eval_interval=10", "--model.dim=32", "--model.n_layers=1"]
+    assert main("experiments.tasks", argv) == 0
+    assert len(list((out / "records").glob("*.json"))) == 8
+    table = (out / "tasks.md").read_text()
+    assert "| copy | 1x | 2x | steps (each seed) |" in table and "| flipflop | 1x | 2x | steps (each seed) |" in table
+    assert all((out / name).exists() for name in ("tasks.png", "copy/copy.png", "flipflop/flipflop.png"))
+    assert "Reproduce: `python -m experiments.tasks" in (out / "report.md").read_text()
+    stamp = (out / "work" / "tasks" / "copy" / "none" / "seed2" / "model.safetensors").stat().st_mtime_ns
+    assert main("experiments.tasks", argv) == 0  # every cell has its record: nothing trains again
+    assert (out / "work" / "tasks" / "copy" / "none" / "seed2" / "model.safetensors").stat().st_mtime_ns == stamp
+    assert json.loads((out / "invocations.jsonl").read_text().splitlines()[-1])["measured"] == 0
+    (out / "tasks.md").unlink()
+    assert main("experiments.tasks", ["--report-only", "--out", str(out)]) == 0 and (out / "tasks.md").read_text() == table
+    assert main("experiments.tasks", ["--tasks", "sort", "--out", str(tmp_path / "bad")]) == 2
