@@ -10,7 +10,7 @@ TORCH_INDEX ?=
 RUN ?= runs/demo
 DATA ?= runs/data/stdlib
 
-.PHONY: install demo test test-integration test-all test-slow real-model-deps ruler-deps real-model gpu-check clean
+.PHONY: install demo test test-integration test-all test-slow real-model-deps ruler-deps cluster-deps real-model gpu-check clean
 
 # pelab itself is not installed: every command runs from the repository root. An editable install left by an
 # older checkout (which mapped model/, data/, ... as top-level packages) is removed. Each step runs pip only when
@@ -73,6 +73,12 @@ real-model-deps: install
 RULER_PACKAGES ?= lm-eval[ruler]==0.4.13
 ruler-deps: install
 	@$(PYTHON) -c "import lm_eval, wonderwords" 2>/dev/null || $(PYTHON) -m pip install "$(RULER_PACKAGES)"
+
+# Optional: Ray, the distributed engine a study's cells run on with --cluster HOST:PORT (docs/guide/studies.md).
+# CI installs it for the integration tier's cluster test (a head and a worker started on this machine).
+CLUSTER_PACKAGES ?= ray==2.60.0
+cluster-deps: install
+	@$(PYTHON) -c "import ray" 2>/dev/null || $(PYTHON) -m pip install "$(CLUSTER_PACKAGES)"
 
 # Import it (about 30 s) and print its parity with transformers' own model of the same file (about 2 min).
 real-model: real-model-deps
