@@ -346,7 +346,8 @@ def report(records: Records) -> None:
     write_figures(c)
     seconds = [s for cl in records.cells if (s := records.seconds(cl)) is not None]
     train_minutes = sum(s["wall_s"] for encoding in c.settings.encodings for s in c.training(encoding)) / 60
-    eval_minutes = sum(r["evaluation"]["seconds"] for _, r in c.models) / 60
+    eval_minutes = (sum(r["evaluation"]["seconds"] for _, r in c.models)  # a migrated study's: its summary's
+                    + (c.committed or {}).get("evaluation_s", 0.0)) / 60
     lines = [f"# Position-encoding extrapolation ({records.preset or Path(c.settings.out).name} preset)", "",
              f"{provenance(records.invocations, seconds)} Of it, training {train_minutes:.1f} min, evaluation "
              f"{eval_minutes:.1f} min. Re-running measures only what has no record.", "",

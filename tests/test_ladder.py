@@ -197,8 +197,9 @@ def test_micro_ladder_end_to_end(small_text_file, tmp_path):
     for name in ("penalty.png", "ppl.png", "table.md", "d16/report.md", "d32/report.md", "d32/penalty.png"):
         assert (out / name).stat().st_size > 0
     assert (out / "d16" / "report.md").read_text().startswith("# Position-encoding extrapolation (d16")
-    assert (out / "work" / "runs" / "d32" / "rope-seed2" / "snapshots" / "step-000003").is_dir()
     records = load_records(ladder.STUDY, out)
+    trained = next(cell for cell, _ in records.done() if cell["name"] == "d32/rope-seed2")
+    assert (compare.run_folder(out / "work", trained) / "snapshots" / "step-000003").is_dir()
     assert len(records.done()) == 8 and not records.missing()
     # a rerun measures nothing; --report-only renders the same report from the records
     assert main("experiments.ladder", args) == 0

@@ -9,7 +9,7 @@ from commands import results_json
 from errors import ConfigError
 from eval.stats import t_interval
 from eval.verdicts import sweep_choice
-from experiments import sweep
+from experiments import compare, sweep
 from experiments.engine import key, load_records, main
 from tests.conftest import ROOT
 
@@ -101,7 +101,8 @@ def test_micro_sweep_end_to_end(small_text_file, tmp_path):
     assert sorted(cell["name"] for cell, _ in records.done()) == sorted(
         f"train.lr={v}/{e}-seed{s}" for v in ("0.001", "0.003") for e in ("alibi", "rope") for s in (1, 2))
     # quick's own rope rate ([compare.train_settings]) would override every swept value: the sweep leaves it out
-    state = json.loads((out / "work" / "runs" / "train.lr=0.001" / "rope-seed1" / "trainer_state.json").read_text())
+    trained = next(cell for cell, _ in records.done() if cell["name"] == "train.lr=0.001/rope-seed1")
+    state = json.loads((compare.run_folder(out / "work", trained) / "trainer_state.json").read_text())
     assert state["run_config"]["train"]["lr"] == pytest.approx(1e-3)
     for _, record in records.done():  # 1x only, every value on the one data set
         assert [k.split("@")[1] for k in record["evaluation"]["nll"]] == ["16"] and record["probes"] == {}

@@ -32,7 +32,7 @@ SHAPES = {
                   "batch": 128},
     "research8": {"model": dict(vocab_size=4096, dim=512, n_layers=8, n_heads=8, n_kv_heads=8, max_seq_len=512),
                   "batch": 32},
-    # SmolLM2-135M's shape (random weights): the real model of experiments.method_grid and experiments.ruler, whose
+    # SmolLM2-135M's shape (random weights): the real model of experiments.use_grid and experiments.ruler, whose
     # long forwards (--forward-tokens) set how many windows a CPU session measures.
     "smollm2": {"model": dict(vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536,
                               max_seq_len=8192, rope_theta=100000.0), "batch": 1},
