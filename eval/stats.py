@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -71,10 +72,16 @@ class Estimate:
         return self.low is not None
 
     def format(self, digits: int = 2, signed: bool = False) -> str:
+        """'mean [low, high]' at `digits` decimals; an interval of some width that would print with none (both bounds
+        rounding alike: a rate of 1.00 [0.997, 1.000]) gets up to two more decimals on its bounds."""
         sign = "+" if signed else ""
         if not self.has_interval:
             return f"{self.mean:{sign}.{digits}f}"
-        return f"{self.mean:{sign}.{digits}f} [{self.low:{sign}.{digits}f}, {self.high:{sign}.{digits}f}]"
+        places = digits
+        while places < digits + 2 and abs(self.high - self.low) > 1e-9 and \
+                f"{self.low:.{places}f}" == f"{self.high:.{places}f}":
+            places += 1
+        return f"{self.mean:{sign}.{digits}f} [{self.low:{sign}.{places}f}, {self.high:{sign}.{places}f}]"
 
 
 MIN_DRAWS = 3  # independent draws (windows, seeds) a t interval needs: at 2, t(0.975, 1) = 12.7 says nothing
@@ -138,6 +145,51 @@ def wilson_interval(successes: int, trials: int) -> Estimate:
     centre = (rate + z2 / (2 * trials)) / (1 + z2 / trials)
     half = Z_975 * math.sqrt(rate * (1 - rate) / trials + z2 / (4 * trials**2)) / (1 + z2 / trials)
     return Estimate(rate, max(0.0, min(rate, centre - half)), min(1.0, max(rate, centre + half)), trials)
+
+
+def binomial_cdf(successes: int, trials: int, rate: float) -> float:
+    """P(X <= successes) for X ~ Binomial(trials, rate)."""
+    return sum(math.comb(trials, k) * rate**k * (1 - rate) ** (trials - k) for k in range(successes + 1))
+
+
+def clopper_pearson(successes: int, trials: int, level: float = 0.95) -> Estimate:
+    """The rate successes / trials with its exact (Clopper-Pearson) interval: the rates at which the observed count
+    or a more extreme one has probability (1 - level) / 2 on each side; 0 and 1 where the count is 0 or `trials`.
+    Found by bisection on the binomial distribution (no beta quantile needed)."""
+    if trials < 1 or not 0 <= successes <= trials:
+        raise ValueError(f"need 0 <= successes <= trials and trials >= 1, got {successes} of {trials}")
+    tail = (1 - level) / 2
+
+    def solve(target: Callable[[float], float]) -> float:  # target rises with the rate
+        low, high = 0.0, 1.0
+        for _ in range(60):
+            middle = (low + high) / 2
+            low, high = (middle, high) if target(middle) < 0 else (low, middle)
+        return (low + high) / 2
+
+    lower = 0.0 if successes == 0 else solve(lambda r: 1 - binomial_cdf(successes - 1, trials, r) - tail)
+    upper = 1.0 if successes == trials else solve(lambda r: tail - binomial_cdf(successes, trials, r))
+    return Estimate(successes / trials, lower, upper, trials)
+
+
+def poisson_binomial_sf(observed: int, chances: list[float]) -> float:
+    """P(X >= observed) for X the number of successes of independent trials with these chances (exact, by dynamic
+    programming over the trials)."""
+    counts = [1.0]
+    for chance in chances:
+        counts = [(counts[k] if k < len(counts) else 0.0) * (1 - chance) + (counts[k - 1] * chance if k else 0.0)
+                  for k in range(len(counts) + 1)]
+    return float(min(1.0, sum(counts[observed:])))
+
+
+def mcnemar_exact(only_first: int, only_second: int) -> float:
+    """The two-sided exact McNemar p-value of two methods answering the same samples: of the discordant samples (one
+    right, the other wrong), `only_first` favour the first and `only_second` the second; under "no difference" each
+    falls either way with chance 1/2, so p = min(1, 2 P(X <= min) ), X ~ Binomial(discordant, 1/2). 4 to 0: 0.125."""
+    discordant = only_first + only_second
+    if discordant == 0:
+        return 1.0
+    return min(1.0, 2 * binomial_cdf(min(only_first, only_second), discordant, 0.5))
 
 
 def seeds_and_trials(successes: list[int], trials: list[int]) -> Estimate | None:
@@ -360,6 +412,11 @@ def rate_over_seeds(values: list[float], trials: int | None = None, threshold: f
     if trials and all(abs(s - round(s)) < 1e-6 for s in successes):
         estimate = seeds_and_trials([round(s) for s in successes], [trials] * len(values))
         return Rate(estimate, values, threshold, reached, "seeds and trials")
+    if trials:  # a mean score in [0, 1] over `trials` sequences (token accuracy): its Wilson interval on the summed
+        # scores is valid (a [0, 1] score of mean p varies at most as a 0-or-1 one) and keeps the union from
+        # collapsing where every seed scores the same
+        return Rate(seeds_and_trials(successes, [trials] * len(values)), values, threshold, reached,
+                    "seeds and sequences")
     return Rate(bounded_t_interval(values, 0.0, 1.0), values, threshold, reached, "t over seeds, clipped to [0, 1]")
 
 def seeds_and_windows(matrix: np.ndarray) -> Estimate | None:
@@ -420,6 +477,15 @@ def exp_t_interval(values: list[float] | np.ndarray) -> Estimate | None:
     if not estimate.has_interval:
         return Estimate(math.exp(estimate.mean), None, None, estimate.n)
     return Estimate(math.exp(estimate.mean), math.exp(estimate.low), math.exp(estimate.high), estimate.n)
+
+
+def log_scale_interval(values: list[float] | np.ndarray) -> Estimate | None:
+    """A positive level (a mean NLL) over independent draws: the t interval of the logs, exponentiated (the geometric
+    mean, bounds always > 0); None without values, no interval below MIN_DRAWS."""
+    kept = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    if len(kept) < MIN_DRAWS:
+        return Estimate(float(np.mean(kept)), None, None, len(kept)) if kept else None
+    return exp_t_interval(np.log(kept))
 
 
 def perplexity_interval(nll: list[float] | np.ndarray) -> Estimate | None:

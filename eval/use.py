@@ -19,11 +19,12 @@ independent draws). One probe and one control forward measure every distance at 
 at the end of the window, distances interleaved, so each distance is scored at about the same positions (the longest
 distance's first copy then lies just after the window's lead in every window: that column also measures the
 layout, so a "max" column is shown and not counted in the reach; experiments.use_grid draws each window's places
-instead, eval.use.jittered). Verdicts (calibrate): the
-rows past the positive control are one family; "uses" where the one-sided t test, Holm-corrected over the family,
-shows use above 0 and its mean is at least the margin, a tenth of the positive control's use (at least --margin);
-"negligible" where it is shown above 0 but below the margin; "none" where the 95% interval lies within +-margin;
-else "cannot tell". Each row's reach: the largest distance at which it and every nearer one read "uses".
+instead, eval.use.jittered). Verdicts (calibrate, eval/verdicts.py use_verdicts): the
+rows past the positive control are one family against the margin, a tenth of the positive control's use (at least
+--margin, its standard error carried); "uses" where a one-sided t test, Holm-corrected over the family, shows use
+above the margin; "negligible" where it shows use above 0 and the 95% interval lies below the margin; "none" where
+the 95% interval lies within +-margin; else "cannot tell". Each row's reach: the largest distance at which it and
+every nearer one read "uses".
 
 On a text of many documents (separated by <|endoftext|>) a first copy can lie in an earlier document than its
 second: each row counts those passages (`across_documents`), and the table shows the count. Their use measures
@@ -88,14 +89,15 @@ from eval.stats import (
     t_quantile_975,
 )
 from eval.verdicts import (
-    Cell,
-    calibrated_verdicts,
+    MARGIN_FLOOR,
+    USE_RULE,
+    Margin,
     impossible_use,
-    interval_verdict,
     positive_control,
     reach_of,
     separated_by_windows,
     use_margin,
+    use_verdicts,
     verdict,
 )
 from model.checkpoint import load_model, trained_length, training_data_dir
@@ -350,6 +352,8 @@ class UseResult:
     apart: np.ndarray | None = None  # (windows, distances, passages): copies in different documents; None: not known
     # (windows, distances, passages): NLL(control) - NLL(shuffled), the priming control's gain; None: not measured
     presence: np.ndarray | None = None
+    layers: int = 1  # the model's layers: a window's reach relays through them (eval.verdicts.relay_reach)
+    span: int = 0  # tokens per passage
 
     @property
     def use(self) -> np.ndarray:
@@ -370,7 +374,7 @@ class UseResult:
                 "probe_nll": float(self.probe[:, index].mean()), "control_nll": float(self.control[:, index].mean()),
                 "se": float(values.std(ddof=1) / np.sqrt(values.size)) if values.size > 1 else None,
                 "verdict": verdict(spread(values[None, :]), margin) if values.size >= MIN_WINDOWS else "cannot tell",
-                "past_reach": self.reach is not None and self.distances[index] > self.reach,
+                "past_reach": impossible_use(self.distances[index], self.reach, self.layers, self.span) is not None,
                 **({} if self.presence is None else self.priming_row(index)),
                 **({} if self.apart is None else {"across_documents": int(self.apart[:, index, :].sum()),
                                                   "passages_scored": int(self.apart[:, index, :].size)})}
@@ -424,26 +428,35 @@ def measure_use(model: Transformer, ids: np.ndarray, trained: int, length: int, 
         results.append(UseResult(method, length, list(distances), on_control - on_probe, on_probe.mean(axis=2),
                                  on_control.mean(axis=2), reach(view, trained),
                                  recurrence_view(control, control_losses, ngram, edges), time.perf_counter() - started,
-                                 apart, presence))
+                                 apart, presence, view.config.n_layers, span))
         print(f"use @ {length:,} {method}: " + ", ".join(f"d={d:,} {u:+.3f}" for d, u in
                                                         zip(distances, results[-1].use.mean(axis=0)))
               + f" ({results[-1].seconds:.0f} s)", flush=True)
     return results
 
 
+def row_spread(row: dict[str, Any]) -> Spread | None:
+    """A row's use as the verdicts' rule reads it: mean, standard error over windows, df (None below MIN_WINDOWS)."""
+    return Spread(row["use"]["mean"], row["se"], row["n"] - 1) \
+        if row.get("se") is not None and row["n"] >= MIN_WINDOWS else None
+
+
+def estimate_spread(entry: dict[str, Any]) -> Spread | None:
+    """grid_estimate's dict as the verdicts' rule reads it (None without an interval)."""
+    return Spread(entry["mean"], entry["se"], entry["n"] - 1) if "se" in entry else None
+
+
 def calibrate(rows: list[dict[str, Any]], trained: int, floor: float = DEFAULT_MARGIN) -> float:
-    """The verdicts of one checkpoint's rows as one family (eval.stats.calibrated_verdicts): the margin a tenth of
+    """The verdicts of one checkpoint's rows as one family (eval.verdicts.use_verdicts): the margin a tenth of
     the positive control's use (rows as trained in windows of at most L, at distances within L; at least the floor),
     the rows past it Holm-corrected together; each row's "reach", the largest distance at which it and every nearer
     one of its (length, method) read "uses". The positive control keeps its own verdict (use shown at all). Returns
     the margin."""
     positive = [r for r in rows if r["method"] == NONE and r["length"] <= trained and r["distance"] < trained]
-    margin = use_margin(float(np.mean([r["use"]["mean"] for r in positive])) if positive else None, floor)
+    margin = use_margin([row_spread(r) for r in positive], floor)
     family = [r for r in rows if r not in positive]
-    cells = [Cell(r["use"]["mean"], r["se"], r["n"] - 1) if r.get("se") is not None and r["n"] >= MIN_WINDOWS
-             else None for r in family]
-    for r, word in zip(family, calibrated_verdicts(cells, margin)):
-        r["verdict"], r["margin"] = word, margin
+    for r, word in zip(family, use_verdicts([row_spread(r) for r in family], margin)):
+        r["verdict"], r["margin"], r["margin_se"] = word, float(margin), margin.se
     for key in dict.fromkeys((r["length"], r["method"]) for r in family):
         chosen = [r for r in family if (r["length"], r["method"]) == key]
         counted = [r for r in chosen if not r.get("pinned")]  # a "max" column's first copies sit at the window start
@@ -518,10 +531,9 @@ def text_section(title: str, rows: list[dict[str, Any]], trained: int) -> list[s
     lines = [f"## {title}", "", "Repeated passages of S tokens, each second copy d tokens after its first, against the "
              "same window with other text in place of the first copies; use = NLL(control) - NLL(probe) on the second "
              "copies' tokens 2..S, nats, mean [95% t over windows; none below 3 windows]; verdicts calibrated "
-             "(eval.use.calibrate): 'uses' where the one-sided t test, Holm-corrected over the text's rows past the "
-             "positive control, shows use above 0 and the mean is at least the margin (a tenth of the positive "
-             f"control's use, at least {DEFAULT_MARGIN:g} nats); 'negligible' where shown above 0 but below it; 'none' "
-             "where the interval lies within +-margin; else 'cannot tell'. A window of L tokens holds the model as "
+             "(eval.use.calibrate), the text's rows past the positive control one family against the margin (a tenth "
+             f"of the positive control's use, at least {DEFAULT_MARGIN:g} nats): {USE_RULE}. A window of L tokens "
+             "holds the model as "
              "trained (the positive control); a method whose attention cannot reach d is marked 'past reach' (the "
              "negative control).", "", *rows_table(rows, trained), "",
              *[f"- {check}" for check in self_checks(rows, trained)], ""]
@@ -589,14 +601,14 @@ def across_seeds(results: dict[str, dict[str, Any]]) -> list[str]:
             if all("presence_values" in r for r in rows):  # order = use - presence, window by window
                 presence = np.asarray([r["presence_values"] for r in rows], dtype=np.float64)
                 primed[(variant, *key)] = (spread(presence), spread(np.asarray(values, dtype=np.float64) - presence))
-        positive = [e.mean for (method, length, distance), e in estimates.items()
+        positive = [e for (method, length, distance), e in estimates.items()
                     if e is not None and method == NONE and length <= trained and distance < trained]
-        margin = use_margin(float(np.mean(positive)) if positive else None, floor)
+        margin = use_margin(positive, floor)
         found += [(variant, len(entries), *key, trained, e, margin) for key, e in estimates.items() if e is not None]
     if not found:
         return []
     family = [i for i, f in enumerate(found) if f[3] > f[5]]  # past the positive control: one family
-    words = dict(zip(family, calibrated_verdicts([found[i][6] for i in family], [found[i][7] for i in family])))
+    words = dict(zip(family, use_verdicts([found[i][6] for i in family], [found[i][7] for i in family])))
     def shown(estimate) -> str:
         low, high = estimate.bounds()
         return f"{estimate.mean:+.3f} [{low:+.3f}, {high:+.3f}]"
@@ -769,9 +781,9 @@ def main(argv: list[str] | None = None) -> int:
             f"Checkpoint `{checkpoint}` (L = {trained:,}); {scored}. Windows: {args.windows} per length of "
             f"T = {', '.join(f'{n:,}' for n in lengths)} tokens, each with {args.per_distance} passages of "
             f"S = {span} tokens per distance (in a window of at most L, as many as fit), second copies at the window's end; use on tokens 2..S of each second "
-            f"copy; intervals over windows (none below {MIN_WINDOWS} windows); verdicts calibrated: 'uses' needs the "
-            "one-sided t test Holm-corrected over the rows past the positive control and a mean of at least the "
-            f"margin, {margin:.3f} nats (a tenth of the positive control's use, at least {args.margin:g}); "
+            f"copy; intervals over windows (none below {MIN_WINDOWS} windows); verdicts (eval/verdicts.py), the rows "
+            f"past the positive control one family against the margin, {margin:.3f} nats (a tenth of the positive "
+            f"control's use, at least {args.margin:g}): {USE_RULE}; "
             f"{args.dtype}. Seconds per (length, method), probe + control"
             + (" + the priming control" if args.priming else "") + ": "
             + ", ".join(f"{r.length:,} {r.method} {r.seconds:.0f}" for r in found) + ".")}
@@ -960,20 +972,19 @@ def summarise_fleet(probes: dict[str, list[dict]], margin: float, pinned: bool =
 
 
 def calibrate_fleet(summaries: dict[str, UseSummary], floor: float) -> None:
-    """The verdicts of a fleet's use cells as one family (eval.verdicts.calibrated_verdicts): every variant's columns
+    """The verdicts of a fleet's use cells as one family (eval.verdicts.use_verdicts): every variant's columns
     past its positive control (windows longer than the shortest), each against its variant's margin, a tenth of its
     positive control's use (at least `floor`); the positive control keeps its own test."""
     family, margins = [], []
     for summary in summaries.values():
         shortest, longest = min(summary.lengths), max(summary.lengths)
-        positive = [e.mean for e, n in zip(summary.estimates, summary.lengths)
-                    if e is not None and n == shortest < longest]
-        own = use_margin(sum(positive) / len(positive) if positive else None, floor)
+        positive = [e for e, n in zip(summary.spreads, summary.lengths) if e is not None and n == shortest < longest]
+        own = use_margin(positive, floor)
         for index, length in enumerate(summary.lengths):
             if length > shortest or shortest == longest:
                 family.append((summary, index))
                 margins.append(own)
-    words = calibrated_verdicts([summary.spreads[index] for summary, index in family], margins)
+    words = use_verdicts([summary.spreads[index] for summary, index in family], margins)
     for (summary, index), word in zip(family, words):
         summary.verdicts[index] = word
 
@@ -1029,25 +1040,52 @@ def measure_window(model: Transformer, ids: np.ndarray, start: int, length: int,
     [L, T); seconds per forward, the attention's reach and paths, the dtype. Dynamic NTK (an incremental method) runs
     through the KV cache `step` tokens at a time after a prefill to the first scored token (L for the natural one)."""
     forwards = grid_forwards(ids, start, length, placements, span, seed)
-    spec = method_spec(method)
-    view = model.under(spec, length, trained)
-    losses, seconds = {}, {}
-    for kind in GRID_FORWARDS[0 if natural else 1:]:
-        started = time.perf_counter()
-        if spec.incremental:
-            prefill = trained if kind == "natural" else min(p.second for p in placements)
-            losses[kind] = score_incremental(view, forwards[kind], prefill, amp, step=step)[0]
-        else:
-            losses[kind] = score_windows(view, forwards[kind], amp)[0]
-        seconds[kind] = time.perf_counter() - started
-    record: dict[str, Any] = {"passages": {kind: [float(losses[kind][p.scored(span)].mean()) for p in placements]
-                                           for kind in GRID_FORWARDS[1:]}}
+    kinds = GRID_FORWARDS[0 if natural else 1:]
+    record, losses = score_forwards(model, {kind: forwards[kind] for kind in kinds}, length, trained, placements,
+                                    span, method, amp, step, f"{method} at {start:,}")
     if natural:
         record["natural"] = {"within": float(losses["natural"][:trained].mean()),
                              "past": float(losses["natural"][trained:].mean())}
-    print(f"{method} at {start:,}: " + ", ".join(f"{kind} {s:.0f} s" for kind, s in seconds.items()), flush=True)
-    return {**record, "seconds": seconds, "reach": reach(view, trained), "paths": view.attention_paths(),
-            "dtype": "float32" if amp is None else str(amp).removeprefix("torch.")}
+    return record
+
+
+def score_forwards(model: Transformer, forwards: dict[str, np.ndarray], length: int, trained: int,
+                   placements: list[Placement], span: int, method: str, amp: torch.dtype | None, step: int,
+                   name: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Each of `forwards` (kind -> (1, length + 1) window) under `method` set for `length`: (the record: per passage
+    of every kind but "natural" the mean loss on tokens 2..S of its second copy, seconds per forward, the attention's
+    reach and paths, the dtype; the losses per kind). An incremental method runs through the KV cache `step` tokens
+    at a time after a prefill to the first scored token (L for the natural window)."""
+    spec = method_spec(method)
+    view = model.under(spec, length, trained)
+    losses, seconds = {}, {}
+    for kind, window in forwards.items():
+        started = time.perf_counter()
+        if spec.incremental:
+            prefill = trained if kind == "natural" else min(p.second for p in placements)
+            losses[kind] = score_incremental(view, window, prefill, amp, step=step)[0]
+        else:
+            losses[kind] = score_windows(view, window, amp)[0]
+        seconds[kind] = time.perf_counter() - started
+    print(f"{name}: " + ", ".join(f"{kind} {s:.0f} s" for kind, s in seconds.items()), flush=True)
+    passages = {kind: [float(losses[kind][p.scored(span)].mean()) for p in placements]
+                for kind in forwards if kind != "natural"}
+    return ({"passages": passages, "seconds": seconds, "reach": reach(view, trained), "paths": view.attention_paths(),
+             "dtype": "float32" if amp is None else str(amp).removeprefix("torch.")}, losses)
+
+
+def null_forwards(ids: np.ndarray, start: int, length: int, placements: list[Placement], span: int,
+                  seed: list[int]) -> dict[str, np.ndarray]:
+    """A true null by construction: the control twice, (1, length + 1) each. Both hold the same second copies; at
+    each first copy the control holds one other passage of the text and the second control another, drawn
+    independently, so neither first copy is the passage its second copy repeats and the difference
+    NLL(second control) - NLL(control) on the second copies is 0 in expectation, whatever the model reads."""
+    rng = np.random.default_rng(seed)
+    _, control = write_copies(ids, start, length, placements, span, rng)
+    second = control.copy()
+    for placement, other in zip(placements, draw_passages(ids, (start, start + length + 1), len(placements), span, rng)):
+        second[placement.first : placement.first + span] = other
+    return {"control": control[None], "second_control": second[None]}
 
 
 # ------------------------------------------ the use grid's windows summarised: intervals over windows and verdicts
@@ -1063,7 +1101,8 @@ def grid_entry(record: dict[str, Any], placements: list[list[int]], distances: l
     and order (the mean over the window's passages), the control's NLL on the second copies, each passage's use and
     where its second copy lies (`placements`: [distance, first, second] in the record's order)."""
     probe, control, shuffled = (np.asarray(record["passages"][k]) for k in GRID_FORWARDS[1:])
-    entry: dict[str, Any] = {"seconds": record["seconds"], "reach": record["reach"], **record.get("natural", {})}
+    entry: dict[str, Any] = {"seconds": record["seconds"], "reach": record["reach"], "paths": record.get("paths"),
+                             **record.get("natural", {})}
     for d in distances:
         at = [i for i, p in enumerate(placements) if p[0] == d]
         entry[d] = {"use": float((control[at] - probe[at]).mean()), "presence": float((control[at] - shuffled[at]).mean()),
@@ -1086,8 +1125,8 @@ def grid_estimate(values: list[float], low: float | None = None) -> dict[str, An
 def summarise_grid(texts: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """texts: text -> {"trained", "distances", "within", "placements" (window -> the methods' placements), "methods":
     method -> per window its grid_entry or None}. Per text and method: harm and use with intervals over windows; the
-    verdicts of every use cell of the grid as one family, each against its text's margin (calibrated_verdicts),
-    beside the former rule (the interval alone, margin 0.05); each method's reach; the impossible cells, the paired
+    verdicts of every use cell of the grid as one family, each against its text's margin (use_verdicts), beside
+    the same rule against a fixed 0.05; each method's reach; the impossible cells, the paired
     comparisons and the split by position."""
     summary: dict[str, Any] = {"texts": {}}
     family: list[tuple[str, dict]] = []  # (text, use at one distance) for every cell of the grid
@@ -1096,7 +1135,7 @@ def summarise_grid(texts: dict[str, dict[str, Any]]) -> dict[str, Any]:
         plain, positive = cells.get(NONE, []), cells.get(GRID_POSITIVE, [])
         control = {d: grid_estimate([w[d]["use"] for w in positive if w]) for d in found["within"]}
         floor = np.mean([w[d]["control_nll"] for w in positive if w for d in found["within"]]) if any(positive) else None
-        means = [c["mean"] for c in control.values() if c["n"]]
+        positive_cells = [estimate_spread(c) for c in control.values()]
         methods = {}
         for method in [m for m in cells if m != GRID_POSITIVE]:
             windows = cells[method]
@@ -1112,18 +1151,21 @@ def summarise_grid(texts: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 family.append((text, entry[d]["use"]))
             reaches = {w["reach"] for w in windows if w} - {None}
             entry["attention_reach"] = max(reaches) if reaches else None
+            entry["layers"] = max((layers_in(w["paths"]) for w in windows if w and w.get("paths")), default=None)
             entry["seconds"] = {kind: [w["seconds"][kind] for w in windows if w and kind in w["seconds"]]
                                 for kind in GRID_FORWARDS}
             entry["cell_minutes"] = {i: sum(w["seconds"].values()) / 60 for i, w in enumerate(windows) if w}
             methods[method] = entry
-        summary["texts"][text] = {**found, "margin": use_margin(float(np.mean(means)) if means else None),
+        summary["texts"][text] = {**found, "margin": float(margin := use_margin(positive_cells)), "margin_se": margin.se,
+                                  "margin_df": margin.df,
                                   "positive": control, "positive_control_nll": floor, "methods": methods}
-    tests = [Cell(use["mean"], use["se"], use["n"] - 1) if "se" in use else None for _, use in family]
-    # one family, each cell against its own text's margin: Holm over all, the margin per text
-    margins = [summary["texts"][text]["margin"] for text, _ in family]
-    for (_, use), word, test in zip(family, calibrated_verdicts(tests, margins), tests):
-        use["verdict"] = word
-        use["uncorrected"] = "cannot tell" if test is None else interval_verdict(*test.bounds(), 0.05)
+    tests = [estimate_spread(use) for _, use in family]
+    # one family, each cell against its own text's margin: Holm over all, the margin per text; beside it the same
+    # rule against a margin fixed before the data (the floor, MARGIN_FLOOR nats): the verdicts' sensitivity to it
+    margins = [Margin(found["margin"], found["margin_se"], found["margin_df"])
+               for found in (summary["texts"][text] for text, _ in family)]
+    for (_, use), word, fixed in zip(family, use_verdicts(tests, margins), use_verdicts(tests, MARGIN_FLOOR)):
+        use["verdict"], use["fixed_margin"] = word, fixed
     for found in summary["texts"].values():
         for entry in found["methods"].values():
             entry["reach"] = reach_of(found["distances"], [entry[d]["use"]["verdict"] for d in found["distances"]])
@@ -1132,13 +1174,18 @@ def summarise_grid(texts: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
+def layers_in(paths: dict[str, str]) -> int:
+    """The layer count of a model from its attention_paths ({"layers 0-29": ...}: 30)."""
+    return 1 + max(int(part) for key in paths for part in key.split()[-1].split("-"))
+
+
 def grid_impossible(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """The cells where the method cannot read the first copy (eval/verdicts.py impossible_use), with their verdicts."""
     found = []
     for text, entry in summary["texts"].items():
         for method, cells in entry["methods"].items():
             for d in entry["distances"]:
-                why = impossible_use(d, cells["attention_reach"], cells[d]["control_nll"], entry["positive_control_nll"])
+                why = impossible_use(d, cells["attention_reach"], cells["layers"] or 1, entry["span"])
                 if why:
                     found.append({"text": text, "method": method, "distance": d, "why": why, "use": cells[d]["use"]})
     return found

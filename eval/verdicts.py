@@ -1,6 +1,6 @@
 """Every word a report says of a number, in one place: each rule that turns estimates (eval/stats.py) into a verdict.
 
-    use of the text          "uses" / "negligible" / "none" / "cannot tell" (calibrated_verdicts over a report's
+    use of the text          "uses" / "negligible" / "none" / "cannot tell" (use_verdicts over a report's
                              family of cells, each against its margin: use_margin), how far back (reach_of), the
                              positive and the negative controls (positive_control, negative_word)
     harm on text             the extrapolation penalty's side: "flat" / "above" / "below" / "noise" (penalty_side)
@@ -14,89 +14,115 @@
                              where a growing curve points, or why it points nowhere (projection);
                              two orders of the same variants "the same" / "differs" / ... (ordering_pairs,
                              ordering_verdict: a ladder's smallest rung against its largest)
-    impossible use           where a method cannot read the copy: past its reach, or collapsed (impossible_use)
+    impossible use           where a method cannot read the copy: past its layers' relay reach (impossible_use)
     pairs of windows         "separated": a paired difference shown not 0, Holm over the family (separated_by_windows)
+    pairs on shared samples  "separated": the exact McNemar test, Holm over the family (separated_by_samples)
 
 Studies and eval/ commands read the words from here and from nowhere else (experiments/render.py writes them).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Callable
 
-from eval.stats import Estimate, Spread, excludes_zero, holm, p_above_zero, separated, t_quantile_975, t_sf
+from eval.stats import (
+    Estimate,
+    Spread,
+    excludes_zero,
+    holm,
+    mcnemar_exact,
+    p_above_zero,
+    separated,
+    t_quantile_975,
+    t_sf,
+)
+
+USE_RULE = ("'uses' where a one-sided t test, Holm-corrected over the family, shows use above the margin (the "
+            "margin's own standard error carried where it is estimated); 'negligible' where it shows use above 0 and "
+            "the 95% interval lies below the margin; 'none' where the 95% interval lies within +-margin; else 'cannot "
+            "tell' (a cell whose own 95% interval clears the margin can still read 'cannot tell': Holm over the "
+            "family asks more)")
 
 
-def verdict(estimate: Spread | None, margin: float, positive: str = "uses", null: str = "none",
-            small: str = "negligible") -> str:
-    """`positive` when the mean is shown above 0 (one-sided test) and not shown below the margin; `small` when it
-    is shown above 0 and also within +-margin (the equivalence test): real, but too small to matter; `null` when it
-    is shown within +-margin and not above 0; otherwise "cannot tell"."""
-    if estimate is None:
-        return "cannot tell"
-    return interval_verdict(*estimate.bounds(), margin, positive, null, small)
-
-
-def interval_verdict(low: float | None, high: float | None, margin: float, positive: str = "uses",
-                     null: str = "none", small: str = "negligible") -> str:
-    """verdict's words from a 95% interval already computed (low, high; None: no interval)."""
-    if low is None or high is None:
-        return "cannot tell"
-    if margin <= 0:
-        raise ValueError(f"an equivalence margin must be positive, got {margin}")
-    above, within = low > 0, -margin < low and high < margin
-    if above:
-        return small if within else positive
-    if within:
-        return null
-    return "cannot tell"
-
-
+def verdict(estimate: Spread | None, margin: float) -> str:
+    """One cell's use verdict: use_verdicts over a family of one."""
+    return use_verdicts([estimate], margin)[0]
 
 
 MARGIN_FLOOR = 0.05  # nats: the smallest use called more than negligible, whatever the model
 MARGIN_FRACTION = 0.1  # of the model's own use within L (its positive control)
 
 
-def use_margin(positive: float | None, floor: float = MARGIN_FLOOR, fraction: float = MARGIN_FRACTION) -> float:
-    """The margin of the use verdicts, relative to what the model copies as trained: a tenth of its positive
-    control's use (within L), at least `floor` nats. A model that copies +3 nats within L needs +0.3 past it to be
-    said to use the text there; a tiny model that copies +0.2 needs the floor, +0.05."""
-    return max(floor, fraction * positive) if positive is not None and math.isfinite(positive) else floor
+class Margin(float):
+    """An equivalence margin in nats, with the uncertainty of its estimate carried: `se` its standard error and `df`
+    the degrees of freedom of its t quantile (se 0: a margin fixed before the data). A float everywhere else."""
 
-
-@dataclass(frozen=True)
-class Cell:
-    """One cell of a report's family of use tests: the mean with its standard error and degrees of freedom."""
-    mean: float
     se: float
-    df: int
+    df: int | None
 
-    def bounds(self) -> tuple[float, float]:
-        half = t_quantile_975(self.df) * self.se
-        return self.mean - half, self.mean + half
+    def __new__(cls, value: float, se: float = 0.0, df: int | None = None) -> "Margin":
+        found = super().__new__(cls, value)
+        found.se, found.df = float(se), df
+        return found
 
 
-def calibrated_verdicts(cells: list[Cell | Spread | None], margin: float | list[float],
-                        alpha: float = 0.025) -> list[str]:
-    """The verdicts of a family of use cells (all the cells one report shows): "uses" where the cell is shown above
-    0 by the one-sided t test, Holm-corrected over the family, and its mean is at least `margin`; "negligible" where
-    it is shown above 0 but its mean is below the margin; "none" where the 95% interval lies within +-margin (and
-    it is not shown above 0); else "cannot tell" (a cell without an interval included). `margin`: one for every
-    cell, or each cell's own (cells of several texts or models in one family)."""
+def use_margin(positive: list[Spread | None] | None, floor: float = MARGIN_FLOOR,
+               fraction: float = MARGIN_FRACTION) -> Margin:
+    """The margin of the use verdicts, relative to what the model copies as trained: a tenth of its positive
+    control's use within L (the mean of its cells), at least `floor` nats. A model that copies +3 nats within L needs
+    +0.3 past it to be said to use the text there; a tiny model that copies +0.2 needs the floor, +0.05. Above the
+    floor the margin is an estimate and carries its standard error: a tenth of the cells' mean standard error (an
+    upper bound on the standard error of their mean, however the cells correlate), with their smallest df."""
+    found = [p for p in positive or [] if p is not None and math.isfinite(p.mean)]
+    mean = sum(p.mean for p in found) / len(found) if found else None
+    if mean is None or fraction * mean <= floor:
+        return Margin(floor)
+    return Margin(fraction * mean, fraction * sum(p.se for p in found) / len(found), min(p.df for p in found))
+
+
+def _combined(cell: Spread, margin: float) -> tuple[float, float]:
+    """The standard error of use - margin and its degrees of freedom (Welch-Satterthwaite where the margin carries a
+    standard error of its own: Margin.se)."""
+    own = getattr(margin, "se", 0.0)
+    if not own:
+        return cell.se, cell.df
+    a, b = cell.se ** 2, own ** 2
+    df = (a + b) ** 2 / ((a * a / cell.df if cell.df else 0.0) + b * b / margin.df) if a else margin.df
+    return math.sqrt(a + b), max(1, int(df))
+
+
+def use_verdicts(cells: list[Spread | None], margin: float | list[float], alpha: float = 0.025) -> list[str]:
+    """The use verdicts of a family of cells (all the cells one report shows), the one rule every report reads:
+
+        "uses"        a one-sided t test shows use above the margin (use - margin > 0), Holm over the family;
+        "negligible"  a one-sided t test shows use above 0, Holm over the family, and the 95% interval lies below
+                      the margin: real, but too small to matter;
+        "none"        the 95% interval of use lies within +-margin (two one-sided tests at 2.5%), not shown above 0;
+        "cannot tell" otherwise (a cell shown above 0 whose interval reaches past the margin included: neither
+                      shown above it nor below it), and for a cell without an interval (None).
+
+    `margin`: one for every cell or each cell's own; a Margin with a standard error carries it into the "uses" and
+    "none" tests (use_margin). A true use at the margin reads "uses" at most alpha of the time."""
     margins = margin if isinstance(margin, list) else [margin] * len(cells)
-    p_values = [None if c is None else p_above_zero(c.mean, c.se, c.df) for c in cells]
-    shown = holm(p_values, alpha)
+    for m in margins:
+        if not m > 0:
+            raise ValueError(f"an equivalence margin must be positive, got {m}")
+    against = [None if c is None else _combined(c, m) for c, m in zip(cells, margins)]
+    p_margin = [None if c is None else p_above_zero(c.mean - m, se, df)
+                for c, m, (se, df) in zip(cells, margins, [a or (0.0, 1) for a in against])]
+    p_zero = [None if c is None else p_above_zero(c.mean, c.se, c.df) for c in cells]
+    uses, above = holm(p_margin, alpha), holm(p_zero, alpha)
     words = []
-    for cell, above, margin in zip(cells, shown, margins):
+    for cell, m, found, shown_uses, shown_above in zip(cells, margins, against, uses, above):
         if cell is None:
             words.append("cannot tell")
-        elif above:
-            words.append("uses" if cell.mean >= margin else "negligible")
+        elif shown_uses:
+            words.append("uses")
         else:
-            low, high = cell.bounds()
-            words.append("none" if -margin < low and high < margin else "cannot tell")
+            half = t_quantile_975(found[1]) * found[0]
+            below = cell.mean + half < m
+            words.append("negligible" if shown_above and below else
+                         "none" if below and cell.mean - half > -m else "cannot tell")
     return words
 
 
@@ -286,17 +312,19 @@ def differs(estimate: Estimate | None) -> bool:
 
 # ------------------------------------------------------------------------ the use grid's cells and pairs of windows
 
-COLLAPSE = 2.0  # nats above the positive control's NLL on the same kind of copies: the method predicts no text there
+def relay_reach(window: int | None, layers: int) -> int | None:
+    """How far back a stack of layers that each see `window` keys (the query's own included) can carry a token:
+    layers x (window - 1) (None: no window, every key)."""
+    return None if window is None else layers * (window - 1)
 
 
-def impossible_use(distance: int, reach: int | None, control_nll: float | None, floor: float | None) -> str | None:
-    """Why a method cannot read a first copy `distance` back, or None: past its attention's `reach` (sinks + window
-    past its window), or collapsed there (its control's NLL on the second copies at least COLLAPSE nats above
-    `floor`, the NLL the model gives them within L: the positive control's control NLL)."""
-    if reach is not None and distance > reach:
-        return f"past its attention's reach ({reach:,} tokens)"
-    if floor is not None and control_nll is not None and control_nll >= floor + COLLAPSE:
-        return f"collapsed: the control's NLL on the copies {control_nll:.2f} against {floor:.2f} within L"
+def impossible_use(distance: int, window: int | None, layers: int, span: int) -> str | None:
+    """Why a method cannot read a first copy `distance` back, or None: past what its layers relay (relay_reach) by
+    more than a passage's length `span` (within it, the later tokens of a first copy are within reach). A method
+    without a window may read any distance: nothing else makes a cell impossible by construction."""
+    relay = relay_reach(window, layers)
+    if relay is not None and distance > relay + span:
+        return f"past what its {layers} layers of {window:,}-key windows relay ({relay:,} tokens) plus a passage"
     return None
 
 
@@ -306,6 +334,12 @@ def separated_by_windows(differences: list[tuple[float, float | None, int]], alp
     (no standard error, or 0: the same in every window) has no test and is never separated."""
     p_values = [2 * t_sf(abs(mean) / se, n - 1) if se else None for mean, se, n in differences]
     return holm(p_values, alpha)
+
+
+def separated_by_samples(discordant: list[tuple[int, int]], alpha: float = 0.05) -> list[bool]:
+    """Which pairs of methods answering the same samples are "separated": (samples only the first answered, samples
+    only the second answered) shown unequal by the exact McNemar test, Holm-corrected over the family at `alpha`."""
+    return holm([mcnemar_exact(a, b) for a, b in discordant], alpha)
 
 
 def ordering_pairs(names: list[str], small: dict[str, Estimate | None], large: dict[str, Estimate | None],

@@ -38,12 +38,14 @@ from eval.stats import (
     seeds_and_windows,
     t_interval,
 )
-from eval.use import WINDOW_CONTROL, UseSummary, fleet_windows, summaries_from_estimates, summarise_fleet
+from eval.use import WINDOW_CONTROL, UseSummary, default_span, fleet_windows, summaries_from_estimates, summarise_fleet
 from eval.verdicts import (
     FLAT,
     MAP_ORDER,
     PENALTY_MEANINGS,
+    USE_RULE,
     differs,
+    impossible_use,
     map_reading,
     movement,
     negative_word,
@@ -52,6 +54,7 @@ from eval.verdicts import (
     penalty_side,
     ratio_claim,
     ratio_word,
+    relay_reach,
     separated_pairs,
     threshold_claim,
 )
@@ -121,6 +124,14 @@ class Variant:
     @property
     def probed(self) -> list[int]:
         return sorted({*self.probe, *(where[1] for where in self.fixed if where[0] == "probe")})
+
+
+def positive(estimate: Estimate | None) -> Estimate | None:
+    """A perplexity a migrated record kept with its interval: the interval dropped where it reaches 0 (a t interval
+    on raw perplexity, made before intervals moved to the log scale, cut at the range's edge)."""
+    if estimate is None or estimate.low is None or estimate.low > 0:
+        return estimate
+    return Estimate(estimate.mean, None, None, estimate.n)
 
 
 class Comparison:
@@ -196,7 +207,8 @@ class Comparison:
             found: dict[str, list] = {}
             for row in self.committed["snapshots"]:
                 found.setdefault(row["label"], []).append((row["fraction"], estimate_of(row["penalty"]),
-                                                           estimate_of(row["ppl_1x"]), estimate_of(row["ppl_longest"])))
+                                                           positive(estimate_of(row["ppl_1x"])),
+                                                           positive(estimate_of(row["ppl_longest"]))))
             return found
         if not self.keep_steps:
             return {}
@@ -690,9 +702,9 @@ def map_findings(points: list[MapPoint]) -> list[str]:
     if any(p.text is not None for p in points):
         return ["- The extrapolation map on the same weights (use: the text models' own repeated passages; harm: "
                 "their text penalty at the longest length): " + "; ".join(shown) + ". 'Extrapolates' needs both: "
-                "no harm on text and use of the text past L shown by the calibrated rule (Holm over the report's "
-                "cells, a mean of at least the margin); how far back each reads is the largest distance at which it "
-                "and every nearer one read 'uses'."]
+                "no harm on text and use of the text past L shown by the one rule (use shown above the margin, Holm over "
+                "the report's cells); how far back each reads is the largest distance at which it and every nearer "
+                "one read 'uses'."]
     return ["- The extrapolation map, each variant against its own window control (" + tasks.MAP_CELL +
             "; text penalty at the longest length): " + "; ".join(shown) + ". 'Extrapolates' needs both: no harm on "
             "text and a retrieval score above the same weights' window control, paired by seed."]
@@ -755,10 +767,9 @@ def use_section(c: Comparison) -> list[str]:
              "Repeated passages in held-out windows (eval/use.py): each second copy d tokens after its first, against "
              "the same window with other text in place of the first copies; use = the control's NLL minus the "
              "probe's on the second copies (tokens 2..S), nats, mean [95% t over seeds and windows]. Verdicts "
-             "calibrated: the cells past the positive control are one family; 'uses' needs the one-sided t test over "
-             "seeds and windows, Holm-corrected over the family, and a mean of at least the variant's margin (a "
-             f"tenth of its positive control's use, at least {c.settings.use_margin:g} nats); 'negligible': shown "
-             "above 0 but below it; 'none': the interval within +-margin; else 'cannot tell'. How far back: the "
+             "(eval/verdicts.py): the cells past the positive control are one family, each against its variant's "
+             f"margin (a tenth of its positive control's use, at least {c.settings.use_margin:g} nats); {USE_RULE}. "
+             "How far back: the "
              "largest distance at which it and every nearer one read 'uses'. The longest distance's first copies lie "
              "at the window's start in every window: where the distances hold \"max\" that column is shown and not "
              f"counted in how far back. Windows of L = {trained} tokens (the model as trained, every position one it "
@@ -782,12 +793,12 @@ def use_section(c: Comparison) -> list[str]:
                      f"({c.settings.use_margin:g} nats), so their columns past L cannot show use" if failed else "")
                   + ".")
     for name, summary in summaries.items():
-        if summary.reach is not None:  # its layers can relay layers x (window - 1) tokens back
-            relay = c.layers * (summary.reach - 1)
+        if summary.reach is not None:
+            relay, span = relay_reach(summary.reach, c.layers), default_span(trained)
             beyond = [(summary.distances[i], summary.verdicts[i]) for i in summary.longest_columns()
-                      if summary.distances[i] > relay]
+                      if impossible_use(summary.distances[i], summary.reach, c.layers, span)]
             checks.append(f"Negative control ({name}, attention limited to {summary.reach} keys, which its {c.layers} "
-                          f"layers can relay about {relay:,} tokens back): past that, "
+                          f"layers can relay about {relay:,} tokens back): past that and a passage ({span} tokens), "
                           + (", ".join(f"d = {d:,} {v}" for d, v in beyond) or "no distance measured")
                           + f" ({negative_word(v for _, v in beyond)}).")
     rows = [f"| {name} | {s.distances[i]:,} ({s.distances[i] / trained:.3g}L) in {n:,} | "

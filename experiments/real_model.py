@@ -26,7 +26,7 @@ from eval.heldout import text_tokens
 from eval.passkey import passkey_under
 from eval.scoring import score_under
 from eval.segments import choose_segments
-from eval.stats import Estimate
+from eval.stats import Estimate, log_scale_interval
 from eval.use import DEFAULT_MARGIN, default_span, distances_at, fitting_count, measure_use, text_section
 from experiments.engine import Context, Records, Study, option
 from experiments.render import bands, provenance, write
@@ -136,6 +136,8 @@ def interval(row: dict, name: str, signed: bool = False) -> str:
     values, sign, plural = row.get(f"{name}_values" if name != "nll" else "values"), "+" if signed else "", "s"
     if row[f"{name}_low"] is None and values:
         return " / ".join(f"{v:{sign}.3f}" for v in values) + f" ({len(values)} window{plural[len(values) < 2:]}: no interval)"
+    if name == "nll":  # a level, not a difference: its interval on the log scale, or none where no values were kept
+        return log_scale_interval(values).format(3) if values else f"{row['nll']:.3f}"
     return "" if row[name] is None else Estimate(row[name], row[f"{name}_low"], row[f"{name}_high"], 1).format(3, signed)
 
 
@@ -179,8 +181,10 @@ def report(records: Records) -> None:
              f"{s.windows} per text of up to {max((r['length'] for r in rows), default=0):,} tokens, spread evenly "
              f"(window 0 starts at the text's first token); {', '.join(sorted({r['dtype'] for _, r in nll}))}. "
              f"Dynamic NTK: token by token through the KV cache on the last {s.dynamic_tail} positions before 2L and "
-             "4L, after a prefill of the rest. Intervals: Student's t 95% over windows, cut at 0; a row with fewer than "
-             "3 windows has none (its windows' own values are shown). Attention path of each method's cells "
+             "4L, after a prefill of the rest. Intervals: Student's t 95% over windows for differences; a mean NLL (a "
+             "level) has the t interval of its logs, exponentiated, where the record keeps the windows' values and no "
+             "interval where it keeps only their mean; a row with fewer than 3 windows has none (its windows' own "
+             "values are shown). Attention path of each method's cells "
              "(docs/internals.md): "
              + ("; ".join(f"{m}: {', '.join(sorted(k))}" for m, k in sorted(paths.items()) if k) or "not recorded")
              + ".", "", "![Mean NLL by position, bins of L / 8, a line per method and window length; dotted: L]"
@@ -193,7 +197,7 @@ def report(records: Records) -> None:
         chosen = sorted((r for r in rows if (r["text"], r["kind"]) == (text, kind)),
                         key=lambda r: (r["bucket"][0], r["length"], r["method"] != NONE, r["method"]))
         if kind == "bucket" or any(method_spec(r["method"]).incremental for r in chosen):
-            lines += [f"## {text}: {title}", "", "| positions | window | method | windows | mean NLL [95% t over windows] "
+            lines += [f"## {text}: {title}", "", "| positions | window | method | windows | mean NLL "
                       "| minus plain [paired by window] |", "|---|---:|---|---:|---:|---:|", *[
                           f"| {r['bucket'][0]:,}-{r['bucket'][1]:,} | {r['length'] / 1024:g}k ({r['length'] / trained:g}x) "
                           f"| {r['method']} | {r['windows']} | {interval(r, 'nll')} | " + ("(the reference) |" if

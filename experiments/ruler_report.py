@@ -9,7 +9,18 @@ from pathlib import Path
 
 import numpy as np
 
-from eval.stats import PERMUTATION_DRAWS, Estimate, holm, spearman, spearman_p, wilson_interval
+from eval.ruler import first_number
+from eval.stats import (
+    PERMUTATION_DRAWS,
+    Estimate,
+    holm,
+    mcnemar_exact,
+    poisson_binomial_sf,
+    spearman,
+    spearman_p,
+    wilson_interval,
+)
+from eval.verdicts import separated_by_samples
 from experiments.engine import Records, key, load_records
 from experiments.render import provenance, published, write
 from experiments.use_grid_report import name
@@ -111,15 +122,112 @@ def use_of(folder: str) -> dict[str, dict[str, dict[int, float]]]:
     return use_grid.use_by_method(load_records(use_grid.STUDY, Path(folder)))
 
 
+# ------------------------------------------------------------------------ pairs of methods on the same samples
+
+def reading_tasks(reading: str, cells: list[dict], length: int) -> list[str]:
+    """The tasks a RULER reading pools ("mean over A and B", or one task's name)."""
+    asked = {c["task"] for c in cells if c["length"] == length}
+    return sorted(t for t in asked if t in reading.removeprefix("mean over ").split(" and ")) or \
+        sorted(t for t in asked if t.startswith("niah"))
+
+
+def pair_lines(cells: list[dict]) -> list[str]:
+    """Per (task, length) with two or more methods: the pairs with a discordant sample, McNemar and Holm."""
+    columns = sorted({(c["task"], c["length"]) for c in cells}, key=lambda column: (column[1], column[0]))
+    lines = ["## Which methods the samples separate", "",
+             "The methods answer the same samples, so two are compared sample by sample: of the samples one answered in "
+             "full and the other did not, how many favour each; the exact McNemar test (two-sided), Holm over every "
+             "pair of methods of that task and length at 5%. An order between two methods is claimed only where they "
+             "are separated; otherwise they are within noise of each other. Pairs with no discordant sample (the same "
+             "on every sample) are left out.", "",
+             "| task @ length | A - B | samples | only A | only B | p | separated |", "|---|---|---:|---:|---:|---:|---|"]
+    for task, length in columns:
+        methods = list(dict.fromkeys(c["method"] for c in cells if (c["task"], c["length"]) == (task, length)))
+        if len(methods) < 2:
+            continue
+        for (a, b), pair in sample_pairs(cells, methods, [task], length).items():
+            if pair["a"] + pair["b"]:
+                first, second = (a, b) if pair["a"] >= pair["b"] else (b, a)
+                lines.append(f"| {task} @ {length:,} | {name(first)} - {name(second)} | {pair['n']} | "
+                             f"{max(pair['a'], pair['b'])} | {min(pair['a'], pair['b'])} | {pair['p']:.2g} | "
+                             f"{'yes' if pair['separated'] else 'no'} |")
+    return lines + [""]
+
+
+# What a wrong number holds of its needle, digit by digit: response digit i against the answer's digit i ("the same
+# position") and against its digit 2i - 1 ("every other digit": 1, 3, 5, 7, a reading that skips one digit in two);
+# counted from 0 below, i and 2i.
+ALIGNMENTS = {"the same position": lambda i: i, "every other digit": lambda i: 2 * i}
+DIGIT_POSITIONS = 5  # response digits scored
+MIN_WRONG = 10  # wrong numbers a needle cell needs to be read digit by digit
+
+
+def wrong_numbers(cell: dict) -> list[tuple[str, str]]:
+    """(answer, the response's first number) of each sample that gives a number and not the answer."""
+    found = []
+    for sample in cell["samples"]:
+        answer = sample["target"][0] if isinstance(sample.get("target"), list) else sample.get("target")
+        number = first_number(sample["response"])
+        if answer and number and sample["score"] < 1.0 and number != answer:
+            found.append((str(answer), number))
+    return found
+
+
+def digit_rows(pairs: list[tuple[str, str]]) -> list[dict]:
+    """Per alignment and response position: the responses whose digit there equals the answer's digit at the
+    aligned position (k of n, the responses long enough on both sides), the count expected under a within-answer
+    permutation null (each answer's digits shuffled: the aligned digit is then any of the answer's digits, so a
+    response digit matches with chance (its count among the answer's digits) / (answer length)), and the exact
+    one-sided p of that null (Poisson-binomial)."""
+    rows = []
+    for alignment, at in ALIGNMENTS.items():
+        for i in range(DIGIT_POSITIONS):
+            used = [(a, r) for a, r in pairs if i < len(r) and at(i) < len(a)]
+            if not used:
+                continue
+            matches = sum(r[i] == a[at(i)] for a, r in used)
+            chances = [a.count(r[i]) / len(a) for a, r in used]
+            rows.append({"alignment": alignment, "position": i + 1, "answer_position": at(i) + 1, "k": matches,
+                         "n": len(used), "expected": sum(chances), "p": poisson_binomial_sf(matches, chances)})
+    return rows
+
+
+def right_by_doc(cells: list[dict], method: str, tasks: list[str], length: int) -> dict[tuple[str, int], bool]:
+    """(task, doc_id) -> whether `method` answered that sample in full, over `tasks` at `length`."""
+    return {(c["task"], s["doc_id"]): s["score"] == 1.0 for c in cells
+            if c["method"] == method and c["task"] in tasks and c["length"] == length for s in c["samples"]}
+
+
+def sample_pairs(cells: list[dict], methods: list[str], tasks: list[str], length: int) -> dict[tuple[str, str], dict]:
+    """Every pair of `methods` on the samples both answered (of `tasks` at `length`): the samples compared, the
+    samples only the first answered in full and only the second, the exact McNemar p and whether Holm over every
+    pair of the family at 5% separates them (eval/verdicts.py separated_by_samples)."""
+    right = {m: right_by_doc(cells, m, tasks, length) for m in methods}
+    pairs = {}
+    for a, b in itertools.combinations(methods, 2):
+        shared = [doc for doc in right[a] if doc in right[b]]
+        pairs[(a, b)] = {"n": len(shared), "a": sum(right[a][d] and not right[b][d] for d in shared),
+                         "b": sum(right[b][d] and not right[a][d] for d in shared)}
+    for pair, separated in zip(pairs.values(), separated_by_samples([(p["a"], p["b"]) for p in pairs.values()])):
+        pair["p"], pair["separated"] = mcnemar_exact(pair["a"], pair["b"]), separated
+    return pairs
+
+
 # ------------------------------------------------------------------------------------- published orderings
 
-def concordance(published: dict[str, float], ours: dict[str, float]) -> tuple[int, int, int]:
-    """(pairs of methods ordered alike, ordered oppositely, tied in either) over the methods both score."""
-    alike = opposite = tied = 0
+def concordance(published: dict[str, float], ours: dict[str, float],
+                separated: dict[tuple[str, str], dict]) -> tuple[int, int, int]:
+    """(pairs of methods ordered alike, ordered oppositely, not counted) over the methods both score: a pair is counted
+    only where the lab's samples separate it (sample_pairs) and the paper's scores differ."""
+    alike = opposite = left = 0
     for first, second in itertools.combinations([m for m in published if m in ours], 2):
+        pair = separated.get((first, second)) or separated.get((second, first))
         sign = np.sign(published[first] - published[second]) * np.sign(ours[first] - ours[second])
-        alike, opposite, tied = alike + int(sign > 0), opposite + int(sign < 0), tied + int(sign == 0)
-    return alike, opposite, tied
+        if pair is None or not pair["separated"] or sign == 0:
+            left += 1
+            continue
+        alike, opposite = alike + int(sign > 0), opposite + int(sign < 0)
+    return alike, opposite, left
 
 
 def ordering(scores: dict[str, float], methods: list[str]) -> str:
@@ -131,17 +239,17 @@ def ordering(scores: dict[str, float], methods: list[str]) -> str:
     return text
 
 
-def published_rows(shares: dict[str, float]) -> list[dict]:
-    """Each published ordering over the methods the lab has scored too (at least two), with the pairs ordered
-    alike."""
+def published_rows(shares: dict[str, float], separated: dict[tuple[str, str], dict]) -> list[dict]:
+    """Each published ordering over the methods the lab has scored too (at least two), with the separated pairs
+    ordered alike and oppositely; an entry marked `counted = false` (a test of another kind) is shown, not counted."""
     rows = []
     for entry in published("ruler_orderings"):
         methods = [m for m in entry["published"] if m in shares]
         if len(methods) >= 2:
             ours = {m: shares[m] for m in methods}
-            alike, opposite, tied = concordance({m: entry["published"][m] for m in methods}, ours)
+            alike, opposite, left = concordance({m: entry["published"][m] for m in methods}, ours, separated)
             rows.append({**entry, "methods": methods, "ours": ours, "alike": alike, "opposite": opposite,
-                         "tied": tied})
+                         "left": left})
     return rows
 
 
@@ -187,6 +295,46 @@ def value_lines(cells: list[dict]) -> list[str]:
     for cell in cells:
         lines.append(f"| {name(cell['method'])} | {cell['task']} @ {cell['length']:,} | {len(cell['samples'])} | "
                      + " | ".join(str(sum(s["value"] == value for s in cell["samples"])) for value in VALUES) + " |")
+    return lines + [""]
+
+
+def digit_lines(cells: list[dict]) -> list[str]:
+    """The needle cells with at least MIN_WRONG wrong numbers, read digit by digit against the permutation null, per
+    length and pooled over lengths with each needle counted once (lengths share needles); Holm over every test of
+    the table at 5%."""
+    chosen = sorted([c for c in cells if c["task"] == "niah_single_1" and len(wrong_numbers(c)) >= MIN_WRONG],
+                    key=lambda c: (name(c["method"]), c["length"]))
+    if not chosen:
+        return []
+    tables = []
+    for method in dict.fromkeys(c["method"] for c in chosen):
+        mine = [c for c in chosen if c["method"] == method]
+        for c in mine:
+            tables.append((f"{name(method)} @ {c['length']:,}", digit_rows(wrong_numbers(c))))
+        if len(mine) > 1:
+            seen, pooled = set(), []
+            for c in mine:  # the shortest length's response to a needle, each needle once
+                for answer, number in wrong_numbers(c):
+                    if answer not in seen:
+                        seen.add(answer)
+                        pooled.append((answer, number))
+            tables.append((f"{name(method)}, pooled over lengths, each needle once", digit_rows(pooled)))
+    rows = [row for _, found in tables for row in found]
+    for row, survives in zip(rows, holm([row["p"] for row in rows], alpha=0.05)):
+        row["holm"] = survives
+    lines = ["## What a wrong number holds of its needle, digit by digit", "",
+             f"For each needle cell with at least {MIN_WRONG} wrong numbers (a number given, not the answer): response "
+             "digit i against the answer's digit i (the same position) and against its digit 2i - 1 (every other digit: "
+             "1, 3, 5, 7), "
+             "k of n responses long enough for both; the count a within-answer permutation null expects (the answer's "
+             "digits shuffled, so digit i matches with chance its count among the answer's digits over their number) "
+             "and the exact one-sided p of that null; Holm over every test of the table at 5%. Lengths share needles: "
+             "the pooled rows count each needle once (its response at the shortest length).", "",
+             "| cell | alignment | response digit | answer digit | k of n | expected | p | Holm |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
+    lines += [f"| {title} | {row['alignment']} | {row['position']} | {row['answer_position']} | {row['k']} of "
+              f"{row['n']} | {row['expected']:.1f} | {row['p']:.2g} | {'survives' if row['holm'] else 'no'} |"
+              for title, found in tables for row in found]
     return lines + [""]
 
 
@@ -239,22 +387,28 @@ def correlation_lines(readings: dict[str, dict[str, float]], correlation: list[d
     return lines + [""]
 
 
-def published_lines(readings: dict[str, dict[str, float]], longest: int) -> list[str]:
-    rows = [{**row, "ruler_reading": reading} for reading, shares in readings.items()
-            for row in published_rows(shares)]
+def published_lines(readings: dict[str, dict[str, float]], cells: list[dict], longest: int) -> list[str]:
+    rows = []
+    for reading, shares in readings.items():
+        separated = sample_pairs(cells, list(shares), reading_tasks(reading, cells, longest), longest)
+        rows += [{**row, "ruler_reading": reading} for row in published_rows(shares, separated)]
     if not rows:
         return []
     lines = ["## Published orderings beside the lab's", "",
              "Each source's scores (as its paper reports them) beside the lab's share of needle samples answered in full "
-             f"at {longest:,} tokens (read as in the correlation above), for the methods both have; pairs of methods "
-             "the two order alike, oppositely, or tie in either.", "",
-             "| source | setting | published | RULER read as | the lab | pairs alike / opposite / tied |",
+             f"at {longest:,} tokens (read as in the correlation above), for the methods both have. A pair is counted "
+             "only where the lab's samples separate it (exact McNemar on the samples of the reading's tasks, Holm over "
+             "every pair of the reading's methods at 5%) and the paper's scores differ: ordered alike or oppositely; "
+             "the other pairs are not counted. A source marked not counted measures something else (its note says "
+             "what).", "",
+             "| source | setting | published | RULER read as | the lab | pairs alike / opposite / not counted |",
              "|---|---|---|---|---|---:|"]
     for row in sorted(rows, key=lambda row: row["source"]):
         ours = {m: round(share, 2) for m, share in row["ours"].items()}
+        counts = f"{row['alike']} / {row['opposite']} / {row['left']}" if row.get("counted", True) else \
+            f"not counted: {row['why']}"
         lines.append(f"| {row['source']} | {row['setting']} | {ordering(row['published'], row['methods'])} | "
-                     f"{row['ruler_reading']} | {ordering(ours, row['methods'])} | {row['alike']} / "
-                     f"{row['opposite']} / {row['tied']} |")
+                     f"{row['ruler_reading']} | {ordering(ours, row['methods'])} | {counts} |")
     return lines + [""]
 
 
@@ -279,12 +433,13 @@ def report(records: Records) -> None:
             lines.append(f"| {name(method)} | " + " | ".join(
                 f"{score_text(by[(method, *column)])} ({seconds_text(by[(method, *column)])})"
                 if (method, *column) in by else "" for column in columns) + " |")
-        lines += ["", *by_distance(cells, cells[0]["trained"]), *value_lines(cells)]
+        lines += ["", *pair_lines(cells), *by_distance(cells, cells[0]["trained"]), *value_lines(cells),
+                  *digit_lines(cells)]
     lines += parity_lines(found)
     longest = max((c["length"] for c in cells), default=0)
     readings = ruler_readings(cells, longest)
     lines += correlation_lines(readings, correlate(readings, use_of(records.settings.use_results)), longest)
-    lines += published_lines(readings, longest)
+    lines += published_lines(readings, cells, longest)
     if records.missing():
         lines += [f"Not measured yet ({len(records.missing())} cells): "
                   + ", ".join(cell["name"] for cell in records.missing()) + ".", ""]

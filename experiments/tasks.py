@@ -173,10 +173,10 @@ def grouped(pairs: list[tuple[dict, dict]]) -> dict[str, dict[str, list[tuple[di
 
 
 def rates(seeds: list[tuple[dict, dict]], metric: str = "exact_match") -> dict[str, Rate]:
-    """Length ("Mx") -> the seeds' rate (eval.stats.rate_over_seeds: exact match with the cell's count of sequences
-    and the seeds that reach the stop target; token accuracy, the t interval over seeds cut to [0, 1])."""
+    """Length ("Mx") -> the seeds' rate (eval.stats.rate_over_seeds over the cell's count of sequences: exact match
+    with the seeds that reach the stop target; token accuracy, a mean score per sequence)."""
     cell, exact = seeds[0][0], metric == "exact_match"
-    return {key: rate_over_seeds([record["rows"][key][metric] for _, record in seeds], cell["count"] if exact else None,
+    return {key: rate_over_seeds([record["rows"][key][metric] for _, record in seeds], cell["count"],
                                  (cell["until"] or DEFAULT_UNTIL) if exact else None) for key in seeds[0][1]["rows"]}
 
 
@@ -209,6 +209,9 @@ def rate_caption(found: list[Rate]) -> str:
     if methods == {"seeds and trials"}:
         words = ("the mean of the seeds' rates [95% interval holding the t interval over seeds, cut to 0..1, and "
                  "the pooled Wilson interval of the sequences scored]")
+    elif "seeds and sequences" in methods and methods <= {"seeds and sequences", "seeds and trials"}:
+        words = ("the mean of the seeds' rates [95% interval holding the t interval over seeds, cut to 0..1, and "
+                 "the Wilson interval of the summed per-sequence scores]")
     elif methods == {"t over seeds, clipped to [0, 1]"}:
         words = "the mean of the seeds' rates [95% t interval over seeds, cut to 0..1]"
     else:
@@ -259,6 +262,15 @@ def tasks_markdown(found: dict[str, dict[str, list]], length: int, seeds: list[i
         lines += [*header(task, [*keys, "steps (each seed)"]), *[
             f"| {name} | " + " | ".join(row[key].format() for key in keys) + f" | {steps_cell(found[task][name])} |"
             for name, row in by_encoding.items()], ""]
+    accuracy = {task: {name: rates(pairs, "token_accuracy") for name, pairs in by.items()} for task, by in found.items()}
+    lines += [f"Token accuracy (the share of answer tokens right) at each multiple of L over the same seeds: "
+              f"{rate_caption([rate for by in accuracy.values() for row in by.values() for rate in row.values()])}.",
+              ""]
+    for task, by_encoding in accuracy.items():
+        keys = list(next(iter(by_encoding.values())))
+        lines += [*header(f"{task}, token accuracy", keys), *[
+            f"| {name} | " + " | ".join(row[key].format() for key in keys) + " |" for name, row in by_encoding.items()],
+            ""]
     if any(record["reached"] is False for by in found.values() for pairs in by.values() for _, record in pairs):
         lines += ["Steps: each seed's training steps; * ran to train.max_steps without reaching the stop target.", ""]
     for task, by_encoding in found.items():

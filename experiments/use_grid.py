@@ -103,19 +103,27 @@ def cells(settings: Settings, context: Context) -> list[dict]:
     return found
 
 
-def measure(cell: dict, context: Context) -> dict:
-    """The cell's window under its method (the positive control: as trained, in a window of L): eval.use."""
+def inputs(cell: dict, context: Context) -> tuple:
+    """(model, text ids, autocast dtype) of a cell, after checking that its checkpoint and text are the ones it was
+    declared on."""
     configure_runtime()
     folder, path = Path(cell["local"]["checkpoint"]), Path(cell["local"]["text"])
     if digest(folder / WEIGHTS, folder / CONFIG) != cell["checkpoint"] or digest(path) != cell["text_digest"]:
         raise ConfigError(f"{folder} or {path} is not the checkpoint and text this cell was declared on: run the "
                           "study again to declare its cells")
     device = resolve_device(context.device)
+    return (load_model(folder, device).eval(), read_text(path, load_tokenizer(folder)),
+            autocast_dtype(device, cell["dtype"]))
+
+
+def measure(cell: dict, context: Context) -> dict:
+    """The cell's window under its method (the positive control: as trained, in a window of L): eval.use."""
+    model, ids, amp = inputs(cell, context)
     positive = cell["method"] == GRID_POSITIVE
-    return measure_window(load_model(folder, device).eval(), read_text(path, load_tokenizer(folder)), cell["start"],
-                          cell["length"], cell["trained"], [Placement(*p) for p in cell["placements"]], cell["span"],
-                          [cell["seed"], cell["window"], int(positive)], NONE if positive else cell["method"],
-                          autocast_dtype(device, cell["dtype"]), cell.get("step", 1), natural=not positive)
+    return measure_window(model, ids, cell["start"], cell["length"], cell["trained"],
+                          [Placement(*p) for p in cell["placements"]], cell["span"],
+                          [cell["seed"], cell["window"], int(positive)], NONE if positive else cell["method"], amp,
+                          cell.get("step", 1), natural=not positive)
 
 
 def use_by_method(records: Records) -> dict[str, dict]:

@@ -2,10 +2,11 @@
 verdicts, the priming control, paired comparisons, the cells where use is impossible, distance or position, the texts
 side by side, the ranking and the cost; report.md and use.png (experiments/render.py writes them).
 
-Verdicts (eval/verdicts.py calibrated_verdicts): every use cell of the report is one family; "uses" needs the
-one-sided t test over windows, Holm-corrected over the family, and a mean of at least the margin, a tenth of the
-text's positive control (use_margin). Reach: the largest distance at which it and every nearer one read "uses"
-(reach_of). Impossible cells (impossible_use): past the attention's reach, or collapsed (COLLAPSE).
+Verdicts (eval/verdicts.py use_verdicts): every use cell of the report is one family; "uses" needs a one-sided t
+test over windows, Holm-corrected over the family, to show use above the margin, a tenth of the text's positive
+control (use_margin, its standard error carried); beside them, the same rule against a fixed 0.05. Reach: the largest
+distance at which it and every nearer one read "uses" (reach_of). Impossible cells (impossible_use): past the layers'
+relay reach plus a passage.
 """
 from __future__ import annotations
 
@@ -75,8 +76,9 @@ def text_lines(text: str, found: dict) -> list[str]:
     control = "; ".join(f"d = {d:,}: {shown(c)}" for d, c in found["positive"].items())
     lines = [f"## {text}", "", f"Windows start at tokens {', '.join(f'{s:,}' for s in found['starts'].values())} of "
              f"{found['tokens']:,}. Positive control (the checkpoint as trained, windows of L = {trained:,}): use "
-             f"{control}; the margin of the verdicts: {found['margin']:.3f} nats (a tenth of the positive control's "
-             "mean use, at least 0.05).", "",
+             f"{control}; the margin of the verdicts: {found['margin']:.3f} nats, standard error "
+             f"{found['margin_se']:.3f} (a tenth of the positive control's mean use, at least 0.05; its error carried "
+             "into the tests).", "",
              f"| method | windows | NLL 0-L minus plain | NLL L-{ratio}L | {ratio}x penalty (NLL L-{ratio}L minus "
              "plain's 0-L) | " + " | ".join(f"use d = {d:,} ({d / trained:g}L)" for d in distances) + " | reach |",
              "|---|---:|---:|---:|---:|" + "---:|" * len(distances) + "---|"]
@@ -116,17 +118,30 @@ def paired_lines(summary: dict) -> list[str]:
 
 
 def calibration_lines(summary: dict) -> list[str]:
+    """The verdicts against a margin fixed before the data (the floor) beside the text's own, and the cells where use
+    is impossible by construction (past the layers' relay reach), with their verdicts."""
+    cells = [(text, method, d, entry[d]["use"]) for text, found in summary["texts"].items()
+             for method, entry in found["methods"].items() for d in found["distances"]]
+    changed = [c for c in cells if c[3].get("verdict") != c[3].get("fixed_margin")]
+    lines = ["## The margin: the verdicts against a fixed 0.05 nats", "",
+             f"The same rule over the same family of {summary['family']} cells, against a margin fixed before the data "
+             f"(0.05 nats, the floor) instead of each text's own: {len(changed)} of {len(cells)} verdicts change."]
+    if changed:
+        lines += ["", "| text | method | distance | use | verdict, the text's margin | verdict, 0.05 |",
+                  "|---|---|---:|---:|---|---|",
+                  *[f"| {text} | {name(method)} | {d:,} | {shown(use)} | {use['verdict']} | {use['fixed_margin']} |"
+                    for text, method, d, use in changed]]
     rows = summary["impossible"]
+    lines += ["", "## Cells where use is impossible by construction", ""]
     if not rows:
-        return []
-    uses, before = (sum(row["use"][key] == "uses" for row in rows) for key in ("verdict", "uncorrected"))
-    return ["## Calibration: cells where use is impossible", "",
-            f"{len(rows)} cells where the method cannot read the first copy; **{uses} read \"uses\"** under the "
-            f"calibrated rule (Holm over the report's {summary['family']} use cells, mean at least the margin), "
-            f"against {before} under the former rule (the 95% interval above 0 and not within +-0.05).", "",
-            "| text | method | distance | why impossible | use | verdict | former rule |", "|---|---|---:|---|---:|---|---|",
-            *[f"| {row['text']} | {name(row['method'])} | {row['distance']:,} | {row['why']} | {shown(row['use'])} | "
-              f"{row['use']['verdict']} | {row['use']['uncorrected']} |" for row in rows], ""]
+        return lines + ["None: every method here either sees every key or relays its window through its layers "
+                        "past the farthest distance (eval/verdicts.py impossible_use). The rule's false-positive rate "
+                        "is measured on true nulls instead (experiments/use_null.py).", ""]
+    uses = sum(row["use"]["verdict"] == "uses" for row in rows)
+    return lines + [f"{len(rows)} cells past the relay reach plus a passage; **{uses} read \"uses\"**.", "",
+                    "| text | method | distance | why impossible | use | verdict |", "|---|---|---:|---|---:|---|",
+                    *[f"| {row['text']} | {name(row['method'])} | {row['distance']:,} | {row['why']} | "
+                      f"{shown(row['use'])} | {row['use']['verdict']} |" for row in rows], ""]
 
 
 def position_lines(summary: dict) -> list[str]:

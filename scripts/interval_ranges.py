@@ -8,7 +8,9 @@ from where it stands, and these are checked:
 
     perplexity, ppl, NLL, loss      LOW < 0 is out of range (a perplexity or a loss is never negative)
     ratio (of perplexities)         LOW <= 0
-    exact match, accuracy, rate     LOW < 0 or HIGH > 1
+    exact match, accuracy, rate     LOW < 0 or HIGH > 1, or zero width ("1.00 [1.00, 1.00]": seeds that agree
+                                    still leave each seed's own sampling)
+    perplexity, NLL (again)         LOW exactly 0 with a positive mean: a t interval cut at the range's edge
     a difference of those rates     LOW < -1 or HIGH > 1 (exact match minus its window control, paired)
     any difference (signed)         a zero-width interval of a nonzero mean ("+1.00 [+1.00, +1.00]": draws that all
                                     agree still leave the parts' own uncertainty); in a results file, a difference
@@ -17,7 +19,8 @@ from where it stands, and these are checked:
                                     table row whose "windows" column reads 1 or 2, a results row {"windows": 1 or 2}
 
 In a markdown table the column's header names the quantity, else the table's caption (the nearest heading or line of
-text above it); in prose, the words just before the interval in the same clause; in JSON, the nearest key on the
+text above it), and a cell of running text under a header that names none is read as prose; in prose, the words
+just before the interval in the same clause (a list "A [..] / B [..]" keeps the first's quantity); in JSON, the nearest key on the
 path that names one. A signed quantity (a penalty, a difference, "minus", "paired", a gain, a change, use, ...) is
 checked only as a difference; an interval whose quantity is not named is not checked. tests/test_interval_ranges.py
 runs it over the repository.
@@ -77,12 +80,12 @@ UNIT = re.compile(r"exact match|exact_match|accuracy", re.IGNORECASE)  # a rate 
 
 
 def out_of_range(kind: str, low: float, high: float, mean: float | None = None) -> bool:
-    if kind in ("positive", "nonnegative"):
-        return low < 0
+    if kind in ("positive", "nonnegative"):  # at 0 with a positive mean: a t interval cut at the range's edge
+        return low < 0 or (low == 0 and mean is not None and mean > 0)
     if kind == "ratio":
         return low <= 0
-    if kind == "unit":
-        return low < 0 or high > 1
+    if kind == "unit":  # a zero-width rate: draws that all agree still leave each draw's own sampling
+        return low < 0 or high > 1 or low == high
     zero_width = mean is not None and mean != 0 and low == high
     if kind == "unit difference":
         return low < -1 or high > 1 or zero_width
@@ -114,7 +117,7 @@ def scan_markdown(text: str, path: str = "<text>") -> list[Finding]:
     """Every out-of-range interval of a named quantity in markdown `text`."""
     findings: list[Finding] = []
     lines = text.splitlines()
-    caption, header, in_code = "", None, False
+    caption, paragraph, header, in_code = "", "", None, False
     for number_, line in enumerate(lines, 1):
         if line.lstrip().startswith("```"):
             in_code = not in_code
@@ -132,12 +135,17 @@ def scan_markdown(text: str, path: str = "<text>") -> list[Finding]:
             findings += _few_windows(cells, header, path, number_)
             for column, cell in enumerate(cells[1:], 1):
                 title = header[column] if column < len(header) else ""
-                findings += _check(cell, _column_kind(title, caption, label), path, number_)
+                kind = _column_kind(title, caption, label)
+                # a cell of running text under a header that names no quantity: read as prose
+                findings += _check(cell, kind, path, number_) if kind is not None or not re.search(r"[a-z]{3}", cell) \
+                    else _scan_prose(cell, path, number_)
             continue
         header = None
         if line.strip():
-            caption = line
-            findings += _scan_prose(line, path, number_)
+            findings += _scan_prose(line, path, number_, paragraph)
+            paragraph, caption = f"{paragraph} {line.strip()}", line
+        else:
+            paragraph = ""
     return sorted(set(findings), key=lambda f: (f.path, f.line, f.text))
 
 
@@ -178,16 +186,48 @@ def _few_windows(cells: list[str], header: list[str], path: str, line: int) -> l
             for match in INTERVAL.finditer(cell)]
 
 
-def _scan_prose(line: str, path: str, number_: int) -> list[Finding]:
+def _scan_prose(line: str, path: str, number_: int, before_line: str = "") -> list[Finding]:
     """Intervals in running text: the words between the previous clause break (or interval) and this one name the
-    quantity."""
-    found, start = [], 0
+    quantity; where they name none, the nearest word before it in the same sentence that names one (`before_line`:
+    the paragraph's earlier lines)."""
+    found, start, kind = [], 0, None
     for match in INTERVAL.finditer(line):
         before = line[start:match.start()]
         start = match.end()
-        clause = re.split(r"[;:(),.](?!\d)|\bthan\b|\band\b|\bwhile\b", before)[-1]
-        found += _check(match.group(0), kind_of(clause) if len(clause) <= 80 else None, path, number_)
+        if not re.fullmatch(r"\s*/\s*", before):  # "A [..] / B [..]": a list of the same quantity keeps its kind
+            clause = re.split(r"[;:(),.](?!\d)|\bthan\b|\band\b|\bwhile\b", before)[-1]
+            kind = kind_of(clause) if len(clause) <= 80 else None
+            if kind is None:
+                sentence = re.split(r"\.\s+(?=[A-Z(])|\s-\s(?=\*\*|[A-Z])", f"{before_line} {line[:match.start()]}")[-1]
+                kind = _plausible(_nearest_kind(sentence), match)
+        found += _check(match.group(0), kind, path, number_)
     return found
+
+
+def _plausible(kind: str | None, match: re.Match) -> str | None:
+    """A quantity read from further back in the sentence, kept only where the interval's mean could be one: a signed
+    mean ("+0.02") is a difference; a rate lies in [0, 1], a ratio or a perplexity above 0 (otherwise the word
+    named something else: nothing to check)."""
+    mean = number(match["mean"])
+    if kind is None or match["mean"][0] in "+-\u2212":
+        return "difference" if kind is not None else None
+    if (kind == "unit" and not 0 <= mean <= 1) or (kind in ("ratio", "positive", "nonnegative") and mean <= 0) or \
+            kind in ("difference", "unit difference"):  # a difference is written signed
+        return None
+    return kind
+
+
+def _nearest_kind(text: str) -> str | None:
+    """The quantity named last in `text`: the kind of the word that stands nearest its end (a signed word: a
+    difference), or None."""
+    found = [(m.end(), "difference") for m in SIGNED.finditer(text)]
+    found += [(m.end(), kind) for kind, pattern in KINDS for m in pattern.finditer(text)]
+    if not found:
+        return None
+    end, kind = max(found, key=lambda item: item[0])
+    if kind == "difference" and UNIT.search(text):
+        return "unit difference"
+    return kind
 
 
 def _walk(value: Any, keys: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], dict]]:
@@ -288,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="*", type=Path, help="files or folders (default: results/, docs/ and README.md)")
     args = parser.parse_args(argv)
-    findings = scan(args.paths or [ROOT / "results", ROOT / "docs", ROOT / "README.md"])
+    findings = scan(args.paths or [ROOT / "results", ROOT / "docs", ROOT / "README.md", ROOT / "CHANGELOG.md"])
     for finding in findings:
         print(finding)
     kinds = {}

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from eval import figures
-from eval.stats import Estimate, seeds_and_trials, wilson_interval
+from eval.stats import Estimate, Spread, seeds_and_trials, wilson_interval
 from eval.use import UseSummary, check_fleet_windows, fleet_windows, summarise_fleet
 from eval.verdicts import ratio_word, threshold_claim, use_margin
 from experiments import tasks
@@ -431,12 +431,12 @@ def test_a_committed_use_table_is_read_again_under_the_calibrated_rule():
     assert verdicts[("rope", 32, 1024)] == "uses" and verdicts[("rope", 512, 1024)] == "uses"
     assert verdicts[("rope", 128, 1024)] == "cannot tell"  # p = 0.016 one-sided, above Holm's 0.025 / 3
     assert found["rope"].reads_back() == 32  # 512 reads "uses" but 128, nearer, does not
-    assert use_margin(0.190) == pytest.approx(0.05)  # a tenth of +0.190 is below the floor
+    assert use_margin([Spread(0.190, 0.033, 2)]) == pytest.approx(0.05)  # a tenth of +0.190 is below the floor
     assert verdicts[("rope+window", 128, 1024)] == verdicts[("rope+window", 512, 1024)] == "none"
     text = "\n".join(use_section(use_comparison(found)))
     assert "Holm-corrected" in text and "reads back to about 32 tokens" in text
     assert ("Negative control (rope+window, attention limited to 64 keys, which its 4 layers can relay about 252 "
-            "tokens back): past that, d = 512 none (passes).") in text  # 4 x 63 = 252 < 512
+            "tokens back): past that and a passage (16 tokens), d = 512 none (passes).") in text  # 4 x 63 + 16 < 512
 
 
 def fleet_entry(rng, length, distances, use, presence=None, windows=8):

@@ -7,7 +7,7 @@ from scripts.interval_ranges import ROOT, kind_of, scan, scan_json, scan_markdow
 
 
 def test_no_committed_report_holds_an_interval_outside_its_quantitys_range():
-    findings = scan([ROOT / "results", ROOT / "docs", ROOT / "README.md"])  # every committed report
+    findings = scan([ROOT / "results", ROOT / "docs", ROOT / "README.md", ROOT / "CHANGELOG.md"])  # every page
     assert not findings, "\n".join(str(f) for f in findings)
 
 
@@ -100,3 +100,14 @@ def test_a_paired_rate_difference_stays_in_range_and_is_never_narrower_than_its_
     assert found.high - found.low >= max(full.high - full.low, window.high - window.low)
     wide = paired_rate_difference([0.9, 0.1, 0.95], Estimate(0.65, 0.0, 1.0, 3), Estimate(0.0, 0.0, 0.01, 3))
     assert -1.0 <= wide.low and wide.high <= 1.0
+
+
+def test_prose_reads_the_quantity_named_earlier_in_the_sentence_and_flags_cut_and_zero_width_intervals():
+    text = "\n".join([
+        "Token accuracy at 2x puts ALiBi",
+        "(0.84 [0.23, 1.44]) above NoPE, with RoPE (0.29 [-0.69, 1.27]) within noise; exact match 1.00 [1.00, 1.00].",
+        "", "| positions | mean NLL [95% t over windows] |", "|---|---:|", "| 0-8k | 1.479 [0.000, 2.980] |", "",
+        "Its perplexity fell, and the penalty +0.02 [-0.01, +0.05] stays signed; 64.71 [62.11, 67.41] is no rate."])
+    found = {(f.line, f.kind, f.text) for f in scan_markdown(text)}
+    assert found == {(2, "unit", "0.84 [0.23, 1.44]"), (2, "unit", "0.29 [-0.69, 1.27]"),
+                     (2, "unit", "1.00 [1.00, 1.00]"), (6, "nonnegative", "1.479 [0.000, 2.980]")}

@@ -143,8 +143,10 @@ def test_eval_never_trains(tmp_path):
 
 # eval/ measures one checkpoint; grids, fleets and their statistics live in experiments/. (3,000 until the use probe
 # gained its jittered places, its priming control, the calibrated verdicts of one report's family of cells and its
-# --report-only; 3,300 until eval.use's own probe gained the priming control's third forward and presence and order.)
-EVAL_LINES = 4700
+# --report-only; 3,300 until eval.use's own probe gained the priming control's third forward and presence and order;
+# 4,700 until the one verdict rule carried the margin's error and the exact tests every study shares: Clopper-Pearson,
+# McNemar, the Poisson-binomial tail, and the true-null forwards.)
+EVAL_LINES = 4750
 
 
 def test_eval_stays_the_measurement_of_one_checkpoint():

@@ -98,14 +98,20 @@ def test_the_report_renders_a_migrated_record_as_it_was(tmp_path):
              "nll": 3.0, "nll_low": low, "nll_high": high, "vs_plain": diff, "vs_plain_low": None,
              "vs_plain_high": None, **extra} for m, n, low, high, diff, extra in [
                  ("none", 3, 2.5, 3.5, 0.0, {}),
-                 ("yarn", 2, None, None, -0.5, {"values": [2.9, 3.1], "vs_plain_values": [-0.4, -0.6]})]]
+                 ("yarn", 2, None, None, -0.5, {"values": [2.9, 3.1], "vs_plain_values": [-0.4, -0.6]}),
+                 ("ntk", 3, 0.0, 6.0, 0.0, {"values": [2.0, 3.0, 4.0]})]]
     record = {"rows": rows, "paths": {"yarn": ["sdpa"]}, "dtype": "bfloat16", "peak_rss_gib": 1.5}
     stored = {key(cell): {"record": record, "seconds": 60.0}}
     invocation = {"command": "python -m x", "machine": "m", "where": "w", "wall_s": 60.0}
     real_model.report(Records(real_model.Settings(out=str(tmp_path), checkpoint="runs/smollm2"), tmp_path, [cell],
                               stored, [invocation]))
     report = (tmp_path / "report.md").read_text()
-    assert "| 16-32 | 0.03125k (2x) | none | 3 | 3.000 [2.500, 3.500] | (the reference) |" in report
+    # a mean NLL is a level: no interval where only its mean was kept, else the t interval of the logs, exponentiated
+    assert "| 16-32 | 0.03125k (2x) | none | 3 | 3.000 | (the reference) |" in report
+    logs = np.log([2.0, 3.0, 4.0])
+    half = 4.302653 * logs.std(ddof=1) / np.sqrt(3)
+    assert f"| ntk | 3 | {np.exp(logs.mean()):.3f} [{np.exp(logs.mean() - half):.3f}, {np.exp(logs.mean() + half):.3f}] |" \
+        in report
     assert "| 16-32 | 0.03125k (2x) | yarn | 2 | 2.900 / 3.100 (2 windows: no interval) | -0.400 / -0.600 (2 windows: " \
            "no interval) |" in report
     assert "book (1,000 tokens" in report and "yarn: sdpa" in report and "bfloat16" in report

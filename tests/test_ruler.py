@@ -159,12 +159,18 @@ def test_use_is_read_over_the_distances_and_at_the_farthest_and_orderings_are_wr
     assert ruler_report.p_text(0.0) == "< 5e-06" and ruler_report.p_text(6.5e-05) == "6.5e-05"
 
 
-def test_published_orderings_come_with_their_source_and_are_held_against_the_labs_by_pairs_ordered_alike():
-    assert ruler_report.concordance({"a": 3, "b": 2, "c": 1}, {"a": 0.9, "b": 0.1, "c": 0.5}) == (2, 1, 0)
-    assert ruler_report.concordance({"a": 3, "b": 2}, {"a": 0.5, "b": 0.5, "c": 1.0}) == (0, 0, 1)
-    rows = ruler_report.published_rows({"yarn": 0.8, "ntk": 0.9, "linear": 0.0, "none": 0.0})
+def test_published_orderings_come_with_their_source_and_count_only_separated_pairs():
+    cells = [run_cell(method, "niah_single_1", 0, length=128,
+                      samples=[{"doc_id": i, "score": float(i < k), "response": "", "target": ["7"]} for i in range(20)])
+             for method, k in (("yarn", 16), ("ntk", 11), ("linear", 0), ("none", 0))]
+    pairs = ruler_report.sample_pairs(cells, ["yarn", "ntk", "linear", "none"], ["niah_single_1"], 128)
+    # 16 vs 0 and 11 vs 0 on the same samples separate (Holm over 6 pairs); YaRN 5 to 0 over NTK does not (p 0.0625)
+    assert pairs[("yarn", "linear")]["separated"] and pairs[("ntk", "none")]["separated"]
+    assert pairs[("yarn", "ntk")]["a"] == 5 and pairs[("yarn", "ntk")]["p"] == 0.0625
+    assert not pairs[("yarn", "ntk")]["separated"] and not pairs[("linear", "none")]["separated"]
+    rows = ruler_report.published_rows({"yarn": 0.8, "ntk": 0.55, "linear": 0.0, "none": 0.0}, pairs)
     drope = next(row for row in rows if row["source"].startswith("DroPE"))
-    assert (drope["alike"], drope["opposite"], drope["tied"]) == (4, 1, 1)  # published YaRN > NTK; the lab NTK > YaRN
+    assert (drope["alike"], drope["opposite"], drope["left"]) == (4, 0, 2)
     assert all(len(row["methods"]) >= 2 and row["source"] for row in rows)
 
 

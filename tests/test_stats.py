@@ -189,8 +189,15 @@ def test_rate_over_seeds_counts_learned_seeds_and_stays_in_the_unit_interval():
     all_right = rate_over_seeds([1.0, 1.0, 1.0], trials=256)
     wilson = scipy_stats.binomtest(768, 768).proportion_ci(method="wilson")
     assert all_right.estimate.low == pytest.approx(wilson.low, abs=1e-6) and all_right.estimate.high == 1.0
-    # values that are no whole number of the trials (token accuracy): the t interval cut to [0, 1]
-    clipped = rate_over_seeds([0.1, 0.9, 0.95], trials=256)
+    # a mean score per sequence (token accuracy, no whole number of the trials): the same union, with the Wilson
+    # interval of the summed scores; every seed at 1.0 still leaves an interval of some width
+    scores = rate_over_seeds([0.1, 0.9, 0.95], trials=256)
+    assert scores.method == "seeds and sequences" and scores.estimate.high == 1.0 and scores.estimate.low == 0.0
+    assert scores.estimate == seeds_and_trials([25.6, 230.4, 243.2], [256] * 3)
+    perfect = rate_over_seeds([1.0, 0.999, 1.0], trials=256)
+    assert perfect.method == "seeds and sequences" and perfect.estimate.low < 0.999 and perfect.estimate.high == 1.0
+    # without trials: the t interval cut to [0, 1]
+    clipped = rate_over_seeds([0.1, 0.9, 0.95])
     assert clipped.method == "t over seeds, clipped to [0, 1]" and clipped.estimate.high == 1.0
     assert rate_over_seeds([]) is None and rate_over_seeds([0.5]).reached is None
 
@@ -238,29 +245,53 @@ def test_holm_steps_down_and_stops_at_the_first_acceptance():
     assert holm([None, None]) == [False, False]
 
 
-def test_calibrated_verdicts_need_the_margin_and_survive_the_family():
-    from eval.verdicts import Cell, calibrated_verdicts
-    strong, small, null = Cell(1.0, 0.1, 7), Cell(0.08, 0.01, 7), Cell(0.01, 0.01, 7)
-    assert calibrated_verdicts([strong, small, null, None], 0.3) == ["uses", "negligible", "none", "cannot tell"]
-    # alone, a cell at t = 2.6 (one-sided p = 0.018) is shown above 0; among 20 such cells Holm asks p < 0.00125
-    marginal = Cell(0.52, 0.2, 7)
-    assert calibrated_verdicts([marginal], 0.3) == ["uses"]
-    assert calibrated_verdicts([marginal] * 20, 0.3) == ["cannot tell"] * 20
-    assert calibrated_verdicts([strong, strong], [0.3, 2.0]) == ["uses", "negligible"]  # each cell's own margin
+def test_use_verdicts_test_the_margin_and_survive_the_family():
+    from eval.stats import Spread
+    from eval.verdicts import use_verdicts
+    strong, small, null = Spread(1.0, 0.1, 7), Spread(0.08, 0.01, 7), Spread(0.01, 0.01, 7)
+    assert use_verdicts([strong, small, null, None], 0.3) == ["uses", "negligible", "none", "cannot tell"]
+    # use - margin = 0.22 at se 0.08: t = 2.75, one-sided p = 0.014; alone it is shown above the margin, among 20
+    # such cells Holm asks p < 0.00125
+    marginal = Spread(0.52, 0.08, 7)
+    assert use_verdicts([marginal], 0.3) == ["uses"]
+    assert use_verdicts([marginal] * 20, 0.3) == ["cannot tell"] * 20  # above 0 but its interval reaches past 0.3
+    assert use_verdicts([strong, strong], [0.3, 2.0]) == ["uses", "negligible"]  # each cell's own margin
+    # a mean above the margin is not enough: [0.164, 0.276] around 0.2197 against 0.2178
+    edge = Spread(0.2197, (0.2197 - 0.164) / 2.3646, 7)
+    assert use_verdicts([edge], 0.2178) == ["cannot tell"]
 
 
-def test_the_calibrated_rule_rarely_reads_uses_where_there_is_none():
-    """Families of 40 null cells, 8 windows each (a true use of 0): any false "uses" in at most ~2.5% of families;
-    the former rule (the interval above 0 in each cell, no correction, no margin on the mean) in most."""
-    from eval.verdicts import Cell, calibrated_verdicts, interval_verdict
+def test_a_use_at_the_margin_reads_uses_rarely_and_twice_the_margin_mostly():
+    """Planted cells, 8 windows each (sd 0.1 per window): a true use equal to the margin (0.1) reads "uses" in at
+    most 5% of draws (the one-sided level is 2.5%); a true use of twice the margin in most draws. The same with the
+    margin itself estimated (a tenth of a planted positive control of 1.0, sd 0.3 per window), its error carried."""
+    from eval.stats import spread
+    from eval.verdicts import use_margin, use_verdicts
     rng = np.random.default_rng(0)
-    calibrated = former = 0
+    draws = 2000
+    at, twice, at_estimated = 0, 0, 0
+    for _ in range(draws):
+        noise = rng.normal(0.0, 0.1, 8)
+        at += use_verdicts([spread((0.1 + noise)[None, :])], 0.1) == ["uses"]
+        twice += use_verdicts([spread((0.2 + noise)[None, :])], 0.1) == ["uses"]
+        margin = use_margin([spread(rng.normal(1.0, 0.3, 8)[None, :])])
+        at_estimated += use_verdicts([spread((0.1 + noise)[None, :])], margin) == ["uses"]
+    assert at / draws <= 0.05 and at_estimated / draws <= 0.05
+    assert twice / draws > 0.5
+
+
+def test_the_rule_rarely_reads_uses_where_there_is_none():
+    """Families of 40 null cells, 8 windows each (a true use of 0): any false "uses" in at most ~2.5% of families;
+    a per-cell rule without the correction or the margin (the interval above 0) in most."""
+    from eval.stats import spread
+    from eval.verdicts import use_verdicts
+    rng = np.random.default_rng(0)
+    found = uncorrected = 0
     for _ in range(400):
-        values = rng.normal(0.0, 0.3, (40, 8))
-        cells = [Cell(v.mean(), v.std(ddof=1) / math.sqrt(8), 7) for v in values]
-        calibrated += "uses" in calibrated_verdicts(cells, 0.05)
-        former += any(interval_verdict(*c.bounds(), 0.05) == "uses" for c in cells)
-    assert calibrated / 400 <= 0.04 and former / 400 > 0.4
+        cells = [spread(v[None, :]) for v in rng.normal(0.0, 0.3, (40, 8))]
+        found += "uses" in use_verdicts(cells, 0.05)
+        uncorrected += any(c.bounds()[0] > 0 for c in cells)
+    assert found / 400 <= 0.04 and uncorrected / 400 > 0.4
 
 
 def test_reach_needs_every_nearer_distance():
@@ -270,9 +301,17 @@ def test_reach_needs_every_nearer_distance():
     assert reach_of([100, 200], ["none", "uses"]) is None
 
 
-def test_the_margin_is_a_tenth_of_the_positive_control_with_a_floor():
-    from eval.verdicts import use_margin
-    assert use_margin(3.0) == pytest.approx(0.3) and use_margin(0.2) == 0.05 and use_margin(None) == 0.05
+def test_the_margin_is_a_tenth_of_the_positive_control_with_a_floor_and_carries_its_error():
+    from eval.stats import Spread
+    from eval.verdicts import use_margin, use_verdicts
+    found = use_margin([Spread(2.0, 0.2, 7), Spread(4.0, 0.4, 5)])
+    assert found == pytest.approx(0.3) and found.se == pytest.approx(0.03) and found.df == 5
+    assert use_margin([Spread(0.2, 0.1, 7)]) == 0.05 and use_margin([Spread(0.2, 0.1, 7)]).se == 0
+    assert use_margin(None) == 0.05 and use_margin([None]) == 0.05
+    # the margin's error widens the test: 0.45 at se 0.05 clears a fixed 0.3 (t = 3) but not 0.3 +- 0.1
+    cell = Spread(0.45, 0.05, 7)
+    assert use_verdicts([cell], 0.3) == ["uses"]
+    assert use_verdicts([cell], use_margin([Spread(3.0, 1.0, 7)])) == ["cannot tell"]
 
 
 def test_spearman_matches_scipy_with_ties():
@@ -294,15 +333,40 @@ def test_the_rank_correlations_permutation_p_value_counts_every_order_of_the_met
     assert spearman_p([1, 1, 1], [1, 2, 3]) is None
 
 
-def test_published_orderings_are_held_against_the_labs_by_pairs_ordered_alike():
+def test_published_orderings_count_only_the_pairs_the_samples_separate():
     from experiments.ruler_report import concordance, published_rows
-    assert concordance({"a": 3, "b": 2, "c": 1}, {"a": 0.9, "b": 0.1, "c": 0.5}) == (2, 1, 0)
-    assert concordance({"a": 3, "b": 2}, {"a": 0.5, "b": 0.5, "c": 1.0}) == (0, 0, 1)
-    rows = published_rows({"yarn": 0.8, "ntk": 0.9, "linear": 0.0, "none": 0.0})
+    every = {pair: {"separated": True} for pair in (("a", "b"), ("a", "c"), ("b", "c"))}
+    assert concordance({"a": 3, "b": 2, "c": 1}, {"a": 0.9, "b": 0.1, "c": 0.5}, every) == (2, 1, 0)
+    # b against c not separated: left out, however the shares order it
+    some = {**every, ("b", "c"): {"separated": False}}
+    assert concordance({"a": 3, "b": 2, "c": 1}, {"a": 0.9, "b": 0.1, "c": 0.5}, some) == (2, 0, 1)
+    assert concordance({"a": 3, "b": 2}, {"a": 0.5, "b": 0.5, "c": 1.0}, every) == (0, 0, 1)  # a tie: not counted
+    shares = {"yarn": 0.8, "ntk": 0.9, "linear": 0.0, "none": 0.0}
+    separated = {pair: {"separated": "linear" in pair or "none" in pair} for pair in
+                 (("yarn", "ntk"), ("yarn", "linear"), ("yarn", "none"), ("ntk", "linear"), ("ntk", "none"),
+                  ("linear", "none"))}
+    rows = published_rows(shares, separated)
     drope = next(row for row in rows if row["source"].startswith("DroPE"))
-    # YaRN > NTK > PI = plain published; the lab: NTK > YaRN > PI = plain
-    assert (drope["alike"], drope["opposite"], drope["tied"]) == (4, 1, 1)
-    assert all(len(row["methods"]) >= 2 for row in rows)
+    # YaRN > NTK > PI = plain published; the lab: NTK > YaRN (not separated) > PI = plain (tied)
+    assert (drope["alike"], drope["opposite"], drope["left"]) == (4, 0, 2)
+    string = next(row for row in published_rows({"string": 0.9, "yarn": 0.8}, {}) if row["source"].startswith("STRING"))
+    assert string["counted"] is False and "within" in string["why"]
+
+
+def test_mcnemar_and_clopper_pearson_against_hand_values():
+    from eval.stats import clopper_pearson, mcnemar_exact
+    from eval.verdicts import separated_by_samples
+    # the exact two-sided McNemar p: 2 x 0.5^n for n to 0, 2 x P(X <= 1) for 3 to 1
+    assert mcnemar_exact(4, 0) == 0.125 and mcnemar_exact(5, 0) == 0.0625 and mcnemar_exact(1, 3) == 0.625
+    assert mcnemar_exact(0, 0) == 1.0
+    # 10 to 0 (p = 0.00195) separates alone, not among 45 pairs (Holm: 0.05 / 45 = 0.0011)
+    assert separated_by_samples([(10, 0)]) == [True] and separated_by_samples([(10, 0)] + [(0, 0)] * 44)[0] is False
+    # Clopper-Pearson (R's binom.test): 1 of 8 [0.00316, 0.52651], 5 of 20 [0.08657, 0.49105], 0 of 104 [0, 0.03485]
+    assert clopper_pearson(1, 8).low == pytest.approx(0.0031597, abs=1e-6)
+    assert clopper_pearson(1, 8).high == pytest.approx(0.5265097, abs=1e-6)
+    assert clopper_pearson(5, 20).low == pytest.approx(0.0865715, abs=1e-6)
+    assert clopper_pearson(5, 20).high == pytest.approx(0.4910459, abs=1e-6)
+    assert clopper_pearson(0, 104).low == 0 and clopper_pearson(0, 104).high == pytest.approx(0.0348483, abs=1e-6)
 
 
 def test_needle_shares_average_only_the_tasks_every_method_was_asked():

@@ -125,7 +125,7 @@ class CopyOracle(torch.nn.Module):
         super().__init__()
         self.reach = reach
         self.weight = torch.nn.Parameter(torch.zeros(1))
-        self.config = SimpleNamespace(vocab_size=vocab, attention_methods=[], to_dict=dict)
+        self.config = SimpleNamespace(vocab_size=vocab, n_layers=1, attention_methods=[], to_dict=dict)
 
     def with_settings(self, **changes):
         return self

@@ -12,7 +12,7 @@ from data.tokenizer import load_tokenizer
 from errors import ConfigError, DataError
 from eval.scoring import score_windows
 from eval.use import GRID_POSITIVE, Placement, grid_forwards, grid_pairs, summarise_grid, window_starts
-from eval.verdicts import COLLAPSE, impossible_use, separated_by_windows
+from eval.verdicts import impossible_use, relay_reach, separated_by_windows
 from experiments.engine import Context, Records, key
 from experiments.engine import main as engine_main
 from experiments.use_grid import Settings, cells, measure, read_text, use_by_method
@@ -132,8 +132,8 @@ def test_the_report_reads_use_presence_order_and_harm_from_the_records(tmp_path)
     assert yarn[20]["use"]["verdict"] == "uses" and yarn["reach"] == 20
     sinks = text["methods"]["sinks"]
     assert sinks[20]["use"]["verdict"] == "none" and sinks["reach"] is None
-    impossible, = summary["impossible"]  # sinks + window past its reach of 12 tokens
-    assert (impossible["method"], impossible["distance"]) == ("sinks", 20) and "reach (12 tokens)" in impossible["why"]
+    impossible, = summary["impossible"]  # sinks + window: a 12-key window relays 11 tokens, + a 4-token passage < 20
+    assert (impossible["method"], impossible["distance"]) == ("sinks", 20) and "12-key windows" in impossible["why"]
     split = summary["position"]  # the one passage's second copy at 25: the largest distance's first place
     assert split["cut"] == 25 and split["methods"]["yarn"][20]["from"]["mean"] == pytest.approx(1.0)
     assert split["methods"]["yarn"][20]["before"] == {"n": 0, "values": []}
@@ -161,9 +161,11 @@ def test_paired_differences_are_separated_only_after_holm_over_the_table():
 
 
 def test_the_rules_of_impossible_use_and_of_separated_pairs():
-    assert impossible_use(100, 60, 3.0, 3.0) == "past its attention's reach (60 tokens)"
-    assert impossible_use(50, 60, 3.0 + COLLAPSE, 3.0).startswith("collapsed: the control's NLL on the copies 5.00")
-    assert impossible_use(50, None, 3.0 + COLLAPSE - 0.01, 3.0) is None and impossible_use(50, None, 9.0, None) is None
+    # 4 layers of 64-key windows relay 4 x 63 = 252 tokens; a 16-token passage 256 back still has tokens within it
+    assert relay_reach(64, 4) == 252 and relay_reach(None, 4) is None
+    assert impossible_use(256, 64, 4, 16) is None and impossible_use(268, 64, 4, 16) is None
+    assert impossible_use(269, 64, 4, 16).startswith("past what its 4 layers of 64-key windows relay (252 tokens)")
+    assert impossible_use(10**6, None, 30, 64) is None  # no window: nothing is impossible by construction
     # t = 4 over 8 windows: p ~ 0.005, kept alone, not among 20 at 5% (Holm: 0.05 / 20 = 0.0025)
     assert separated_by_windows([(0.4, 0.1, 8)]) == [True]
     assert separated_by_windows([(0.4, 0.1, 8)] + [(0.0, 0.1, 8)] * 19)[0] is False
@@ -186,8 +188,10 @@ def test_the_study_runs_resumes_and_reports_through_the_engine(checkpoint, small
     assert engine_main("experiments.use_grid", arguments) == 0
     assert len(list((out / "records").glob("*.json"))) == 12  # 3 windows x (positive control + 3 methods)
     report = (out / "report.md").read_text()
-    assert "## code" in report and "Calibration: cells where use is impossible" in report
-    assert "past its attention's reach (60 tokens)" in report  # sinks + window: L - 4 keys
+    assert "## code" in report and "## Cells where use is impossible by construction" in report
+    # sinks + window: 60 keys, relayed by the micro model's layers past the farthest distance (2L = 128)
+    assert "None: every method here either sees every key or relays its window" in report
+    assert "## The margin: the verdicts against a fixed 0.05 nats" in report
     row = next(line for line in report.splitlines() if line.startswith("| sinks + window | 3 |"))
     assert "[" in row  # three windows: intervals
     assert (out / "use.png").stat().st_size > 0
