@@ -128,7 +128,8 @@ def report(records: Records) -> None:
     for name in configs:
         points = [(at[0]["training"]["tokens"], e) for _, at in sorted(groups[name].items()) if (e := estimate(at, "order"))]
         reached = [tokens for tokens, e in points if e.mean >= target]
-        lines.append(f"- {name}: " + (f"order reaches {target:+.1f} at {reached[0]:,} tokens" if reached
+        lines.append(f"- {name}: " + (f"order's mean over windows passes {target:+.1f} at {reached[0]:,} tokens "
+                                       "(one trained model: not a claim about another training run)" if reached
                                        else projection(points, target)))
     write(records.out, "report.md", "\n".join(lines) + "\n")
     figure, axes = panels(2)
