@@ -48,11 +48,16 @@ def report(records: Records) -> None:
     above = [p_above_zero(spreads[k].mean, spreads[k].se, spreads[k].df) <= 0.025 for k in keys]
     first = records.done()[0][0]
     windows = sorted({len(v) for v in cells.values()})
+    distances = sorted({p[0] for p in first["placements"]})
+    per = len(first["placements"]) // len(distances)
     lines = [f"# True nulls: the use rule where use is 0 by construction ({first['checkpoint'][:8]}…, "
              f"L = {first['trained']:,}, windows of {first['length']:,} tokens)", "",
              "Each cell: one text, method and distance; use = NLL(second control) - NLL(control) on tokens 2..S of "
              "the second copies, both controls holding another passage at every first copy "
-             "(experiments/use_null.py): 0 in expectation. Intervals: Student's t 95% over windows "
+             f"(experiments/use_null.py): 0 in expectation. {len(distances)} distances from {distances[0]:,} to "
+             f"{distances[-1]:,} tokens, {per} passage(s) of {first['span']} tokens per distance in each window (the "
+             "grid's windows hold 8: these cells are noisier than its, so their detection understates its). "
+             "Intervals: Student's t 95% over windows "
              f"({', '.join(map(str, windows))} per cell). The rule: eval/verdicts.py use_verdicts against a margin "
              f"fixed at {MARGIN_FLOOR} nats (the floor, the smallest margin the rule uses).", "",
              "## Rates on the true nulls", "",

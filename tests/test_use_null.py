@@ -73,7 +73,7 @@ def planted(tmp_path, shift=0.0, windows=6, distances=(10, 20, 30, 40)) -> Recor
     found, stored = [], {}
     for method in ("none", "yarn"):
         for window in range(windows):
-            cell = {"name": f"t/w{window}/{method}", "text": "t", "window": window, "method": method, "trained": 16,
+            cell = {"name": f"t/w{window}/{method}", "text": "t", "window": window, "method": method, "trained": 16, "span": 4,
                     "length": 64, "checkpoint": "abcdef0123456789", "placements": [[d, 2, 2 + d] for d in distances]}
             control = 4.0 + rng.normal(0, 0.1, len(distances))
             second = control + shift + rng.normal(0, 0.02, len(distances))
