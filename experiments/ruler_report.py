@@ -138,20 +138,29 @@ def pair_lines(cells: list[dict]) -> list[str]:
              "The methods answer the same samples, so two are compared sample by sample: of the samples one answered in "
              "full and the other did not, how many favour each; the exact McNemar test (two-sided), Holm over every "
              "pair of methods of that task and length at 5%. An order between two methods is claimed only where they "
-             "are separated; otherwise they are within noise of each other. Pairs with no discordant sample (the same "
-             "on every sample) are left out.", "",
+             "are separated; otherwise they are within noise of each other. Shown: at the longest length every pair "
+             "with a discordant sample, at the others the pairs that separate or have p < 0.05 before the correction; "
+             "the rest are counted below the table.", "",
              "| task @ length | A - B | samples | only A | only B | p | separated |", "|---|---|---:|---:|---:|---:|---|"]
+    rest, longest = [], max(length for _, length in columns)
     for task, length in columns:
         methods = list(dict.fromkeys(c["method"] for c in cells if (c["task"], c["length"]) == (task, length)))
         if len(methods) < 2:
             continue
-        for (a, b), pair in sample_pairs(cells, methods, [task], length).items():
-            if pair["a"] + pair["b"]:
+        pairs = sample_pairs(cells, methods, [task], length)
+        for (a, b), pair in pairs.items():
+            if pair["separated"] or pair["p"] < 0.05 or (length == longest and pair["a"] + pair["b"]):
                 first, second = (a, b) if pair["a"] >= pair["b"] else (b, a)
                 lines.append(f"| {task} @ {length:,} | {name(first)} - {name(second)} | {pair['n']} | "
                              f"{max(pair['a'], pair['b'])} | {min(pair['a'], pair['b'])} | {pair['p']:.2g} | "
                              f"{'yes' if pair['separated'] else 'no'} |")
-    return lines + [""]
+        left = [pair for pair in pairs.values()
+                if not (pair["separated"] or pair["p"] < 0.05 or (length == longest and pair["a"] + pair["b"]))]
+        if left:
+            rest.append(f"{task} @ {length:,}: {len(left)} of {len(pairs)} pairs, each with at most "
+                        f"{max(max(pair['a'], pair['b']) for pair in left)} sample(s) one answered and the other not")
+    return lines + ["", "Not separated, p >= 0.05 before the correction: " + "; ".join(rest) + ".", ""] if rest \
+        else lines + [""]
 
 
 # What a wrong number holds of its needle, digit by digit: response digit i against the answer's digit i ("the same
