@@ -394,13 +394,8 @@ def test_ruler_own_score_is_given_for_tasks_with_several_answers_with_a_bounded_
 def test_needle_responses_are_told_apart_by_the_number_they_give():
     from eval.ruler import response_value
     from experiments.ruler_report import value_lines
-    held = {"8734194", "1743906", "12"}
-    assert response_value(" 8734194.", "8734194", held) == "answer"
-    assert response_value(": 1743906. And 8734194", "8734194", held) == "answer"  # RULER's match: anywhere
-    assert response_value(" 1743906.", "8734194", held) == "held"
-    assert response_value(" 174390.", "8734194", held) == "invented"  # a number, but not one the prompt holds
-    assert response_value(" we are we go", "8734194", held) == "none"
-    assert response_value(" f1a2", "f1a2-uuid", held) is None  # not a number: not told apart
+    # response_value's cases: tests/test_ruler.py; here, the table of what the responses give
+    assert response_value(" 1743906.", "8734194", {"1743906"}) == "held"
     values = ["held", "held", "held", "answer", "none"]
     cell = {"method": "none", "task": "niah_multikey_2", "length": 16384,
             "samples": [{"value": value, "target": [f"{i}000000"], "response": f" {(i + 1) % 5}000000"}

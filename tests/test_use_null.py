@@ -3,7 +3,6 @@ other passages at every first copy), one cell measured on a micro checkpoint, an
 records: a null family, the exact interval of the false-positive rate, and the detection of a known use."""
 import numpy as np
 import pytest
-import torch
 
 from data.tokenizer import load_tokenizer
 from eval.scoring import score_windows
@@ -12,23 +11,12 @@ from experiments.engine import Context, Records, key
 from experiments.use_grid import read_text
 from experiments.use_null import Settings, cells, measure
 from experiments.use_null_report import null_cells, report
-from model import Transformer
-from model.checkpoint import load_model, save_checkpoint
+from model.checkpoint import load_model
 from model.methods import method_spec
-from tests.conftest import micro_config
+from tests.test_use_grid import checkpoint  # noqa: F401 - the use grid's micro checkpoint (L = 64), a fixture
 
 
-@pytest.fixture
-def checkpoint(prepared_data, tmp_path):
-    tokenizer = load_tokenizer(prepared_data)
-    torch.manual_seed(0)
-    model = Transformer(micro_config(vocab_size=len(tokenizer), max_seq_len=64))
-    folder = tmp_path / "ckpt"
-    save_checkpoint(folder, model, tokenizer, {"trained_seq_len": 64, "step": 0})
-    return folder
-
-
-def micro_cells(checkpoint, text, tmp_path):
+def micro_cells(checkpoint, text, tmp_path):  # noqa: F811
     settings = Settings(checkpoint=str(checkpoint), texts=[str(text)], methods=["none", "sinks"], length="4x",
                         windows=3, passages=1, distances=["0.5x", "1.25x", "2x"], within=["0.5x"], dtype="float32",
                         out=str(tmp_path / "null"))
@@ -50,7 +38,7 @@ def test_both_controls_hold_the_same_second_copies_and_other_first_copies():
         assert not (control[p.first : p.first + 8] == second[p.first : p.first + 8]).all()
 
 
-def test_a_null_cell_scores_both_controls_and_no_positive_control(checkpoint, small_text_file, tmp_path):
+def test_a_null_cell_scores_both_controls_and_no_positive_control(checkpoint, small_text_file, tmp_path):  # noqa: F811
     found = micro_cells(checkpoint, small_text_file, tmp_path)
     assert len(found) == 6 and all(c["null"] and c["method"] in ("none", "sinks") for c in found)
     cell = found[0]
