@@ -125,7 +125,7 @@ def test_the_study_end_to_end(checkpoint, small_text_file, tmp_path):
     argv = ["--checkpoint", str(checkpoint), "--texts", str(small_text_file), "--windows", "3", "--dynamic-tail", "4",
             "--methods", "none,yarn,dynamic,selfextend,logn", "--passkey-lengths", "160", "--passkey-methods", "none",
             "--depths", "0.5", "--trials", "1", "--use-methods", "none,sinks", "--use-lengths", "1x,4x",
-            "--use-distances", "0.75x,1.25x", "--use-windows", "3", "--use-passages", "1", "--dtype", "float32",
+            "--use-distances", "0.75x,3x", "--use-windows", "3", "--use-passages", "1", "--dtype", "float32",
             "--out", str(out), "--workers", "1", "--threads", "1"]
     assert main("experiments.real_model", argv) == 0
     report = (out / "report.md").read_text()
@@ -134,7 +134,8 @@ def test_the_study_end_to_end(checkpoint, small_text_file, tmp_path):
     assert "selfextend: merged" in report and "none: sdpa" in report
     assert "1 cells with fewer than 10 trials each are left out" in report and "Passkey retrieval" not in report
     assert "## code: use of the text on the same weights" in report and "positive control: not measured" in report
-    assert "negative control (sinks, d = 20 beyond its reach)" in report
+    # 3L = 48 back lies past what 2 layers of 16-key windows relay (30) plus a passage; 0.75L = 12 does not
+    assert "negative control (sinks, d = 48 beyond its reach)" in report and "d = 12 beyond" not in report
     assert "Reproduce: `python -m experiments.real_model" in report and (out / "nll_by_position.png").exists()
     records = {p.name: p.stat().st_mtime_ns for p in (out / "records").glob("*.json")}
     assert len(records) == 1 + 27 + 1 + 2  # the checkpoint, 9 NLL cells per window, the passkey, 2 use cells
