@@ -17,6 +17,9 @@ from errors import ConfigError
 from model.fields import ModelFields, check_field_types, check_keys
 from model.legacy_keys import migrate_saved, refuse_legacy_keys
 
+# The gated feed-forward part's activations (model/layers.py's ACTIVATIONS holds the functions): SwiGLU's, GeGLU's.
+FFN_ACTIVATIONS = ("silu", "gelu_tanh")
+
 
 @dataclass
 class ModelConfig(ModelFields):
@@ -30,6 +33,25 @@ class ModelConfig(ModelFields):
     # The context length the model is trained at. RoPE, ALiBi etc. can be evaluated beyond it.
     max_seq_len: int = 256
     norm_eps: float = 1e-5
+    # Gemma's conventions (each off by default, as in Llama; the Gemma 3 import sets them, infer/gemma.py):
+    #   norm_offset: every RMSNorm scales by (norm_offset + weight), the product taken in float32 before the cast
+    #     back (Gemma: 1.0, its gains stored as offsets from 1, zero at initialisation); 0.0: by weight (Llama);
+    #   sandwich_norms: a block also normalises its attention's and its feed-forward part's outputs before each
+    #     residual add (Gemma 2 and 3: post_attention_layernorm, post_feedforward_layernorm);
+    #   ffn_activation: the gate's activation in the gated feed-forward part: "silu" (SwiGLU, Llama) or "gelu_tanh"
+    #     (GeGLU with the tanh approximation, Gemma's gelu_pytorch_tanh);
+    #   embedding_scale: the token embeddings are multiplied by it before the first block (Gemma: sqrt(dim)), the
+    #     tied head using the unscaled table;
+    #   head_width: the width of each attention head, transformers' head_dim (0 = dim / n_heads; Gemma 3 270M: 256
+    #     with dim 640 and 4 heads); model.head_dim, derived, is the width in use;
+    #   attention_scale_dim: the logits are q.k / sqrt(attention_scale_dim) (Gemma's query_pre_attn_scalar;
+    #     0 = head_dim, the usual 1/sqrt(head_dim)).
+    norm_offset: float = 0.0
+    sandwich_norms: bool = False
+    ffn_activation: str = "silu"
+    embedding_scale: float = 1.0
+    head_width: int = 0
+    attention_scale_dim: int = 0
     init_std: float = 0.02
     tie_word_embeddings: bool = True
     dropout: float = 0.0
@@ -76,6 +98,10 @@ class ModelConfig(ModelFields):
     # Inference-time attention methods (model/methods/), e.g. [{method = "logn"}, {method = "rerope",
     # window = 64}]; a parameter given as 0 is derived from the trained length. [] = attention as trained.
     attention_methods: list = dataclasses.field(default_factory=list)
+    # Whether model.attention_methods apply to each layer, a list repeated over the layers like rope_scaling_layers
+    # ([] = every layer): a hybrid's global layers only (Gemma 3's import: its local layers never see a distance
+    # past their window), or every layer.
+    attention_methods_layers: list = dataclasses.field(default_factory=list)
     # How attention is computed, not what: "auto" (each layer's fastest backend by the measured rules) or a backend's
     # name (sdpa, sdpa_mask, explicit, merged, flex), taken wherever it can compute a layer's attention
     # (model/attention/registry.py). Checked where the model is built.
@@ -93,8 +119,17 @@ class ModelConfig(ModelFields):
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "max_seq_len"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"model.{name} must be positive, got {getattr(self, name)}")
-        if self.dim % self.n_heads:
-            raise ConfigError(f"model.dim ({self.dim}) must be divisible by model.n_heads ({self.n_heads})")
+        if self.head_width < 0 or self.attention_scale_dim < 0:
+            raise ConfigError(f"model.head_width ({self.head_width}) and model.attention_scale_dim "
+                              f"({self.attention_scale_dim}) must be >= 0 (0 = dim / n_heads, and the head's width)")
+        if not self.head_width and self.dim % self.n_heads:
+            raise ConfigError(f"model.dim ({self.dim}) must be divisible by model.n_heads ({self.n_heads}), or give "
+                              "each head its width with model.head_width")
+        if self.ffn_activation not in FFN_ACTIVATIONS:
+            raise ConfigError(f"model.ffn_activation must be one of {list(FFN_ACTIVATIONS)}, got "
+                              f"{self.ffn_activation!r}")
+        if self.embedding_scale <= 0:
+            raise ConfigError(f"model.embedding_scale must be positive, got {self.embedding_scale}")
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(
                 f"model.n_heads ({self.n_heads}) must be a multiple of model.n_kv_heads ({self.n_kv_heads})"
@@ -139,7 +174,7 @@ class ModelConfig(ModelFields):
 
     # The per-layer lists: each repeats over the layers (its length must divide n_layers); [] means the default.
     LAYER_LISTS = ("position_layers", "attention_window", "attention_chunk", "qk_norm", "attention_gate", "sink_logits",
-                   "rope_theta_layers", "rope_scaling_layers")
+                   "rope_theta_layers", "rope_scaling_layers", "attention_methods_layers")
 
     def check_layer_lists(self) -> None:
         for name in self.LAYER_LISTS:
@@ -162,7 +197,8 @@ class ModelConfig(ModelFields):
                               "layer a sliding window or a chunk, not both (0 in the other list)")
         for name, what in (("qk_norm", "e.g. [true] for every layer"), ("attention_gate", "e.g. [true] for every layer"),
                            ("sink_logits", "e.g. [true] for every layer"),
-                           ("rope_scaling_layers", "where model.rope_scaling applies")):
+                           ("rope_scaling_layers", "where model.rope_scaling applies"),
+                           ("attention_methods_layers", "where model.attention_methods apply")):
             if any(not isinstance(flag, bool) for flag in getattr(self, name)):
                 raise ConfigError(f"model.{name} must hold true or false per layer ({what}), got {getattr(self, name)}")
         for name in ("qk_norm", "attention_gate", "sink_logits"):

@@ -128,6 +128,12 @@ class ModelFields:
     ffn_dim: int
     max_seq_len: int
     norm_eps: float
+    norm_offset: float
+    sandwich_norms: bool
+    ffn_activation: str
+    embedding_scale: float
+    head_width: int
+    attention_scale_dim: int
     init_std: float
     tie_word_embeddings: bool
     dropout: float
@@ -145,6 +151,7 @@ class ModelFields:
     attention_gate: list
     sink_logits: list
     attention_methods: list
+    attention_methods_layers: list
     attention_backend: str
     random_positions: int
     random_positions_draw: int
@@ -156,6 +163,7 @@ class ModelFields:
     layer_gates: list[bool]  # whether each layer gates its attention output (gated attention)
     layer_rope_thetas: list[float]  # each layer's RoPE theta (model.rope_theta where rope_theta_layers is [])
     layer_rope_scaled: list[bool]  # whether model.rope_scaling applies (every layer where rope_scaling_layers is [])
+    layer_methods: list[bool]  # whether model.attention_methods apply (every layer where attention_methods_layers is [])
     layer_sinks: list[bool]  # whether each layer has learned sink logits (gpt-oss)
     layer_windows: list[int]  # the sliding window of every layer (0 = global attention)
     layer_chunks: list[int]  # the attention chunk of every layer (0 = none)
@@ -175,10 +183,11 @@ class ModelFields:
                 "layer_gates": per_layer(self.attention_gate, False),
                 "layer_rope_thetas": per_layer(self.rope_theta_layers, self.rope_theta),
                 "layer_rope_scaled": per_layer(self.rope_scaling_layers, True),
+                "layer_methods": per_layer(self.attention_methods_layers, True),
                 "layer_sinks": per_layer(self.sink_logits, False),
                 "layer_windows": per_layer(self.attention_window, 0),
                 "layer_chunks": per_layer(self.attention_chunk, 0),
-                "head_dim": self.dim // self.n_heads,
+                "head_dim": self.head_width or self.dim // self.n_heads,
                 "original_length": original_length_of(self.rope_scaling, self.max_seq_len)}
 
     def __getattr__(self, name: str) -> Any:
@@ -198,8 +207,9 @@ class ModelFields:
                 self.__dict__.pop(derived, None)
 
 
-DERIVED = ("layer_encodings", "layer_qk_norms", "layer_gates", "layer_rope_thetas", "layer_rope_scaled", "layer_sinks",
+DERIVED = ("layer_encodings", "layer_qk_norms", "layer_gates", "layer_rope_thetas", "layer_rope_scaled",
+           "layer_methods", "layer_sinks",
            "layer_windows", "layer_chunks", "head_dim", "original_length")
 DERIVED_FROM = {"n_layers", "position", "position_layers", "qk_norm", "attention_gate", "rope_theta",
                 "rope_theta_layers", "rope_scaling_layers", "sink_logits", "attention_window", "attention_chunk", "dim",
-                "n_heads", "rope_scaling", "max_seq_len"}
+                "n_heads", "rope_scaling", "max_seq_len", "head_width", "attention_methods_layers"}

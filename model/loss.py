@@ -72,9 +72,18 @@ def token_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: tor
                         chunk_elements: int = 4 * CHUNK_ELEMENTS) -> torch.Tensor:
     """cross_entropy(hidden @ weight.T, targets, reduction="none") in chunks of rows, without gradients: the
     loss of every token (float32, 0 where the target is IGNORE_INDEX), shaped as targets; hidden (..., dim). What
-    scoring a long window needs: a 32k-token window of a 49k vocabulary would otherwise hold 6 GB of logits."""
+    scoring a long window needs: a 32k-token window of a 49k vocabulary would otherwise hold 6 GB of logits.
+
+    The head runs at the scored rows only (targets not IGNORE_INDEX): with a 262k vocabulary (Gemma 3) the head at
+    every one of 64k positions would cost about half of the forward."""
     flat_hidden, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
     exact = torch.promote_types(weight.dtype, torch.float32)
+    scored_rows = (flat_targets != IGNORE_INDEX).nonzero().squeeze(1)
+    if len(scored_rows) < len(flat_targets):
+        losses = torch.zeros(flat_targets.shape, dtype=exact, device=hidden.device)
+        losses[scored_rows] = token_cross_entropy(flat_hidden[scored_rows], weight, flat_targets[scored_rows],
+                                                  chunk_elements)
+        return losses.view(targets.shape)
     losses = torch.empty(flat_targets.shape, dtype=exact, device=hidden.device)
     rows = max(1, chunk_elements // weight.shape[0])
     # Under autocast a matmul casts its operands at every call, and a transposed weight is not a cached leaf: the

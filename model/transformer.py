@@ -1,4 +1,5 @@
-"""The decoder: token embedding, pre-norm blocks (RMSNorm, GQA attention, SwiGLU), final norm, tied LM head."""
+"""The decoder: token embedding, pre-norm blocks (RMSNorm, GQA attention, SwiGLU), final norm, tied LM head; with
+Gemma's variants as settings (model.norm_offset, sandwich_norms, ffn_activation, embedding_scale, head_width)."""
 from __future__ import annotations
 
 import math
@@ -16,7 +17,7 @@ from model.attention.registry import Backend, Observer, describe, plan
 from model.config import ModelConfig
 from model.encodings import POSITION_ENCODINGS, PositionEncoding
 from model.kv_cache import KVCache
-from model.layers import RMSNorm, SwiGLU
+from model.layers import GatedFFN, RMSNorm
 from model.loss import linear_cross_entropy, token_cross_entropy
 from model.methods import ROPE_SCALINGS, Method, MethodContext, build_methods, method_context, scaling_type
 from model.random_positions import sample_positions
@@ -48,11 +49,17 @@ def forward_dtype(x: torch.Tensor) -> torch.dtype:
 class Block(nn.Module):
     def __init__(self, config: ModelConfig, layer_index: int) -> None:
         super().__init__()
-        self.attention_norm = RMSNorm(config.dim, config.norm_eps)
+        self.attention_norm = RMSNorm(config.dim, config.norm_eps, config.norm_offset)
         self.attention = Attention(config, layer_index)
-        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
-        self.ffn = SwiGLU(config.dim, config.ffn_dim)
+        self.ffn_norm = RMSNorm(config.dim, config.norm_eps, config.norm_offset)
+        self.ffn = GatedFFN(config.dim, config.ffn_dim, config.ffn_activation)
         self.dropout = nn.Dropout(config.dropout)
+        # Sandwich norms (model.sandwich_norms, Gemma 2 and 3): each part's output normalised before its residual add.
+        if config.sandwich_norms:
+            self.attention_out_norm = RMSNorm(config.dim, config.norm_eps, config.norm_offset)
+            self.ffn_out_norm = RMSNorm(config.dim, config.norm_eps, config.norm_offset)
+        else:
+            self.attention_out_norm = self.ffn_out_norm = nn.Identity()
 
     def forward(
         self, x: torch.Tensor, encoding: PositionEncoding, encoding_state: Any, kv_cache: KVCache | None,
@@ -61,11 +68,12 @@ class Block(nn.Module):
     ) -> torch.Tensor:
         """keep > 0: only the last `keep` rows go on through the feed-forward part and are returned (the rows
         before them still serve as keys and values). backend: the attention's (the model's choice for this mode)."""
-        x = x + self.dropout(self.attention(self.attention_norm(x), encoding, encoding_state, kv_cache,
-                                            methods=methods, pass_states=pass_states, backend=backend))
+        x = x + self.dropout(self.attention_out_norm(self.attention(
+            self.attention_norm(x), encoding, encoding_state, kv_cache, methods=methods, pass_states=pass_states,
+            backend=backend)))
         if keep:
             x = x[:, -keep:]
-        return x + self.dropout(self.ffn(self.ffn_norm(x)))
+        return x + self.dropout(self.ffn_out_norm(self.ffn(self.ffn_norm(x))))
 
 
 class Transformer(nn.Module):
@@ -92,7 +100,7 @@ class Transformer(nn.Module):
             self.train(trunk.training)
             return
         self.layers = nn.ModuleList(Block(config, index) for index in range(config.n_layers))
-        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.norm = RMSNorm(config.dim, config.norm_eps, config.norm_offset)
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.tok_embeddings.weight
@@ -175,9 +183,20 @@ class Transformer(nn.Module):
             return self
         return self.view(ModelConfig.from_dict({**current, **changes}))
 
+    # Settings the shared layers hold, fixed when they were built: a view cannot change them (it would keep the
+    # trunk's silently); a model with another value is another model, built from its config with the same weights.
+    LAYER_SETTINGS = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "attention_window",
+                      "attention_chunk", "qk_norm", "attention_gate", "sink_logits", "norm_eps", "norm_offset",
+                      "sandwich_norms", "ffn_activation", "head_width", "attention_scale_dim", "tie_word_embeddings")
+
     def view(self, config: ModelConfig, observer: Observer | None = None) -> "Transformer":
         """The same layers and weights under `config`'s inference-time settings, with position encodings, attention
         methods and attention backends of its own: a model built from `config` around this one's trunk."""
+        held = [name for name in self.LAYER_SETTINGS if getattr(config, name) != getattr(self.config, name)]
+        if held:
+            raise ConfigError(f"model.{held[0]} is held by the layers a view shares and cannot change in a view "
+                              f"({getattr(self.config, held[0])!r} -> {getattr(config, held[0])!r}); build a model "
+                              "with it (Transformer(config)) and load these weights into it")
         return Transformer(config, trunk=self, observer=observer)
 
     def with_observer(self, observer: Observer) -> "Transformer":
@@ -193,8 +212,10 @@ class Transformer(nn.Module):
         if key not in self.backends:
             preference = self.config.attention_backend
             names = self.config.layer_encodings
-            workloads = [layer.attention.workload(mode, device, dtype, self.attention_methods, self.observer is not None,
-                                                  preference) for layer in self.layers]
+            applies = self.config.layer_methods
+            workloads = [layer.attention.workload(mode, device, dtype, self.attention_methods if applies[index] else [],
+                                                  self.observer is not None, preference)
+                         for index, layer in enumerate(self.layers)]
             self.backends[key] = plan([self.encoding_of(name) for name in names], workloads, self.observer)
         self.latest_backends = key
         return self.backends[key]
@@ -257,6 +278,8 @@ class Transformer(nn.Module):
             positions = self.default_positions(idx, kv_cache)
         key_positions = kv_cache.add_positions(positions) if kv_cache is not None else positions
         x = self.tok_embeddings(idx)
+        if self.config.embedding_scale != 1.0:  # Gemma: sqrt(dim), in the embedding's dtype as transformers has it
+            x = x * torch.tensor(self.config.embedding_scale, dtype=x.dtype)
         x = self.position.embed(x, positions)
         methods = method_context(self.attention_methods, positions, key_positions) if self.attention_methods else None
         passes = methods.passes if methods is not None else None
@@ -268,8 +291,10 @@ class Transformer(nn.Module):
             if name not in states:
                 states[name] = (encoding.prepare(positions, key_positions), None if passes is None else
                                 [encoding.prepare(p.queries, p.keys, all_keys=True) for p in passes])
-            x = layer(x, encoding, states[name][0], kv_cache, methods, states[name][1],
-                      keep=keep if index == last else 0, backend=backends[index])
+            applies = self.config.layer_methods[index]  # model.attention_methods_layers
+            x = layer(x, encoding, states[name][0], kv_cache, methods if applies else None,
+                      states[name][1] if applies else None, keep=keep if index == last else 0,
+                      backend=backends[index])
         if kv_cache is not None:
             kv_cache.advance(time)
         if keep:

@@ -122,6 +122,21 @@ def test_per_token_losses_equal_the_plain_path_without_gradients(chunk_elements)
                           atol=1e-12)
 
 
+def test_the_head_runs_at_the_scored_rows_only():
+    """A row whose target is IGNORE_INDEX never meets the head: NaN hidden states there leave every loss finite
+    (the head at every row would spread them as NaN * 0), and the scored rows' losses are the plain path's."""
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 9, 16, dtype=torch.float64)
+    weight = torch.randn(50, 16, dtype=torch.float64)
+    targets = torch.randint(0, 50, (2, 9))
+    expected = plain(hidden, weight, targets, "none").view(2, 9)
+    targets[:, ::2] = IGNORE_INDEX
+    hidden[:, ::2] = float("nan")
+    losses = token_cross_entropy(hidden, weight, targets, chunk_elements=3 * 50)
+    assert torch.isfinite(losses).all() and (losses[:, ::2] == 0).all()
+    assert torch.allclose(losses[:, 1::2], expected[:, 1::2], atol=1e-12)
+
+
 def test_scoring_a_long_window_in_chunks_gives_the_whole_logits_losses(monkeypatch):
     """eval/scoring.py scores forwards past LOGITS_LIMIT through the chunked head: the same losses."""
     import numpy as np

@@ -42,8 +42,13 @@ class Attention(nn.Module):
         # QK-norm (model.qk_norm): RMSNorm of each head's queries and keys, a gain over head_dim shared by the heads,
         # before the position encoding.
         qk_norm = config.layer_qk_norms[layer_index]
-        self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if qk_norm else None
+        self.q_norm = RMSNorm(self.head_dim, config.norm_eps, config.norm_offset) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.norm_eps, config.norm_offset) if qk_norm else None
+        # model.attention_scale_dim (Gemma's query_pre_attn_scalar): logits q.k / sqrt(it) instead of / sqrt(head_dim),
+        # as a gain on the queries before the position encoding (RoPE's and NoPE's logits are linear in the query),
+        # so that every backend keeps its own 1/sqrt(head_dim).
+        scale_dim = config.attention_scale_dim
+        self.query_gain = math.sqrt(self.head_dim / scale_dim) if scale_dim and scale_dim != self.head_dim else None
         # Gated attention (model.attention_gate): sigmoid(x W_g), one gate per head and output dimension (Qiu et al.
         # 2025's G1 form, as Qwen3-Next computes it beside the queries), on the attention output.
         gated = config.layer_gates[layer_index]
@@ -92,6 +97,8 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(batch, time, self.n_kv_heads, self.head_dim).transpose(1, 2)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.query_gain is not None:
+            q = q * self.query_gain
         encoding_state = encoding.for_layer(x, encoding_state, self.layer_index, kv_cache)
         if pass_states is not None:
             pass_states = [encoding.for_layer(x, state, self.layer_index, kv_cache) for state in pass_states]

@@ -451,9 +451,23 @@ def check_attention_methods(config: ModelFields, original_length: int) -> list[d
     return methods
 
 
+# A method's name with this suffix sets it on every layer of a hybrid (model.rope_scaling_layers and
+# model.attention_methods_layers emptied), where the model's own choice (Gemma 3's import: its global layers) is kept
+# without it; on a model without such a choice the two are the same.
+EVERY_LAYER = "@all"
+
+
 def method_spec(name: str) -> Method:
     """The method `name`, or the composition "a+b" of registered methods (their changes together; attention methods
-    appended in order; the model's config then checks that they combine)."""
+    appended in order; the model's config then checks that they combine); "NAME@all": on every layer."""
+    if name.endswith(EVERY_LAYER):
+        base = method_spec(name.removesuffix(EVERY_LAYER))
+
+        def everywhere(own: dict, length: int, trained: int) -> dict:
+            return {**base.changes(own, length, trained), "rope_scaling_layers": [], "attention_methods_layers": []}
+
+        return Method(base.applies_to, everywhere, name=name, incremental=base.incremental,
+                      summary=f"{base.summary}, on every layer", as_trained_at=base.as_trained_at)
     if name in METHODS:
         return METHODS[name]
     parts = [METHODS[part] for part in name.split("+")]
@@ -481,14 +495,16 @@ def method_spec(name: str) -> Method:
 
 
 def check_methods(names: list[str]) -> list[str]:
-    unknown = [name for name in names
-               if name != NONE and any(part not in METHODS or part == NONE for part in name.split("+"))]
+    bases = [name.removesuffix(EVERY_LAYER) for name in names]
+    unknown = [name for name, base in zip(names, bases) if (base != NONE or name != base)
+               and any(part not in METHODS or part == NONE for part in base.split("+"))]
     if unknown:
         raise ConfigError(f"unknown inference-time method(s) {unknown}; valid names are {sorted(METHODS)}, "
-                          "or compositions such as yarn+logn")
-    for name in names:
-        if "+" in name:
-            check_composition(name)
+                          f"compositions such as yarn+logn, and either with {EVERY_LAYER} (on every layer of a "
+                          "hybrid)")
+    for base in bases:
+        if "+" in base:
+            check_composition(base)
     return names
 
 
