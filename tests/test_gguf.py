@@ -125,7 +125,7 @@ def test_other_architectures_are_refused_by_name(tiny_gguf, tokenizer, tmp_path,
     with pytest.raises(ConversionError, match="GGUF architecture 'qwen2' is not imported"):
         import_hf(path, tmp_path / "out")
     assert import_main(["--checkpoint", str(path), "--out", str(tmp_path / "out")]) == 2
-    assert "only ['llama'] maps onto pelab's decoder" in capsys.readouterr().err
+    assert "only ['llama', 'gemma3'] map onto pelab's decoder" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
@@ -168,3 +168,87 @@ def test_smollm2_matches_transformers(tmp_path):
     report = parity_report(model, resolve_gguf("smollm2"), 512)
     assert report["worst_logit_diff"] <= 1e-3, report["table"]
     assert report["worst_nll_diff"] <= 1e-5, report["table"]
+
+
+# A SentencePiece vocabulary as Gemma's GGUF files spell theirs (tokenizer.ggml.model "llama", no merges: transformers
+# rebuilds them from the order of the tokens): the five special tokens at Gemma's ids, then pieces.
+GEMMA_PIECES = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "\u2581", *"abcdefghijklmnopqrstuvwxyz", "\u2581t", "he", "\u2581the",
+                "\u2581a", "in", "\u2581in", "er", "on", "\u2581of"]
+
+
+def write_gemma_gguf(path, model: Transformer) -> None:
+    """A Gemma-shaped `model` as llama.cpp writes Gemma 3: gemma3 metadata (no pattern, local theta or query scale:
+    those are the architecture's), norms stored as 1 + weight, q/k rows as they are, float32 tensors."""
+    config = model.config
+    writer = gguf.GGUFWriter(str(path), "gemma3")
+    writer.add_context_length(config.max_seq_len)
+    writer.add_embedding_length(config.dim)
+    writer.add_block_count(config.n_layers)
+    writer.add_feed_forward_length(config.ffn_dim)
+    writer.add_head_count(config.n_heads)
+    writer.add_head_count_kv(config.n_kv_heads)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    writer.add_rope_freq_base(config.rope_theta)
+    writer.add_layer_norm_rms_eps(config.norm_eps)
+    writer.add_sliding_window(max(config.layer_windows))
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(GEMMA_PIECES)
+    writer.add_token_scores([0.0] * 5 + [-float(i) for i in range(len(GEMMA_PIECES) - 5)])
+    writer.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL]
+                           + [gguf.TokenType.NORMAL] * (len(GEMMA_PIECES) - 5))
+    writer.add_pad_token_id(0)
+    writer.add_eos_token_id(1)
+    writer.add_bos_token_id(2)
+    writer.add_unk_token_id(3)
+    writer.add_add_bos_token(True)
+    state = {name: tensor.detach().numpy() for name, tensor in model.state_dict().items()}
+    names = {"tok_embeddings.weight": "token_embd.weight", "norm.weight": "output_norm.weight"}
+    per_layer = {"attention.q_proj": "attn_q", "attention.k_proj": "attn_k", "attention.v_proj": "attn_v",
+                 "attention.o_proj": "attn_output", "attention.q_norm": "attn_q_norm",
+                 "attention.k_norm": "attn_k_norm", "ffn.gate_proj": "ffn_gate", "ffn.up_proj": "ffn_up",
+                 "ffn.down_proj": "ffn_down", "attention_norm": "attn_norm", "attention_out_norm": "post_attention_norm",
+                 "ffn_norm": "ffn_norm", "ffn_out_norm": "post_ffw_norm"}
+    for layer in range(config.n_layers):
+        for ours, theirs in per_layer.items():
+            names[f"layers.{layer}.{ours}.weight"] = f"blk.{layer}.{theirs}.weight"
+    for ours, theirs in names.items():
+        tensor = state[ours] + 1.0 if "norm" in theirs else state[ours]
+        writer.add_tensor(theirs, np.ascontiguousarray(tensor, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.integration
+def test_a_micro_gemma_gguf_imports_with_transformers_logits_and_tokenizer(tmp_path):
+    """A 6-layer Gemma 3 written by llama.cpp's conventions: imported through the same command as SmolLM2, its
+    pattern, thetas, window, query scale and norms read from the file and the architecture; logits equal to
+    transformers' Gemma3ForCausalLM of the file past the window; the file's tokenizer kept, BOS first."""
+    from infer.gemma import from_gemma3_config
+    from infer.gguf import read_gguf_config, transformers_model
+    from tests.test_gemma import micro_gemma, perturbed
+
+    gemma_defaults = dict(attention_scale_dim=256, rope_theta_layers=[1e4] * 5 + [1e6], vocab_size=len(GEMMA_PIECES))
+    original = perturbed(micro_gemma(**gemma_defaults))
+    path = tmp_path / "micro-gemma3.F32.gguf"
+    write_gemma_gguf(path, original)
+    config, trained = from_gemma3_config(read_gguf_config(path))
+    read, written = config.to_dict(), original.config.to_dict()
+    assert read.pop("norm_eps") == pytest.approx(written.pop("norm_eps"))  # stored as float32 in the file
+    assert read == written and trained == 32
+    assert import_main(["--checkpoint", str(path), "--out", str(tmp_path / "ours"), "--parity-tokens", "60"]) == 0
+    imported = load_model(tmp_path / "ours").eval()
+    for name, tensor in original.state_dict().items():
+        assert torch.allclose(tensor, imported.state_dict()[name], atol=1e-6), name
+    idx = torch.randint(0, len(GEMMA_PIECES), (2, 50))
+    with torch.no_grad():
+        assert (imported(idx)[0] - transformers_model(path)(idx).logits).abs().max() < 2e-5
+    report = json.loads((tmp_path / "ours" / "parity.json").read_text())
+    assert report["starts_with"] == [2] and report["greedy"]["identical"]
+    assert [row["scaling"] for row in report["rows"]] == ["none", "linear", "yarn"]  # dynamic NTK: not per layer type
+    assert report["worst_nll_diff"] < 1e-5
+    ours = load_tokenizer(tmp_path / "ours")
+    assert ours.encode("the a in", add_special_tokens=True)[0] == 2
