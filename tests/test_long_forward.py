@@ -36,3 +36,25 @@ def test_a_run_times_each_mode_and_writes_its_table(prepared_data, tmp_path):
     dense, windowed = result["rows"][0]["paths"], result["rows"][1]["paths"]
     assert not any("window" in path and "no window" not in path for path in dense.values())  # no layer windowed
     assert any(path.startswith("sdpa_mask") for path in windowed.values())
+
+
+def test_the_gemma_page_quotes_its_records():
+    """docs/real_model/gemma3.md shows the parity and cost tables as the committed records render them."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    page = (root / "docs" / "real_model" / "gemma3.md").read_text()
+    cost = json.loads((root / "results" / "gemma3_270m" / "long_forward.json").read_text())
+    assert long_forward.table(cost).split("\n\n", 1)[1] in page
+    parity = json.loads((root / "results" / "gemma3_270m" / "parity.json").read_text())
+    assert parity["table"].split("\n\n")[1] in page and parity["greedy"]["identical"]
+    assert parity["greedy"]["cached_identical_prefix"] == parity["greedy"]["new_tokens"]
+
+
+def test_attention_rate_reports_both_precisions(capsys):
+    from scripts.performance import attention_rate
+
+    assert attention_rate.attention_rate(256, 2, 1, 16, torch.float32, repeats=1) > 0
+    assert attention_rate.main(["--tokens", "256", "--heads", "2", "--kv-heads", "1", "--head-dim", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "bfloat16: attention" in out and "float32: attention" in out

@@ -110,13 +110,15 @@ def measure(model: Transformer, lengths: list[int], scored: int, repeats: int, m
 
 
 def cpu_name() -> str:
+    """The CPU's model name with its family and model numbers (a bare "AMD EPYC" names no generation)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        fields = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
+                      if ":" in line)
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return platform.processor() or platform.machine()
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    return f"{fields.get('model name', platform.machine())} (family {fields.get('cpu family', '?')}, " \
+           f"model {fields.get('model', '?')})"
 
 
 def table(result: dict) -> str:
