@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from data.batches import IGNORE_INDEX
 from model.kv_cache import KVCache
 from model.methods import method_spec
 from model.runtime import autocast
@@ -60,11 +61,14 @@ def score_windows(
     desc: str = "scoring",
     last: int = 0,
     on_batch: OnBatch = None,
+    only: np.ndarray | None = None,
 ) -> np.ndarray:
     """Loss of every target of every window, one full forward per window; its positions moved by position_offset.
     last > 0: only the last `last` targets of each window (losses (n, last)); the head and the last block's
     feed-forward part then skip the other rows (model.forward's logits_to_keep), and the losses are those a full
-    scoring gives to float rounding (tested)."""
+    scoring gives to float rounding (tested). only: the target indices to score in every window (the others' losses
+    are 0): the head runs at those rows alone where the logits would not fit whole (model/loss.py), as a scattered
+    few positions of a long window need (the copies of eval.use)."""
     model.eval()
     device = _device(model)
     count, width = windows.shape
@@ -73,11 +77,16 @@ def score_windows(
     per_batch = max(1, TOKENS_PER_BATCH // length)
     for first in _batches(count, per_batch, desc, progress, on_batch):
         rows = torch.from_numpy(np.asarray(windows[first : first + per_batch], dtype=np.int64)).to(device)
+        targets = rows[:, 1:]
+        if only is not None:
+            kept = torch.full_like(targets, IGNORE_INDEX)
+            kept[:, only] = targets[:, only]
+            targets = kept
         # None: the model's own positions (0, 1, ..., or its randomized draw: model.random_positions); an offset
         # moves them, the draw included, so the probe shifts what the model sees and changes nothing else
         positions = model.default_positions(rows[:, :-1], None) + position_offset if position_offset else None
         with autocast(device, amp):
-            _, loss = model(rows[:, :-1], rows[:, 1:], positions=positions, loss_reduction="none", logits_to_keep=last,
+            _, loss = model(rows[:, :-1], targets, positions=positions, loss_reduction="none", logits_to_keep=last,
                             return_logits=_whole_logits(rows.shape[0], last or length, model))
         losses[first : first + per_batch] = loss.float().cpu().numpy()
     return losses

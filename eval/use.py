@@ -1059,13 +1059,14 @@ def score_forwards(model: Transformer, forwards: dict[str, np.ndarray], length: 
     spec = method_spec(method)
     view = model.under(spec, length, trained)
     losses, seconds = {}, {}
+    copies = np.concatenate([p.scored(span) for p in placements]) if placements else None  # what a probe scores
     for kind, window in forwards.items():
         started = time.perf_counter()
         if spec.incremental:
             prefill = trained if kind == "natural" else min(p.second for p in placements)
             losses[kind] = score_incremental(view, window, prefill, amp, step=step)[0]
-        else:
-            losses[kind] = score_windows(view, window, amp)[0]
+        else:  # the head at the second copies alone, but in the natural window (harm: every position)
+            losses[kind] = score_windows(view, window, amp, only=None if kind == "natural" else copies)[0]
         seconds[kind] = time.perf_counter() - started
     print(f"{name}: " + ", ".join(f"{kind} {s:.0f} s" for kind, s in seconds.items()), flush=True)
     passages = {kind: [float(losses[kind][p.scored(span)].mean()) for p in placements]

@@ -151,3 +151,22 @@ def test_scoring_a_long_window_in_chunks_gives_the_whole_logits_losses(monkeypat
     monkeypatch.setattr(scoring, "LOGITS_LIMIT", 100)
     assert np.allclose(scoring.score_windows(model, windows), whole, atol=1e-5)
     assert np.allclose(scoring.score_incremental(model, windows, prefill=40), incremental, atol=1e-5)
+
+
+@pytest.mark.parametrize("limit", [None, 100])  # the whole logits, and the chunked head at the scored rows only
+def test_scoring_only_some_targets_gives_their_losses_and_zero_elsewhere(monkeypatch, limit):
+    import numpy as np
+
+    from eval import scoring
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=97, dim=32, n_layers=2, n_heads=4, max_seq_len=64)).eval()
+    windows = np.random.default_rng(0).integers(0, 97, size=(3, 65))
+    whole = scoring.score_windows(model, windows)
+    if limit is not None:
+        monkeypatch.setattr(scoring, "LOGITS_LIMIT", limit)
+    only = np.array([3, 4, 5, 40, 41, 63])
+    some = scoring.score_windows(model, windows, only=only)
+    assert np.allclose(some[:, only], whole[:, only], atol=1e-5)
+    rest = np.setdiff1d(np.arange(64), only)
+    assert (some[:, rest] == 0).all() and (whole[:, rest] != 0).all()
