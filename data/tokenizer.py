@@ -68,6 +68,12 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
     return wrap_tokenizer(Tokenizer.from_file(str(file)))
 
 
+def leading_ids(tokenizer) -> list[int]:
+    """The ids a tokenizer puts before a text of its own accord: [<bos>] for Gemma's, [] for SmolLM2's and ours. A
+    window read from the middle of a text starts with them, as the model saw every text start in training."""
+    return list(tokenizer.encode("", add_special_tokens=True))
+
+
 def token_byte_lengths(tokenizer: PreTrainedTokenizerFast) -> np.ndarray:
     """UTF-8 bytes of text that each token id stands for (0 for special tokens), for bits-per-byte.
 

@@ -1033,7 +1033,7 @@ def grid_forwards(ids: np.ndarray, start: int, length: int, placements: list[Pla
 
 def measure_window(model: Transformer, ids: np.ndarray, start: int, length: int, trained: int,
                    placements: list[Placement], span: int, seed: list[int], method: str, amp: torch.dtype | None,
-                   step: int = 1, natural: bool = True) -> dict[str, Any]:
+                   step: int = 1, natural: bool = True, lead: list[int] = ()) -> dict[str, Any]:
     """One window under `method` set for `length` (natural=False: the probe, control and shuffled forwards only, as
     the positive control runs). Kept: per passage, in `placements`' order, the mean loss on tokens 2..S of its second
     copy in the probe, the control and the shuffled control; of the natural window, the mean loss on [0, L) and
@@ -1042,7 +1042,7 @@ def measure_window(model: Transformer, ids: np.ndarray, start: int, length: int,
     forwards = grid_forwards(ids, start, length, placements, span, seed)
     kinds = GRID_FORWARDS[0 if natural else 1:]
     record, losses = score_forwards(model, {kind: forwards[kind] for kind in kinds}, length, trained, placements,
-                                    span, method, amp, step, f"{method} at {start:,}")
+                                    span, method, amp, step, f"{method} at {start:,}", lead)
     if natural:
         record["natural"] = {"within": float(losses["natural"][:trained].mean()),
                              "past": float(losses["natural"][trained:].mean())}
@@ -1051,11 +1051,17 @@ def measure_window(model: Transformer, ids: np.ndarray, start: int, length: int,
 
 def score_forwards(model: Transformer, forwards: dict[str, np.ndarray], length: int, trained: int,
                    placements: list[Placement], span: int, method: str, amp: torch.dtype | None, step: int,
-                   name: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+                   name: str, lead: list[int] = ()) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Each of `forwards` (kind -> (1, length + 1) window) under `method` set for `length`: (the record: per passage
     of every kind but "natural" the mean loss on tokens 2..S of its second copy, seconds per forward, the attention's
     reach and paths, the dtype; the losses per kind). An incremental method runs through the KV cache `step` tokens
-    at a time after a prefill to the first scored token (L for the natural window)."""
+    at a time after a prefill to the first scored token (L for the natural window). `lead`: the ids the tokenizer
+    starts a text with (data.tokenizer.leading_ids: Gemma's <bos>), written over each window's first tokens, which
+    hold no passage (lead_tokens)."""
+    if lead:
+        forwards = {kind: np.concatenate((np.broadcast_to(np.asarray(lead, dtype=window.dtype),
+                                                          (window.shape[0], len(lead))), window[:, len(lead):]), axis=1)
+                    for kind, window in forwards.items()}
     spec = method_spec(method)
     view = model.under(spec, length, trained)
     losses, seconds = {}, {}

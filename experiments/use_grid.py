@@ -14,7 +14,8 @@ and on tokens 2..S of every second copy use = NLL(control) - NLL(probe), presenc
 order = NLL(shuffled) - NLL(probe). The positive control, a cell per (text, window): the window's first L + 1
 tokens as trained with passages at the distances --within L; its use sets the verdicts' margin. Dynamic NTK runs
 through the KV cache in chunks of --dynamic-step tokens after a prefill to the first scored token. The window is the
-unit: intervals are Student's t 95% over windows (experiments/use_grid_report.py).
+unit: intervals are Student's t 95% over windows (experiments/use_grid_report.py). A window starts with the ids the
+checkpoint's tokenizer starts a text with (Gemma's <bos>; none for SmolLM2's), over its first token.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data.tokenizer import load_tokenizer
+from data.tokenizer import leading_ids, load_tokenizer
 from errors import ConfigError, DataError
 from eval.extrapolation import resolve_length
 from eval.use import GRID_POSITIVE, Placement, default_span, grid_layout, measure_window, summarise_grid, window_starts
@@ -83,6 +84,7 @@ def cells(settings: Settings, context: Context) -> list[dict]:
     methods = [NONE] + [m for m in check_methods(settings.methods) if m != NONE]
     layout = grid_layout(length, trained, settings.windows, distances, within, settings.passages, span, settings.seed)
     tokenizer, checkpoint = load_tokenizer(folder), digest(folder / WEIGHTS, folder / CONFIG)
+    lead = leading_ids(tokenizer)  # a tokenizer that starts a text with <bos> (Gemma's) starts each window with it
     texts = {Path(path).stem: (path, len(read_text(Path(path), tokenizer)), digest(Path(path)))
              for path in map(str, settings.texts)}
     starts = {text: window_starts(tokens, length, settings.windows) for text, (_, tokens, _) in texts.items()}
@@ -99,6 +101,8 @@ def cells(settings: Settings, context: Context) -> list[dict]:
                         "local": {"checkpoint": settings.checkpoint, "text": path}}
                 if not positive and method_spec(method).incremental:
                     cell["step"] = settings.dynamic_step
+                if lead:  # only then: a tokenizer without one declares the cells it always did
+                    cell["lead"] = lead
                 found.append(cell)
     return found
 
@@ -123,7 +127,7 @@ def measure(cell: dict, context: Context) -> dict:
     return measure_window(model, ids, cell["start"], cell["length"], cell["trained"],
                           [Placement(*p) for p in cell["placements"]], cell["span"],
                           [cell["seed"], cell["window"], int(positive)], NONE if positive else cell["method"], amp,
-                          cell.get("step", 1), natural=not positive)
+                          cell.get("step", 1), natural=not positive, lead=cell.get("lead", []))
 
 
 def use_by_method(records: Records) -> dict[str, dict]:

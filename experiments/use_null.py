@@ -45,7 +45,8 @@ def measure(cell: dict, context: Context) -> dict:
     placements = [Placement(*p) for p in cell["placements"]]
     forwards = null_forwards(ids, cell["start"], cell["length"], placements, cell["span"], [cell["seed"], cell["window"]])
     return score_forwards(model, forwards, cell["length"], cell["trained"], placements, cell["span"], cell["method"],
-                          amp, cell.get("step", 1), f"{cell['method']} at {cell['start']:,}")[0]
+                          amp, cell.get("step", 1), f"{cell['method']} at {cell['start']:,}",
+                          cell.get("lead", []))[0]
 
 
 STUDY = Study("experiments.use_null", Settings, cells, measure, report, doc=__doc__)

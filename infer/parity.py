@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from data.sources import stdlib_files
+from data.tokenizer import leading_ids
 from infer.gguf import transformers_model, transformers_tokenizer
 from model.transformer import Transformer
 
@@ -28,11 +29,6 @@ GREEDY_PROMPT, GREEDY_TOKENS = 64, 64  # greedy generation compared token for to
 SCALINGS: list[dict | None] = [None, {"rope_type": "linear", "factor": 4.0},
                                {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 512},
                                {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512}]
-
-
-def leading_ids(tokenizer) -> list[int]:
-    """The ids a tokenizer puts before a text of its own accord: [BOS] for Gemma's, [] for SmolLM2's."""
-    return list(tokenizer.encode("", add_special_tokens=True))
 
 
 def stdlib_ids(tokenizer, tokens: int) -> torch.Tensor:

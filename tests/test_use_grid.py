@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from data.tokenizer import load_tokenizer
+from data.tokenizer import leading_ids, load_tokenizer
 from errors import ConfigError, DataError
 from eval.scoring import score_windows
 from eval.use import GRID_POSITIVE, Placement, grid_forwards, grid_pairs, summarise_grid, window_starts
@@ -90,6 +90,31 @@ def test_a_cell_scores_tokens_2_to_s_of_each_second_copy(checkpoint, small_text_
     moved = {**cell, "text_digest": "0" * 16}
     with pytest.raises(ConfigError, match="not the checkpoint and text"):
         measure(moved, Context(tmp_path, 1))
+
+
+def test_a_tokenizers_leading_ids_start_every_window(checkpoint, small_text_file, tmp_path):
+    """A tokenizer that starts a text with <bos> (Gemma's) has each window start with it, over the window's first
+    token, which holds no passage; ours starts a text with nothing, so its cells are declared as they always were."""
+    found = micro_cells(checkpoint, small_text_file, tmp_path)
+    assert not any("lead" in cell for cell in found) and leading_ids(load_tokenizer(checkpoint)) == []
+    cell = {**found[1], "lead": [7]}
+    record = measure(cell, Context(tmp_path, 1))
+    ids = read_text(small_text_file, load_tokenizer(checkpoint))
+    placements = [Placement(*p) for p in cell["placements"]]
+    assert min(p.first for p in placements) > 0  # the first token holds no passage
+    forwards = grid_forwards(ids, cell["start"], 256, placements, cell["span"], [0, 0, 0])
+    view = load_model(checkpoint).eval().under(method_spec("none"), 256, 64)
+    for kind in ("probe", "natural"):
+        window = forwards[kind].copy()
+        window[:, 0] = 7
+        losses = score_windows(view, window)[0]
+        if kind == "probe":
+            expected = [losses[p.second : p.second + cell["span"] - 1].mean() for p in placements]
+            assert record["passages"][kind] == pytest.approx(expected, abs=1e-5)
+        else:
+            assert record["natural"]["within"] == pytest.approx(losses[:64].mean(), abs=1e-5)
+    assert record["natural"]["within"] != pytest.approx(measure(found[1], Context(tmp_path, 1))["natural"]["within"],
+                                                         abs=1e-6)
 
 
 def planted(tmp_path, windows=4, texts=("text",)) -> Records:
