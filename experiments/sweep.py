@@ -76,7 +76,34 @@ def report(records: Records) -> None:
         lines.append(f"| {encoding} | " + " | ".join(cell(estimates.get(value), 3) for value in values) + f" | {best} | "
                      f"{cell(difference, 3, signed=True)} | " + "{} ({}) |".format(*sweep_choice(best, settings.default,
                                                                                                 difference)))
-    write(records.out, "sweep.md", "\n".join(lines) + "\n")
+    write(records.out, "sweep.md", "\n".join(lines + differences(losses, values, settings.key)) + "\n")
+
+
+def differences(losses: dict[str, dict[str, dict]], values: list[str], key: str) -> list[str]:
+    """Each encoding less the reference (RoPE where swept, else the first encoding), paired by seed: at every value,
+    and each at its own lowest-mean value against the reference at its own (is an ordering the rate's?)."""
+    reference = "rope" if "rope" in losses else next(iter(losses))
+    if len(losses) < 2:
+        return []
+
+    def lowest(encoding: str) -> str:
+        return min(losses[encoding], key=lambda value: t_interval(list(losses[encoding][value].values())).mean)
+
+    def paired(encoding: str, value: str, reference_value: str) -> str:
+        own, base = losses[encoding].get(value, {}), losses[reference].get(reference_value, {})
+        return cell(t_interval([own[seed] - base[seed] for seed in own if seed in base]) if own and base else None, 3,
+                    signed=True)
+
+    lines = ["", f"## Each encoding less {reference}, paired by seed", "", f"The difference in held-out loss at 1x "
+             f"from {reference}, paired by seed, nats (mean [95% t interval] over seeds): at each value of {key}, and "
+             f"each at its own lowest-mean value against {reference} at its own ({lowest(reference)}).", "",
+             "| encoding | " + " | ".join(f"{key} = {value}" for value in values) + " | each at its lowest |",
+             "|---|" + "---:|" * (len(values) + 1)]
+    for encoding in losses:
+        if encoding != reference:
+            lines.append(f"| {encoding} | " + " | ".join(paired(encoding, value, value) for value in values)
+                         + f" | {paired(encoding, lowest(encoding), lowest(reference))} ({lowest(encoding)}) |")
+    return lines
 
 
 STUDY = Study("experiments.sweep", Settings, lambda settings, context: [

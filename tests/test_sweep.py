@@ -11,6 +11,7 @@ from eval.stats import t_interval
 from eval.verdicts import sweep_choice
 from experiments import compare, sweep
 from experiments.engine import key, load_records, main
+from experiments.render import cell
 from tests.conftest import ROOT
 
 QUICK = {"compare": {"encodings": ["alibi", "rope"], "train_settings": {"rope": {"lr": 6e-3, "warmup_steps": 5}}},
@@ -110,3 +111,17 @@ def test_micro_sweep_end_to_end(small_text_file, tmp_path):
     assert main("experiments.sweep", args) == 0  # a rerun measures nothing and writes the same table
     assert json.loads((out / "invocations.jsonl").read_text().splitlines()[-1])["measured"] == 0
     assert (out / "sweep.md").read_text().split("\n")[4:] == text.split("\n")[4:]
+
+
+def test_each_encoding_is_set_against_rope_paired_by_seed():
+    from experiments.sweep import differences
+
+    losses = {"rope": {"1e-3": {1: 3.0, 2: 3.2, 3: 3.1}, "2e-3": {1: 2.9, 2: 3.0, 3: 3.1}},
+              "alibi": {"1e-3": {1: 2.8, 2: 3.1, 3: 3.0}, "2e-3": {1: 3.0, 2: 3.2, 3: 3.2}}}
+    lines = differences(losses, ["1e-3", "2e-3"], "train.lr")
+    row = next(line for line in lines if line.startswith("| alibi |"))
+    at_1e3 = t_interval([2.8 - 3.0, 3.1 - 3.2, 3.0 - 3.1])
+    at_own_lowest = t_interval([2.8 - 2.9, 3.1 - 3.0, 3.0 - 3.1])  # alibi at 1e-3 against rope at 2e-3
+    assert row.startswith(f"| alibi | {cell(at_1e3, 3, signed=True)} |")
+    assert row.endswith(f"| {cell(at_own_lowest, 3, signed=True)} (1e-3) |")
+    assert "against rope at its own (2e-3)" in "\n".join(lines) and differences({"rope": {}}, [], "x") == []
