@@ -25,11 +25,12 @@ GEMMA3_270M = {"model_type": "gemma3_text", "tie_word_embeddings": True, "max_po
 
 
 def micro_gemma(**changes) -> ModelConfig:
-    """Gemma-shaped and small: 6 layers, 5 local (window 5, theta 10k) to 1 global (theta 1M); heads 24 wide while
-    dim / heads = 16; logits scaled by 1/sqrt(20), not 1/sqrt(24)."""
+    """Gemma-shaped and small: 6 layers, 5 local (window 5, theta 10k) to 1 global (theta 1M), a scaling and the
+    attention methods on the global one (as the import sets them); heads 24 wide while dim / heads = 16; logits
+    scaled by 1/sqrt(20), not 1/sqrt(24)."""
     values = dict(vocab_size=97, dim=32, n_layers=6, n_heads=2, n_kv_heads=1, ffn_dim=48, max_seq_len=32,
                   norm_eps=1e-6, rope_theta=1e6, rope_theta_layers=[1e4] * 5 + [1e6], attention_window=[5] * 5 + [0],
-                  rope_scaling_layers=[False] * 5 + [True], qk_norm=[True], norm_offset=1.0, sandwich_norms=True,
+                  rope_scaling_layers=[False] * 5 + [True], attention_methods_layers=[False] * 5 + [True], qk_norm=[True], norm_offset=1.0, sandwich_norms=True,
                   ffn_activation="gelu_tanh", embedding_scale=32 ** 0.5, head_width=24, attention_scale_dim=20)
     return ModelConfig(**{**values, **changes})
 
@@ -157,7 +158,8 @@ def test_gemma_settings_are_checked_and_not_exported_as_llama():
     with pytest.raises(ConfigError, match="divisible by model.n_heads"):
         ModelConfig(dim=30, n_heads=4, n_kv_heads=2)
     assert ModelConfig(dim=30, n_heads=4, n_kv_heads=2, head_width=16).head_dim == 16
-    plain = dict(qk_norm=[], attention_window=[], rope_theta_layers=[], rope_scaling_layers=[])
+    plain = dict(qk_norm=[], attention_window=[], rope_theta_layers=[], rope_scaling_layers=[],
+                 attention_methods_layers=[])
     for name, llama_value in (("norm_offset", 0.0), ("sandwich_norms", False), ("ffn_activation", "silu"),
                               ("embedding_scale", 1.0), ("attention_scale_dim", 0)):
         with pytest.raises(ConversionError, match=f"cannot export model.{name} = "):
@@ -171,7 +173,7 @@ def test_an_attention_method_reaches_the_layers_it_is_set_for():
     from model.kv_cache import KVCache
     from model.methods import method_spec
 
-    model = perturbed(micro_gemma(attention_methods_layers=[False] * 5 + [True]))  # as the import sets it
+    model = perturbed(micro_gemma())  # the methods on the global layer, as the import sets them
     idx = torch.randint(0, 97, (1, 40))
     method = [{"method": "rerope", "window": 3}]
     with torch.no_grad():
