@@ -4,8 +4,8 @@ token for token, and what bfloat16 costs on this CPU.
 
 Each scaling is set the same way on both sides: factor 4 with original length 512 (transformers' dynamic NTK reads
 it as max_position_embeddings), so on 2,048 tokens every scaling is in its regime, dynamic NTK included. On a model
-with layer types (Gemma 3) transformers sets a scaling on its global layers only, as the import does; dynamic NTK,
-which transformers' Gemma 3 does not apply per layer type, is left out there.
+with layer types (Gemma 3) transformers sets a scaling on its global layers only, as the import does; dynamic NTK is
+left out there (how transformers' Gemma 3 grows it per layer type was not compared with ours).
 
 The text starts as the tokenizer starts a text: with its BOS token where it adds one (Gemma's), else with none.
 """
