@@ -240,7 +240,7 @@ def plot(summary: dict, path: Path) -> None:
                      label=f"within the margin (+-{found['margin']:.2f})")
         axis.axvline(found["trained"], color="grey", linestyle=":", linewidth=1)
         axis.grid(True, alpha=0.3)
-        counts = [entry["windows"] for entry in found["methods"].values()]
+        counts = [entry["windows"] for entry in found["methods"].values()] or [0]  # a study stopped early: none yet
         axis.set_title(f"{text}: {min(counts)}-{max(counts)} windows per method" if min(counts) != max(counts)
                        else f"{text}: {max(counts)} windows per method", fontsize=10)
         axis.set_xlabel("distance between the copies (tokens; dotted: L)")
