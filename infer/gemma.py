@@ -115,31 +115,30 @@ def from_gemma3_config(values: dict[str, Any]) -> tuple[ModelConfig, int]:
     return model, trained
 
 
-def from_gemma3_state_dict(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """transformers' Gemma 3 names -> ours (the tied head stored once, as the embedding)."""
-    converted = {}
-    for hf_name, tensor in state.items():
-        if hf_name == "lm_head.weight" and config.tie_word_embeddings:
-            continue
-        name = hf_name
-        for theirs, ours in RENAMES:
-            name = name.replace(theirs, ours)
-        converted[name.removeprefix("model.")] = tensor
-    return converted
-
-
-def to_gemma3_state_dict(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """Ours -> transformers' Gemma 3 names: what the parity tests load into Gemma3ForCausalLM."""
+def renamed(state: dict[str, torch.Tensor], config: ModelConfig, pairs: list[tuple[str, str]],
+            prefix: str) -> dict[str, torch.Tensor]:
+    """`state` with each name's parts replaced by `pairs` in order, then given `prefix` (ours -> theirs: "model.")
+    or stripped of it (theirs -> ours: ""); the tied head stored once, as the embedding."""
     converted = {}
     for name, tensor in state.items():
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue
-        hf_name = name
-        for theirs, ours in reversed(RENAMES):
-            hf_name = hf_name.replace(ours, theirs)
-        converted[hf_name if hf_name.startswith("model.") or hf_name == "lm_head.weight" else "model." + hf_name] = \
-            tensor.contiguous()
+        for old, new in pairs:
+            name = name.replace(old, new)
+        if prefix and not name.startswith(prefix) and name != "lm_head.weight":
+            name = prefix + name
+        converted[name if prefix else name.removeprefix("model.")] = tensor.contiguous() if prefix else tensor
     return converted
+
+
+def from_gemma3_state_dict(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """transformers' Gemma 3 names -> ours."""
+    return renamed(state, config, RENAMES, "")
+
+
+def to_gemma3_state_dict(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Ours -> transformers' Gemma 3 names: what the parity tests load into Gemma3ForCausalLM."""
+    return renamed(state, config, [(ours, theirs) for theirs, ours in reversed(RENAMES)], "model.")
 
 
 def gemma3_config_of(config: ModelConfig) -> dict[str, Any]:
