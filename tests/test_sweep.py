@@ -97,7 +97,9 @@ def test_micro_sweep_end_to_end(small_text_file, tmp_path):
     assert main("experiments.sweep", args) == 0
     text = (out / "sweep.md").read_text()
     assert "| encoding | train.lr = 0.001 | train.lr = 0.003 (preset) | lowest |" in text
-    assert text.count("| alibi |") == 1 and text.count("| rope |") == 1
+    choices, against_rope = text.split("## Each encoding less rope, paired by seed")
+    assert choices.count("| alibi |") == 1 and choices.count("| rope |") == 1
+    assert against_rope.count("| alibi |") == 1 and "| rope |" not in against_rope  # RoPE is the reference
     records = load_records(sweep.STUDY, out)
     assert sorted(cell["name"] for cell, _ in records.done()) == sorted(
         f"train.lr={v}/{e}-seed{s}" for v in ("0.001", "0.003") for e in ("alibi", "rope") for s in (1, 2))
