@@ -496,7 +496,7 @@ def build_parser(study: Study) -> argparse.ArgumentParser:
                         "tables named after table settings; its [presets.NAME] tables for --preset")
     engine.add_argument("--preset", help="a [presets.NAME] table of --config")
     engine.add_argument("--report-only", action="store_true", help="measure nothing: render the report of --out "
-                        "from its records")
+                        "from its records and stored settings (a setting given here replaces the stored one)")
     engine.add_argument("--minutes", type=float, default=100_000.0, help="start no cell after this many minutes")
     engine.add_argument("--workers", type=int, default=0, help="cells at a time (0: one per usable CPU core, or per "
                         "GPU; 1: in this process)")
@@ -589,7 +589,9 @@ def _main(study: Study, argv: list[str] | None) -> int:
     if args.report_only:
         out = Path(getattr(args, "setting_out", None) or resolve_settings(study, args, overrides).out)
         records = load_records(study, out)
-        study.report(records)
+        given = {f.name: _value(v, _default(f)) for f in dataclasses.fields(study.settings)  # a reading of the records
+                 if (v := getattr(args, f"setting_{f.name}", None)) is not None}  # (e.g. --beside) given here
+        study.report(dataclasses.replace(records, settings=dataclasses.replace(records.settings, **given)))
         print(f"rendered {out} from {len(records.done())} of {len(records.cells)} records")
         return 0
     settings = resolve_settings(study, args, overrides)

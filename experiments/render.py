@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from eval import figures
-from eval.stats import Estimate
+from eval.stats import PERMUTATION_DRAWS, Estimate
 
 PUBLISHED = Path(__file__).resolve().parent / "published"
 COLUMNS = 4  # panels per row of small multiples
@@ -28,6 +28,11 @@ def cell(estimate: Estimate | None, digits: int = 2, signed: bool = False) -> st
     """'mean [low, high]' with `digits` decimals (a sign when `signed`), the mean alone without an interval, 'n/a'
     without a number."""
     return "n/a" if estimate is None else estimate.format(digits, signed)
+
+
+def p_text(p: float) -> str:
+    """'0.012', or for a share of random orders of which none reached the observed value, '< 1 / draws'."""
+    return f"< {1 / PERMUTATION_DRAWS:.0e}" if p == 0 else f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
 
 
 def estimate_of(saved: dict | None) -> Estimate | None:

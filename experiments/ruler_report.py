@@ -22,7 +22,7 @@ from eval.stats import (
 )
 from eval.verdicts import separated_by_samples
 from experiments.engine import Records, key, load_records
-from experiments.render import provenance, published, write
+from experiments.render import p_text, provenance, published, write
 from experiments.use_grid_report import name
 
 PARITY = {"hf": "none", "hf-yarn": "yarn"}  # lm-eval's hf model -> the pelab method it is compared with
@@ -57,11 +57,6 @@ def seconds_text(cell: dict) -> str:  # with how many of its samples an earlier 
 
 
 # --------------------------------------------------------------------------------------- the rank correlation
-
-def p_text(p: float) -> str:
-    """'0.012', or for a share of random orders of which none reached the observed value, '< 1 / draws'."""
-    return f"< {1 / PERMUTATION_DRAWS:.0e}" if p == 0 else f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
-
 
 # One number of use per method from text -> distance -> use: the mean over the texts of the mean over the distances
 # (RULER spreads its needles over the whole window), and of use at the farthest distance alone.

@@ -29,8 +29,9 @@ from data.tokenizer import leading_ids, load_tokenizer
 from errors import ConfigError, DataError
 from eval.extrapolation import resolve_length
 from eval.use import GRID_POSITIVE, Placement, default_span, grid_layout, measure_window, summarise_grid, window_starts
-from experiments.engine import Context, Records, Study, option
-from experiments.use_grid_report import load, report
+from experiments import use_grid_report
+from experiments.engine import STUDY_FILE, Context, Records, Study, load_records, option
+from experiments.use_grid_report import load
 from model.checkpoint import CONFIG, WEIGHTS, load_model, trained_length
 from model.methods import NONE, check_methods, method_spec
 from model.runtime import autocast_dtype, configure_runtime, resolve_device
@@ -51,6 +52,8 @@ class Settings:
     dynamic_step: int = option(256, "tokens per cached forward of dynamic NTK (1: token by token)")
     seed: int = option(0, "seed of the passages and their places")
     dtype: str = option("auto", "auto (bfloat16 where native, else float32) | bfloat16 | float32")
+    beside: str = option("", "another use grid's folder, on another model: the report sets this grid's ranking of "
+                         "methods beside it (experiments/use_transfer.py)")
     out: str = option("runs/use_grid", "the study's folder")
 
 
@@ -75,6 +78,8 @@ def cells(settings: Settings, context: Context) -> list[dict]:
         raise ConfigError("--checkpoint and --texts (local text files, comma-separated) are required")
     if min(settings.windows, settings.passages, settings.dynamic_step) < 1:
         raise ConfigError("--windows, --passages and --dynamic-step must be at least 1")
+    if settings.beside and not (Path(settings.beside) / STUDY_FILE).exists():
+        raise ConfigError(f"--beside {settings.beside}: no study there (no {STUDY_FILE}); give another use grid's --out")
     folder = Path(settings.checkpoint)
     trained = trained_length(folder)
     length = resolve_length(str(settings.length), trained)
@@ -141,6 +146,12 @@ def use_by_method(records: Records) -> dict[str, dict]:
                 if "mean" in by_distance[distance]["use"]:
                     found.setdefault(method, {}).setdefault(text, {})[distance] = by_distance[distance]["use"]["mean"]
     return found
+
+
+def report(records: Records) -> None:
+    """use_grid_report's, with the grid of --beside beside it."""
+    beside = records.settings.beside
+    use_grid_report.report(records, load_records(STUDY, Path(beside)) if beside else None)
 
 
 STUDY = Study("experiments.use_grid", Settings, cells, measure, report, doc=__doc__)

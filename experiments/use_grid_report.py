@@ -19,6 +19,7 @@ from eval.stats import Estimate
 from eval.use import GRID_FORWARDS, GRID_KINDS, GRID_POSITIVE, grid_entry, summarise_grid
 from experiments.engine import Records
 from experiments.render import bars, cell, header, panels, provenance, write
+from experiments.use_transfer import section
 
 NAMES = {"none": "plain RoPE", "linear": "PI (linear)", "ntk": "NTK", "dynamic": "dynamic NTK", "yarn": "YaRN",
          "selfextend": "SelfExtend", "rerope": "ReRoPE", "string": "STRING", "dca": "DCA", "sinks": "sinks + window",
@@ -248,8 +249,10 @@ def plot(summary: dict, path: Path) -> None:
     figures.save(figure, path, axes[-1])
 
 
-def report(records: Records) -> None:
-    summary = summarise_grid(load(records))
+def report(records: Records, beside: Records | None = None) -> None:
+    """report.md and use.png; with `beside` (another model's use grid, use_grid's --beside) the transfer table."""
+    texts = load(records)
+    summary = summarise_grid(texts)
     first = next(iter(summary["texts"].values()))
     checkpoint = Path(records.settings.checkpoint).name
     lines = [f"# Harm and use by window: inference-time methods on {checkpoint} at "
@@ -264,6 +267,11 @@ def report(records: Records) -> None:
     for text, found in summary["texts"].items():
         lines += text_lines(text, found)
     lines += paired_lines(summary) + calibration_lines(summary) + position_lines(summary)
-    lines += side_by_side_lines(summary) + ranking_lines(summary) + cost_lines(summary, records)
+    lines += side_by_side_lines(summary) + ranking_lines(summary)
+    if beside is not None:
+        other = load(beside)
+        lines += section([texts, other], [summary, summarise_grid(other)],
+                         (checkpoint, Path(beside.settings.checkpoint).name), str(beside.out), shown, name)
+    lines += cost_lines(summary, records)
     write(records.out, "report.md", "\n".join(lines))
     plot(summary, records.out / "use.png")

@@ -113,6 +113,15 @@ def test_report_only_renders_from_the_records_alone(tmp_path):
     assert records.settings.cells == 4 and len(records.done()) == 4 and not records.missing()
 
 
+def test_a_setting_given_with_report_only_replaces_the_stored_one_for_that_rendering(tmp_path):
+    out = tmp_path / "toy"
+    assert run_toy(out) == 0
+    stored = (out / "study.json").read_text()
+    assert main("tests.toy_study", ["--report-only", "--out", str(out), "--title", "squares"]) == 0
+    assert (out / "report.md").read_text() == "# squares\nc0: 0\nc1: 1\nc2: 4\nc3: 9\n"
+    assert (out / "study.json").read_text() == stored  # the study as declared is unchanged
+
+
 def test_report_only_on_a_folder_without_a_study_names_the_fix(tmp_path, capsys):
     assert main("tests.toy_study", ["--report-only", "--out", str(tmp_path / "empty")]) == 2
     assert "holds no study" in capsys.readouterr().err

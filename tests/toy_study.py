@@ -17,6 +17,7 @@ class Settings:
     scale: int = option(1, "a setting that changes every cell")
     out: str = option("runs/toy", "the study's folder")
     table: dict = option({}, "a table setting")
+    title: str = option("", "a heading for the report: a reading of the records, not of the cells")
 
 
 def cells(settings: Settings, context: Context) -> list[dict]:
@@ -32,8 +33,9 @@ def measure(cell: dict, context: Context) -> dict:
 
 
 def report(records: Records) -> None:
-    write(records.out, "report.md", "\n".join(f"{cell['name']}: {record['square']}" for cell, record in records.done())
-          + "\n")
+    heading = f"# {records.settings.title}\n" if records.settings.title else ""
+    write(records.out, "report.md", heading + "\n".join(f"{cell['name']}: {record['square']}"
+                                                         for cell, record in records.done()) + "\n")
 
 
 STUDY = Study("tests.toy_study", Settings, cells, measure, report, doc="A micro study for the engine's tests.",

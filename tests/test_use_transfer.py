@@ -1,0 +1,71 @@
+"""The transfer table (experiments/use_transfer.py): one use grid's ranking of methods beside another model's."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from eval.use import summarise_grid
+from experiments.engine import load_records
+from experiments.use_grid import STUDY
+from experiments.use_grid_report import load, name, shown
+from experiments.use_transfer import multiples_past, per_window, section
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def grid(trained: int, distances: list[int], uses: dict[str, float], seed: int, windows: int = 8) -> dict:
+    """One text of a use grid as use_grid_report.load gives it: plain RoPE 2 nats within L and 3 past it, every other
+    method 2.5 past it; use at every distance the method's planted mean, with a spread of 0.1 over windows."""
+    rng = np.random.default_rng(seed)
+    methods = {m: [{"within": 2.0, "past": 3.0 if m == "none" else 2.5 + rng.normal(0, 0.01),
+                    **{d: {"use": mean + rng.normal(0, 0.1)} for d in distances}} for _ in range(windows)]
+               for m, mean in uses.items()}
+    return {"text": {"trained": trained, "length": 2 * trained, "distances": distances, "methods": methods}}
+
+
+def reaches(texts: dict) -> dict:
+    return {"texts": {t: {"trained": g["trained"], "methods": {m: {"reach": None} for m in g["methods"]}}
+                      for t, g in texts.items()}}
+
+
+def pair_words(lines: list[str]) -> dict[str, str]:
+    """'A - B / quantity' -> what the two models say of the pair, from the pairs table."""
+    rows = [line.strip("| ").split(" | ") for line in lines if line.startswith("| ") and " - " in line.split(" | ")[0]]
+    return {f"{row[0]} / {row[1]}": row[-1] for row in rows if row[0] != "A - B"}
+
+
+def test_a_planted_reversal_is_named_and_the_order_kept_elsewhere():
+    first = grid(16, [20], {"none": 0.0, "yarn": 1.0, "sinks": 0.2, "selfextend": 2.0}, seed=0)
+    second = grid(32, [40, 56], {"none": 0.0, "yarn": 0.2, "sinks": 1.0, "selfextend": 2.0}, seed=1)
+    assert multiples_past(first) & multiples_past(second) == {1.25}  # 20 of 16 and 40 of 32; 56 / 32 only the second
+    assert per_window(first, 1.25)["yarn"][("text", 0)]["penalty"] == pytest.approx(0.5, abs=0.05)
+    lines = section([first, second], [reaches(first), reaches(second)], ("a", "b"), "folder", shown, name)
+    text = "\n".join(lines)
+    rows = pair_words(lines)
+    assert rows["YaRN - sinks + window / use 1.25L back"] == "reversed"
+    assert rows["plain RoPE - SelfExtend / use 1.25L back"] == "the same order"
+    assert rows["YaRN - SelfExtend / penalty past L"] == "separated in neither"  # the same 2.5 nats in both
+    # ranks 1-4 by use: selfextend, yarn, sinks, none against selfextend, sinks, yarn, none: 1 - 6 x 2 / 60 = 0.8
+    assert "Spearman's rank correlation of the two models' use 1.25L back, 4 methods: +0.80 [" in text
+    assert "| YaRN | " in text and "| 2 / 3 |" in text
+
+
+def test_a_grid_beside_itself_agrees_everywhere():
+    folder = ROOT / "results" / "real_model_grid"
+    texts = load(load_records(STUDY, folder))
+    summary = summarise_grid(texts)
+    lines = section([texts, texts], [summary, summary], ("smollm2", "smollm2"), str(folder), shown, name)
+    words = set(pair_words(lines).values())
+    assert words <= {"the same order", "separated in neither"} and "the same order" in words
+    text = "\n".join(lines)  # each model's windows are resampled on their own: the interval is not a point
+    assert "use 1.75L back, 11 methods: +1.00 [+0." in text and "p < 5e-06 by permutation" in text
+
+
+def test_beside_a_folder_with_no_study_is_refused_before_any_cell(tmp_path):
+    from errors import ConfigError
+    from experiments.engine import Context
+    from experiments.use_grid import Settings, cells
+
+    settings = Settings(checkpoint="runs/any", texts=["any.txt"], beside=str(tmp_path))
+    with pytest.raises(ConfigError, match="--beside .*: no study there"):
+        cells(settings, Context(tmp_path, 1))
