@@ -249,6 +249,14 @@ def plot(summary: dict, path: Path) -> None:
     figures.save(figure, path, axes[-1])
 
 
+def precision(records: Records) -> str:
+    """Which precision the cells computed in, with how many cells each (autocast "auto" follows the machine)."""
+    counts: dict[str, int] = {}
+    for _, record in records.done():
+        counts[record.get("dtype", "not recorded")] = counts.get(record.get("dtype", "not recorded"), 0) + 1
+    return "Precision: " + ", ".join(f"{dtype} in {n} cell{'s' * (n > 1)}" for dtype, n in sorted(counts.items())) + "."
+
+
 def report(records: Records, beside: Records | None = None) -> None:
     """report.md and use.png; with `beside` (another model's use grid, use_grid's --beside) the transfer table."""
     texts = load(records)
@@ -262,7 +270,7 @@ def report(records: Records, beside: Records | None = None) -> None:
              f"{records.settings.passages} passages of {first['span']} tokens per distance, second copies at random "
              "places past L; four forwards per (window, method): natural, probe, control, shuffled "
              "(experiments/use_grid.py, eval/use.py). Intervals: Student's t 95% over windows; verdicts calibrated "
-             "(experiments/use_grid_report.py, eval/verdicts.py).", "",
+             f"(experiments/use_grid_report.py, eval/verdicts.py). {precision(records)}", "",
              "![use against the distance between the copies, one line per method, one panel per text](use.png)", ""]
     for text, found in summary["texts"].items():
         lines += text_lines(text, found)
