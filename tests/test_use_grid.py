@@ -16,7 +16,7 @@ from eval.verdicts import impossible_use, relay_reach, separated_by_windows
 from experiments.engine import Context, Records, key
 from experiments.engine import main as engine_main
 from experiments.use_grid import Settings, cells, measure, read_text, use_by_method
-from experiments.use_grid_report import load, shown
+from experiments.use_grid_report import load, precision, shown
 from model import Transformer
 from model.checkpoint import load_model, save_checkpoint
 from model.methods import method_spec
@@ -166,6 +166,14 @@ def test_the_report_reads_use_presence_order_and_harm_from_the_records(tmp_path)
     assert (pair["a"], pair["b"], pair["windows"]) == ("yarn", "sinks", 4)
     assert pair["use"][20]["mean"] == pytest.approx(1.0) and pair["past"]["mean"] == pytest.approx(0.1)
     assert pair["past"]["holm"] is False  # the same difference in every window: no t test, never separated
+
+
+def test_the_report_says_which_precision_each_cell_computed_in(tmp_path):
+    records = planted(tmp_path)  # 16 cells in bfloat16; one more computed in float32 on another machine
+    assert precision(records) == "Precision: bfloat16 in 16 cells."
+    cell, record = records.done()[-1]
+    records.stored[key(cell)]["record"] = {**record, "dtype": "float32"}
+    assert precision(records) == "Precision: bfloat16 in 15 cells, float32 in 1 cell."
 
 
 def test_two_windows_print_their_values_and_no_interval(tmp_path):
