@@ -139,7 +139,7 @@ def usable_cores() -> int:
 
 def machine() -> str:
     """What a cell or an invocation ran on: the GPUs where CUDA is used, else the CPU's model (with avx512_bf16 where
-    it computes bfloat16 natively), the usable cores and the RAM."""
+    it computes bfloat16 natively), its family and model (AMD's 25/1: Zen 3), the usable cores and the RAM."""
     import torch
 
     if torch.cuda.is_available():
@@ -148,7 +148,8 @@ def machine() -> str:
     cpu, memory = platform.processor() or platform.machine(), ""
     with contextlib.suppress(OSError, StopIteration):
         info = Path("/proc/cpuinfo").read_text()
-        cpu = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name"))
+        field = dict(reversed([tuple(p.strip() for p in line.split(":", 1)) for line in info.splitlines() if ":" in line]))
+        cpu = f"{field['model name']} (family {field['cpu family']}, model {field['model']})"
         cpu += " (avx512_bf16)" if " avx512_bf16" in info else ""
     with contextlib.suppress(OSError, StopIteration):
         kib = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
