@@ -100,11 +100,14 @@ def section(grids: list[dict], summaries: list[dict], names: tuple[str, str], be
             continue
         values = [[float(np.mean([v[quantity] for v in model[m].values()])) for m in methods] for model in models]
         rho, interval = spearman(*values), bootstrap(models, methods, quantity)
+        if interval is None:  # the means of fewer windows carry no measure of their noise: no correlation is read
+            lines.append(f"- Spearman's rank correlation of the {what}: not computed, fewer than {MIN_WINDOWS} windows "
+                         "that every method has in a model.")
+            continue
         lines.append(f"- Spearman's rank correlation of the two models' {what}, {len(methods)} methods: "
-                     + ("undefined (a constant)" if rho is None else f"{rho:+.2f} " + (
-                         f"[{interval[0]:+.2f}, {interval[1]:+.2f}] (95% bootstrap over windows, {BOOTSTRAP:,} draws)"
-                         if interval else f"(no interval: fewer than {MIN_WINDOWS} windows a model)")
-                         + f", one-sided p {p_text(spearman_p(*values))} by permutation of the methods") + ".")
+                     + ("undefined (a constant)" if rho is None else f"{rho:+.2f} [{interval[0]:+.2f}, "
+                        f"{interval[1]:+.2f}] (95% bootstrap over windows, {BOOTSTRAP:,} draws), one-sided p "
+                        f"{p_text(spearman_p(*values))} by permutation of the methods") + ".")
     return lines + [""] + pair_lines(models, methods, names, multiple, shown, title)
 
 

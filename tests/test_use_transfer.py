@@ -48,6 +48,9 @@ def test_a_planted_reversal_is_named_and_the_order_kept_elsewhere():
     # ranks 1-4 by use: selfextend, yarn, sinks, none against selfextend, sinks, yarn, none: 1 - 6 x 2 / 60 = 0.8
     assert "Spearman's rank correlation of the two models' use 1.25L back, 4 methods: +0.80 [" in text
     assert "| YaRN | " in text and "| 2 / 3 |" in text
+    few = grid(32, [40], {"none": 0.0, "yarn": 0.2, "sinks": 1.0}, seed=2, windows=2)  # 2 windows: no noise measured
+    lines = section([first, few], [reaches(first), reaches(few)], ("a", "b"), "folder", shown, name)
+    assert "- Spearman's rank correlation of the use 1.25L back: not computed, fewer than 3 windows" in "\n".join(lines)
 
 
 def test_a_grid_beside_itself_agrees_everywhere():
