@@ -215,7 +215,7 @@ def follow(command: list[str], stages: list[str], through: str | None = None) ->
 # Upper bounds of two routes (issue 76), measured on tiny models by tests/test_kernel_route.py; docs/internals.md's
 # route table is route_table() (`python -m scripts.kernel_route --table`), and the test holds it to these numbers.
 ROUTE_BOUNDS = {
-    "pretrain with ALiBi": {"command": "`train.pretrain --model.position=alibi` (training)",
+    "pretrain with ALiBi": {"command": "`train.pretrain --model.position=alibi --train.dtype=bfloat16` (training)",
                             "files": 14, "hops": 17},
     "extrapolation with SelfExtend": {
         "command": "`eval.extrapolation --methods selfextend` (`--through model/attention/merged.py`)",
