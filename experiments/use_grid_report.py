@@ -10,6 +10,7 @@ relay reach plus a passage.
 """
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -251,9 +252,7 @@ def plot(summary: dict, path: Path) -> None:
 
 def precision(records: Records) -> str:
     """Which precision the cells computed in, with how many cells each (autocast "auto" follows the machine)."""
-    counts: dict[str, int] = {}
-    for _, record in records.done():
-        counts[record.get("dtype", "not recorded")] = counts.get(record.get("dtype", "not recorded"), 0) + 1
+    counts = Counter(record.get("dtype", "not recorded") for _, record in records.done())
     return "Precision: " + ", ".join(f"{dtype} in {n} cell{'s' * (n > 1)}" for dtype, n in sorted(counts.items())) + "."
 
 

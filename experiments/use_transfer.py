@@ -85,8 +85,10 @@ def section(grids: list[dict], summaries: list[dict], names: tuple[str, str], be
              "mean [95% t over every text's windows pooled]; reach per text (" + ", ".join(grids[0])
              + f"), in multiples of L. Each cell: {names[0]} / {names[1]}.", "",
              f"| method | use {multiple:g}L back | penalty past L | reach | rank by use |", "|---|---:|---:|---|---|"]
-    means = [{m: float(np.mean([v["use"] for v in model[m].values()])) for m in methods} for model in models]
-    rank = [{m: i + 1 for i, m in enumerate(sorted(methods, key=lambda m: -found[m]))} for found in means]
+    means = {q: [[float(np.mean([v[q] for v in model[m].values()])) for m in methods] for model in models]
+             for q in QUANTITIES}  # quantity -> per model, each method's mean over its windows
+    rank = [{m: i + 1 for i, m in enumerate(sorted(methods, key=lambda m: -found[methods.index(m)]))}
+            for found in means["use"]]
     for method in methods:
         cells = [" / ".join(shown(grid_estimate([v[q] for v in model[method].values()])) for model in models)
                  for q in QUANTITIES]
@@ -98,7 +100,7 @@ def section(grids: list[dict], summaries: list[dict], names: tuple[str, str], be
         if len(methods) < MIN_METHODS:
             lines.append(f"- Spearman's rank correlation of the {what}: not computed, {len(methods)} methods.")
             continue
-        values = [[float(np.mean([v[quantity] for v in model[m].values()])) for m in methods] for model in models]
+        values = means[quantity]
         rho, interval = spearman(*values), bootstrap(models, methods, quantity)
         if interval is None:  # the means of fewer windows carry no measure of their noise: no correlation is read
             lines.append(f"- Spearman's rank correlation of the {what}: not computed, fewer than {MIN_WINDOWS} windows "
