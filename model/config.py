@@ -224,8 +224,17 @@ class ModelConfig(ModelFields):
         """From a saved config (config.json, a run's saved settings), of today or of before model.position_args."""
         return cls.from_dict(migrate_saved(values))
 
+    # Settings that config.json holds only where they differ from their default: a checkpoint that uses none of them
+    # keeps the bytes it was written with before they existed, and with them its identity (a study's cells are keyed
+    # on a checkpoint's bytes, experiments/use_grid.py's digest). A later setting of the kind joins this list.
+    WRITTEN_WHEN_SET = ("norm_offset", "sandwich_norms", "ffn_activation", "embedding_scale", "head_width",
+                        "attention_scale_dim", "attention_methods_layers")
+
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        defaults = ModelConfig.__dataclass_fields__
+        values = {key: value for key, value in self.to_dict().items()
+                  if key not in self.WRITTEN_WHEN_SET or value != _default(defaults[key])}
+        Path(path).write_text(json.dumps(values, indent=2) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> "ModelConfig":
@@ -234,3 +243,7 @@ class ModelConfig(ModelFields):
         except json.JSONDecodeError as error:
             raise ConfigError(f"{path}: not valid JSON ({error}); re-save the checkpoint") from error
         return cls.from_saved(values)
+
+
+def _default(field: dataclasses.Field) -> Any:
+    return field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default

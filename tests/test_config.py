@@ -213,3 +213,20 @@ def test_plug_in_settings_are_checked_once_when_a_config_is_built(tmp_path, monk
     model = Transformer(good)
     model.with_settings(attention_methods=[{"method": "window", "window": 4}])
     assert len(calls) == 1  # the view's config, built once; the model's own was checked before
+
+
+def test_config_json_holds_a_written_when_set_setting_only_where_it_is_set(tmp_path):
+    """A checkpoint that uses none of Gemma's block settings is written as it was before they existed (its bytes key
+    the cells of a study); one that sets them keeps every one, and both read back as they were."""
+    plain = ModelConfig(n_layers=2, dim=64, n_heads=4, n_kv_heads=2, vocab_size=128)
+    plain.save(tmp_path / "plain.json")
+    saved = json.loads((tmp_path / "plain.json").read_text())
+    assert not set(ModelConfig.WRITTEN_WHEN_SET) & set(saved)
+    assert set(saved) == set(plain.to_dict()) - set(ModelConfig.WRITTEN_WHEN_SET)
+    assert ModelConfig.load(tmp_path / "plain.json") == plain
+    hybrid = ModelConfig(n_layers=2, dim=64, n_heads=4, n_kv_heads=2, vocab_size=128, norm_offset=1.0,
+                         sandwich_norms=True, ffn_activation="gelu_tanh", embedding_scale=8.0, head_width=32,
+                         attention_scale_dim=32, attention_methods_layers=[False, True])
+    hybrid.save(tmp_path / "hybrid.json")
+    assert set(ModelConfig.WRITTEN_WHEN_SET) <= set(json.loads((tmp_path / "hybrid.json").read_text()))
+    assert ModelConfig.load(tmp_path / "hybrid.json") == hybrid
