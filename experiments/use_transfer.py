@@ -87,7 +87,7 @@ def section(grids: list[dict], summaries: list[dict], names: tuple[str, str], be
              f"| method | use {multiple:g}L back | penalty past L | reach | rank by use |", "|---|---:|---:|---|---|"]
     means = {q: [[float(np.mean([v[q] for v in model[m].values()])) for m in methods] for model in models]
              for q in QUANTITIES}  # quantity -> per model, each method's mean over its windows
-    rank = [{m: i + 1 for i, m in enumerate(sorted(methods, key=lambda m: -found[methods.index(m)]))}
+    rank = [{m: i + 1 for i, (m, _) in enumerate(sorted(zip(methods, found), key=lambda pair: -pair[1]))}
             for found in means["use"]]
     for method in methods:
         cells = [" / ".join(shown(grid_estimate([v[q] for v in model[method].values()])) for model in models)
