@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -622,8 +623,8 @@ def across_seeds(results: dict[str, dict[str, Any]]) -> list[str]:
                      + ("".join(f" {shown(e)} |" for e in primed[(variant, method, length, distance)])
                         if with_priming else ""))
     return ["## Across seeds", "", "Each variant's seeds on the same windows: use, mean [95% t over seeds and windows], "
-            "and its verdict (calibrated: the cells past the positive control Holm-corrected together, a mean of at "
-            "least the variant's margin, a tenth of its use within L, at least the floor)"
+            "and its verdict (eval/verdicts.py: the cells past the positive control one family, each against its "
+            f"variant's margin, a tenth of its use within L, at least the floor: {USE_RULE})"
             + ("; presence and order (the priming control), the same way" if with_priming else "") + ".", "",
             "| variant | seeds | window | method | distance | use (nats) | verdict |"
             + (" presence | order |" if with_priming else ""),
@@ -805,6 +806,14 @@ def write_outputs(out: Path, results: dict[str, dict[str, Any]], sections: list[
     print(f"wrote {out / 'report.md'}, {out / 'results.json'} and {plot(results, out / 'use.png')}")
 
 
+# How a setup written by eval.use states its verdict rule (an earlier rule's words, then today's), as
+# rewrite_report removes it before it states the rule the verdicts are re-derived by.
+STATED_RULES = (r"; verdicts calibrated: 'uses' needs .*?\(a tenth of the positive control's use, at least [\d.]+\)",
+                r"; verdict margin [\d.]+ nats",
+                r"; verdicts \(eval/verdicts\.py\), the rows past the positive control one family against the margin, "
+                r"[\d.]+ nats \(a tenth of the positive control's use, at least [\d.]+\): " + re.escape(USE_RULE))
+
+
 def rewrite_report(out: Path) -> int:
     """--report-only: OUT/results.json's rows under the rules of now (an interval over windows from MIN_WINDOWS of
     them, verdicts calibrated over each checkpoint's rows), written again with the report and the figure."""
@@ -820,10 +829,12 @@ def rewrite_report(out: Path) -> int:
                        se=float(values.std(ddof=1) / np.sqrt(values.size)) if values.size > 1 else None)
         margin = calibrate(entry["rows"], entry["trained"], entry["margin"])
         setup = entry["meta"]["setup"].split(" Verdicts re-derived")[0]
-        entry["meta"]["setup"] = portable_command(setup + " Verdicts re-derived by `python -m eval.use --report-only`: calibrated over "
-                                  "this checkpoint's rows past the positive control (Holm), 'uses' with a mean of at "
-                                  f"least {margin:.3f} nats (a tenth of the positive control's use, at least "
-                                  f"{entry['margin']:g}).")
+        for stated in STATED_RULES:  # the rule the run stated when it measured: the re-derived one replaces it
+            setup = re.sub(stated, "", setup)
+        entry["meta"]["setup"] = portable_command(
+            f"{setup} Verdicts re-derived by `python -m eval.use --report-only` (eval/verdicts.py), this checkpoint's "
+            f"rows past the positive control one family against the margin, {margin:.3f} nats (a tenth of the "
+            f"positive control's use, at least {entry['margin']:g}): {USE_RULE}.")
         sections.append(markdown(name, entry["rows"], entry["recurrence"], entry["meta"]))
     write_outputs(out, results, sections)
     return 0

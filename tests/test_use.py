@@ -25,7 +25,7 @@ from eval.use import (
     rows_table,
     self_checks,
 )
-from eval.verdicts import verdict
+from eval.verdicts import USE_RULE, verdict
 from model.config import ModelConfig
 from model.transformer import Transformer
 
@@ -289,6 +289,7 @@ def test_eval_use_end_to_end_and_its_report_again_from_the_results_file(prepared
     assert main(["--out", str(out), "--report-only"]) == 0
     again = (out / "report.md").read_text()
     assert "Verdicts re-derived by `python -m eval.use --report-only`" in again
+    assert again.count(USE_RULE) == first.count(USE_RULE) == 1  # the rule stated once, the one the verdicts follow
     assert [line for line in again.splitlines() if line.startswith("| ")] == \
         [line for line in first.splitlines() if line.startswith("| ")]  # the same rows and verdicts
     # nothing that fits: a clear error, and the report already written is kept
