@@ -94,9 +94,10 @@ def language_model(checkpoint: str, method: str, set_for: int, max_length: int, 
     return lm, "float32" if lm.amp is None else "bfloat16"
 
 
-def run_task(lm: Any, checkpoint: str, task: str, length: int, samples: int, cache: Path) -> dict:
-    """The task's first `samples` samples at `length` tokens (generated from the checkpoint's tokenizer): each
-    sample (sample_row), the seconds, and how many responses the cache held before (an earlier, interrupted run)."""
+def run_task(lm: Any, checkpoint: str, task: str, length: int, samples: int, cache: Path, first: int = 0) -> dict:
+    """The task's samples `first` to `first + samples - 1` at `length` tokens (generated from the checkpoint's
+    tokenizer): each sample (sample_row, doc_id its index in the task), the seconds, and how many responses the
+    cache held before (an earlier, interrupted run)."""
     import lm_eval
 
     cache.parent.mkdir(parents=True, exist_ok=True)
@@ -105,8 +106,10 @@ def run_task(lm: Any, checkpoint: str, task: str, length: int, samples: int, cac
         with sqlite3.connect(database) as connection:
             cached = connection.execute("SELECT count(*) FROM unnamed").fetchone()[0]
     started = time.perf_counter()
-    result = lm_eval.simple_evaluate(model=lm, tasks=[task], limit=samples, log_samples=True, use_cache=str(cache),
-                                     metadata={"pretrained": checkpoint, "max_seq_lengths": [length]})
+    # lm-eval takes the first `limit` samples, or those listed in `samples` (logged with their own index as doc_id)
+    chosen = {"limit": samples} if not first else {"samples": {task: list(range(first, first + samples))}}
+    result = lm_eval.simple_evaluate(model=lm, tasks=[task], log_samples=True, use_cache=str(cache),
+                                     metadata={"pretrained": checkpoint, "max_seq_lengths": [length]}, **chosen)
     seconds = time.perf_counter() - started
     [logged] = result["samples"].values()
     tokenizer = load_tokenizer(checkpoint)

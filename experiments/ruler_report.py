@@ -416,10 +416,25 @@ def published_lines(readings: dict[str, dict[str, float]], cells: list[dict], lo
     return lines + [""]
 
 
+def pooled(records: Records) -> list[dict]:
+    """One entry per (model, task, length) with records: its cells' samples together in doc_id order (a sample two
+    cells hold is counted once, from the cell declared first), their seconds and cached responses summed."""
+    found: dict[tuple, dict] = {}
+    for cell, record in records.done():
+        entry = found.setdefault((cell["model"], cell["task"], cell["length"]), {
+            **record, "samples": [], "seconds": 0.0, "from_cache": 0, "method": cell["model"], "task": cell["task"],
+            "length": cell["length"], "set_for": cell["set_for"], "trained": cell["trained"]})
+        held = {sample["doc_id"] for sample in entry["samples"]}
+        entry["samples"] = sorted(entry["samples"] + [s for s in record["samples"] if s["doc_id"] not in held],
+                                  key=lambda sample: sample["doc_id"])
+        entry["seconds"] += record["seconds"]
+        entry["from_cache"] += record.get("from_cache", 0)
+    return list(found.values())
+
+
 def report(records: Records) -> None:
     """OUT/report.md from whatever cells have records."""
-    found = [{**record, "method": cell["model"], "task": cell["task"], "length": cell["length"],
-              "set_for": cell["set_for"], "trained": cell["trained"]} for cell, record in records.done()]
+    found = pooled(records)
     cells = [c for c in found if c["method"] not in PARITY]
     lines = ["# RULER through lm-evaluation-harness (experiments.ruler)", ""]
     if cells:

@@ -64,8 +64,46 @@ def test_the_cells_are_each_blocks_product_with_the_parity_models_and_the_inputs
     assert key(moved) == key(cells[0])  # where the checkpoint lies is not part of the address
 
 
+def test_a_block_of_later_samples_makes_cells_of_its_own_and_leaves_the_first_cells_addresses(checkpoint, tmp_path):
+    plain = ruler.Settings(checkpoint=str(checkpoint), methods=["none", "yarn"], tasks=["niah_single_1"],
+                           lengths=[512])
+    more = ruler.Settings(checkpoint=str(checkpoint), methods=["none", "yarn"], tasks=["niah_single_1"], lengths=[512],
+                          grid=[{"methods": ["yarn"], "tasks": ["niah_single_1"], "lengths": [512], "first": 20,
+                                 "samples": 40}])
+    first, extended = (ruler.cells(settings, Context(tmp_path / "out")) for settings in (plain, more))
+    assert extended[:2] == first and [key(c) for c in extended[:2]] == [key(c) for c in first]
+    assert "first" not in first[0] and first[0]["samples"] == 20  # a cell from sample 0: its address as before
+    [later] = extended[2:]
+    assert later["name"] == "yarn/niah_single_1@512[20:60]" and (later["first"], later["samples"]) == (20, 40)
+
+
+def test_the_report_pools_a_models_cells_of_one_task_and_length_each_sample_once(tmp_path):
+    settings = ruler.Settings(checkpoint="ckpt", methods=["yarn"], tasks=["niah_single_1"], lengths=[128],
+                              out=str(tmp_path))
+    common = {"model": "yarn", "task": "niah_single_1", "length": 128, "checkpoint": "0" * 16, "trained": 64,
+              "set_for": 128, "dtype": "auto", "local": {"checkpoint": "c"}}
+    cells = [{"name": "yarn/niah_single_1@128", "samples": 2, **common},
+             {"name": "yarn/niah_single_1@128[1:4]", "samples": 3, "first": 1, **common}]
+
+    def sample(doc, score):
+        return {"doc_id": doc, "target": ["12"], "response": " 12", "score": score, "prompt_tokens": 100}
+
+    records = [[sample(0, 1.0), sample(1, 1.0)], [sample(3, 0.0), sample(1, 0.0), sample(2, 1.0)]]
+    stored = {key(c): {"record": {"seconds": 5.0, "from_cache": 1, "dtype": "bfloat16", "samples": r}, "seconds": 6.0,
+                       "machine": "a CPU"} for c, r in zip(cells, records)}
+    [entry] = ruler_report.pooled(Records(settings, tmp_path, cells, stored, []))
+    assert [s["doc_id"] for s in entry["samples"]] == [0, 1, 2, 3]  # sample 1 from the cell declared first
+    assert [s["score"] for s in entry["samples"]] == [1.0, 1.0, 1.0, 0.0]
+    assert (entry["seconds"], entry["from_cache"], entry["method"]) == (10.0, 2, "yarn")
+    assert ruler_report.full(entry) == (3, 4)
+
+
 @pytest.mark.parametrize("bad", [{"grid": [{"methods": ["none"]}]}, {"methods": ["no-such-method"]},
-                                 {"parity_yarn": True}, {"lengths": [0]}, {"samples": 0}, {"dtype": "float16"}])
+                                 {"parity_yarn": True}, {"lengths": [0]}, {"samples": 0}, {"dtype": "float16"},
+                                 {"grid": [{"methods": ["none"], "tasks": ["niah_single_1"], "lengths": [512],
+                                            "first": -1}]},
+                                 {"grid": [{"methods": ["none"], "tasks": ["niah_single_1"], "lengths": [512],
+                                            "from": 20}]}])
 def test_settings_refuse_what_no_cell_could_run(bad):
     with pytest.raises(ConfigError):
         ruler.Settings(**bad)
@@ -262,6 +300,12 @@ def test_a_cell_is_measured_through_lm_eval_and_its_needles_found_in_the_prompts
                s["value"] in ("answer", "held", "invented", "none") for s in record["samples"])
     assert list((tmp_path / "work" / "cache").glob(f"{key(cell)}*.db"))  # lm-eval's response cache, in work/
     assert ruler.measure(cell, Context(tmp_path))["from_cache"] == 2  # an interrupted cell continues from it
+    # the task's samples 1 and 2 alone: numbered as the task numbers them, the same needles as from sample 0
+    later = ruler.measure(dict(cell, first=1, samples=2), Context(tmp_path))
+    both = ruler.measure(dict(cell, samples=3), Context(tmp_path))
+    assert [s["doc_id"] for s in later["samples"]] == [1, 2]
+    assert [s["target"] for s in later["samples"]] == [s["target"] for s in both["samples"][1:]]
+    assert [s["needle_back"] for s in later["samples"]] == [s["needle_back"] for s in both["samples"][1:]]
 
 
 @pytest.mark.integration
