@@ -56,8 +56,10 @@ class Settings:
             raise ConfigError(f"ruler.grid: each block is a table of {BLOCK} (and optionally {sorted(MORE)}), "
                               f"got {self.grid!r}")
         check_methods([method for methods, *_ in self.blocks() for method in methods])
-        counts = [n for *_, lengths, first, samples in self.blocks() for n in [*lengths, first + 1, samples]]
-        if any(not isinstance(n, int) or n < 1 for n in counts) or self.set_for < 0 or (
+        counts = [n for *_, lengths, _, samples in self.blocks() for n in [*lengths, samples]]
+        firsts = [first for *_, first, _ in self.blocks()]
+        if any(not isinstance(n, int) or n < 1 for n in counts) or any(
+                not isinstance(n, int) or n < 0 for n in firsts) or self.set_for < 0 or (
                 self.dtype not in ("auto", "bfloat16", "float32")):
             raise ConfigError("ruler: lengths and samples positive integers, first >= 0, set_for >= 0, dtype auto, "
                               "bfloat16 or float32")

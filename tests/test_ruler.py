@@ -103,6 +103,8 @@ def test_the_report_pools_a_models_cells_of_one_task_and_length_each_sample_once
                                  {"grid": [{"methods": ["none"], "tasks": ["niah_single_1"], "lengths": [512],
                                             "first": -1}]},
                                  {"grid": [{"methods": ["none"], "tasks": ["niah_single_1"], "lengths": [512],
+                                            "first": "20"}]},
+                                 {"grid": [{"methods": ["none"], "tasks": ["niah_single_1"], "lengths": [512],
                                             "from": 20}]}])
 def test_settings_refuse_what_no_cell_could_run(bad):
     with pytest.raises(ConfigError):
