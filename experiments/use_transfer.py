@@ -4,7 +4,8 @@ length), its reach and its use at the farthest distance both grids measured as a
 over the texts' windows; Spearman's rank correlation of the two models' use there and of their penalties, with a
 95% bootstrap interval over windows (resampled within each text, each model on its own) and a one-sided
 permutation p; and every pair of the shared methods, paired by window in each model, two-sided t, Holm over every
-difference of the table: the same order in both, reversed, separated in one only, or in neither.
+difference of the table: the same order in both, reversed, separated in one only, or in neither (or not tested in
+a model with fewer than MIN_WINDOWS windows of the pair).
 """
 from __future__ import annotations
 
@@ -129,8 +130,11 @@ def pair_lines(models: list[dict], methods: list[str], names: tuple[str, str], m
              f"| A - B | quantity | {names[0]} | {names[1]} | the two models |", "|---|---|---:|---:|---|"]
     for a, b, quantity, pair in rows:
         separated = [e.get("holm", False) for e in pair]
+        untested = [name for name, e in zip(names, pair) if e.get("se") is None]  # too few windows for a test
         if all(separated):
             word = "the same order" if (pair[0]["mean"] > 0) == (pair[1]["mean"] > 0) else "reversed"
+        elif untested:
+            word = f"not tested in {' and '.join(untested)} (fewer than {MIN_WINDOWS} windows)"
         else:
             word = f"separated in {names[separated.index(True)]} only" if any(separated) else "separated in neither"
         what = f"use {multiple:g}L back" if quantity == "use" else "penalty past L"

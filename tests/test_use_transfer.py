@@ -51,6 +51,11 @@ def test_a_planted_reversal_is_named_and_the_order_kept_elsewhere():
     few = grid(32, [40], {"none": 0.0, "yarn": 0.2, "sinks": 1.0}, seed=2, windows=2)  # 2 windows: no noise measured
     lines = section([first, few], [reaches(first), reaches(few)], ("a", "b"), "folder", shown, name)
     assert "- Spearman's rank correlation of the use 1.25L back: not computed, fewer than 3 windows" in "\n".join(lines)
+    # a pair the 2-window model cannot test is not "separated in a only", though a separates it
+    few_rows = pair_words(lines)
+    assert rows["plain RoPE - SelfExtend / use 1.25L back"] == "the same order"
+    assert few_rows["plain RoPE - YaRN / use 1.25L back"] == "not tested in b (fewer than 3 windows)"
+    assert not any(word.startswith("separated in") for word in few_rows.values())
 
 
 def test_a_grid_beside_itself_agrees_everywhere():
