@@ -806,12 +806,9 @@ def write_outputs(out: Path, results: dict[str, dict[str, Any]], sections: list[
     print(f"wrote {out / 'report.md'}, {out / 'results.json'} and {plot(results, out / 'use.png')}")
 
 
-# How a setup written by eval.use states its verdict rule (an earlier rule's words, then today's), as
-# rewrite_report removes it before it states the rule the verdicts are re-derived by.
-STATED_RULES = (r"; verdicts calibrated: 'uses' needs .*?\(a tenth of the positive control's use, at least [\d.]+\)",
-                r"; verdict margin [\d.]+ nats",
-                r"; verdicts \(eval/verdicts\.py\), the rows past the positive control one family against the margin, "
-                r"[\d.]+ nats \(a tenth of the positive control's use, at least [\d.]+\): " + re.escape(USE_RULE))
+# A setup's statement of its verdict rule (two earlier rules' words, then today's), which rewrite_report replaces.
+STATED_RULE = re.compile(r"; (verdicts calibrated: 'uses' needs .*?at least [\d.]+\)|verdict margin [\d.]+ nats|verdicts "
+                         r"\(eval/verdicts\.py\), the rows past .*?" + re.escape(USE_RULE) + ")")
 
 
 def rewrite_report(out: Path) -> int:
@@ -828,9 +825,7 @@ def rewrite_report(out: Path) -> int:
             row.update(unit="windows", n=int(values.size), use=draws_interval(values).__dict__,
                        se=float(values.std(ddof=1) / np.sqrt(values.size)) if values.size > 1 else None)
         margin = calibrate(entry["rows"], entry["trained"], entry["margin"])
-        setup = entry["meta"]["setup"].split(" Verdicts re-derived")[0]
-        for stated in STATED_RULES:  # the rule the run stated when it measured: the re-derived one replaces it
-            setup = re.sub(stated, "", setup)
+        setup = STATED_RULE.sub("", entry["meta"]["setup"].split(" Verdicts re-derived")[0])
         entry["meta"]["setup"] = portable_command(
             f"{setup} Verdicts re-derived by `python -m eval.use --report-only` (eval/verdicts.py), this checkpoint's "
             f"rows past the positive control one family against the margin, {margin:.3f} nats (a tenth of the "
