@@ -20,7 +20,7 @@ from eval.stats import Estimate
 from eval.use import GRID_FORWARDS, GRID_KINDS, GRID_POSITIVE, grid_entry, summarise_grid
 from experiments.engine import Records
 from experiments.render import bars, cell, header, panels, provenance, write
-from experiments.use_transfer import section
+from experiments.use_transfer import layers_lines, section
 
 NAMES = {"none": "plain RoPE", "linear": "PI (linear)", "ntk": "NTK", "dynamic": "dynamic NTK", "yarn": "YaRN",
          "selfextend": "SelfExtend", "rerope": "ReRoPE", "string": "STRING", "dca": "DCA", "sinks": "sinks + window",
@@ -274,7 +274,7 @@ def report(records: Records, beside: Records | None = None) -> None:
     for text, found in summary["texts"].items():
         lines += text_lines(text, found)
     lines += paired_lines(summary) + calibration_lines(summary) + position_lines(summary)
-    lines += side_by_side_lines(summary) + ranking_lines(summary)
+    lines += side_by_side_lines(summary) + ranking_lines(summary) + layers_lines(texts, shown, name)
     if beside is not None:
         other = load(beside)
         lines += section([texts, other], [summary, summarise_grid(other)],

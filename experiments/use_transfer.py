@@ -15,7 +15,7 @@ from eval.stats import spearman, spearman_p
 from eval.use import GRID_POSITIVE, MIN_WINDOWS, grid_estimate
 from eval.verdicts import separated_by_windows
 from experiments.render import p_text
-from model.methods import NONE
+from model.methods import EVERY_LAYER, NONE
 
 BOOTSTRAP = 2000  # resamples of the windows for the correlation's interval
 QUANTITIES = ("use", "penalty")
@@ -141,3 +141,27 @@ def pair_lines(models: list[dict], methods: list[str], names: tuple[str, str], m
         lines.append(f"| {title(a)} - {title(b)} | {what} | "
                      + " | ".join(shown(e) + (" separated" if e.get("holm") else "") for e in pair) + f" | {word} |")
     return lines + [""]
+
+
+def layers_lines(texts: dict, shown, title) -> list[str]:
+    """A hybrid's decisive cells: each method set on every layer (`@all`) less the same method on its default layers,
+    paired by window over every text's windows, the use at this grid's farthest distance and the penalty past L;
+    Holm over the table. Nothing where no method is set both ways."""
+    multiple = max(multiples_past(texts), default=None)
+    model = per_window(texts, multiple) if multiple else {}
+    pairs = [(m, m.removesuffix(EVERY_LAYER)) for m in model if m.endswith(EVERY_LAYER) and m != EVERY_LAYER
+             and m.removesuffix(EVERY_LAYER) in model]
+    rows = [(base, quantity, grid_estimate([model[every][k][quantity] - model[base][k][quantity]
+                                            for k in model[every] if k in model[base]]))
+            for every, base in pairs for quantity in QUANTITIES]
+    if not rows:
+        return []
+    for (*_, entry), separated in zip(rows, separated_by_windows([(e.get("mean"), e.get("se"), e["n"]) for *_, e in rows])):
+        entry["holm"] = separated
+    return ["## On every layer or on the default layers", "", "Each method set on every layer (`@all`) less the same "
+            f"method on its default layers (a hybrid's global ones), paired by window, every text's windows pooled: use "
+            f"{multiple:g}L back and the penalty past L (more: the method on every layer reads farther, or is harmed "
+            "more); 95% t over windows; \"separated\": shown not 0, two-sided, Holm over the table at 5%.", "",
+            "| method | quantity | on every layer less on the default layers | windows |", "|---|---|---:|---:|",
+            *[f"| {title(base)} | {f'use {multiple:g}L back' if quantity == 'use' else 'penalty past L'} | {shown(e)}"
+              f"{' separated' if e.get('holm') else ''} | {e['n']} |" for base, quantity, e in rows], ""]

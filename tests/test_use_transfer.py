@@ -77,3 +77,19 @@ def test_beside_a_folder_with_no_study_is_refused_before_any_cell(tmp_path):
     settings = Settings(checkpoint="runs/any", texts=["any.txt"], beside=str(tmp_path))
     with pytest.raises(ConfigError, match="--beside .*: no study there"):
         cells(settings, Context(tmp_path, 1))
+
+
+def test_a_method_on_every_layer_is_paired_with_its_default_layers_by_window():
+    from experiments.use_transfer import layers_lines
+
+    texts = grid(16, [20], {"none": 0.0, "linear": 1.5, "linear@all": 1.0, "yarn": 2.0}, seed=3, windows=6)
+    for window in texts["text"]["methods"]["linear@all"]:
+        window["past"] += 0.3  # planted: on every layer, harmed 0.3 nats more past L
+    rows = {row[0] + " / " + row[1]: row[2:] for row in (line.strip("| ").split(" | ") for line in
+                                                          layers_lines(texts, shown, name) if line.startswith("| PI"))}
+    use, penalty = rows["PI (linear) / use 1.25L back"], rows["PI (linear) / penalty past L"]
+    assert float(use[0].split()[0]) == pytest.approx(-0.5, abs=0.1) and use[0].endswith("separated")  # 1.0 less 1.5
+    assert float(penalty[0].split()[0]) == pytest.approx(0.3, abs=0.02) and penalty[0].endswith("separated")
+    assert use[1] == penalty[1] == "6"
+    assert len(rows) == 2  # yarn has no @all twin: not paired
+    assert layers_lines(grid(16, [20], {"none": 0.0, "yarn": 2.0}, seed=4), shown, name) == []
