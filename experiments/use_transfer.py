@@ -43,7 +43,8 @@ def multiples_past(texts: dict) -> set[float]:
 
 def bootstrap(models: list[dict], methods: list[str], quantity: str, seed: int = 0) -> tuple[float, float] | None:
     """95% percentile interval of Spearman's correlation between the two models' per-method means, each model's
-    windows (those every method has) resampled with replacement within each text."""
+    windows (those every method has) resampled with replacement within each text; None where a text has fewer than
+    MIN_WINDOWS of them (2 windows resample to 3 distinct means: no interval worth the name)."""
     rng, draws = np.random.default_rng(seed), []
     matrices, groups = [], []
     for windows in models:
@@ -52,6 +53,8 @@ def bootstrap(models: list[dict], methods: list[str], quantity: str, seed: int =
             return None
         matrices.append(np.array([[windows[m][k][quantity] for k in keys] for m in methods]))
         groups.append([np.array([i for i, k in enumerate(keys) if k[0] == text]) for text in dict.fromkeys(k[0] for k in keys)])
+        if min(len(group) for group in groups[-1]) < MIN_WINDOWS:
+            return None
     for _ in range(BOOTSTRAP):
         means = [matrix[:, np.concatenate([rng.choice(g, len(g)) for g in group])].mean(axis=1)
                  for matrix, group in zip(matrices, groups)]
@@ -105,7 +108,7 @@ def section(grids: list[dict], summaries: list[dict], names: tuple[str, str], be
         rho, interval = spearman(*values), bootstrap(models, methods, quantity)
         if interval is None:  # the means of fewer windows carry no measure of their noise: no correlation is read
             lines.append(f"- Spearman's rank correlation of the {what}: not computed, fewer than {MIN_WINDOWS} windows "
-                         "that every method has in a model.")
+                         "that every method has in a text of a model.")
             continue
         lines.append(f"- Spearman's rank correlation of the two models' {what}, {len(methods)} methods: "
                      + ("undefined (a constant)" if rho is None else f"{rho:+.2f} [{interval[0]:+.2f}, "

@@ -56,6 +56,10 @@ def test_a_planted_reversal_is_named_and_the_order_kept_elsewhere():
     assert rows["plain RoPE - SelfExtend / use 1.25L back"] == "the same order"
     assert few_rows["plain RoPE - YaRN / use 1.25L back"] == "not tested in b (fewer than 3 windows)"
     assert not any(word.startswith("separated in") for word in few_rows.values())
+    # 4 windows, 2 in each text: pairs are tested, the correlation's bootstrap within a text is not drawn
+    two_texts = {"a": few["text"], "b": grid(32, [40], {"none": 0.0, "yarn": 0.2, "sinks": 1.0}, seed=5, windows=2)["text"]}
+    lines = section([first, two_texts], [reaches(first), reaches(two_texts)], ("a", "b"), "folder", shown, name)
+    assert "use 1.25L back: not computed, fewer than 3 windows that every method has in a text" in "\n".join(lines)
 
 
 def test_a_grid_beside_itself_agrees_everywhere():
