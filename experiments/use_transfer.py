@@ -117,6 +117,12 @@ def section(grids: list[dict], summaries: list[dict], names: tuple[str, str], be
     return lines + [""] + pair_lines(models, methods, names, multiple, shown, title)
 
 
+def mark_holm(family: list[dict]) -> None:
+    """Each estimate of one family gets "holm": shown not 0 by the two-sided t over windows, Holm over the family."""
+    for entry, separated in zip(family, separated_by_windows([(e.get("mean"), e.get("se"), e["n"]) for e in family])):
+        entry["holm"] = separated
+
+
 def pair_lines(models: list[dict], methods: list[str], names: tuple[str, str], multiple: float, shown, title) -> list[str]:
     rows = []
     for i, a in enumerate(methods):
@@ -125,8 +131,7 @@ def pair_lines(models: list[dict], methods: list[str], names: tuple[str, str], m
                 rows.append((a, b, quantity, [grid_estimate([model[a][k][quantity] - model[b][k][quantity]
                                                              for k in model[a] if k in model[b]]) for model in models]))
     family = [e for *_, pair in rows for e in pair]
-    for entry, separated in zip(family, separated_by_windows([(e.get("mean"), e.get("se"), e["n"]) for e in family])):
-        entry["holm"] = separated
+    mark_holm(family)
     lines = ["Every pair of these methods, A minus B paired by window in each model (two-sided t over windows, Holm "
              f"over the table's {len(family)} differences at 5%; \"separated\": shown not 0). Use: more is A reading "
              "farther; penalty: more is A harmed more.", "",
@@ -159,8 +164,7 @@ def layers_lines(texts: dict, shown, title) -> list[str]:
             for every, base in pairs for quantity in QUANTITIES]
     if not rows:
         return []
-    for (*_, entry), separated in zip(rows, separated_by_windows([(e.get("mean"), e.get("se"), e["n"]) for *_, e in rows])):
-        entry["holm"] = separated
+    mark_holm([entry for *_, entry in rows])
     return ["## On every layer or on the default layers", "", "Each method set on every layer (`@all`) less the same "
             f"method on its default layers (a hybrid's global ones), paired by window, every text's windows pooled: use "
             f"{multiple:g}L back and the penalty past L (more: the method on every layer reads farther, or is harmed "
