@@ -41,10 +41,12 @@ def multiples_past(texts: dict) -> set[float]:
     return {round(d / g["trained"], 6) for g in texts.values() for d in g["distances"] if d > g["trained"]}
 
 
-def bootstrap(models: list[dict], methods: list[str], quantity: str, seed: int = 0) -> tuple[float, float] | None:
-    """95% percentile interval of Spearman's correlation between the two models' per-method means, each model's
-    windows (those every method has) resampled with replacement within each text; None where a text has fewer than
-    MIN_WINDOWS of them (2 windows resample to 3 distinct means: no interval worth the name)."""
+def bootstrap(models: list[dict], methods: list[str], quantity: str,
+              seed: int = 0) -> tuple[list[list[float]], list[int], list[float]] | None:
+    """Over each model's windows that every method has: the per-method means (the correlation's estimate), how many
+    windows, and Spearman's correlation between the two models' means in each of BOOTSTRAP draws, the windows
+    resampled with replacement within each text; None where a text has fewer than MIN_WINDOWS of them (2 windows
+    resample to 3 distinct means: no interval worth the name)."""
     rng, draws = np.random.default_rng(seed), []
     matrices, groups = [], []
     for windows in models:
@@ -61,7 +63,19 @@ def bootstrap(models: list[dict], methods: list[str], quantity: str, seed: int =
         rho = spearman(list(means[0]), list(means[1]))
         if rho is not None:
             draws.append(rho)
-    return (float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))) if draws else None
+    return [list(m.mean(axis=1)) for m in matrices], [m.shape[1] for m in matrices], draws
+
+
+def spread(rho: float, draws: list[float]) -> str:
+    """The bootstrap's 95% percentile interval, or, where it is a point (the resampled windows reorder neither
+    model's methods in 95% of draws), how many draws give the estimate: the interval would hide that the rank
+    correlation's uncertainty is then the few methods', which the permutation p states."""
+    low, high = np.percentile(draws, 2.5), np.percentile(draws, 97.5)
+    if low < high:
+        return f"[{low:+.2f}, {high:+.2f}] (95% bootstrap over windows, {len(draws):,} draws)"
+    same = sum(1 for d in draws if d == rho)
+    return (f"in {same:,} of {len(draws):,} bootstrap draws over windows (their noise reorders neither model's "
+            "methods: no interval to show)")
 
 
 def reach_text(grid: dict, method: str) -> str:
@@ -104,16 +118,17 @@ def section(grids: list[dict], summaries: list[dict], names: tuple[str, str], be
         if len(methods) < MIN_METHODS:
             lines.append(f"- Spearman's rank correlation of the {what}: not computed, {len(methods)} methods.")
             continue
-        values = means[quantity]
-        rho, interval = spearman(*values), bootstrap(models, methods, quantity)
-        if interval is None:  # the means of fewer windows carry no measure of their noise: no correlation is read
+        found = bootstrap(models, methods, quantity)
+        if found is None:  # the means of fewer windows carry no measure of their noise: no correlation is read
             lines.append(f"- Spearman's rank correlation of the {what}: not computed, fewer than {MIN_WINDOWS} windows "
                          "that every method has in a text of a model.")
             continue
-        lines.append(f"- Spearman's rank correlation of the two models' {what}, {len(methods)} methods: "
-                     + ("undefined (a constant)" if rho is None else f"{rho:+.2f} [{interval[0]:+.2f}, "
-                        f"{interval[1]:+.2f}] (95% bootstrap over windows, {BOOTSTRAP:,} draws), one-sided p "
-                        f"{p_text(spearman_p(*values))} by permutation of the methods") + ".")
+        values, counts, draws = found
+        rho = spearman(*values)
+        lines.append(f"- Spearman's rank correlation of the two models' {what}, {len(methods)} methods, over the "
+                     f"windows every method has ({', '.join(f'{n} {c}' for n, c in zip(names, counts))}): "
+                     + ("undefined (a constant)" if rho is None or not draws else f"{rho:+.2f} {spread(rho, draws)}, "
+                        f"one-sided p {p_text(spearman_p(*values))} by permutation of the methods") + ".")
     return lines + [""] + pair_lines(models, methods, names, multiple, shown, title)
 
 

@@ -46,7 +46,11 @@ def test_a_planted_reversal_is_named_and_the_order_kept_elsewhere():
     assert rows["plain RoPE - SelfExtend / use 1.25L back"] == "the same order"
     assert rows["YaRN - SelfExtend / penalty past L"] == "separated in neither"  # the same 2.5 nats in both
     # ranks 1-4 by use: selfextend, yarn, sinks, none against selfextend, sinks, yarn, none: 1 - 6 x 2 / 60 = 0.8
-    assert "Spearman's rank correlation of the two models' use 1.25L back, 4 methods: +0.80 [" in text
+    # every draw keeps both orders (means 0.2 to 1 apart, windows' noise 0.1): the estimate and that count, no interval
+    assert ("Spearman's rank correlation of the two models' use 1.25L back, 4 methods, over the windows every "
+            "method has (a 8, b 8): +0.80 in 2,000 of 2,000 "
+            "bootstrap draws over windows (their noise reorders neither model's methods: no interval to show)") in text
+    assert "penalty past L, 4 methods, over the windows every method has (a 8, b 8): +1.00 [+0." in text  # the three at 2.5 nats reorder: an interval
     assert "| YaRN | " in text and "| 2 / 3 |" in text
     few = grid(32, [40], {"none": 0.0, "yarn": 0.2, "sinks": 1.0}, seed=2, windows=2)  # 2 windows: no noise measured
     lines = section([first, few], [reaches(first), reaches(few)], ("a", "b"), "folder", shown, name)
@@ -70,7 +74,7 @@ def test_a_grid_beside_itself_agrees_everywhere():
     words = set(pair_words(lines).values())
     assert words <= {"the same order", "separated in neither"} and "the same order" in words
     text = "\n".join(lines)  # each model's windows are resampled on their own: the interval is not a point
-    assert "use 1.75L back, 11 methods: +1.00 [+0." in text and "p < 5e-06 by permutation" in text
+    assert "use 1.75L back, 11 methods, over the windows every method has (smollm2 16, smollm2 16): +1.00 [+0." in text and "p < 5e-06 by permutation" in text
 
 
 def test_beside_a_folder_with_no_study_is_refused_before_any_cell(tmp_path):
@@ -97,3 +101,18 @@ def test_a_method_on_every_layer_is_paired_with_its_default_layers_by_window():
     assert use[1] == penalty[1] == "6"
     assert len(rows) == 2  # yarn has no @all twin: not paired
     assert layers_lines(grid(16, [20], {"none": 0.0, "yarn": 2.0}, seed=4), shown, name) == []
+
+
+def test_the_correlation_is_read_on_the_windows_every_method_has():
+    """A window that one method alone has (a grid still running) moves that method's mean in the table, not the
+    correlation, whose bootstrap resamples only the windows every method has: its estimate is read there too."""
+    first = grid(16, [20], {"none": 0.0, "yarn": 1.0, "sinks": 0.2, "selfextend": 2.0}, seed=0)
+    second = grid(32, [40], {"none": 0.0, "yarn": 0.2, "sinks": 1.0, "selfextend": 2.0}, seed=1)
+    base = "\n".join(section([first, second], [reaches(first), reaches(second)], ("a", "b"), "f", shown, name))
+    # plain RoPE's ninth window reads 30 nats: its mean (3.3) would rank it first, and the correlation -0.40
+    first["text"]["methods"]["none"].append({**first["text"]["methods"]["none"][0], 20: {"use": 30.0}})
+    lines = section([first, second], [reaches(first), reaches(second)], ("a", "b"), "f", shown, name)
+    spearman_lines = [line for line in lines if "Spearman" in line]
+    assert spearman_lines == [line for line in base.split("\n") if "Spearman" in line]
+    assert "(a 8, b 8): +0.80" in spearman_lines[0]
+    assert "| plain RoPE | +3.3" in "\n".join(lines)  # the table's mean takes every window
