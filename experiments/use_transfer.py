@@ -103,10 +103,9 @@ def section(grids: list[dict], summaries: list[dict], names: tuple[str, str], be
              "mean [95% t over every text's windows pooled]; reach per text (" + ", ".join(grids[0])
              + f"), in multiples of L. Each cell: {names[0]} / {names[1]}.", "",
              f"| method | use {multiple:g}L back | penalty past L | reach | rank by use |", "|---|---:|---:|---|---|"]
-    means = {q: [[float(np.mean([v[q] for v in model[m].values()])) for m in methods] for model in models]
-             for q in QUANTITIES}  # quantity -> per model, each method's mean over its windows
+    uses = [[float(np.mean([v["use"] for v in model[m].values()])) for m in methods] for model in models]
     rank = [{m: i + 1 for i, (m, _) in enumerate(sorted(zip(methods, found), key=lambda pair: -pair[1]))}
-            for found in means["use"]]
+            for found in uses]  # per model, by each method's mean use over all its windows
     for method in methods:
         cells = [" / ".join(shown(grid_estimate([v[q] for v in model[method].values()])) for model in models)
                  for q in QUANTITIES]
