@@ -457,9 +457,29 @@ def check_attention_methods(config: ModelFields, original_length: int) -> list[d
 EVERY_LAYER = "@all"
 
 
+# A method's name with ":2x" (a multiple of L) or ":65536" (tokens) sets it for that length whatever the length of
+# the windows it reads: a config that fixes its scaling for the longest input it may meet, then reads shorter ones
+# (a YaRN set for 2L reading 1.5L). Without it a method is set for each window's own length.
+SET_FOR = ":"
+
+
+def set_for_length(name: str, trained: int) -> int:
+    """The length the method `name` ("yarn:2x", "yarn:65536") is set for, on a checkpoint trained at `trained`."""
+    text = name.rpartition(SET_FOR)[2]
+    try:
+        value = float(text[:-1]) * trained if text.endswith("x") else int(text)
+    except ValueError:
+        value = 0
+    if not value > 0:
+        raise ConfigError(f"method {name!r}: after {SET_FOR!r} give the length it is set for, a multiple of the "
+                          "trained length (2x) or a token count (65536)")
+    return max(1, round(value))
+
+
 def method_spec(name: str) -> Method:
     """The method `name`, or the composition "a+b" of registered methods (their changes together; attention methods
-    appended in order; the model's config then checks that they combine); "NAME@all": on every layer."""
+    appended in order; the model's config then checks that they combine); "NAME@all": on every layer; "NAME:2x": set
+    for twice the trained length (or ":TOKENS") whatever the windows' length."""
     if name.endswith(EVERY_LAYER):
         base = method_spec(name.removesuffix(EVERY_LAYER))
 
@@ -468,6 +488,22 @@ def method_spec(name: str) -> Method:
 
         return Method(base.applies_to, everywhere, name=name, incremental=base.incremental,
                       summary=f"{base.summary}, on every layer", as_trained_at=base.as_trained_at)
+    if SET_FOR in name:
+        base = method_spec(name.rpartition(SET_FOR)[0])
+        if base.incremental or base.name == NONE:
+            raise ConfigError(f"method {name!r}: {base.name} sets itself from each prefix or changes nothing; "
+                              f"{SET_FOR!r} sets a static method for a length")
+        set_for_length(name, 1)  # the suffix is checked when named, not first when a window is scored
+
+        def fixed(own: dict, length: int, trained: int) -> dict:
+            return base.changes(own, set_for_length(name, trained), trained)
+
+        def as_trained(own: dict, length: int, trained: int) -> bool:  # the windows read and the setting both as trained
+            return base.as_trained_at(own, length, trained) and base.as_trained_at(own, set_for_length(name, trained),
+                                                                                   trained)
+
+        return Method(base.applies_to, fixed, name=name, summary=f"{base.summary}, set for {name.rpartition(SET_FOR)[2]}",
+                      as_trained_at=as_trained)
     if name in METHODS:
         return METHODS[name]
     parts = [METHODS[part] for part in name.split("+")]
@@ -494,17 +530,24 @@ def method_spec(name: str) -> Method:
                                                                           for part in parts))
 
 
+def base_name(name: str) -> str:
+    """`name` without its suffixes: on every layer (@all) and the length it is set for (:2x)."""
+    return name.removesuffix(EVERY_LAYER).partition(SET_FOR)[0].removesuffix(EVERY_LAYER)
+
+
 def check_methods(names: list[str]) -> list[str]:
-    bases = [name.removesuffix(EVERY_LAYER) for name in names]
+    bases = [base_name(name) for name in names]
     unknown = [name for name, base in zip(names, bases) if (base != NONE or name != base)
                and any(part not in METHODS or part == NONE for part in base.split("+"))]
     if unknown:
         raise ConfigError(f"unknown inference-time method(s) {unknown}; valid names are {sorted(METHODS)}, "
                           f"compositions such as yarn+logn, and either with {EVERY_LAYER} (on every layer of a "
                           "hybrid)")
-    for base in bases:
+    for name, base in zip(names, bases):
         if "+" in base:
             check_composition(base)
+        if SET_FOR in name:
+            method_spec(name)  # the length it is set for, and a static method to set
     return names
 
 
@@ -535,7 +578,7 @@ def applies(name: str, encoding: str, layers: list[str] | None = None) -> bool:
     """Whether method `name` applies to a model whose model.position is `encoding` (and whose layers use the
     encodings `layers`, for a hybrid: an attention method is checked against them all)."""
     if layers is not None:
-        parts = name.split("+")
+        parts = base_name(name).split("+")
         scalings = [part for part in parts if part not in ATTENTION_METHODS]
         if any(refusal(ATTENTION_METHODS[part], sorted(set(layers))) for part in parts if part in ATTENTION_METHODS):
             return False
