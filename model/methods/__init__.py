@@ -542,7 +542,7 @@ def check_methods(names: list[str]) -> list[str]:
     if unknown:
         raise ConfigError(f"unknown inference-time method(s) {unknown}; valid names are {sorted(METHODS)}, "
                           f"compositions such as yarn+logn, and either with {EVERY_LAYER} (on every layer of a "
-                          "hybrid)")
+                          f"hybrid) or {SET_FOR}2x (set for twice the trained length)")
     for name, base in zip(names, bases):
         if "+" in base:
             check_composition(base)
