@@ -10,7 +10,6 @@ relay reach plus a passage.
 """
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -251,9 +250,16 @@ def plot(summary: dict, path: Path) -> None:
 
 
 def precision(records: Records) -> str:
-    """Which precision the cells computed in, with how many cells each (autocast "auto" follows the machine)."""
-    counts = Counter(record.get("dtype", "not recorded") for _, record in records.done())
-    return "Precision: " + ", ".join(f"{dtype} in {n} cell{'s' * (n > 1)}" for dtype, n in sorted(counts.items())) + "."
+    """Which precision the cells computed in, with how many cells each (autocast "auto" follows the machine); where
+    they mix, the cells of each precision but the commonest are named (up to 8), so a reader sees which pairs mix."""
+    cells: dict[str, list[str]] = {}
+    for done, record in records.done():
+        cells.setdefault(record.get("dtype", "not recorded"), []).append(done["name"])
+    commonest = max(cells, key=lambda dtype: len(cells[dtype]), default=None)
+    return "Precision: " + ", ".join(
+        f"{dtype} in {len(names)} cell{'s' * (len(names) > 1)}"
+        + (f" ({', '.join(sorted(names))})" if dtype != commonest and len(names) <= 8 else "")
+        for dtype, names in sorted(cells.items())) + "."
 
 
 def report(records: Records, beside: Records | None = None) -> None:

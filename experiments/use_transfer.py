@@ -74,8 +74,8 @@ def spread(rho: float, draws: list[float]) -> str:
     if low < high:
         return f"[{low:+.2f}, {high:+.2f}] (95% bootstrap over windows, {len(draws):,} draws)"
     same = sum(1 for d in draws if d == rho)
-    return (f"in {same:,} of {len(draws):,} bootstrap draws over windows (their noise reorders neither model's "
-            "methods: no interval to show)")
+    return (f"in {same:,} of {len(draws):,} bootstrap draws over windows (at least 95% of them: the windows' noise "
+            "leaves it there, no interval to show)")
 
 
 def reach_text(grid: dict, method: str) -> str:

@@ -173,7 +173,7 @@ def test_the_report_says_which_precision_each_cell_computed_in(tmp_path):
     assert precision(records) == "Precision: bfloat16 in 16 cells."
     cell, record = records.done()[-1]
     records.stored[key(cell)]["record"] = {**record, "dtype": "float32"}
-    assert precision(records) == "Precision: bfloat16 in 15 cells, float32 in 1 cell."
+    assert precision(records) == f"Precision: bfloat16 in 15 cells, float32 in 1 cell ({cell['name']})."
 
 
 def test_two_windows_print_their_values_and_no_interval(tmp_path):

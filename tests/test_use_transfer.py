@@ -49,7 +49,8 @@ def test_a_planted_reversal_is_named_and_the_order_kept_elsewhere():
     # every draw keeps both orders (means 0.2 to 1 apart, windows' noise 0.1): the estimate and that count, no interval
     assert ("Spearman's rank correlation of the two models' use 1.25L back, 4 methods, over the windows every "
             "method has (a 8, b 8): +0.80 in 2,000 of 2,000 "
-            "bootstrap draws over windows (their noise reorders neither model's methods: no interval to show)") in text
+            "bootstrap draws over windows (at least 95% of them: the windows' noise leaves it there, no interval to "
+            "show)") in text
     assert "penalty past L, 4 methods, over the windows every method has (a 8, b 8): +1.00 [+0." in text  # the three at 2.5 nats reorder: an interval
     assert "| YaRN | " in text and "| 2 / 3 |" in text
     few = grid(32, [40], {"none": 0.0, "yarn": 0.2, "sinks": 1.0}, seed=2, windows=2)  # 2 windows: no noise measured
