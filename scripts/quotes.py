@@ -6,7 +6,8 @@
 A quote is "MEAN [LOW, HIGH]" in a page (across line breaks). The reports under results/ are rendered from their
 records (python -m experiments.STUDY --report-only), so a quote is held to its record when some report holds an
 interval whose mean and both bounds round to the quote's digits (the quote may print fewer decimals than the
-report). A quote no report holds is a finding: either the number changed since the page was written, or it was never
+report). A count is "K/N [LOW, HIGH]" or "K of N [LOW, HIGH]", k of n with its interval (as the RULER reports
+print it): it is held only by a report count of the same k and n whose bounds round to the quote's. A quote no report holds is a finding: either the number changed since the page was written, or it was never
 rendered from a record. The quotes known to have no committed record are listed, each with why, in
 scripts/quotes_without_records.toml: they are reported apart, and an entry whose quote is now held, or gone from its
 page, is a finding too (the list only shrinks). tests/test_quotes.py runs it over the repository.
@@ -20,11 +21,12 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from scripts.interval_ranges import INTERVAL, ROOT
+from scripts.interval_ranges import INTERVAL, NUMBER, ROOT
 
 PAGES = ("docs/results.md", "README.md", "CHANGELOG.md")
 OTHER_PAGES = ("docs/encodings.md", "docs/presets.md", "docs/baselines.md", "docs/methods.md", "docs/real_model/ruler.md")
 WITHOUT_RECORDS = ROOT / "scripts" / "quotes_without_records.toml"
+COUNT = re.compile(rf"(?P<k>\d[\d,]*)(?:/|\s+of\s+)(?P<n>\d[\d,]*)\s*\[(?P<low>{NUMBER}),\s*(?P<high>{NUMBER})\]")
 
 
 @dataclass(frozen=True)
@@ -38,29 +40,45 @@ class Quote:
 
 
 def _parts(match: re.Match) -> tuple[tuple[float, int], ...]:
-    """(value, decimals) of the mean, the low and the high bound."""
-    found = []
-    for name in ("mean", "low", "high"):
+    """(value, decimals) of the mean (of a count: k and n, exact), the low and the high bound."""
+    found = [(float(match[name].replace(",", "")), 0) for name in ("k", "n")] if "k" in match.re.groupindex else []
+    for name in ("mean", "low", "high")[len(found) and 1:]:
         text = match[name].replace(",", "").replace("\u2212", "-")
         found.append((float(text), len(text.split(".")[1]) if "." in text else 0))
     return tuple(found)
 
 
-def report_intervals(folder: Path) -> dict[float, list[tuple[float, float, float]]]:
-    """Every interval of every report under `folder`, by its mean rounded to 1 decimal (a coarse index)."""
-    index: dict[float, list[tuple[float, float, float]]] = {}
+def quoted(text: str) -> list[re.Match]:
+    """Every interval and count of a text; an interval that is the tail of a count ("20 [0.26, 0.66]" of
+    "9/20 [0.26, 0.66]") is the count's."""
+    counts = list(COUNT.finditer(text))
+    ends = {match.end() for match in counts}
+    return sorted(counts + [match for match in INTERVAL.finditer(text) if match.end() not in ends],
+                  key=lambda match: match.start())
+
+
+def _keys(values: tuple[float, ...], count: bool, near: bool = False) -> list[tuple]:
+    """Index keys: a count's k and n; an interval's mean rounded to 1 decimal (`near`: and its neighbours)."""
+    if count:
+        return [("count", values[0], values[1])]
+    return [("mean", round(round(values[0], 1) + step, 1)) for step in ((-0.1, 0, 0.1) if near else (0,))]
+
+
+def report_intervals(folder: Path) -> dict[tuple, list[tuple[float, ...]]]:
+    """Every interval and count of every report under `folder`, by its keys (a coarse index)."""
+    index: dict[tuple, list[tuple[float, ...]]] = {}
     for path in sorted(folder.rglob("*.md")):
-        for match in INTERVAL.finditer(re.sub(r"\s+", " ", path.read_text(encoding="utf-8"))):
+        for match in quoted(re.sub(r"\s+", " ", path.read_text(encoding="utf-8"))):
             values = tuple(value for value, _ in _parts(match))
-            index.setdefault(round(values[0], 1), []).append(values)
+            index.setdefault(_keys(values, match.re is COUNT)[0], []).append(values)
     return index
 
 
-def held(quote: tuple[tuple[float, int], ...], index: dict[float, list[tuple[float, float, float]]]) -> bool:
-    """Whether some report interval rounds to the quote at each of its numbers' decimals."""
-    mean = quote[0][0]
-    candidates = [values for key in (round(mean, 1) - 0.1, round(mean, 1), round(mean, 1) + 0.1)
-                  for values in index.get(round(key, 1), [])]
+def held(quote: tuple[tuple[float, int], ...], index: dict[tuple, list[tuple[float, ...]]]) -> bool:
+    """Whether some report interval (a count: of the same k and n) rounds to the quote at each of its numbers'
+    decimals."""
+    keys = _keys(tuple(value for value, _ in quote), len(quote) == 4, near=True)
+    candidates = [values for key in keys for values in index.get(key, [])]
     return any(all(abs(value - shown) <= 0.5 * 10 ** -digits + 1e-9 for value, (shown, digits) in zip(values, quote))
                for values in candidates)
 
@@ -71,7 +89,7 @@ def check(pages: list[Path], results: Path, root: Path = ROOT) -> list[Quote]:
     for page in pages:
         text = page.read_text(encoding="utf-8")
         starts = [0] + [m.end() for m in re.finditer("\n", text)]
-        for match in INTERVAL.finditer(text):
+        for match in quoted(text):
             if not held(_parts(match), index):
                 line = sum(start <= match.start() for start in starts)
                 shown = str(page.relative_to(root)) if page.is_relative_to(root) else str(page)

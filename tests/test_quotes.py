@@ -28,6 +28,18 @@ def test_a_planted_mismatch_fails_and_a_quote_at_fewer_decimals_holds(tmp_path):
     assert new == [] and [entry["why"] for entry in stale] == ["held: stale"] and len(on_list) == 1
 
 
+def test_a_count_is_held_only_by_a_report_count_of_the_same_k_and_n(tmp_path):
+    results = tmp_path / "results" / "study"
+    results.mkdir(parents=True)
+    (results / "report.md").write_text("| plain RoPE | 9/20 [0.26, 0.66] (1739 s) |\n| mean | +20.0 [0.1, 0.9] |\n")
+    page = tmp_path / "results.md"
+    page.write_text("answers 9 of 20 [0.26, 0.66], or 9/20 [0.26, 0.66];\ndrifted: 10 of 20 [0.26, 0.66], 9/21 "
+                    "[0.26, 0.66], 9 of 20 [0.26, 0.67]; an interval is not a count: 20 [0.1, 0.9].\n")
+    findings = check([page], tmp_path / "results", root=tmp_path)
+    assert [(f.line, f.text) for f in findings] == [(2, "10 of 20 [0.26, 0.66]"), (2, "9/21 [0.26, 0.66]"),
+                                                    (2, "9 of 20 [0.26, 0.67]")]
+
+
 def test_verdict_changes_pair_rows_by_their_labels_within_a_section():
     from scripts.verdict_changes import changes
     before = "\n".join(["## book one", "", "| method | use d = 10 | reach |", "|---|---:|---|",
