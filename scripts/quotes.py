@@ -7,10 +7,11 @@ A quote is "MEAN [LOW, HIGH]" in a page (across line breaks). The reports under 
 records (python -m experiments.STUDY --report-only), so a quote is held to its record when some report holds an
 interval whose mean and both bounds round to the quote's digits (the quote may print fewer decimals than the
 report). A count is "K/N [LOW, HIGH]" or "K of N [LOW, HIGH]", k of n with its interval (as the RULER reports
-print it): it is held only by a report count of the same k and n whose bounds round to the quote's. A quote no report holds is a finding: either the number changed since the page was written, or it was never
-rendered from a record. The quotes known to have no committed record are listed, each with why, in
-scripts/quotes_without_records.toml: they are reported apart, and an entry whose quote is now held, or gone from its
-page, is a finding too (the list only shrinks). tests/test_quotes.py runs it over the repository.
+print it): it is held only by a report count of the same k and n whose bounds round to the quote's. A quote no report
+holds is a finding: either the number changed since the page was written, or it was never rendered from a record.
+The quotes known to have no committed record are listed, each with why, in scripts/quotes_without_records.toml: they
+are reported apart, and an entry whose quote is now held, or gone from its page, is a finding too (the list only
+shrinks). tests/test_quotes.py runs it over the repository.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ class Quote:
 def _parts(match: re.Match) -> tuple[tuple[float, int], ...]:
     """(value, decimals) of the mean (of a count: k and n, exact), the low and the high bound."""
     found = [(float(match[name].replace(",", "")), 0) for name in ("k", "n")] if "k" in match.re.groupindex else []
-    for name in ("mean", "low", "high")[len(found) and 1:]:
+    for name in ("low", "high") if found else ("mean", "low", "high"):
         text = match[name].replace(",", "").replace("\u2212", "-")
         found.append((float(text), len(text.split(".")[1]) if "." in text else 0))
     return tuple(found)
