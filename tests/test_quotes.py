@@ -12,14 +12,19 @@ def test_every_interval_the_pages_quote_is_in_a_report_or_listed_as_without_a_re
     assert not stale, "listed as without a record, but held now or gone: " + str(stale)
 
 
-def test_a_planted_mismatch_fails_and_a_quote_at_fewer_decimals_holds(tmp_path):
+def planted(tmp_path, report: str, page: str):
+    """The findings of `check` on a page beside one report, both written under tmp_path."""
     results = tmp_path / "results" / "study"
     results.mkdir(parents=True)
-    (results / "report.md").write_text("| a | +0.1234 [+0.0987, +0.1481] |\n| b | 71.68 [70.74, 72.63] |\n")
-    page = tmp_path / "results.md"
-    page.write_text("Use +0.123 [+0.099, +0.148] nats; perplexity 71.7\n[70.7, 72.6]; a drifted quote +0.124 "
-                    "[+0.099, +0.148].\n")
-    findings = check([page], tmp_path / "results", root=tmp_path)
+    (results / "report.md").write_text(report)
+    (tmp_path / "results.md").write_text(page)
+    return check([tmp_path / "results.md"], tmp_path / "results", root=tmp_path)
+
+
+def test_a_planted_mismatch_fails_and_a_quote_at_fewer_decimals_holds(tmp_path):
+    findings = planted(tmp_path, "| a | +0.1234 [+0.0987, +0.1481] |\n| b | 71.68 [70.74, 72.63] |\n",
+                       "Use +0.123 [+0.099, +0.148] nats; perplexity 71.7\n[70.7, 72.6]; a drifted quote +0.124 "
+                       "[+0.099, +0.148].\n")
     assert [(f.path, f.line, f.text) for f in findings] == [("results.md", 2, "+0.124 [+0.099, +0.148]")]
     # on the list: reported apart; a listed quote that is held (or gone) is stale
     known = [{"page": "results.md", "text": "+0.124 [+0.099, +0.148]", "why": "planted"},
@@ -29,13 +34,9 @@ def test_a_planted_mismatch_fails_and_a_quote_at_fewer_decimals_holds(tmp_path):
 
 
 def test_a_count_is_held_only_by_a_report_count_of_the_same_k_and_n(tmp_path):
-    results = tmp_path / "results" / "study"
-    results.mkdir(parents=True)
-    (results / "report.md").write_text("| plain RoPE | 9/20 [0.26, 0.66] (1739 s) |\n| mean | +20.0 [0.1, 0.9] |\n")
-    page = tmp_path / "results.md"
-    page.write_text("answers 9 of 20 [0.26, 0.66], or 9/20 [0.26, 0.66];\ndrifted: 10 of 20 [0.26, 0.66], 9/21 "
-                    "[0.26, 0.66], 9 of 20 [0.26, 0.67]; an interval is not a count: 20 [0.1, 0.9].\n")
-    findings = check([page], tmp_path / "results", root=tmp_path)
+    findings = planted(tmp_path, "| plain RoPE | 9/20 [0.26, 0.66] (1739 s) |\n| mean | +20.0 [0.1, 0.9] |\n",
+                       "answers 9 of 20 [0.26, 0.66], or 9/20 [0.26, 0.66];\ndrifted: 10 of 20 [0.26, 0.66], 9/21 "
+                       "[0.26, 0.66], 9 of 20 [0.26, 0.67]; an interval is not a count: 20 [0.1, 0.9].\n")
     assert [(f.line, f.text) for f in findings] == [(2, "10 of 20 [0.26, 0.66]"), (2, "9/21 [0.26, 0.66]"),
                                                     (2, "9 of 20 [0.26, 0.67]")]
 
