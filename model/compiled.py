@@ -3,14 +3,25 @@ running the compiled code fails (no C++ compiler, say), a warning names the erro
 caller runs its eager path. With remember=True (the default) every later call returns None at once; with
 remember=False the caller keeps the failure itself (FlexAttention's backend, per model view: model/attention/flex.py).
 
-Its users: FlexAttention for distance biases (model/attention/flex.py) and the RoPE rotation of long tensors without
-gradients (model/rope.py)."""
+Its users: FlexAttention for distance biases (model/attention/flex.py), and the pointwise passes of long forwards without
+gradients on the CPU (worth_compiling): the RoPE rotation (model/rope.py), the RMS norms (model/layers.py) and the
+scored head's log-sum-exp (model/loss.py), each one fused pass over its tensor instead of several eager ones."""
 from __future__ import annotations
 
 import warnings
 from typing import Any, Callable
 
 import torch
+
+# Below this many elements a pointwise pass runs eagerly: its eager passes cost less than a compiled call's guards.
+COMPILED_MIN_ELEMENTS = 2**20
+
+
+def worth_compiling(x: torch.Tensor, compiled: bool) -> bool:
+    """Whether a pointwise pass over x runs compiled: the caller allows it (`compiled`: its model's runtime switch),
+    x is long, on the CPU, and neither gradients nor an enclosing compile are in play."""
+    return (compiled and x.device.type == "cpu" and x.numel() >= COMPILED_MIN_ELEMENTS
+            and not torch.is_grad_enabled() and not torch.compiler.is_compiling())
 
 
 class Compiled:

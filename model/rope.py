@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from model import compiled as compiling
 from model.compiled import Compiled
 
 
@@ -58,17 +59,20 @@ def _rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
 # form (a + (-b) == a - b in IEEE arithmetic; tests/test_rope.py).
 _ROTATE = {"half": _rotate_halves, "interleaved": _rotate_pairs}
 
+
+def _in_float(rotate):
+    """rotate computed in at least float32 and returned in x's dtype (apply_rope's arithmetic), as one function."""
+    def rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return rotate(x.to(torch.promote_types(x.dtype, torch.float32)), cos, sin).to(x.dtype)
+    return rotated
+
+
 # Long rotations without gradients (evaluation; above all dynamic NTK's decoding step, which rotates every cached
-# key at every token) run compiled: one pass over x instead of several. Whether they may is the caller's choice
-# (`compiled`): an encoding's is runtime.compiled_rope, taken when its model is built (PositionEncoding.compiled_rope).
-COMPILED_MIN_ELEMENTS = 2**20
-_COMPILED = {layout: Compiled(rotate, "RoPE's rotation", "rotations run eagerly (model/rope.py)", dynamic=True)
-             for layout, rotate in _ROTATE.items()}
-
-
-def _compiles(x: torch.Tensor, compiled: bool) -> bool:
-    return (compiled and x.device.type == "cpu" and x.numel() >= COMPILED_MIN_ELEMENTS
-            and not torch.is_grad_enabled() and not torch.compiler.is_compiling())
+# key at every token) run compiled: one pass over x, its casts to float32 and back included, instead of several.
+# Whether they may is the caller's choice (`compiled`): an encoding's is runtime.compiled_rope, taken when its model
+# is built (PositionEncoding.compiled_rope).
+_COMPILED = {layout: Compiled(_in_float(rotate), "RoPE's rotation", "rotations run eagerly (model/rope.py)",
+                              dynamic=True) for layout, rotate in _ROTATE.items()}
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
@@ -78,8 +82,5 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
     x: (batch, heads, time, head_dim); cos, sin: broadcastable to it. compiled=False keeps a long rotation without
     gradients eager (runtime.compiled_rope = false); the two agree within float rounding (tests/test_compiled_rope.py).
     """
-    wide = x.to(torch.promote_types(x.dtype, torch.float32))
-    rotated = _COMPILED[layout](wide, cos, sin) if _compiles(wide, compiled) else None
-    if rotated is None:
-        rotated = _ROTATE[layout](wide, cos, sin)
-    return rotated.to(x.dtype)
+    rotated = _COMPILED[layout](x, cos, sin) if compiling.worth_compiling(x, compiled) else None
+    return rotated if rotated is not None else _in_float(_ROTATE[layout])(x, cos, sin)

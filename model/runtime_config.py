@@ -16,6 +16,7 @@ class RuntimeConfig:
 
     compiled_rope: bool = True  # long no-grad CPU rotations run compiled (model/rope.py)
     keep_freed_memory: bool = True  # glibc keeps freed blocks for reuse (keep_freed_memory below)
+    compiled_pointwise: bool = True  # long no-grad CPU norms and scored log-sum-exps run compiled (model/compiled.py)
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():

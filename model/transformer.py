@@ -79,9 +79,9 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     def __init__(self, config: ModelConfig, runtime: RuntimeConfig | None = None, trunk: "Transformer | None" = None,
                  observer: Observer | None = None) -> None:
-        """`runtime`: how, not what, this model computes (whether long RoPE rotations run compiled), given by the
-        caller (a run's [runtime]); None: the defaults (a view: its trunk's). Chosen here, kept by the model and its
-        views.
+        """`runtime`: how, not what, this model computes (whether long RoPE rotations, norms and scored log-sum-exps
+        run compiled), given by the caller (a run's [runtime]); None: the defaults (a view: its trunk's). Chosen
+        here, kept by the model and its views (a view shares its trunk's norms, and so their setting).
 
         `trunk`: build a view of that model (view()): its embeddings, layers, norm and head, the very modules, with
         position encodings (sharing the trunk's position parameters), attention methods and backends built here
@@ -104,6 +104,9 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.tok_embeddings.weight
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, GatedFFN)):
+                module.compiled = self.runtime.compiled_pointwise
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -304,7 +307,8 @@ class Transformer(nn.Module):
         if not return_logits and targets is not None and loss_reduction in ("mean", "sum"):
             return None, linear_cross_entropy(self.norm(x), self.lm_head.weight, targets, loss_reduction)
         if not return_logits and targets is not None and loss_reduction == "none" and not torch.is_grad_enabled():
-            return None, token_cross_entropy(self.norm(x), self.lm_head.weight, targets)
+            return None, token_cross_entropy(self.norm(x), self.lm_head.weight, targets,
+                                             compiled=self.runtime.compiled_pointwise)
         logits = self.lm_head(self.norm(x))
         if targets is None:
             return logits, None

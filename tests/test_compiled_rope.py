@@ -12,6 +12,7 @@ import torch
 
 from eval.scoring import score_incremental
 from model import Transformer, rope
+from model import compiled as compiling
 from model.compiled import Compiled
 from model.runtime import RuntimeConfig, keep_freed_memory
 from tests.conftest import micro_config
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def compiled_calls(monkeypatch):
     """Every rotation without gradients takes the compiled kernel (not only long ones); counts its calls."""
     calls = []
-    monkeypatch.setattr(rope, "COMPILED_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(compiling, "COMPILED_MIN_ELEMENTS", 1)
     monkeypatch.setattr(rope, "_COMPILED", {layout: _Counting(kernel, calls) for layout, kernel in rope._COMPILED.items()})
     return calls
 
@@ -103,7 +104,7 @@ def test_a_model_takes_compiled_rope_when_it_is_built_and_keeps_it(compiled_call
 
 
 def test_a_compiler_failure_warns_once_and_rotates_eagerly(monkeypatch):
-    monkeypatch.setattr(rope, "COMPILED_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(compiling, "COMPILED_MIN_ELEMENTS", 1)
     kernel = Compiled(rope._rotate_halves, "RoPE's rotation", "rotations run eagerly")
     monkeypatch.setattr(rope, "_COMPILED", {"half": kernel, "interleaved": kernel})
 

@@ -97,10 +97,21 @@ def chunks(inputs: Inputs, rows_per_chunk: int, window: int, chunk: int = 0) -> 
     q_len, k_len = q.shape[2], inputs.k.shape[2]
     if window or chunk:
         rows_per_chunk = min(rows_per_chunk, window or chunk)
+    # Without a static cache or an attention chunk, which keys a row sees depends only on where its keys start
+    # relative to it: a window's chunks after the first share one mask.
+    relative = not inputs.static and not chunk
+    masks: dict[tuple[int, int, int], torch.Tensor] = {}
     for start in range(0, q_len, rows_per_chunk):
         rows = slice(start, min(q_len, start + rows_per_chunk))
         keys = key_range(q_len, k_len, rows, inputs.causal, window, inputs.static, chunk)
-        visible = visible_keys(q_len, k_len, q.device, kv_cache, rows, keys, window, chunk) if inputs.causal else None
+        visible = None
+        if inputs.causal:
+            shape = (rows.stop - rows.start, keys.stop - keys.start, k_len - q_len + rows.start - keys.start)
+            visible = masks.get(shape) if relative else None
+            if visible is None:
+                visible = visible_keys(q_len, k_len, q.device, kv_cache, rows, keys, window, chunk)
+                if relative:
+                    masks[shape] = visible
         i = j = None
         if methods is not None:
             i = methods.q_positions[:, rows, None]  # true positions (batch|1, rows, 1) and (batch|1, 1, keys)

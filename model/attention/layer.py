@@ -13,7 +13,7 @@ from model.attention.registry import DECODE, EVALUATE, TRAIN, Backend, Inputs, W
 from model.encodings import PositionEncoding
 from model.fields import ModelFields
 from model.kv_cache import KVCache
-from model.layers import RMSNorm
+from model.layers import RMSNorm, autocast_input
 from model.methods import MethodContext
 
 
@@ -91,10 +91,11 @@ class Attention(nn.Module):
         """`backend`: the one the model chose for this layer in this mode; without one (a layer used on its own),
         the one the rules choose for this forward."""
         batch, time, _ = x.shape
+        low = autocast_input(x)  # cast once for the three projections
         # (batch, time, heads * head_dim) -> (batch, heads, time, head_dim)
-        q = self.q_proj(x).view(batch, time, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, time, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, time, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q = self.q_proj(low).view(batch, time, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(low).view(batch, time, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(low).view(batch, time, self.n_kv_heads, self.head_dim).transpose(1, 2)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.query_gain is not None:
