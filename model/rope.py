@@ -71,8 +71,9 @@ def _in_float(rotate):
 # key at every token) run compiled: one pass over x, its casts to float32 and back included, instead of several.
 # Whether they may is the caller's choice (`compiled`): an encoding's is runtime.compiled_rope, taken when its model
 # is built (PositionEncoding.compiled_rope).
-_COMPILED = {layout: Compiled(_in_float(rotate), "RoPE's rotation", "rotations run eagerly (model/rope.py)",
-                              dynamic=True) for layout, rotate in _ROTATE.items()}
+_EAGER = {layout: _in_float(rotate) for layout, rotate in _ROTATE.items()}
+_COMPILED = {layout: Compiled(rotate, "RoPE's rotation", "rotations run eagerly (model/rope.py)", dynamic=True)
+             for layout, rotate in _EAGER.items()}
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
@@ -83,4 +84,4 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
     gradients eager (runtime.compiled_rope = false); the two agree within float rounding (tests/test_compiled_rope.py).
     """
     rotated = _COMPILED[layout](x, cos, sin) if compiling.worth_compiling(x, compiled) else None
-    return rotated if rotated is not None else _in_float(_ROTATE[layout])(x, cos, sin)
+    return rotated if rotated is not None else _EAGER[layout](x, cos, sin)

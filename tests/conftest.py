@@ -82,3 +82,14 @@ def train_micro_run(data: Path, out: Path) -> Path:
                      "--model.n_layers=1", "--model.n_heads=2", "--model.n_kv_heads=1", "--model.max_seq_len=16",
                      "--train.max_steps=2", "--train.batch_size=2", "--train.eval_batches=1"]) == 0
     return out
+
+
+class CountingKernel:
+    """A compiled kernel that records each call (the shape of its first argument) before running it."""
+
+    def __init__(self, kernel, calls):
+        self.kernel, self.calls = kernel, calls
+
+    def __call__(self, *args):
+        self.calls.append(args[0].shape)
+        return self.kernel(*args)

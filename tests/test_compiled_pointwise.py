@@ -12,19 +12,8 @@ from model import compiled as compiling
 from model.attention import chunks
 from model.layers import GatedFFN, RMSNorm, autocast_input
 from model.runtime import RuntimeConfig, autocast
-from tests.conftest import micro_config
+from tests.conftest import CountingKernel, micro_config
 from tests.test_gemma import micro_gemma, perturbed
-
-
-class Counting:
-    """A compiled kernel that records its calls (the shape of its first argument)."""
-
-    def __init__(self, kernel, calls):
-        self.kernel, self.calls = kernel, calls
-
-    def __call__(self, *args):
-        self.calls.append(args[0].shape)
-        return self.kernel(*args)
 
 
 @pytest.fixture
@@ -32,10 +21,10 @@ def compiled_calls(monkeypatch):
     """Every pointwise pass without gradients takes its compiled kernel (not only long ones); counts the calls."""
     calls = []
     monkeypatch.setattr(compiling, "COMPILED_MIN_ELEMENTS", 1)
-    monkeypatch.setattr(layers, "_COMPILED_NORM", Counting(layers._COMPILED_NORM, calls))
-    monkeypatch.setattr(layers, "_COMPILED_GATED", {name: Counting(kernel, calls)
+    monkeypatch.setattr(layers, "_COMPILED_NORM", CountingKernel(layers._COMPILED_NORM, calls))
+    monkeypatch.setattr(layers, "_COMPILED_GATED", {name: CountingKernel(kernel, calls)
                                                     for name, kernel in layers._COMPILED_GATED.items()})
-    monkeypatch.setattr(loss, "_COMPILED_BLOCK", Counting(loss._COMPILED_BLOCK, calls))
+    monkeypatch.setattr(loss, "_COMPILED_BLOCK", CountingKernel(loss._COMPILED_BLOCK, calls))
     return calls
 
 

@@ -15,7 +15,7 @@ from model import Transformer, rope
 from model import compiled as compiling
 from model.compiled import Compiled
 from model.runtime import RuntimeConfig, keep_freed_memory
-from tests.conftest import micro_config
+from tests.conftest import CountingKernel, micro_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,17 +25,8 @@ def compiled_calls(monkeypatch):
     """Every rotation without gradients takes the compiled kernel (not only long ones); counts its calls."""
     calls = []
     monkeypatch.setattr(compiling, "COMPILED_MIN_ELEMENTS", 1)
-    monkeypatch.setattr(rope, "_COMPILED", {layout: _Counting(kernel, calls) for layout, kernel in rope._COMPILED.items()})
+    monkeypatch.setattr(rope, "_COMPILED", {layout: CountingKernel(kernel, calls) for layout, kernel in rope._COMPILED.items()})
     return calls
-
-
-class _Counting:
-    def __init__(self, kernel, calls):
-        self.kernel, self.calls = kernel, calls
-
-    def __call__(self, *args):
-        self.calls.append(args[0].shape)
-        return self.kernel(*args)
 
 
 def eager(x, cos, sin, layout):
@@ -128,7 +119,7 @@ FAULTS = """
 import resource, sys, torch
 from model import Transformer
 from model.runtime import RuntimeConfig, configure_runtime
-from tests.conftest import micro_config
+from tests.conftest import CountingKernel, micro_config
 configure_runtime(RuntimeConfig(keep_freed_memory=sys.argv[1] == "true"))
 Transformer(micro_config())
 faults = []

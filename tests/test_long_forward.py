@@ -49,6 +49,17 @@ def test_the_gemma_page_quotes_its_records():
     parity = json.loads((root / "results" / "gemma3_270m" / "parity.json").read_text())
     assert parity["table"].split("\n\n")[1] in page and parity["greedy"]["identical"]
     assert parity["greedy"]["cached_identical_prefix"] == parity["greedy"]["new_tokens"]
+    # the Xeon's before/after table, each row from the two records of one run, and the CHANGELOG's figures
+    before, after = (json.loads((root / "results" / "gemma3_270m" / "forward_xeon" / side / "long_forward.json")
+                                .read_text()) for side in ("before", "after"))
+    changelog = (root / "CHANGELOG.md").read_text()
+    for old, new in zip(before["rows"], after["rows"], strict=True):
+        assert (old["tokens"], old["mode"]) == (new["tokens"], new["mode"])
+        assert (f"| {old['tokens']:,} | {old['mode']} | {old['seconds']:.1f} | {old['of_peak']:.0%} | "
+                f"{new['seconds']:.1f} | {new['of_peak']:.0%} |") in page
+        if old["mode"] == "windowed+scored":
+            assert f"{old['seconds']:.1f} -> {new['seconds']:.1f} s" in changelog and f"{new['of_peak']:.0%}" in changelog
+    assert f"{before['peak_gflops']['bf16']:,.0f} and {after['peak_gflops']['bf16']:,.0f} GFLOP/s" in page
 
 
 def test_attention_rate_reports_both_precisions(capsys):
